@@ -1,0 +1,142 @@
+"""The two protocols of a conversion: where samples come from and how a shard is written.
+
+A :class:`Source` enumerates the input as small, picklable :class:`Item` records
+(cheap: no file is opened), and turns one item into a sample in a worker process
+(:meth:`Source.load`). A :class:`ShardWriter` appends samples to one shard file.
+The runner in :mod:`converters.runner` joins the two; neither side knows the other.
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Mapping, Union
+
+import numpy as np
+
+from dali_pipes.manifest import Field
+
+#: One sample: field name -> bytes (``bytes`` fields) or a numpy array (``array`` fields).
+Sample = dict[str, Union[bytes, np.ndarray]]
+
+
+class ConversionError(Exception):
+    """A problem with the job as a whole (bad arguments, missing input, occupied output).
+
+    The CLI prints its message as one line and exits non-zero.
+    """
+
+
+class SampleError(Exception):
+    """One input sample cannot be converted; ``name`` says which input, ``reason`` why."""
+
+    def __init__(self, name: str, reason: str) -> None:
+        super().__init__(f"{name}: {reason}")
+        self.name = name
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class Item:
+    """One planned input sample: a display ``name`` (a path or key), the ``size`` in
+    bytes used to plan shard sizes, and whatever the source needs to load it (``data``).
+    """
+
+    name: str
+    size: int
+    data: Any = None
+
+
+@dataclass(frozen=True)
+class ImageOptions:
+    """How images are stored: as their original bytes (the default) or re-encoded.
+
+    ``max_size`` limits the longest side in pixels; an image larger than that is
+    resized and re-encoded as JPEG at ``quality``. Smaller images keep their bytes.
+    """
+
+    max_size: int | None = None
+    quality: int = 90
+
+    def to_json(self) -> dict[str, Any]:
+        return {"max_size": self.max_size, "quality": self.quality}
+
+
+class Source(ABC):
+    """Where samples come from. Subclasses set :attr:`kind` and fill the abstract methods.
+
+    A source must be picklable: it is sent to the worker processes that call :meth:`load`.
+    """
+
+    kind: ClassVar[str]
+
+    @abstractmethod
+    def items(self) -> list[Item]:
+        """Every input sample, in a deterministic order. Raises :class:`ConversionError` for an empty or missing input."""
+
+    @abstractmethod
+    def fields(self) -> dict[str, Field]:
+        """The fields every sample has, in the order they are stored."""
+
+    @abstractmethod
+    def load(self, item: Item) -> Sample:
+        """Read (and validate) one sample. Raises :class:`SampleError` for bad input."""
+
+    def classes(self) -> list[str] | None:
+        """Class names, index = label, or ``None`` when the source has no classes."""
+        return None
+
+    def extra(self) -> dict[str, Any]:
+        """Anything else the manifest should keep (for example COCO's category names)."""
+        return {}
+
+    @abstractmethod
+    def describe(self) -> dict[str, Any]:
+        """The manifest's ``source`` entry: the kind, the input paths and the options that shape the output."""
+
+
+class ShardWriter(ABC):
+    """Appends samples to one shard file.
+
+    The runner opens a writer on a temporary path, writes the shard's samples in
+    order, calls :meth:`close`, and renames :meth:`files` into place. Output must be
+    deterministic: the same samples give the same bytes.
+    """
+
+    format: ClassVar[str]
+    suffix: ClassVar[str]
+
+    def __init__(self, path: str | os.PathLike, fields: Mapping[str, Field]) -> None:
+        self.path = Path(path)
+        self.fields = dict(fields)
+        self.num_samples = 0
+
+    @abstractmethod
+    def write(self, sample: Sample) -> None:
+        """Append one sample (fields as declared in :attr:`fields`)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush everything to disk (fsync) and release the file."""
+
+    def index_path(self) -> Path | None:
+        """A sidecar index written next to the shard (TFRecord's ``.idx``), or ``None``."""
+        return None
+
+    def abort(self) -> None:
+        """Release the file after a failure, without flushing; the runner removes the files."""
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - the original error matters, not this one
+            pass
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()

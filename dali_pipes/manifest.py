@@ -1,0 +1,369 @@
+"""The on-disk contract between converters and readers: ``index.json``.
+
+This module is the only code that knows the manifest's layout. Writers build a
+:class:`Manifest` and call :func:`write_manifest`; readers call
+:func:`load_manifest`, which validates everything before any shard is touched:
+the kind and version, the format, the fields, the counts, and that every shard
+path stays inside the dataset folder.
+
+A dataset folder looks like::
+
+    OUT/
+      index.json              # written last, atomically
+      errors.jsonl            # inputs left out, one JSON object per line (may be empty)
+      shard-00000.lmdb        # or .h5, or .tfrecord (+ .tfrecord.idx)
+      ...
+
+Global sample ``i`` lives in the shard found by a cumulative count over the
+shards' ``num_samples`` (:meth:`Manifest.locate`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping
+
+import numpy as np
+
+from dali_pipes._fileio import atomic_write_bytes
+
+MANIFEST_NAME = "index.json"
+ERRORS_NAME = "errors.jsonl"
+KIND = "dali-pipes"
+VERSION = 1
+FORMATS = ("lmdb", "hdf5", "tfrecord")
+
+#: Field kinds. ``bytes`` fields hold opaque byte strings (encoded images, UTF-8
+#: keys); ``array`` fields hold numpy arrays of a fixed dtype and shape, where the
+#: first dimension may be ``-1`` (a per-sample count, such as the boxes of an image).
+FIELD_KINDS = ("bytes", "array")
+#: Encodings a ``bytes`` field may declare. ``image``: an encoded image file
+#: (JPEG, PNG, ...) kept as its original bytes; ``utf-8``: text; ``raw``: anything else.
+BYTES_ENCODINGS = ("image", "utf-8", "raw")
+
+
+class ManifestError(ValueError):
+    """A manifest that is missing, malformed, of an unknown version, or unsafe."""
+
+
+@dataclass(frozen=True)
+class Field:
+    """One named field of every sample.
+
+    ``kind`` is ``"bytes"`` (with an ``encoding``) or ``"array"`` (with ``dtype``
+    and ``shape``; a leading ``-1`` marks a per-sample length).
+    """
+
+    kind: str
+    encoding: str | None = None
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+
+    @staticmethod
+    def image() -> "Field":
+        """An encoded image stored as its original file bytes."""
+        return Field(kind="bytes", encoding="image")
+
+    @staticmethod
+    def text() -> "Field":
+        """A UTF-8 string stored as bytes."""
+        return Field(kind="bytes", encoding="utf-8")
+
+    @staticmethod
+    def array(dtype: Any, shape: tuple[int, ...] | list[int]) -> "Field":
+        """A numpy array of ``dtype`` and per-sample ``shape`` (``-1`` first for a variable length)."""
+        return Field(kind="array", dtype=np.dtype(dtype).name, shape=tuple(int(s) for s in shape))
+
+    @property
+    def is_image(self) -> bool:
+        return self.kind == "bytes" and self.encoding == "image"
+
+    @property
+    def variable_length(self) -> bool:
+        """True when the first dimension differs between samples."""
+        return bool(self.shape) and self.shape[0] == -1
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "bytes":
+            return {"kind": "bytes", "encoding": self.encoding}
+        return {"kind": "array", "dtype": self.dtype, "shape": list(self.shape or ())}
+
+    @staticmethod
+    def from_json(name: str, data: Any, where: str) -> "Field":
+        if not isinstance(data, dict):
+            raise ManifestError(f"{where}: field {name!r} must be an object, got {type(data).__name__}")
+        kind = data.get("kind")
+        if kind == "bytes":
+            encoding = data.get("encoding", "raw")
+            if encoding not in BYTES_ENCODINGS:
+                raise ManifestError(
+                    f"{where}: field {name!r} has unknown encoding {encoding!r}; expected one of {BYTES_ENCODINGS}"
+                )
+            return Field(kind="bytes", encoding=encoding)
+        if kind == "array":
+            dtype = data.get("dtype")
+            try:
+                dtype = np.dtype(dtype).name
+            except TypeError as exc:
+                raise ManifestError(f"{where}: field {name!r} has unknown dtype {dtype!r}") from exc
+            if dtype == "object":
+                raise ManifestError(f"{where}: field {name!r} has dtype object, which is never stored")
+            shape = data.get("shape")
+            if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
+                raise ManifestError(f"{where}: field {name!r} needs a list of integers as its shape, got {shape!r}")
+            if any(s < 0 for s in shape[1:]) or (shape and shape[0] < -1):
+                raise ManifestError(
+                    f"{where}: field {name!r} has shape {shape}; only the first dimension may be -1 (variable)"
+                )
+            return Field(kind="array", dtype=dtype, shape=tuple(shape))
+        raise ManifestError(f"{where}: field {name!r} has unknown kind {kind!r}; expected one of {FIELD_KINDS}")
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One shard file: its path relative to the dataset folder, its count, size and hash.
+
+    ``index_path`` names a sidecar index (DALI's ``.idx`` for TFRecord shards),
+    with its own hash in ``index_sha256``.
+    """
+
+    path: str
+    num_samples: int
+    bytes: int
+    sha256: str
+    index_path: str | None = None
+    index_sha256: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "path": self.path,
+            "num_samples": self.num_samples,
+            "bytes": self.bytes,
+            "sha256": self.sha256,
+            "index_path": self.index_path,
+            "index_sha256": self.index_sha256,
+        }
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A validated ``index.json``. Build it with keyword arguments; load it with :func:`load_manifest`."""
+
+    format: str
+    fields: Mapping[str, Field]
+    shards: tuple[Shard, ...]
+    source: Mapping[str, Any]
+    classes: tuple[str, ...] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+    created_by: str = ""
+    version: int = VERSION
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shards", tuple(self.shards))
+        if self.classes is not None:
+            object.__setattr__(self, "classes", tuple(self.classes))
+        offsets = np.cumsum([0] + [s.num_samples for s in self.shards]).tolist()
+        object.__setattr__(self, "_offsets", offsets)
+
+    @property
+    def num_samples(self) -> int:
+        """The total number of samples over all shards."""
+        return self._offsets[-1]  # type: ignore[attr-defined]
+
+    @property
+    def shard_offsets(self) -> list[int]:
+        """Global index of the first sample of each shard, then the total."""
+        return list(self._offsets)  # type: ignore[attr-defined]
+
+    def locate(self, index: int) -> tuple[int, int]:
+        """Return ``(shard_number, index_within_shard)`` of global sample ``index``."""
+        n = self.num_samples
+        if not 0 <= index < n:
+            raise IndexError(f"sample index {index} is out of range for a dataset of {n} samples")
+        offsets = self._offsets  # type: ignore[attr-defined]
+        shard = bisect.bisect_right(offsets, index) - 1
+        return shard, index - offsets[shard]
+
+    def iter_shards(self) -> Iterator[tuple[int, Shard]]:
+        """Each shard with the global index of its first sample."""
+        for start, shard in zip(self._offsets, self.shards):  # type: ignore[attr-defined]
+            yield start, shard
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kind": KIND,
+            "version": self.version,
+            "format": self.format,
+            "fields": {name: f.to_json() for name, f in self.fields.items()},
+            "classes": list(self.classes) if self.classes is not None else None,
+            "num_samples": self.num_samples,
+            "shards": [s.to_json() for s in self.shards],
+            "source": dict(self.source),
+            "extra": dict(self.extra),
+            "created_by": self.created_by,
+        }
+
+
+def manifest_path(dataset: str | os.PathLike) -> Path:
+    """The ``index.json`` of a dataset folder (or the path itself if it names the file)."""
+    path = Path(dataset)
+    return path if path.name == MANIFEST_NAME else path / MANIFEST_NAME
+
+
+def write_manifest(dataset: str | os.PathLike, manifest: Manifest) -> Path:
+    """Write ``index.json`` atomically; the dataset is complete once this returns."""
+    target = manifest_path(dataset)
+    # Round-trip through the parser: never write what we would refuse to read.
+    parse_manifest(manifest.to_json(), where=str(target))
+    text = json.dumps(manifest.to_json(), indent=1, sort_keys=False) + "\n"
+    atomic_write_bytes(target, text.encode("utf-8"))
+    return target
+
+
+def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Manifest:
+    """Read and validate a dataset's ``index.json``.
+
+    Raises :class:`ManifestError` naming the file when it is missing, is not
+    JSON, is of another kind or version, has inconsistent counts, or names shard
+    paths that leave the dataset folder (``..``, absolute paths, symlinks out).
+    """
+    path = manifest_path(dataset)
+    if not path.is_file():
+        raise ManifestError(
+            f"{path.parent}: no {MANIFEST_NAME} here; is this a dataset written by "
+            f"'dali-pipes convert'? (a conversion that did not finish writes no manifest: run it again)"
+        )
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc}); the manifest is damaged, convert the dataset again") from exc
+    manifest = parse_manifest(data, where=str(path))
+    if check_paths:
+        check_shard_paths(manifest, path.parent)
+    return manifest
+
+
+def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
+    """Validate the JSON object of a manifest and build a :class:`Manifest`."""
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    if data.get("kind") != KIND:
+        raise ManifestError(f"{where}: not a dali-pipes manifest (kind is {data.get('kind')!r})")
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ManifestError(f"{where}: version must be an integer, got {version!r}")
+    if version > VERSION:
+        raise ManifestError(
+            f"{where}: manifest version {version} is newer than this dali-pipes reads ({VERSION}); upgrade dali-pipes"
+        )
+    if version < 1:
+        raise ManifestError(f"{where}: unknown manifest version {version}")
+    fmt = data.get("format")
+    if fmt not in FORMATS:
+        raise ManifestError(f"{where}: unknown format {fmt!r}; expected one of {FORMATS}")
+
+    raw_fields = data.get("fields")
+    if not isinstance(raw_fields, dict) or not raw_fields:
+        raise ManifestError(f"{where}: 'fields' must be a non-empty object")
+    fields = {}
+    for name, spec in raw_fields.items():
+        if not name or not isinstance(name, str) or "/" in name:
+            raise ManifestError(f"{where}: field name {name!r} is not allowed (empty or contains '/')")
+        fields[name] = Field.from_json(name, spec, where)
+
+    classes = data.get("classes")
+    if classes is not None:
+        if not isinstance(classes, list) or not all(isinstance(c, str) for c in classes):
+            raise ManifestError(f"{where}: 'classes' must be a list of strings or null")
+        classes = tuple(classes)
+
+    raw_shards = data.get("shards")
+    if not isinstance(raw_shards, list) or not raw_shards:
+        raise ManifestError(f"{where}: 'shards' must be a non-empty list")
+    shards = tuple(_parse_shard(i, s, where) for i, s in enumerate(raw_shards))
+    total = sum(s.num_samples for s in shards)
+    declared = data.get("num_samples")
+    if declared != total:
+        raise ManifestError(
+            f"{where}: num_samples is {declared!r} but the shards hold {total} samples; the manifest is inconsistent"
+        )
+    if len({s.path for s in shards}) != len(shards):
+        raise ManifestError(f"{where}: two shards name the same path")
+
+    source = data.get("source") or {}
+    extra = data.get("extra") or {}
+    if not isinstance(source, dict) or not isinstance(extra, dict):
+        raise ManifestError(f"{where}: 'source' and 'extra' must be objects")
+    created_by = data.get("created_by") or ""
+    return Manifest(
+        format=fmt,
+        fields=fields,
+        shards=shards,
+        source=source,
+        classes=classes,
+        extra=extra,
+        created_by=str(created_by),
+        version=version,
+    )
+
+
+def _parse_shard(i: int, data: Any, where: str) -> Shard:
+    if not isinstance(data, dict):
+        raise ManifestError(f"{where}: shard {i} must be an object")
+    path = data.get("path")
+    if not isinstance(path, str) or not path:
+        raise ManifestError(f"{where}: shard {i} has no path")
+    count = data.get("num_samples")
+    size = data.get("bytes")
+    for name, value in (("num_samples", count), ("bytes", size)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ManifestError(f"{where}: shard {i} ({path}) has {name} {value!r}; expected a non-negative integer")
+    digest = data.get("sha256")
+    if not isinstance(digest, str) or len(digest) != 64:
+        raise ManifestError(f"{where}: shard {i} ({path}) has no valid sha256")
+    index_path = data.get("index_path")
+    index_sha = data.get("index_sha256")
+    if index_path is not None and not isinstance(index_path, str):
+        raise ManifestError(f"{where}: shard {i} ({path}) has a non-string index_path")
+    return Shard(path=path, num_samples=count, bytes=size, sha256=digest, index_path=index_path, index_sha256=index_sha)
+
+
+def check_shard_paths(manifest: Manifest, root: str | os.PathLike) -> None:
+    """Refuse shard paths that are absolute, climb out with ``..``, or resolve outside ``root``."""
+    root = Path(root).resolve()
+    for shard in manifest.shards:
+        for rel in (shard.path, shard.index_path):
+            if rel is None:
+                continue
+            resolve_inside(root, rel)
+
+
+def resolve_inside(root: str | os.PathLike, rel: str) -> Path:
+    """``root / rel``, refusing anything that would leave ``root`` (the manifest must stay self-contained)."""
+    root = Path(root).resolve()
+    pure = Path(rel)
+    if pure.is_absolute() or ".." in pure.parts:
+        raise ManifestError(
+            f"{root / MANIFEST_NAME}: shard path {rel!r} leaves the dataset folder; shard paths must be relative "
+            "and stay inside it"
+        )
+    resolved = (root / pure).resolve()
+    if resolved != root and root not in resolved.parents:
+        raise ManifestError(
+            f"{root / MANIFEST_NAME}: shard path {rel!r} resolves to {resolved}, outside the dataset folder "
+            "(a symlink out?); copy the shard into the dataset folder"
+        )
+    return resolved
+
+
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``'1.5 KB'`` (decimal units, as disks are sold)."""
+    if n < 1000:
+        return f"{int(n)} B"
+    exp = min(int(math.log(n, 1000)), 4)
+    return f"{n / 1000 ** exp:.1f} {'KMGT'[exp - 1]}B"

@@ -1,0 +1,88 @@
+"""Random-access readers over a converted dataset: ``open_store(path)[i]`` -> dict of fields.
+
+One module per format (``lmdb.py``, ``hdf5.py``, ``tfrecord.py``), picked by the
+manifest's ``format`` field through :data:`READERS`.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores.hdf5 import Hdf5ShardReader
+from dali_pipes.stores.lmdb import LmdbShardReader
+from dali_pipes.stores.tfrecord import TFRecordShardReader
+
+#: Manifest ``format`` -> reader class of one shard.
+READERS: dict[str, type[ShardReader]] = {
+    "lmdb": LmdbShardReader,
+    "hdf5": Hdf5ShardReader,
+    "tfrecord": TFRecordShardReader,
+}
+
+__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS"]
+
+
+class Store:
+    """A converted dataset read by global sample index.
+
+    ``len(store)`` is the sample count, ``store[i]`` a dict of the sample's fields
+    (``bytes`` for bytes fields, numpy arrays for array fields), ``store.manifest``
+    the validated manifest. Safe to pickle and to use after fork or spawn: each
+    process opens its own read-only handles on first access.
+    """
+
+    def __init__(self, root: str | os.PathLike, manifest: Manifest | None = None) -> None:
+        self.root = Path(root)
+        self.manifest = manifest if manifest is not None else load_manifest(self.root)
+        reader_cls = READERS[self.manifest.format]
+        self._shards = [
+            reader_cls(
+                resolve_inside(self.root, shard.path),
+                self.manifest.fields,
+                shard.num_samples,
+                resolve_inside(self.root, shard.index_path) if shard.index_path else None,
+            )
+            for shard in self.manifest.shards
+        ]
+
+    def __len__(self) -> int:
+        return self.manifest.num_samples
+
+    def __getitem__(self, index: int) -> SampleDict:
+        index = int(index)
+        if index < 0:
+            index += len(self)
+        shard_no, local = self.manifest.locate(index)
+        try:
+            return self._shards[shard_no].read(local)
+        except StoreError as exc:
+            raise StoreError(
+                f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}, "
+                f"record {local}): {exc}. Run 'dali-pipes verify {self.root}' and re-convert the damaged shard."
+            ) from exc
+
+    def __iter__(self) -> Iterator[SampleDict]:
+        for i in range(len(self)):
+            yield self[i]
+
+    @property
+    def fields(self):
+        """The manifest's fields (name -> :class:`~dali_pipes.manifest.Field`)."""
+        return self.manifest.fields
+
+    def close(self) -> None:
+        """Release every open shard handle."""
+        for shard in self._shards:
+            shard.close()
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r}, format={self.manifest.format}, samples={len(self)})"
+
+
+def open_store(path: str | os.PathLike) -> Store:
+    """Open a dataset folder written by ``dali-pipes convert`` for random access."""
+    return Store(path)

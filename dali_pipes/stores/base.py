@@ -1,0 +1,93 @@
+"""The reader side of one shard, and the errors readers raise."""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any, Mapping, Union
+
+import numpy as np
+
+from dali_pipes.manifest import Field
+
+#: What ``store[i]`` returns: field name -> ``bytes`` (bytes fields) or a numpy array.
+SampleDict = dict[str, Union[bytes, np.ndarray]]
+
+
+class StoreError(Exception):
+    """A shard that cannot be read: missing, truncated, altered or not of its format.
+
+    The message names the dataset, the shard and, where known, the sample.
+    """
+
+
+class ShardReader(ABC):
+    """Random access to the samples of one shard file.
+
+    File handles are opened on first use and dropped when pickled, so a reader
+    made in the main process works in forked and spawned worker processes.
+    Shards are always opened read-only.
+    """
+
+    format: str
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        fields: Mapping[str, Field],
+        num_samples: int,
+        index_path: str | os.PathLike | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.fields = dict(fields)
+        self.num_samples = int(num_samples)
+        self.index_path = Path(index_path) if index_path is not None else None
+        self._pid: int | None = None
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+    @abstractmethod
+    def read(self, index: int) -> SampleDict:
+        """The fields of local sample ``index`` (``0 <= index < len(self)``)."""
+
+    @abstractmethod
+    def _open(self) -> None:
+        """Open the file handles (called lazily by :meth:`_ensure_open`)."""
+
+    @abstractmethod
+    def _close_handles(self) -> None:
+        """Close and forget the file handles."""
+
+    def _ensure_open(self) -> None:
+        # A handle inherited through fork is shared with the parent; reopen in the child.
+        if self._pid != os.getpid():
+            if self._pid is not None:
+                self._forget_handles()
+            self._open()
+            self._pid = os.getpid()
+
+    def _forget_handles(self) -> None:
+        """Drop inherited handles without closing what the parent still uses."""
+        self._close_handles()
+
+    def close(self) -> None:
+        """Release the file handles; the next read reopens them."""
+        if self._pid == os.getpid():
+            self._close_handles()
+        self._pid = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_h_")}
+        state["_pid"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
