@@ -6,24 +6,28 @@ manifest's ``format`` field through :data:`READERS`.
 
 from __future__ import annotations
 
+import importlib
 import os
 from pathlib import Path
 from typing import Iterator
 
 from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
 from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
-from dali_pipes.stores.hdf5 import Hdf5ShardReader
-from dali_pipes.stores.lmdb import LmdbShardReader
-from dali_pipes.stores.tfrecord import TFRecordShardReader
 
-#: Manifest ``format`` -> reader class of one shard.
-READERS: dict[str, type[ShardReader]] = {
-    "lmdb": LmdbShardReader,
-    "hdf5": Hdf5ShardReader,
-    "tfrecord": TFRecordShardReader,
+#: Manifest ``format`` -> ``"module:class"`` of its one-shard reader, imported when first used.
+READERS: dict[str, str] = {
+    "lmdb": "dali_pipes.stores.lmdb:LmdbShardReader",
+    "hdf5": "dali_pipes.stores.hdf5:Hdf5ShardReader",
+    "tfrecord": "dali_pipes.stores.tfrecord:TFRecordShardReader",
 }
 
-__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS"]
+
+def reader_class(fmt: str) -> type[ShardReader]:
+    """The :class:`ShardReader` subclass for a manifest ``format``."""
+    module_name, _, class_name = READERS[fmt].partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS", "reader_class"]
 
 
 class Store:
@@ -38,7 +42,7 @@ class Store:
     def __init__(self, root: str | os.PathLike, manifest: Manifest | None = None) -> None:
         self.root = Path(root)
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
-        reader_cls = READERS[self.manifest.format]
+        reader_cls = reader_class(self.manifest.format)
         self._shards = [
             reader_cls(
                 resolve_inside(self.root, shard.path),
