@@ -37,6 +37,10 @@ class SampleError(Exception):
         self.name = name
         self.reason = reason
 
+    def __reduce__(self):
+        # Rebuilt from (name, reason) when it crosses from a worker process to the runner.
+        return (SampleError, (self.name, self.reason))
+
 
 @dataclass(frozen=True)
 class Item:

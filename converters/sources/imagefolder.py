@@ -1,0 +1,108 @@
+"""``imagefolder``: ImageNet-style ``ROOT/CLASS/IMAGE`` folders."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, Source
+from converters.images import load_image_file
+from dali_pipes.manifest import Field
+
+log = logging.getLogger(__name__)
+
+#: File extensions taken as images (compared in lower case).
+IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
+
+
+def is_image_name(name: str) -> bool:
+    """True for a visible file name with an image extension (case-insensitive)."""
+    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+
+
+class ImageFolderSource(Source):
+    """Images under ``ROOT/CLASS/...``; the label is the index of ``CLASS`` among the sorted class folders.
+
+    Every visible sub-folder of ``root`` is a class (names sorted as strings, as
+    torchvision's ``ImageFolder`` does); images are found anywhere below it by
+    extension (:data:`IMAGE_EXTENSIONS`), sorted by path. Hidden files and folders
+    (``.name``) and loose files directly in ``root`` are ignored. A class folder
+    without images keeps its index, so labels do not shift; it is logged.
+
+    Fields: ``image`` (the file's bytes), ``label`` (int64), ``key`` (the path
+    relative to ``root``, with ``/``).
+    """
+
+    kind: ClassVar[str] = "imagefolder"
+
+    def __init__(self, root: str | os.PathLike, image_options: ImageOptions = ImageOptions()) -> None:
+        self.root = str(root)
+        self.image_options = image_options
+
+    def _class_names(self) -> list[str]:
+        root = Path(self.root)
+        if not root.exists():
+            raise ConversionError(f"{root}: no such folder; give the root of an ROOT/CLASS/IMAGE tree")
+        if not root.is_dir():
+            raise ConversionError(f"{root}: not a folder; imagefolder reads a ROOT/CLASS/IMAGE tree")
+        with os.scandir(root) as entries:
+            names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
+        if not names:
+            raise ConversionError(f"{root}: no class folders; imagefolder expects images in ROOT/CLASS/ sub-folders")
+        return names
+
+    def classes(self) -> list[str]:
+        """The class folder names, sorted; the index of a name is its label."""
+        return self._class_names()
+
+    def fields(self) -> dict[str, Field]:
+        return {"image": Field.image(), "label": Field.array("int64", ()), "key": Field.text()}
+
+    def items(self) -> list[Item]:
+        """Every image, class by class, each class sorted by relative path. ``Item.size`` is the file size."""
+        items: list[Item] = []
+        classes = self._class_names()
+        for label, name in enumerate(classes):
+            found = 0
+            for rel, size in _walk_images(Path(self.root), name):
+                items.append(Item(name=os.path.join(self.root, rel), size=size, data=(rel, label)))
+                found += 1
+            if not found:
+                log.warning("%s: class folder %r holds no images; its label %d stays reserved", self.root, name, label)
+        if not items:
+            raise ConversionError(
+                f"{self.root}: no images found (extensions {', '.join(sorted(IMAGE_EXTENSIONS))}) in its class folders"
+            )
+        log.debug("%s: %d images in %d classes", self.root, len(items), len(classes))
+        return items
+
+    def load(self, item: Item) -> Sample:
+        rel, label = item.data
+        data = load_image_file(os.path.join(self.root, rel), item.name, self.image_options)
+        return {"image": data, "label": np.array(label, dtype=np.int64), "key": rel.encode("utf-8")}
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "root": self.root, "image_options": self.image_options.to_json()}
+
+
+def _walk_images(root: Path, class_name: str) -> list[tuple[str, int]]:
+    """``(path relative to root with '/', size in bytes)`` of every image below one class folder, sorted."""
+    found: list[tuple[str, int]] = []
+    # followlinks: class folders are often symlinked subsets of a larger tree.
+    for folder, dirs, files in os.walk(root / class_name, followlinks=True):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        rel_folder = Path(folder).relative_to(root).as_posix()
+        for name in files:
+            if is_image_name(name):
+                path = os.path.join(folder, name)
+                try:
+                    size = os.stat(path).st_size
+                except OSError:
+                    size = 0  # a dangling link: load() reports it as a bad sample with its reason
+                found.append((f"{rel_folder}/{name}", size))
+    found.sort()
+    return found

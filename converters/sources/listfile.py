@@ -1,0 +1,218 @@
+"""``list``: a text file of ``KEY PATH [LABEL]`` lines, the ``.scp`` lists of training recipes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, Source
+from converters.images import load_image_file
+from dali_pipes.manifest import Field
+
+log = logging.getLogger(__name__)
+
+#: The column layouts a list file may have, by name. ``path`` is always needed;
+#: without ``key`` the path as written is the key.
+LAYOUTS: dict[str, tuple[str, ...]] = {
+    "key path label": ("key", "path", "label"),
+    "key path": ("key", "path"),
+    "path label": ("path", "label"),
+    "path": ("path",),
+}
+
+_INTEGER = re.compile(r"[+-]?\d+\Z")
+
+#: How two-column lines are read when no layout is given; for the CLI help.
+TWO_COLUMN_RULE = (
+    "two-column lines are 'PATH LABEL' when the second column of every line is an integer and "
+    "'KEY PATH' when none is (a mix is refused); --columns 'key path' or 'path label' says which"
+)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    line: int
+    key: str
+    path: str  # resolved: absolute, or relative to the list file's folder joined to it
+    label: int | None
+
+
+class ListFileSource(Source):
+    """Images named by the lines of a list file.
+
+    Each non-blank line that does not start with ``#`` holds whitespace-separated
+    columns (so paths cannot contain spaces). The layout is one of :data:`LAYOUTS`;
+    with ``columns=None`` it is inferred from the column count, the same for every line:
+
+    - 3 columns: ``KEY PATH LABEL``;
+    - 1 column: ``PATH`` (the key is the path as written);
+    - 2 columns: ``PATH LABEL`` when the second column of *every* line is an
+      integer (``imagenet-mini/image_list.txt``: ``425/barn.jpg 425``), ``KEY PATH``
+      when no line's is (``utt001 wav/utt001.png``); a mix is refused, naming the
+      first line that breaks the pattern. A list of ``KEY PATH`` lines whose
+      paths are all integers would be misread: pass ``columns="key path"``.
+
+    ``LABEL`` is an integer, stored as given (it is not remapped to ``0..C-1``);
+    either every line has one or none does, and then there is no ``label`` field.
+    Relative paths are taken from the list file's folder. Keys must be unique.
+
+    Fields: ``image``, ``label`` (int64, only when the list has labels), ``key`` (UTF-8).
+    """
+
+    kind: ClassVar[str] = "list"
+
+    def __init__(
+        self,
+        list_file: str | os.PathLike,
+        image_options: ImageOptions = ImageOptions(),
+        *,
+        columns: str | Sequence[str] | None = None,
+    ) -> None:
+        self.list_file = str(list_file)
+        self.image_options = image_options
+        self.columns = _layout(columns)
+        self._entries: list[_Entry] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Workers only need Item.data; a parsed million-line list must not travel with every task.
+        state = dict(self.__dict__)
+        state["_entries"] = None
+        return state
+
+    def _parsed(self) -> list[_Entry]:
+        if self._entries is None:
+            self._entries = _parse(Path(self.list_file), self.columns)
+        return self._entries
+
+    def _has_labels(self) -> bool:
+        return self._parsed()[0].label is not None
+
+    def fields(self) -> dict[str, Field]:
+        fields = {"image": Field.image()}
+        if self._has_labels():
+            fields["label"] = Field.array("int64", ())
+        fields["key"] = Field.text()
+        return fields
+
+    def items(self) -> list[Item]:
+        """One item per line, in file order. ``Item.size`` is the file size (0 for a missing file, reported by ``load``)."""
+        entries = self._parsed()
+        items = []
+        missing = 0
+        for entry in entries:
+            try:
+                size = os.stat(entry.path).st_size
+            except OSError:
+                size = 0
+                missing += 1
+            items.append(Item(name=entry.path, size=size, data=(entry.path, entry.key, entry.label)))
+        if missing == len(entries):
+            raise ConversionError(
+                f"{self.list_file}: none of its {len(entries)} paths exists (first: {entries[0].path} from line "
+                f"{entries[0].line}); relative paths are read from the list file's folder"
+            )
+        if missing:
+            log.warning("%s: %d of %d listed files do not exist; they will be reported as errors",
+                        self.list_file, missing, len(entries))
+        return items
+
+    def load(self, item: Item) -> Sample:
+        path, key, label = item.data
+        sample: Sample = {"image": load_image_file(path, item.name, self.image_options)}
+        if label is not None:
+            sample["label"] = np.array(label, dtype=np.int64)
+        sample["key"] = key.encode("utf-8")
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        columns = " ".join(self.columns) if self.columns else None
+        return {"kind": self.kind, "list_file": self.list_file, "columns": columns,
+                "image_options": self.image_options.to_json()}
+
+
+def _layout(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
+    if columns is None:
+        return None
+    names = tuple(columns.replace(",", " ").split()) if isinstance(columns, str) else tuple(columns)
+    if names not in LAYOUTS.values():
+        choices = ", ".join(repr(k) for k in LAYOUTS)
+        raise ConversionError(f"unknown list columns {' '.join(names)!r}; expected one of {choices}")
+    return names
+
+
+def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
+    if not list_file.exists():
+        raise ConversionError(f"{list_file}: no such list file; give a text file of 'KEY PATH [LABEL]' lines")
+    if not list_file.is_file():
+        raise ConversionError(f"{list_file}: not a file; the list source reads a text file of 'KEY PATH [LABEL]' lines")
+    try:
+        text = list_file.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"{list_file}: not UTF-8 text ({exc}); save the list as UTF-8") from None
+
+    rows: list[tuple[int, list[str]]] = []
+    for number, line in enumerate(text.splitlines(), start=1):
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            rows.append((number, stripped.split()))
+    if not rows:
+        raise ConversionError(f"{list_file}: no entries (only blank or '#' lines); the list is empty")
+
+    width = len(rows[0][1])
+    for number, parts in rows:
+        if len(parts) != width:
+            raise ConversionError(
+                f"{list_file}:{number}: {len(parts)} columns where line {rows[0][0]} has {width}; "
+                "every line needs the same columns (either every line has a label or none does)"
+            )
+    if columns is None:
+        columns = _infer_layout(list_file, width, rows)
+    elif len(columns) != width:
+        raise ConversionError(
+            f"{list_file}:{rows[0][0]}: {width} columns, but the layout {' '.join(columns)!r} has {len(columns)}"
+        )
+
+    base = list_file.parent
+    entries: list[_Entry] = []
+    seen: dict[str, int] = {}
+    for number, parts in rows:
+        row = dict(zip(columns, parts))
+        label = None
+        if "label" in row:
+            if not _INTEGER.match(row["label"]):
+                raise ConversionError(f"{list_file}:{number}: label {row['label']!r} is not an integer")
+            label = int(row["label"])
+        key = row.get("key", row["path"])
+        if key in seen:
+            raise ConversionError(f"{list_file}:{number}: key {key!r} repeats line {seen[key]}; keys must be unique")
+        seen[key] = number
+        entries.append(_Entry(line=number, key=key, path=os.path.join(base, row["path"]), label=label))
+    log.debug("%s: %d entries, columns %s", list_file, len(entries), " ".join(columns))
+    return entries
+
+
+def _infer_layout(list_file: Path, width: int, rows: list[tuple[int, list[str]]]) -> tuple[str, ...]:
+    if width == 3:
+        return LAYOUTS["key path label"]
+    if width == 1:
+        return LAYOUTS["path"]
+    if width == 2:
+        integer = [n for n, parts in rows if _INTEGER.match(parts[1])]
+        if len(integer) == len(rows):
+            return LAYOUTS["path label"]
+        if not integer:
+            return LAYOUTS["key path"]
+        other = next(n for n, parts in rows if not _INTEGER.match(parts[1]))
+        raise ConversionError(
+            f"{list_file}:{other}: the second column is not an integer, but on line {integer[0]} it is, so the "
+            "list is neither all 'PATH LABEL' nor all 'KEY PATH'; fix the line or pass columns='key path'"
+        )
+    raise ConversionError(
+        f"{list_file}:{rows[0][0]}: {width} columns; a list line is 'KEY PATH [LABEL]' (paths cannot contain spaces)"
+    )

@@ -1,0 +1,315 @@
+"""The ``dali-pipes`` command: convert, inspect, verify, merge, synth and the benchmarks.
+
+Each subcommand parses its arguments here and calls one library function; the
+work lives in the library. Errors a user can fix are printed as one line
+(``dali-pipes: error: ...``) with a non-zero exit, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+
+from dali_pipes.manifest import FORMATS, ManifestError
+
+log = logging.getLogger("dali_pipes.cli")
+
+EXIT_ERROR = 2  # a usage or input problem the user can fix
+EXIT_FAILED = 1  # the command ran and found problems (verify)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``dali-pipes`` console script."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(message)s",
+        stream=sys.stderr,
+    )
+    if not hasattr(args, "handler"):
+        parser.print_help()
+        return EXIT_ERROR
+    return _run(args.handler, args)
+
+
+def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace) -> int:
+    from converters.base import ConversionError, SampleError
+    from dali_pipes.stores import StoreError
+
+    try:
+        return handler(args)
+    except SampleError as exc:
+        print(f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such inputs out)", file=sys.stderr)
+    except (ConversionError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        print(f"dali-pipes: error: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print("dali-pipes: interrupted; run the same command again to continue where it stopped", file=sys.stderr)
+        return 130
+    return EXIT_ERROR
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    parser = argparse.ArgumentParser(
+        prog="dali-pipes",
+        description="Convert training sets into LMDB/HDF5/TFRecord shards and feed them to PyTorch through NVIDIA DALI.",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    _add_convert(commands)
+    _add_inspect(commands)
+    _add_verify(commands)
+    _add_merge(commands)
+    _add_synth(commands)
+    _add_bench_convert(commands)
+    return parser
+
+
+# --- convert ------------------------------------------------------------------------------
+
+
+def _add_convert(commands) -> None:
+    convert = commands.add_parser("convert", help="convert a training set into shards with one manifest")
+    kinds = convert.add_subparsers(title="input kinds", metavar="KIND", required=True)
+
+    p = kinds.add_parser("imagefolder", help="ImageNet-style ROOT/CLASS/IMAGE folders")
+    p.add_argument("root", type=Path, help="folder of class folders")
+    _add_output_options(p, images=True)
+    p.set_defaults(handler=_convert_imagefolder)
+
+    p = kinds.add_parser("list", help="a list file of 'KEY PATH [LABEL]' lines")
+    p.add_argument("list_file", type=Path, help="the list (.scp, .txt); paths are relative to its folder or absolute")
+    _add_output_options(p, images=True)
+    p.set_defaults(handler=_convert_list)
+
+    p = kinds.add_parser("coco", help="COCO instances JSON plus its image folder")
+    p.add_argument("--images", type=Path, required=True, help="the image folder")
+    p.add_argument("--annotations", type=Path, required=True, help="instances JSON (e.g. instances_train2017.json)")
+    _add_output_options(p, images=True)
+    p.set_defaults(handler=_convert_coco)
+
+    p = kinds.add_parser("arrays", help="feature arrays from .npy, .npz or HDF5 files")
+    p.add_argument("files", type=Path, nargs="+", help="input files, then the output folder last")
+    p.add_argument("--fields", help="comma-separated field names to keep (default: all)")
+    _add_output_options(p, images=False, positional_out=False)
+    p.set_defaults(handler=_convert_arrays)
+
+
+def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_out: bool = True) -> None:
+    if positional_out:
+        p.add_argument("out", type=Path, help="output dataset folder (created)")
+    p.add_argument("--format", choices=FORMATS, default="lmdb", help="shard format (default: lmdb)")
+    size = p.add_mutually_exclusive_group()
+    size.add_argument("--samples-per-shard", type=int, metavar="N", help="samples in each shard")
+    size.add_argument(
+        "--shard-size", metavar="SIZE", help="input bytes per shard, like 1GB or 512MB (default: 1GB, less for small sets)"
+    )
+    p.add_argument("--workers", type=int, metavar="K", help="writer processes (default: all cores)")
+    p.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="bad inputs: leave out and list (skip) or stop (fail)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    if images:
+        p.add_argument("--max-size", type=int, metavar="PX", help="resize images whose longest side is larger (re-encodes as JPEG)")
+        p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality when resizing (default: 90)")
+
+
+def _image_options(args):
+    from converters.base import ConversionError, ImageOptions
+
+    if args.max_size is not None and args.max_size < 1:
+        raise ConversionError(f"--max-size must be a positive number of pixels, got {args.max_size}")
+    if not 1 <= args.quality <= 100:
+        raise ConversionError(f"--quality must be between 1 and 100, got {args.quality}")
+    return ImageOptions(max_size=args.max_size, quality=args.quality)
+
+
+def _convert_imagefolder(args) -> int:
+    from converters.sources import ImageFolderSource
+
+    return _convert(ImageFolderSource(args.root, _image_options(args)), args.out, args)
+
+
+def _convert_list(args) -> int:
+    from converters.sources import ListFileSource
+
+    return _convert(ListFileSource(args.list_file, _image_options(args)), args.out, args)
+
+
+def _convert_coco(args) -> int:
+    from converters.sources import CocoSource
+
+    return _convert(CocoSource(args.images, args.annotations, _image_options(args)), args.out, args)
+
+
+def _convert_arrays(args) -> int:
+    from converters.base import ConversionError
+    from converters.sources import ArraysSource
+
+    if len(args.files) < 2:
+        raise ConversionError("give one or more input files and then the output folder")
+    *files, out = args.files
+    fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
+    return _convert(ArraysSource(files, fields=fields), out, args)
+
+
+def _convert(source, out: Path, args) -> int:
+    from converters.planner import parse_size
+    from converters.runner import convert
+    from dali_pipes.manifest import ERRORS_NAME, human_bytes
+
+    result = convert(
+        source,
+        out,
+        format=args.format,
+        samples_per_shard=args.samples_per_shard,
+        shard_size=parse_size(args.shard_size) if args.shard_size else None,
+        workers=args.workers,
+        on_error=args.on_error,
+        progress=not args.no_progress,
+    )
+    if result.already_complete:
+        print(f"{out}: already complete ({result.num_samples:,} samples); nothing to do")
+    else:
+        rate = result.num_samples / result.seconds if result.seconds else 0.0
+        print(
+            f"{out}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
+            f"{human_bytes(result.bytes)}, {result.seconds:.1f} s ({rate:,.0f} samples/s)"
+            + (f", {result.resumed_shards} shard(s) kept from an earlier run" if result.resumed_shards else "")
+        )
+    if result.errors:
+        print(f"left out {len(result.errors)} input(s), listed in {out / ERRORS_NAME}:")
+        for error in result.errors[:10]:
+            print(f"  {error['input']}: {error['reason']}")
+        if len(result.errors) > 10:
+            print(f"  ... and {len(result.errors) - 10} more")
+    return 0
+
+
+# --- inspect, verify, merge ---------------------------------------------------------------
+
+
+def _add_inspect(commands) -> None:
+    p = commands.add_parser("inspect", help="summarise a dataset")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("--json", action="store_true", help="print JSON for machines")
+    p.set_defaults(handler=_inspect)
+
+
+def _inspect(args) -> int:
+    from dali_pipes.inspect import format_summary, summarize, summary_json
+
+    print(summary_json(args.dataset) if args.json else format_summary(summarize(args.dataset)))
+    return 0
+
+
+def _add_verify(commands) -> None:
+    p = commands.add_parser("verify", help="check every shard's size, checksum and records")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("--decode", action="store_true", help="also decode every image")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_verify)
+
+
+def _verify(args) -> int:
+    from dali_pipes.verify import verify_dataset
+
+    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.no_progress)
+    if report.ok:
+        decoded = f", {report.images_decoded:,} images decoded" if args.decode else ""
+        print(f"{args.dataset}: OK: {report.num_shards} shard(s), {report.samples_read:,} samples read{decoded}")
+        return 0
+    print(f"{args.dataset}: {len(report.problems)} problem(s):", file=sys.stderr)
+    for problem in report.problems:
+        print(f"  {problem}", file=sys.stderr)
+    print("re-convert the dataset, or restore the damaged shards from a copy", file=sys.stderr)
+    return EXIT_FAILED
+
+
+def _add_merge(commands) -> None:
+    p = commands.add_parser("merge", help="merge an HDF5 dataset's shards into one file (physical or virtual)")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("merged", type=Path, help="the merged .h5 file to write")
+    p.add_argument("--virtual", action="store_true", help="virtual datasets that point at the shards (no copy)")
+    p.set_defaults(handler=_merge)
+
+
+def _merge(args) -> int:
+    from converters.merge import merge_hdf5
+
+    path = merge_hdf5(args.dataset, args.merged, virtual=args.virtual)
+    kind = "virtual" if args.virtual else "physical"
+    print(f"{path}: {kind} merge of {args.dataset}")
+    return 0
+
+
+# --- synth and benchmarks -----------------------------------------------------------------
+
+
+def _add_synth(commands) -> None:
+    p = commands.add_parser("synth", help="write an ImageNet-like folder of synthetic photo-like JPEGs")
+    p.add_argument("out", type=Path)
+    p.add_argument("--num", type=int, default=1000, help="number of images (default: 1000)")
+    p.add_argument("--size", default="500x375", help="WIDTHxHEIGHT (default: 500x375)")
+    p.add_argument("--classes", type=int, default=10, help="number of class folders (default: 10)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default: 90)")
+    p.add_argument("--workers", type=int, help="processes (default: all cores)")
+    p.set_defaults(handler=_synth)
+
+
+def parse_wxh(text: str) -> tuple[int, int]:
+    """``"500x375"`` -> ``(500, 375)``."""
+    try:
+        width, height = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise ValueError(f"--size must look like 500x375 (WIDTHxHEIGHT), got {text!r}") from None
+    if width < 8 or height < 8:
+        raise ValueError(f"--size {text} is too small; use at least 8x8")
+    return width, height
+
+
+def _synth(args) -> int:
+    from converters.synth import make_imagefolder
+
+    if args.num < 1 or args.classes < 1:
+        raise ValueError("--num and --classes must be at least 1")
+    out = make_imagefolder(
+        args.out, args.num, size=parse_wxh(args.size), classes=args.classes, seed=args.seed, quality=args.quality, workers=args.workers
+    )
+    print(f"{out}: {args.num} images in {args.classes} class folders")
+    return 0
+
+
+def _add_bench_convert(commands) -> None:
+    p = commands.add_parser(
+        "bench-convert", help="conversion throughput of each format against a plain file copy, side by side"
+    )
+    p.add_argument("images", type=Path, nargs="?", help="an image folder (default: a synthetic one in a temporary folder)")
+    p.add_argument("--num", type=int, default=1000, help="synthetic images when no folder is given (default: 1000)")
+    p.add_argument("--workers", type=int, default=2, help="writer processes (default: 2)")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per row; the median is reported (default: 3)")
+    p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    p.set_defaults(handler=_bench_convert)
+
+
+def _bench_convert(args) -> int:
+    from converters.bench import format_report, run_conversion_benchmark
+
+    report = run_conversion_benchmark(
+        images=args.images,
+        num=args.num,
+        workers=args.workers,
+        formats=[f.strip() for f in args.formats.split(",") if f.strip()],
+        repeats=args.repeats,
+        json_out=args.json,
+    )
+    print(format_report(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

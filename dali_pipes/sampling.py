@@ -1,0 +1,206 @@
+"""Who reads which sample when: epoch order, DDP rank split, padding and resume.
+
+Pure functions over integers and numpy arrays (no DALI, no I/O), so every rule
+here can be tested exhaustively in milliseconds.
+
+The rules:
+
+- The global order of epoch ``e`` is a permutation of ``range(N)`` drawn from
+  ``(seed, e)`` (:func:`epoch_order`); without shuffling it is ``0..N-1``.
+- ``start`` global samples of that order are already consumed (a resume
+  offset); the *remainder* ``order[start:]`` is what this pass covers. It does
+  not depend on the world size, so a run can resume on another one.
+- The remainder is cut into global batches of ``batch_size * world_size``; rank
+  ``r`` takes the contiguous slice ``[r * batch_size, (r + 1) * batch_size)`` of
+  each, so every rank gets the same number of batches.
+- The incomplete last global batch (``T`` samples, ``0 < T < batch_size *
+  world_size``): with ``last_batch="pad"`` it is padded by wrap-around from the
+  start of the epoch order to ``ceil(T / world_size) * world_size`` samples and
+  split evenly, each rank taking ``ceil(T / world_size)`` (at most
+  ``batch_size``); the filler is flagged in ``is_pad``. Every sample of the
+  remainder is then seen exactly once across the ranks, and fewer than
+  ``world_size`` samples are padding. With ``last_batch="drop"`` it is dropped
+  on every rank.
+"""
+
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+LastBatch = Literal["pad", "drop"]
+LAST_BATCH_POLICIES: tuple[str, ...] = ("pad", "drop")
+
+__all__ = [
+    "LAST_BATCH_POLICIES",
+    "World",
+    "epoch_order",
+    "num_batches",
+    "rank_indices",
+    "samples_consumed",
+]
+
+
+def _int(name: str, value: object, minimum: int) -> int:
+    # operator.index accepts Python and numpy integers and refuses floats and strings;
+    # bools are integers to Python but never a meaningful count here.
+    if isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an integer, got {value!r}") from None
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_last_batch(last_batch: str) -> str:
+    if last_batch not in LAST_BATCH_POLICIES:
+        raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+    return last_batch
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a data-parallel job: ``rank`` of ``world_size``."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    def __post_init__(self) -> None:
+        world_size = _int("world_size", self.world_size, 1)
+        rank = _int("rank", self.rank, 0)
+        if rank >= world_size:
+            raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
+        object.__setattr__(self, "rank", rank)
+        object.__setattr__(self, "world_size", world_size)
+
+
+def epoch_order(num_samples: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:
+    """The global sample order of ``epoch``: an ``int64`` permutation of ``range(num_samples)``.
+
+    Drawn from a PCG64 generator seeded with ``(seed, epoch)``, so it is the same
+    in every process and on every world size, and differs between epochs. With
+    ``shuffle=False`` it is ``0..num_samples-1``.
+    """
+    n = _int("num_samples", num_samples, 1)
+    epoch = _int("epoch", epoch, 0)
+    seed = _int("seed", seed, 0)
+    if not shuffle:
+        return np.arange(n, dtype=np.int64)
+    rng = np.random.Generator(np.random.PCG64([seed, epoch]))
+    return rng.permutation(n).astype(np.int64, copy=False)
+
+
+def _layout(remaining: int, batch_size: int, world_size: int, last_batch: str) -> tuple[int, int]:
+    """``(full global batches, samples per rank in the tail batch)`` for ``remaining`` samples."""
+    global_batch = batch_size * world_size
+    full, tail = divmod(remaining, global_batch)
+    if tail == 0 or last_batch == "drop":
+        return full, 0
+    return full, -(-tail // world_size)
+
+
+def _check_common(
+    num_samples: int, batch_size: int, world_size: int, last_batch: str, start: int
+) -> tuple[int, int, int, str, int]:
+    n = _int("num_samples", num_samples, 1)
+    batch_size = _int("batch_size", batch_size, 1)
+    world_size = _int("world_size", world_size, 1)
+    last_batch = _check_last_batch(last_batch)
+    start = _int("start", start, 0)
+    if start > n:
+        raise ValueError(f"start must be <= num_samples ({n}), got {start}")
+    return n, batch_size, world_size, last_batch, start
+
+
+def num_batches(
+    num_samples: int,
+    batch_size: int,
+    world_size: int = 1,
+    last_batch: LastBatch = "pad",
+    start: int = 0,
+) -> int:
+    """Batches each rank yields for the rest of an epoch (the same on every rank).
+
+    ``ceil((num_samples - start) / (batch_size * world_size))`` with ``"pad"``,
+    the floor with ``"drop"``.
+    """
+    n, batch_size, world_size, last_batch, start = _check_common(
+        num_samples, batch_size, world_size, last_batch, start
+    )
+    full, tail_per_rank = _layout(n - start, batch_size, world_size, last_batch)
+    return full + (1 if tail_per_rank else 0)
+
+
+def samples_consumed(
+    num_samples: int,
+    batch_size: int,
+    world_size: int,
+    batches: int,
+    last_batch: LastBatch = "pad",
+    start: int = 0,
+) -> int:
+    """Global samples of the epoch consumed once every rank has taken ``batches`` batches.
+
+    The resume offset to save: ``start + batches * batch_size * world_size``,
+    capped at ``num_samples`` (the padded tail batch completes the epoch). With
+    ``"drop"``, taking every batch also completes the epoch: the dropped tail is
+    never read, so the result is ``num_samples``.
+    """
+    n, batch_size, world_size, last_batch, start = _check_common(
+        num_samples, batch_size, world_size, last_batch, start
+    )
+    total = num_batches(n, batch_size, world_size, last_batch, start)
+    batches = _int("batches", batches, 0)
+    if batches > total:
+        raise ValueError(f"batches must be <= {total} (the batches per rank left in this epoch), got {batches}")
+    if batches == total:
+        return n
+    return start + batches * batch_size * world_size
+
+
+def rank_indices(
+    num_samples: int,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    epoch: int,
+    seed: int,
+    shuffle: bool = True,
+    last_batch: LastBatch = "pad",
+    start: int = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """This rank's global sample indices for the rest of ``epoch``, and which of them are padding.
+
+    Returns ``(indices, is_pad)``: an ``int64`` array in the order the rank reads
+    them and a ``bool`` array of the same length, ``num_batches(...)`` batches
+    long where only the last batch may be shorter than ``batch_size``. See the
+    module docstring for the rules.
+    """
+    n, batch_size, world_size, last_batch, start = _check_common(
+        num_samples, batch_size, world_size, last_batch, start
+    )
+    world = World(rank, world_size)
+    order = epoch_order(n, epoch, seed, shuffle)
+    rest = order[start:]
+    full, tail_per_rank = _layout(len(rest), batch_size, world_size, last_batch)
+
+    # Full global batches: a (batch, rank, position) view, this rank's column.
+    body = rest[: full * batch_size * world_size].reshape(full, world_size, batch_size)[:, world.rank, :].ravel()
+    if not tail_per_rank:
+        return np.ascontiguousarray(body), np.zeros(len(body), dtype=bool)
+
+    tail = rest[full * batch_size * world_size :]
+    padded = tail_per_rank * world_size
+    # np.resize repeats ``order`` cyclically, which covers a filler longer than the dataset.
+    filled = np.concatenate([tail, np.resize(order, padded - len(tail))])
+    lo, hi = world.rank * tail_per_rank, (world.rank + 1) * tail_per_rank
+    indices = np.concatenate([body, filled[lo:hi]])
+    is_pad = np.zeros(len(indices), dtype=bool)
+    is_pad[len(body) :] = np.arange(lo, hi) >= len(tail)
+    return indices, is_pad
