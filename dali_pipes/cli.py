@@ -102,7 +102,7 @@ def _add_convert(commands) -> None:
 def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_out: bool = True) -> None:
     if positional_out:
         p.add_argument("out", type=Path, help="output dataset folder (created)")
-    p.add_argument("--format", choices=FORMATS, default="lmdb", help="shard format (default: lmdb)")
+    p.add_argument("--format", default="lmdb", help=f"shard format: {', '.join(FORMATS)} (default: lmdb)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--samples-per-shard", type=int, metavar="N", help="samples in each shard")
     size.add_argument(

@@ -41,6 +41,7 @@ __all__ = [
     "num_batches",
     "rank_indices",
     "samples_consumed",
+    "samples_per_rank",
 ]
 
 
@@ -135,6 +136,21 @@ def num_batches(
     )
     full, tail_per_rank = _layout(n - start, batch_size, world_size, last_batch)
     return full + (1 if tail_per_rank else 0)
+
+
+def samples_per_rank(
+    num_samples: int,
+    batch_size: int,
+    world_size: int = 1,
+    last_batch: LastBatch = "pad",
+    start: int = 0,
+) -> int:
+    """Samples each rank reads for the rest of an epoch: the length of :func:`rank_indices`."""
+    n, batch_size, world_size, last_batch, start = _check_common(
+        num_samples, batch_size, world_size, last_batch, start
+    )
+    full, tail_per_rank = _layout(n - start, batch_size, world_size, last_batch)
+    return full * batch_size + tail_per_rank
 
 
 def samples_consumed(

@@ -43,3 +43,54 @@ def coco_mini() -> Path:
     if not COCO_MINI.is_dir():
         pytest.fail(f"sample data missing: {COCO_MINI} (the repository expects ../shared/data beside it)")
     return COCO_MINI
+
+
+# --- shard formats: real photo bytes and a dataset writer without the runner -------------
+
+
+@pytest.fixture(scope="session")
+def photo_bytes(imagenet_mini: Path, coco_mini: Path) -> list[bytes]:
+    """A few real encoded photos: 8 ImageNet JPEGs, then 3 COCO PNGs (RGBA among them)."""
+    jpegs = sorted(p for p in imagenet_mini.glob("*/*") if p.suffix.lower() in (".jpg", ".jpeg"))[:8]
+    pngs = sorted((coco_mini / "images").glob("*.png"))[:3]
+    if len(jpegs) < 8 or len(pngs) < 3:
+        pytest.fail(f"sample data incomplete: {len(jpegs)} JPEGs in {imagenet_mini}, {len(pngs)} PNGs in {coco_mini}")
+    return [p.read_bytes() for p in jpegs + pngs]
+
+
+@pytest.fixture
+def write_dataset():
+    """A function ``(root, fmt, fields, samples, per_shard=...) -> root`` that writes a dataset folder.
+
+    Shards go through the format's writer directly and ``index.json`` through
+    :func:`~dali_pipes.manifest.write_manifest`, without the parallel runner.
+    """
+    from converters.writers import writer_class
+    from dali_pipes._fileio import sha256_file
+    from dali_pipes.manifest import Manifest, Shard, write_manifest
+
+    def write(root: Path, fmt: str, fields, samples, per_shard: int = 4, classes=None) -> Path:
+        root.mkdir(parents=True, exist_ok=True)
+        cls = writer_class(fmt)
+        shards = []
+        for number, start in enumerate(range(0, len(samples), per_shard)):
+            path = root / f"shard-{number:05d}{cls.suffix}"
+            with cls(path, fields) as writer:
+                for sample in samples[start : start + per_shard]:
+                    writer.write(sample)
+            index = writer.index_path()
+            shards.append(
+                Shard(
+                    path=path.name,
+                    num_samples=writer.num_samples,
+                    bytes=path.stat().st_size,
+                    sha256=sha256_file(path),
+                    index_path=index.name if index else None,
+                    index_sha256=sha256_file(index) if index else None,
+                )
+            )
+        manifest = Manifest(format=fmt, fields=fields, shards=shards, source={"kind": "test"}, classes=classes)
+        write_manifest(root, manifest)
+        return root
+
+    return write

@@ -88,5 +88,13 @@ class Store:
 
 
 def open_store(path: str | os.PathLike) -> Store:
-    """Open a dataset folder written by ``dali-pipes convert`` for random access."""
+    """Open a dataset folder written by ``dali-pipes convert``, or a file written by ``dali-pipes merge``.
+
+    A merged ``.h5`` file carries its manifest; it is read as a dataset of one shard.
+    """
+    path = Path(path)
+    if path.suffix in (".h5", ".hdf5") and path.is_file():
+        from dali_pipes.stores.hdf5 import merged_manifest  # h5py only when an HDF5 file is opened
+
+        return Store(path.parent, merged_manifest(path))
     return Store(path)

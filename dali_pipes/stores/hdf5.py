@@ -1,0 +1,231 @@
+"""HDF5 shard reader, and the layout shared with the writer and the merge.
+
+Layout of a shard (and of a merged file, which is one big shard)::
+
+    /                      attrs: layout = "dali-pipes-hdf5", layout_version = 1,
+                                  num_samples = n, fields = JSON of the manifest fields
+    /<fixed array field>   dataset (n, *shape) of the field's dtype, chunked
+    /<ragged field>/data   dataset: every sample's values, concatenated along axis 0
+    /<ragged field>/offsets  int64 (n + 1,): sample i is data[offsets[i]:offsets[i + 1]]
+
+A *ragged* field is a ``bytes`` field (``data`` is uint8: the encoded images or
+text back to back) or an array field with a variable first dimension (``data``
+is ``(total_rows, *shape[1:])``, offsets count rows). Ragged ``data`` is one
+contiguous dataset, so reading a sample reads exactly its bytes; its offsets
+are read once when the shard is opened. Fixed arrays are chunked with about
+64 KiB per chunk (:func:`chunk_rows`): one sample per chunk for big samples,
+many for small ones such as labels.
+
+Reading a shard with plain h5py::
+
+    with h5py.File("shard-00000.h5", "r") as f:
+        o = f["image/offsets"]
+        jpeg = f["image/data"][o[7]:o[8]].tobytes()
+        label = f["label"][7]
+
+A merged file (:mod:`converters.merge`) also carries ``attrs["manifest"]``,
+the dataset's manifest JSON, which :func:`merged_manifest` turns into a
+one-shard :class:`~dali_pipes.manifest.Manifest` so that ``open_store`` reads it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import replace
+from pathlib import Path
+from typing import Mapping
+
+import h5py
+import numpy as np
+
+from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+
+LAYOUT = "dali-pipes-hdf5"
+LAYOUT_VERSION = 1
+#: Fixed file-format bounds, so the same data gives the same bytes whatever h5py defaults to.
+LIBVER = ("v110", "v110")
+#: Target size of one chunk of a fixed array dataset.
+CHUNK_BYTES = 64 << 10
+#: The attribute of a merged file that holds the dataset's manifest JSON.
+MANIFEST_ATTR = "manifest"
+
+
+def is_ragged(field: Field) -> bool:
+    """True for fields stored as concatenated ``data`` plus ``offsets``."""
+    return field.kind == "bytes" or field.variable_length
+
+
+def data_path(name: str, field: Field) -> str:
+    """The dataset holding a field's values."""
+    return f"{name}/data" if is_ragged(field) else name
+
+
+def offsets_path(name: str) -> str:
+    """The offsets dataset of a ragged field."""
+    return f"{name}/offsets"
+
+
+def data_dtype(field: Field) -> np.dtype:
+    """The dtype of a field's ``data`` (uint8 for bytes fields)."""
+    return np.dtype(np.uint8) if field.kind == "bytes" else np.dtype(field.dtype)
+
+
+def row_shape(field: Field) -> tuple[int, ...]:
+    """The shape of one row of a field's dataset: the sample shape, or a ragged field's trailing dims."""
+    if field.kind == "bytes":
+        return ()
+    shape = tuple(field.shape or ())
+    return shape[1:] if field.variable_length else shape
+
+
+def chunk_rows(field: Field) -> int:
+    """Samples per chunk of a fixed array field: about :data:`CHUNK_BYTES` a chunk, at least one sample."""
+    row_bytes = data_dtype(field).itemsize * math.prod(row_shape(field))
+    return max(1, CHUNK_BYTES // max(row_bytes, 1))
+
+
+def layout_attrs(fields: Mapping[str, Field], num_samples: int) -> dict[str, object]:
+    """The root attributes every shard and merged file carries."""
+    return {
+        "layout": LAYOUT,
+        "layout_version": LAYOUT_VERSION,
+        "num_samples": num_samples,
+        "fields": json.dumps({name: f.to_json() for name, f in fields.items()}, sort_keys=True),
+    }
+
+
+def open_file(path: str | os.PathLike) -> h5py.File:
+    """Open an HDF5 shard read-only (no file locking: shards never change); StoreError if unreadable."""
+    if not os.path.isfile(path):
+        raise StoreError(f"{path}: HDF5 shard file is missing")
+    try:
+        return h5py.File(path, "r", locking=False)
+    except OSError as exc:
+        raise StoreError(f"{path}: cannot open HDF5 shard ({exc}); truncated or not an HDF5 file") from exc
+
+
+def check_virtual_sources(file: h5py.File, path: Path) -> None:
+    """Refuse a file of virtual datasets whose source files are missing or unreadable.
+
+    HDF5 reads the fill value (zeros) in place of a source it cannot open, so a
+    moved or damaged shard would otherwise come back as silent garbage.
+    """
+    seen: set[str] = set()
+    for obj in _datasets(file):
+        if not obj.is_virtual:
+            continue
+        for source in obj.virtual_sources():
+            if source.file_name in seen or source.file_name == ".":
+                continue
+            seen.add(source.file_name)
+            # HDF5 resolves a relative source path against the virtual file's folder.
+            src = Path(source.file_name)
+            src = src if src.is_absolute() else path.parent / src
+            with open_file(src) as f:
+                if source.dset_name not in f:
+                    raise StoreError(f"{path}: source {src} of virtual dataset {obj.name} has no {source.dset_name}")
+
+
+def _datasets(group: h5py.Group):
+    for item in group.values():
+        if isinstance(item, h5py.Group):
+            yield from _datasets(item)
+        else:
+            yield item
+
+
+def merged_manifest(path: str | os.PathLike) -> Manifest:
+    """The one-shard manifest of a merged HDF5 file, from its ``manifest`` attribute.
+
+    The shard's ``sha256`` is empty: a file cannot hold its own hash.
+    Raises :class:`~dali_pipes.manifest.ManifestError` for a file without the attribute.
+    """
+    path = Path(path)
+    with open_file(path) as f:
+        text = f.attrs.get(MANIFEST_ATTR)
+        count = f.attrs.get("num_samples")
+    if text is None:
+        raise ManifestError(f"{path}: not a merged dali-pipes HDF5 file (no '{MANIFEST_ATTR}' attribute); "
+                            "open the dataset folder instead, or write one with 'dali-pipes merge'")
+    try:
+        manifest = parse_manifest(json.loads(text), where=str(path))
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: the '{MANIFEST_ATTR}' attribute is not valid JSON ({exc})") from exc
+    if count != manifest.num_samples:
+        raise ManifestError(f"{path}: holds {count} samples, its manifest says {manifest.num_samples}")
+    shard = Shard(path=path.name, num_samples=manifest.num_samples, bytes=path.stat().st_size, sha256="")
+    return replace(manifest, shards=(shard,))
+
+
+class Hdf5ShardReader(ShardReader):
+    """Random access to one HDF5 shard or merged file (see the module docstring for the layout)."""
+
+    format = "hdf5"
+
+    def _open(self) -> None:
+        f = open_file(self.path)
+        try:
+            self._h_data, self._h_offsets = self._check_layout(f)
+        except StoreError:
+            f.close()
+            raise
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            f.close()
+            raise StoreError(f"{self.path}: damaged HDF5 shard ({exc})") from exc
+        self._h_file = f
+
+    def _check_layout(self, f: h5py.File) -> tuple[dict[str, h5py.Dataset], dict[str, np.ndarray]]:
+        if f.attrs.get("layout") != LAYOUT:
+            raise StoreError(f"{self.path}: not a dali-pipes HDF5 shard (layout attribute {f.attrs.get('layout')!r})")
+        count = f.attrs.get("num_samples")
+        if count != self.num_samples:
+            raise StoreError(f"{self.path}: HDF5 shard holds {count} samples, the manifest says {self.num_samples}")
+        check_virtual_sources(f, self.path)
+        data: dict[str, h5py.Dataset] = {}
+        offsets: dict[str, np.ndarray] = {}
+        for name, field in self.fields.items():
+            key = data_path(name, field)
+            if key not in f:
+                raise StoreError(f"{self.path}: field {name!r} has no dataset {key!r}")
+            ds = f[key]
+            if ds.shape[1:] != row_shape(field):
+                raise StoreError(f"{self.path}: dataset {key!r} has rows of shape {ds.shape[1:]}, expected {row_shape(field)}")
+            if is_ragged(field):
+                offs = np.asarray(f[offsets_path(name)][()], dtype=np.int64)
+                if offs.shape != (self.num_samples + 1,) or offs[0] != 0 or offs[-1] != ds.shape[0] or np.any(np.diff(offs) < 0):
+                    raise StoreError(f"{self.path}: offsets of field {name!r} do not match its data (damaged shard)")
+                offsets[name] = offs
+            elif ds.shape[0] != self.num_samples:
+                raise StoreError(f"{self.path}: dataset {key!r} has {ds.shape[0]} rows, expected {self.num_samples}")
+            data[name] = ds
+        return data, offsets
+
+    def _close_handles(self) -> None:
+        for attr in ("_h_data", "_h_offsets"):
+            self.__dict__.pop(attr, None)
+        f = self.__dict__.pop("_h_file", None)
+        if f is not None:
+            f.close()
+
+    def read(self, index: int) -> SampleDict:
+        """The fields of local sample ``index``; :class:`StoreError` if the file cannot be read."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"{self.path}: record {index} out of range ({self.num_samples} samples)")
+        self._ensure_open()
+        sample: SampleDict = {}
+        for name, field in self.fields.items():
+            ds = self._h_data[name]
+            try:
+                if is_ragged(field):
+                    start, stop = self._h_offsets[name][index : index + 2]
+                    value = ds[start:stop]
+                    sample[name] = value.tobytes() if field.kind == "bytes" else value
+                else:
+                    # A slice, not ds[index]: h5py returns a numpy scalar for ds[index] of a scalar field.
+                    sample[name] = ds[index : index + 1].reshape(field.shape)
+            except (OSError, ValueError) as exc:
+                raise StoreError(f"{self.path}: record {index}, field {name!r}: HDF5 read failed ({exc})") from exc
+        return sample

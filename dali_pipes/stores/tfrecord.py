@@ -1,0 +1,96 @@
+"""TFRecord shard reader: random access through DALI's ``.idx`` index.
+
+Each read seeks to the record the index names, checks the length and data CRCs
+(cheap next to decoding an image, and the only integrity check TFRecord has),
+and decodes the ``tf.train.Example`` (:mod:`dali_pipes.stores.tfexample`).
+Without an index the reader builds one by walking the record headers once.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import numpy as np
+
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores.tfexample import FOOTER_SIZE, HEADER_SIZE, decode_sample, masked_crc32c, parse_index, unframe
+
+
+def scan_index(fd: int, path: str | os.PathLike) -> np.ndarray:
+    """Build the ``(n, 2)`` ``(offset, size)`` index of a TFRecord file by walking its headers."""
+    end = os.fstat(fd).st_size
+    rows = []
+    offset = 0
+    while offset < end:
+        head = os.pread(fd, HEADER_SIZE, offset)
+        if len(head) < HEADER_SIZE:
+            raise StoreError(f"{path}: record {len(rows)} at byte {offset}: truncated header")
+        (length,) = struct.unpack_from("<Q", head)
+        if masked_crc32c(head[:8]) != struct.unpack_from("<I", head, 8)[0]:
+            raise StoreError(f"{path}: record {len(rows)} at byte {offset}: length CRC mismatch")
+        size = HEADER_SIZE + length + FOOTER_SIZE
+        rows.append((offset, size))
+        offset += size
+    if offset != end:
+        raise StoreError(f"{path}: the last record runs past the end of the file (truncated)")
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+
+
+class TFRecordShardReader(ShardReader):
+    """Random access to one TFRecord shard, with its DALI ``.idx`` file when there is one."""
+
+    format = "tfrecord"
+
+    def _open(self) -> None:
+        if not self.path.is_file():
+            raise StoreError(f"{self.path}: TFRecord shard file is missing")
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            index = self._load_index(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        self._h_fd = fd
+        self._h_index = index
+
+    def _load_index(self, fd: int) -> np.ndarray:
+        if self.index_path is None:
+            index = scan_index(fd, self.path)
+        else:
+            try:
+                text = self.index_path.read_text(encoding="ascii")
+            except FileNotFoundError as exc:
+                raise StoreError(f"{self.index_path}: index file of TFRecord shard {self.path} is missing") from exc
+            except (OSError, UnicodeDecodeError) as exc:
+                raise StoreError(f"{self.index_path}: cannot read TFRecord index ({exc})") from exc
+            index = parse_index(text, str(self.index_path))
+        if len(index) != self.num_samples:
+            raise StoreError(f"{self.path}: index lists {len(index)} records, the manifest says {self.num_samples}")
+        size = os.fstat(fd).st_size
+        if len(index) and int(index[-1].sum()) > size:
+            raise StoreError(
+                f"{self.path}: TFRecord shard is truncated ({size} bytes; its last record ends at {int(index[-1].sum())})"
+            )
+        return index
+
+    def _close_handles(self) -> None:
+        self.__dict__.pop("_h_index", None)
+        fd = self.__dict__.pop("_h_fd", None)
+        if fd is not None:
+            os.close(fd)
+
+    def read(self, index: int) -> SampleDict:
+        """The fields of local sample ``index``; :class:`StoreError` on a short read, bad CRC or bad Example."""
+        if not 0 <= index < self.num_samples:
+            raise IndexError(f"{self.path}: record {index} out of range ({self.num_samples} samples)")
+        self._ensure_open()
+        offset, size = (int(v) for v in self._h_index[index])
+        where = f"{self.path}: record {index} (byte {offset})"
+        try:
+            record = os.pread(self._h_fd, size, offset)
+        except OSError as exc:
+            raise StoreError(f"{where}: read failed ({exc})") from exc
+        if len(record) != size:
+            raise StoreError(f"{where}: got {len(record)} of {size} bytes (truncated file)")
+        return decode_sample(self.fields, unframe(record, where), where)

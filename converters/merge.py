@@ -1,0 +1,196 @@
+"""Merge the shards of an HDF5 dataset into one HDF5 file, sample order kept.
+
+Two kinds of output, both with the layout of one shard (see
+:mod:`dali_pipes.stores.hdf5`), so the same reader, ``open_store`` and plain
+h5py read them:
+
+- **physical** (default): every dataset copied into the new file, in blocks,
+  with a progress bar. The file stands alone.
+- **virtual** (``virtual=True``): each big dataset (fixed arrays and the
+  ``data`` of ragged fields) is an HDF5 virtual dataset that maps the shards'
+  datasets end to end; nothing big is copied. The ``offsets`` of ragged fields
+  are physical, rebased onto the concatenated data. Source files are recorded
+  by paths *relative to the merged file's folder*, which is where HDF5 (1.10+)
+  looks for a relative source; so the dataset folder can be moved or copied as
+  a whole. The shards must stay where the paths say: a reader opening the file
+  checks that every source opens (HDF5 itself would silently read zeros).
+
+Layout of the merged file, for a user of plain h5py::
+
+    /                        attrs: layout, layout_version, num_samples, fields (JSON),
+                                    manifest (the dataset's index.json, as JSON), virtual (bool)
+    /<fixed array field>     (N, *shape)
+    /<ragged field>/data     all samples' values back to back (uint8 for bytes fields)
+    /<ragged field>/offsets  int64 (N + 1,): sample i is data[offsets[i]:offsets[i + 1]]
+
+The output is written under a temporary name in its folder and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import h5py
+import numpy as np
+from tqdm import tqdm
+
+from converters.base import ConversionError
+from dali_pipes._fileio import fsync_dir
+from dali_pipes.manifest import Field, Manifest, load_manifest, resolve_inside
+from dali_pipes.stores.hdf5 import (
+    LIBVER,
+    MANIFEST_ATTR,
+    chunk_rows,
+    data_dtype,
+    data_path,
+    is_ragged,
+    layout_attrs,
+    offsets_path,
+    open_file,
+    row_shape,
+)
+
+log = logging.getLogger(__name__)
+
+#: Bytes copied per block in a physical merge.
+COPY_BYTES = 64 << 20
+
+
+@dataclass(frozen=True)
+class _ShardInfo:
+    """What the merge needs to know of one shard: its file, rows per dataset and ragged offsets."""
+
+    path: Path
+    num_samples: int
+    rows: dict[str, int]
+    offsets: dict[str, np.ndarray]
+
+
+def merge_hdf5(dataset_dir: str | os.PathLike, out_h5: str | os.PathLike, *, virtual: bool = False) -> Path:
+    """Merge an HDF5 dataset's shards into ``out_h5`` (physical copy, or virtual datasets); return its path.
+
+    Raises :class:`~converters.base.ConversionError` for a dataset of another
+    format, an output that exists, or a shard that does not match the manifest.
+    """
+    dataset_dir = Path(dataset_dir)
+    out = Path(out_h5)
+    manifest = load_manifest(dataset_dir)
+    if manifest.format != "hdf5":
+        raise ConversionError(
+            f"{dataset_dir}: is a {manifest.format} dataset; only HDF5 datasets can be merged "
+            "(convert with --format hdf5)"
+        )
+    if out.exists():
+        raise ConversionError(f"{out}: already exists; remove it or choose another name")
+    if not out.parent.is_dir():
+        raise ConversionError(f"{out.parent}: no such folder for the merged file")
+    shards = [_shard_info(resolve_inside(dataset_dir, s.path), s.num_samples, manifest) for s in manifest.shards]
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        with h5py.File(tmp, "w", libver=LIBVER) as f:
+            if virtual:
+                _write_virtual(f, manifest, shards, out.parent.resolve())
+            else:
+                _write_physical(f, manifest, shards, out.name)
+            for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
+                f.attrs[key] = value
+            f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
+            f.attrs["virtual"] = virtual
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(out.parent)
+    log.info("merged %d shards of %s into %s (%s)", len(shards), dataset_dir, out, "virtual" if virtual else "physical")
+    return out
+
+
+def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:
+    rows: dict[str, int] = {}
+    offsets: dict[str, np.ndarray] = {}
+    with open_file(path) as f:
+        if f.attrs.get("num_samples") != num_samples:
+            raise ConversionError(f"{path}: holds {f.attrs.get('num_samples')} samples, the manifest says {num_samples}")
+        for name, field in manifest.fields.items():
+            key = data_path(name, field)
+            if key not in f:
+                raise ConversionError(f"{path}: field {name!r} has no dataset {key!r}")
+            rows[name] = f[key].shape[0]
+            if is_ragged(field):
+                offsets[name] = np.asarray(f[offsets_path(name)][()], dtype=np.int64)
+    return _ShardInfo(path=path, num_samples=num_samples, rows=rows, offsets=offsets)
+
+
+def _merged_offsets(name: str, shards: list[_ShardInfo]) -> np.ndarray:
+    """The shards' offsets of a ragged field, each rebased onto the rows before it."""
+    parts, base = [], 0
+    for shard in shards:
+        parts.append(shard.offsets[name][:-1] + base)
+        base += shard.rows[name]
+    parts.append(np.array([base], dtype=np.int64))
+    return np.concatenate(parts)
+
+
+def _create_target(f: h5py.File, name: str, field: Field, total_rows: int) -> h5py.Dataset:
+    rest = row_shape(field)
+    if is_ragged(field):
+        return f.create_dataset(data_path(name, field), shape=(total_rows, *rest), dtype=data_dtype(field), track_times=False)
+    return f.create_dataset(
+        name,
+        shape=(total_rows, *rest),
+        chunks=(min(chunk_rows(field), max(total_rows, 1)), *rest),
+        dtype=data_dtype(field),
+        track_times=False,
+    )
+
+
+def _write_physical(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], label: str) -> None:
+    row_bytes = {n: data_dtype(fl).itemsize * math.prod(row_shape(fl)) for n, fl in manifest.fields.items()}
+    total_bytes = sum(s.rows[n] * row_bytes[n] for s in shards for n in manifest.fields)
+    targets = {
+        name: _create_target(f, name, field, sum(s.rows[name] for s in shards)) for name, field in manifest.fields.items()
+    }
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"merge {label}", disable=None) as bar:
+        base = dict.fromkeys(manifest.fields, 0)
+        for shard in shards:
+            with open_file(shard.path) as src:
+                for name, field in manifest.fields.items():
+                    source = src[data_path(name, field)]
+                    # Whole chunks of the target per block, so no chunk is written twice.
+                    step = max(1, COPY_BYTES // max(row_bytes[name], 1))
+                    if not is_ragged(field):
+                        rows = chunk_rows(field)
+                        step = max(rows, step // rows * rows)
+                    for start in range(0, shard.rows[name], step):
+                        stop = min(start + step, shard.rows[name])
+                        targets[name][base[name] + start : base[name] + stop] = source[start:stop]
+                        bar.update((stop - start) * row_bytes[name])
+                    base[name] += shard.rows[name]
+    for name, field in manifest.fields.items():
+        if is_ragged(field):
+            f.create_dataset(offsets_path(name), data=_merged_offsets(name, shards), track_times=False)
+
+
+def _write_virtual(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], out_dir: Path) -> None:
+    for name, field in manifest.fields.items():
+        rest = row_shape(field)
+        key = data_path(name, field)
+        total = sum(s.rows[name] for s in shards)
+        layout = h5py.VirtualLayout(shape=(total, *rest), dtype=data_dtype(field))
+        base = 0
+        for shard in shards:
+            n = shard.rows[name]
+            if n:  # an empty selection cannot be mapped
+                rel = os.path.relpath(shard.path, out_dir)
+                layout[base : base + n] = h5py.VirtualSource(rel, key, shape=(n, *rest), dtype=data_dtype(field))
+            base += n
+        f.create_virtual_dataset(key, layout)
+        if is_ragged(field):
+            f.create_dataset(offsets_path(name), data=_merged_offsets(name, shards), track_times=False)

@@ -1,0 +1,30 @@
+"""Input sources: where the samples of a conversion come from.
+
+Each source is a :class:`converters.base.Source`; :data:`SOURCES` maps the
+``dali-pipes convert`` sub-command (and the manifest's ``source.kind``) to its class.
+"""
+
+from __future__ import annotations
+
+from converters.base import Source
+from converters.sources.arrays import ArraysSource
+from converters.sources.coco import CocoSource
+from converters.sources.imagefolder import IMAGE_EXTENSIONS, ImageFolderSource
+from converters.sources.listfile import TWO_COLUMN_RULE, ListFileSource
+
+SOURCES: dict[str, type[Source]] = {
+    ImageFolderSource.kind: ImageFolderSource,
+    ListFileSource.kind: ListFileSource,
+    CocoSource.kind: CocoSource,
+    ArraysSource.kind: ArraysSource,
+}
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "SOURCES",
+    "TWO_COLUMN_RULE",
+    "ArraysSource",
+    "CocoSource",
+    "ImageFolderSource",
+    "ListFileSource",
+]

@@ -1,0 +1,229 @@
+"""``coco``: a COCO instances JSON and its image folder, one sample per image."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, Source
+from converters.images import load_image_file
+from dali_pipes.manifest import Field
+
+log = logging.getLogger(__name__)
+
+
+class CocoSource(Source):
+    """One sample per entry of the JSON's ``images``, sorted by image id.
+
+    Per image: ``image`` (the file's bytes), ``boxes`` (float32, ``(n, 4)``, COCO's
+    ``[x, y, width, height]`` in pixels as stored), ``category_id`` (int64, ``(n,)``,
+    COCO's ids, not remapped), ``iscrowd`` (uint8, ``(n,)``), ``image_id`` (int64),
+    ``image_size`` (int64 ``(height, width)`` from the JSON) and ``key`` (the
+    ``file_name``). Annotations keep their order in the JSON; an image without
+    annotations has ``n = 0``. Segmentations are not stored.
+
+    :meth:`classes` lists the category names in order of id (so ``classes()[k]``
+    is the k-th category, which is category id ``k`` only when ids run from 0);
+    ``extra()["categories"]`` keeps the id of each.
+    """
+
+    kind: ClassVar[str] = "coco"
+
+    def __init__(
+        self,
+        images_dir: str | os.PathLike,
+        annotations_json: str | os.PathLike,
+        image_options: ImageOptions = ImageOptions(),
+    ) -> None:
+        self.images_dir = str(images_dir)
+        self.annotations_json = str(annotations_json)
+        self.image_options = image_options
+        self._parsed: _Coco | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # The parsed JSON can be hundreds of MB (COCO train); workers only need Item.data.
+        state = dict(self.__dict__)
+        state["_parsed"] = None
+        return state
+
+    def _coco(self) -> "_Coco":
+        if self._parsed is None:
+            if not Path(self.images_dir).is_dir():
+                raise ConversionError(f"{self.images_dir}: no such image folder; give the folder the JSON's file_names are in")
+            self._parsed = _parse(Path(self.annotations_json))
+        return self._parsed
+
+    def fields(self) -> dict[str, Field]:
+        return {
+            "image": Field.image(),
+            "boxes": Field.array("float32", (-1, 4)),
+            "category_id": Field.array("int64", (-1,)),
+            "iscrowd": Field.array("uint8", (-1,)),
+            "image_id": Field.array("int64", ()),
+            "image_size": Field.array("int64", (2,)),
+            "key": Field.text(),
+        }
+
+    def classes(self) -> list[str]:
+        """Category names in order of category id."""
+        return [c["name"] for c in self._coco().categories]
+
+    def extra(self) -> dict[str, Any]:
+        return {"categories": [dict(c) for c in self._coco().categories]}
+
+    def items(self) -> list[Item]:
+        """One item per image, by image id. ``Item.data`` carries that image's annotations."""
+        coco = self._coco()
+        items = []
+        missing = 0
+        for image in coco.images:
+            path = os.path.join(self.images_dir, image["file_name"])
+            try:
+                size = os.stat(path).st_size
+            except OSError:
+                size = 0
+                missing += 1
+            boxes, categories, crowd = coco.annotations.get(image["id"], ([], [], []))
+            data = (
+                image["file_name"],
+                image["id"],
+                (image["height"], image["width"]),
+                np.array(boxes, dtype=np.float32).reshape(-1, 4),
+                np.array(categories, dtype=np.int64),
+                np.array(crowd, dtype=np.uint8),
+            )
+            items.append(Item(name=path, size=size, data=data))
+        if missing == len(items):
+            raise ConversionError(
+                f"{self.images_dir}: none of the {len(items)} images of {self.annotations_json} is here "
+                f"(first: {coco.images[0]['file_name']}); give the folder the file_names are relative to"
+            )
+        if missing:
+            log.warning("%s: %d of %d images named in %s are missing; they will be reported as errors",
+                        self.images_dir, missing, len(items), self.annotations_json)
+        return items
+
+    def load(self, item: Item) -> Sample:
+        file_name, image_id, size, boxes, categories, crowd = item.data
+        return {
+            "image": load_image_file(os.path.join(self.images_dir, file_name), item.name, self.image_options),
+            "boxes": boxes,
+            "category_id": categories,
+            "iscrowd": crowd,
+            "image_id": np.array(image_id, dtype=np.int64),
+            "image_size": np.array(size, dtype=np.int64),
+            "key": file_name.encode("utf-8"),
+        }
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "images_dir": self.images_dir, "annotations_json": self.annotations_json,
+                "image_options": self.image_options.to_json()}
+
+
+class _Coco:
+    """The parts of a COCO JSON that are stored: images by id, categories by id, annotations per image."""
+
+    def __init__(self, images: list[dict], categories: list[dict], annotations: dict[int, tuple[list, list, list]]):
+        self.images = images
+        self.categories = categories
+        self.annotations = annotations
+
+
+def _parse(path: Path) -> _Coco:
+    if not path.is_file():
+        raise ConversionError(f"{path}: no such annotations file; give a COCO instances JSON")
+    try:
+        with open(path, "rb") as f:
+            data = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConversionError(f"{path}: expected a JSON object with 'images', 'annotations' and 'categories'")
+    for key in ("images", "categories"):
+        if not isinstance(data.get(key), list):
+            raise ConversionError(f"{path}: no '{key}' list; is this a COCO instances file?")
+    raw_annotations = data.get("annotations", [])
+    if not isinstance(raw_annotations, list):
+        raise ConversionError(f"{path}: 'annotations' must be a list")
+
+    images = [_image(path, i, entry) for i, entry in enumerate(data["images"])]
+    if not images:
+        raise ConversionError(f"{path}: 'images' is empty; there is nothing to convert")
+    images.sort(key=lambda im: im["id"])
+    for a, b in zip(images, images[1:]):
+        if a["id"] == b["id"]:
+            raise ConversionError(f"{path}: image id {a['id']} appears twice ({a['file_name']}, {b['file_name']})")
+
+    categories = [_category(path, i, entry) for i, entry in enumerate(data["categories"])]
+    categories.sort(key=lambda c: c["id"])
+    for a, b in zip(categories, categories[1:]):
+        if a["id"] == b["id"]:
+            raise ConversionError(f"{path}: category id {a['id']} appears twice ({a['name']!r}, {b['name']!r})")
+
+    image_ids = {im["id"] for im in images}
+    category_ids = {c["id"] for c in categories}
+    per_image: dict[int, tuple[list, list, list]] = {}
+    for i, ann in enumerate(raw_annotations):
+        image_id, box, category, crowd = _annotation(path, i, ann, image_ids, category_ids)
+        boxes, cats, crowds = per_image.setdefault(image_id, ([], [], []))
+        boxes.append(box)
+        cats.append(category)
+        crowds.append(crowd)
+    log.debug("%s: %d images, %d annotations, %d categories", path, len(images), len(raw_annotations), len(categories))
+    return _Coco(images, categories, per_image)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _image(path: Path, i: int, entry: Any) -> dict[str, Any]:
+    if not isinstance(entry, dict):
+        raise ConversionError(f"{path}: images[{i}] is not an object")
+    where = f"{path}: images[{i}] (id {entry.get('id')!r})"
+    if not _is_int(entry.get("id")):
+        raise ConversionError(f"{where} has no integer 'id'")
+    name = entry.get("file_name")
+    if not isinstance(name, str) or not name:
+        raise ConversionError(f"{where} has no 'file_name'")
+    for side in ("height", "width"):
+        if not _is_int(entry.get(side)) or entry[side] <= 0:
+            raise ConversionError(f"{where} has {side} {entry.get(side)!r}; expected a positive integer")
+    return {"id": entry["id"], "file_name": name, "height": entry["height"], "width": entry["width"]}
+
+
+def _category(path: Path, i: int, entry: Any) -> dict[str, Any]:
+    if not isinstance(entry, dict) or not _is_int(entry.get("id")) or not isinstance(entry.get("name"), str):
+        raise ConversionError(f"{path}: categories[{i}] needs an integer 'id' and a string 'name', got {entry!r}")
+    return {"id": entry["id"], "name": entry["name"], "supercategory": entry.get("supercategory")}
+
+
+def _annotation(path: Path, i: int, ann: Any, image_ids: set[int], category_ids: set[int]) -> tuple[int, list, int, int]:
+    if not isinstance(ann, dict):
+        raise ConversionError(f"{path}: annotations[{i}] is not an object")
+    where = f"{path}: annotations[{i}] (id {ann.get('id')!r})"
+    image_id = ann.get("image_id")
+    if not _is_int(image_id) or image_id not in image_ids:
+        raise ConversionError(f"{where} points to image id {image_id!r}, which is not in 'images'")
+    category = ann.get("category_id")
+    if not _is_int(category) or category not in category_ids:
+        raise ConversionError(f"{where} has category_id {category!r}, which is not in 'categories'")
+    box = ann.get("bbox")
+    if (
+        not isinstance(box, list)
+        or len(box) != 4
+        or not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in box)
+        or box[2] < 0
+        or box[3] < 0
+    ):
+        raise ConversionError(f"{where} has bbox {box!r}; expected [x, y, width, height] with width, height >= 0")
+    crowd = ann.get("iscrowd", 0)
+    if not _is_int(crowd) or crowd not in (0, 1):
+        raise ConversionError(f"{where} has iscrowd {crowd!r}; expected 0 or 1")
+    return image_id, box, category, int(crowd)

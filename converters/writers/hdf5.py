@@ -1,0 +1,161 @@
+"""HDF5 shard writer (layout in :mod:`dali_pipes.stores.hdf5`).
+
+Why ragged fields (encoded images, text, boxes) are spooled: random access to one
+sample must read only that sample's bytes, which a *contiguous* dataset of the
+concatenated values plus an offsets dataset gives (a chunked one would read whole
+chunks around it, and HDF5 chunks are all one size). A contiguous dataset needs
+its size at creation, which the writer learns only at the end; so ragged values
+go to an anonymous temporary file in the shard's folder (in memory up to
+:data:`SPOOL_MEMORY`; unnamed on disk, so nothing is left behind after a crash)
+and are copied into the HDF5 file at :meth:`close`. The cost is writing those
+bytes twice, once to the spool and once to the shard; the price of variable-size
+HDF5 alternatives (one dataset per sample, or vlen types in the global heap) is
+paid on every read instead.
+
+Fixed-shape arrays go straight into resizable chunked datasets, in whole chunks.
+
+The file is reproducible: fixed library version bounds, no timestamps
+(``track_times=False``), and the same sequence of writes for the same samples.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from typing import Mapping
+
+import h5py
+import numpy as np
+
+from converters.base import Sample, ShardWriter
+from converters.writers._sample import check_fields, normalize_sample
+from dali_pipes.manifest import Field
+from dali_pipes.stores.hdf5 import (
+    LIBVER,
+    chunk_rows,
+    data_dtype,
+    data_path,
+    is_ragged,
+    layout_attrs,
+    offsets_path,
+    row_shape,
+)
+
+#: Ragged values stay in memory up to this many bytes per field, then spill to the temporary file.
+SPOOL_MEMORY = 32 << 20
+#: Fixed arrays are buffered up to about this many bytes per field between writes.
+FLUSH_BYTES = 8 << 20
+#: The block size of the copy from spool to shard.
+COPY_BYTES = 16 << 20
+
+
+class Hdf5ShardWriter(ShardWriter):
+    """Writes one ``.h5`` shard file."""
+
+    format = "hdf5"
+    suffix = ".h5"
+
+    def __init__(self, path: str | os.PathLike, fields: Mapping[str, Field]) -> None:
+        super().__init__(path, fields)
+        check_fields(self.fields, str(self.path))
+        self._file: h5py.File | None = h5py.File(self.path, "w", libver=LIBVER)
+        self._spools: dict[str, tempfile.SpooledTemporaryFile] = {}
+        self._offsets: dict[str, list[int]] = {}
+        self._buffers: dict[str, list[np.ndarray]] = {}
+        self._flush_rows: dict[str, int] = {}
+        for name, field in self.fields.items():
+            if is_ragged(field):
+                self._spools[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, dir=self.path.parent)
+                self._offsets[name] = [0]
+            else:
+                rows = chunk_rows(field)
+                shape = tuple(field.shape or ())
+                self._file.create_dataset(
+                    name,
+                    shape=(0, *shape),
+                    maxshape=(None, *shape),
+                    chunks=(rows, *(max(1, d) for d in shape)),
+                    dtype=data_dtype(field),
+                    track_times=False,
+                )
+                self._buffers[name] = []
+                # Flush whole chunks only, so no chunk is written twice.
+                row_bytes = data_dtype(field).itemsize * math.prod(shape)
+                self._flush_rows[name] = rows * max(1, FLUSH_BYTES // (rows * row_bytes))
+
+    def write(self, sample: Sample) -> None:
+        """Append one sample."""
+        where = f"{self.path}: sample {self.num_samples}"
+        values = normalize_sample(self.fields, sample, where)
+        for name, field in self.fields.items():
+            value = values[name]
+            if is_ragged(field):
+                data = value if isinstance(value, bytes) else value.tobytes()
+                self._spools[name].write(data)
+                rows = len(data) if field.kind == "bytes" else value.shape[0]
+                self._offsets[name].append(self._offsets[name][-1] + rows)
+            else:
+                self._buffers[name].append(value)
+                if len(self._buffers[name]) >= self._flush_rows[name]:
+                    self._flush(name)
+        self.num_samples += 1
+
+    def _flush(self, name: str) -> None:
+        rows = self._buffers[name]
+        if not rows:
+            return
+        ds = self._file[name]
+        start = ds.shape[0]
+        ds.resize(start + len(rows), axis=0)
+        ds[start:] = np.stack(rows)
+        rows.clear()
+
+    def _write_ragged(self, name: str, field: Field) -> None:
+        spool = self._spools.pop(name)
+        offsets = np.asarray(self._offsets[name], dtype=np.int64)
+        dtype = data_dtype(field)
+        rest = row_shape(field)
+        row_bytes = dtype.itemsize * math.prod(rest)
+        ds = self._file.create_dataset(
+            data_path(name, field), shape=(int(offsets[-1]), *rest), dtype=dtype, track_times=False
+        )
+        spool.seek(0)
+        block_rows = max(1, COPY_BYTES // row_bytes)
+        done = 0
+        while done < ds.shape[0]:
+            block = spool.read(block_rows * row_bytes)
+            n = len(block) // row_bytes
+            ds[done : done + n] = np.frombuffer(block, dtype=dtype).reshape((n, *rest))
+            done += n
+        spool.close()
+        self._file.create_dataset(offsets_path(name), data=offsets, track_times=False)
+
+    def close(self) -> None:
+        """Write the ragged fields and the attributes, flush, fsync and close the file."""
+        if self._file is None:
+            return
+        for name, field in self.fields.items():
+            if is_ragged(field):
+                self._write_ragged(name, field)
+            else:
+                self._flush(name)
+        for key, value in layout_attrs(self.fields, self.num_samples).items():
+            self._file.attrs[key] = value
+        self._file.close()
+        self._file = None
+        # h5py's close flushes HDF5's buffers but does not fsync.
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def abort(self) -> None:
+        """Close the file and drop the spools; the runner removes the shard."""
+        for spool in self._spools.values():
+            spool.close()
+        self._spools.clear()
+        if self._file is not None:
+            self._file.close()
+            self._file = None

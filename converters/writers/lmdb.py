@@ -1,0 +1,108 @@
+"""LMDB shard writer: one single-file environment per shard, one record per field per sample.
+
+The key layout is documented in :mod:`dali_pipes.stores.lmdb`. Records are
+appended in key order (``MDB_APPEND``: packed pages, no page splits) and
+committed in batches. The map starts small and doubles whenever LMDB reports it
+full; the batch is then replayed, so a full map is never the user's problem.
+
+The file is reproducible: the same samples give the same bytes, because the
+commit points depend only on the data, pages are zero-initialised
+(``meminit``), and no lock file or reader table exists (``lock=False``; the
+writer is the only user of the file until it is renamed into place).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Mapping
+
+import lmdb
+
+from converters.base import Sample, ShardWriter
+from converters.writers._sample import check_fields, normalize_sample
+from dali_pipes.manifest import Field
+from dali_pipes.stores._codec import array_to_bytes
+from dali_pipes.stores.lmdb import LEN_KEY, sample_key
+
+log = logging.getLogger(__name__)
+
+#: The initial map size; it doubles as needed. Only address space, not disk: the file grows with its pages.
+DEFAULT_MAP_SIZE = 64 << 20
+#: A batch is committed once it holds this many bytes of values or this many samples.
+COMMIT_BYTES = 64 << 20
+COMMIT_SAMPLES = 1024
+
+
+class LmdbShardWriter(ShardWriter):
+    """Writes one ``.lmdb`` shard file (no lock file, nothing else next to it)."""
+
+    format = "lmdb"
+    suffix = ".lmdb"
+
+    def __init__(self, path: str | os.PathLike, fields: Mapping[str, Field], *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+        super().__init__(path, fields)
+        check_fields(self.fields, str(self.path))
+        # Keys within a sample must ascend for MDB_APPEND: fields in byte order of their names.
+        self._order = sorted(self.fields, key=lambda name: name.encode("utf-8"))
+        self._env = lmdb.open(
+            os.fspath(self.path),
+            map_size=map_size,
+            subdir=False,
+            lock=False,
+            readahead=False,
+            meminit=True,
+            sync=False,  # one fsync at close, not one per batch
+            metasync=False,
+            max_dbs=0,
+            mode=0o644,
+        )
+        self._pending: list[tuple[bytes, bytes]] = []
+        self._pending_bytes = 0
+        self._pending_samples = 0
+
+    def write(self, sample: Sample) -> None:
+        """Append one sample (committed with its batch)."""
+        where = f"{self.path}: sample {self.num_samples}"
+        values = normalize_sample(self.fields, sample, where)
+        for name in self._order:
+            value = values[name]
+            data = value if isinstance(value, bytes) else array_to_bytes(value)
+            self._pending.append((sample_key(self.num_samples, name), data))
+            self._pending_bytes += len(data)
+        self.num_samples += 1
+        self._pending_samples += 1
+        if self._pending_bytes >= COMMIT_BYTES or self._pending_samples >= COMMIT_SAMPLES:
+            self._commit()
+
+    def _commit(self) -> None:
+        while True:
+            try:
+                with self._env.begin(write=True) as txn:
+                    for key, value in self._pending:
+                        txn.put(key, value, append=True)
+                break
+            except lmdb.MapFullError:
+                # The transaction was aborted; grow the map and replay the whole batch.
+                size = self._env.info()["map_size"] * 2
+                log.debug("%s: LMDB map full, growing it to %d bytes", self.path, size)
+                self._env.set_mapsize(size)
+        self._pending.clear()
+        self._pending_bytes = 0
+        self._pending_samples = 0
+
+    def close(self) -> None:
+        """Commit the last batch and the sample count, fsync, and close the environment."""
+        if self._env is None:
+            return
+        self._pending.append((LEN_KEY, str(self.num_samples).encode()))
+        self._commit()
+        self._env.sync(True)
+        self._env.close()
+        self._env = None
+
+    def abort(self) -> None:
+        """Close without committing the pending batch; the runner removes the file."""
+        if self._env is not None:
+            self._env.close()
+            self._env = None

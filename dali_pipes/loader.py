@@ -1,0 +1,531 @@
+"""``DALILoader``: a converted dataset in, batches of torch tensors out, one loader per DDP rank.
+
+The loader joins the pieces: the store (:mod:`dali_pipes.stores`), this rank's
+share of each epoch (:mod:`dali_pipes.sampling`), the external source that reads
+it inside DALI's workers (:mod:`dali_pipes.sources`) and the user's pipeline spec
+(:mod:`dali_pipes.pipelines`), and wraps DALI's ``DALIGenericIterator`` so that it
+behaves like a PyTorch ``DataLoader`` with a ``DistributedSampler``.
+
+Passes and epochs: each ``iter(loader)`` is one pass. A pass covers the epoch set
+by :meth:`DALILoader.set_epoch` (or restored by :meth:`DALILoader.load_state_dict`);
+without either, the next pass after a complete one (or after one left part-way)
+covers the next epoch, so the order changes every epoch even if ``set_epoch`` is
+never called.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping, Protocol
+
+import numpy as np
+
+from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
+from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
+from dali_pipes.stores import Store, StoreError, open_store
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["DALILoader", "LoaderError"]
+
+#: Outputs the loader adds to those of the pipeline spec.
+RESERVED_OUTPUTS = ("is_pad", "index")
+_STATE_VERSION = 1
+
+
+class LoaderError(RuntimeError):
+    """The DALI pipeline failed while training; the message names the dataset and, when found, the sample."""
+
+
+class _Spec(Protocol):
+    # The subset of :class:`dali_pipes.pipelines.PipelineSpec` the loader relies on.
+    required_fields: tuple[str, ...]
+
+    def build(self, inputs: Mapping[str, Any], *, device: str) -> dict[str, Any]: ...
+
+
+@dataclass
+class _Pass:
+    """One iteration over (the rest of) an epoch on this rank."""
+
+    epoch: int
+    start: int
+    batches: int
+    samples: int  # this rank's samples, so the last batch can be trimmed to them
+    handed: int = 0  # batches given to the user
+    drained: bool = True  # DALI has reported the end of this pass's epoch
+
+
+class DALILoader:
+    """Batches of a converted dataset through a DALI pipeline, for this DDP rank.
+
+    ``path`` is a dataset folder written by ``dali-pipes convert``; ``pipeline``
+    a spec such as :class:`~dali_pipes.pipelines.ClassificationTrain`. Iterating
+    yields dicts of torch tensors on the pipeline's device: the spec's outputs
+    (``image``, ``label``, ...), ``is_pad`` (true on the wrap-around filler of the
+    last batch with ``last_batch="pad"``), and with ``with_index=True`` the global
+    sample ``index``.
+
+    Rank and world size come from ``torch.distributed`` when it is initialised,
+    else from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1; explicit
+    values must agree with an initialised ``torch.distributed``. ``device="auto"``
+    runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
+    CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
+    processes reading the store (0: read in the main process), ``prefetch`` the
+    batches DALI prepares ahead, ``py_start_method`` how the workers start
+    (``"fork"``, or ``"spawn"``; by default fork unless this process has already
+    initialised CUDA, which must not be forked).
+
+    Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
+    sample is seen exactly once per epoch across the ranks; the last batch may
+    be shorter than ``batch_size``. :meth:`state_dict` records the epoch and the
+    global samples consumed, so a run resumes mid-epoch, on any world size.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        pipeline: _Spec,
+        *,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        last_batch: str = "pad",
+        device: str = "auto",
+        rank: int | None = None,
+        world_size: int | None = None,
+        num_threads: int | None = None,
+        py_num_workers: int | None = None,
+        prefetch: int = 2,
+        with_index: bool = False,
+        py_start_method: str | None = None,
+    ) -> None:
+        _check_int("batch_size", batch_size, 1)
+        _check_int("seed", seed, 0)
+        _check_int("prefetch", prefetch, 1)
+        if py_start_method not in (None, "fork", "spawn"):
+            raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {py_start_method!r}")
+        if last_batch not in LAST_BATCH_POLICIES:
+            raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+        self.store: Store = open_store(path)
+        fields = _required_fields(pipeline, self.store)
+        self.world, local_rank = detect_world(rank, world_size)
+        self.device, device_id = resolve_device(device, local_rank)
+        self.batch_size = int(batch_size)
+        self.shuffle = bool(shuffle)
+        self.seed = int(seed)
+        self.last_batch = last_batch
+        self.with_index = bool(with_index)
+        self._fields = fields
+        self._prefetch = int(prefetch)
+        self._control = EpochControl()
+        self._source = StoreSource(
+            self.store,
+            fields,
+            batch_size=self.batch_size,
+            world=self.world,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            last_batch=last_batch,
+            control=self._control,
+            with_index=self.with_index,
+        )
+        cpus = os.cpu_count() or 1
+        workers = max(1, min(4, cpus // 2)) if py_num_workers is None else _check_int("py_num_workers", py_num_workers, 0)
+        threads = max(1, min(4, cpus)) if num_threads is None else _check_int("num_threads", num_threads, 1)
+        if py_start_method is None:
+            # Fork is cheaper, but a process that already initialised CUDA must not fork.
+            py_start_method = "spawn" if _cuda_initialized() else "fork"
+        self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
+        self._iterator = self._make_iterator()
+
+        self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
+        self._position = (0, 0)  # (epoch, global samples consumed) after the batches handed so far
+        self._pending: tuple[int, int] | None = None  # set by set_epoch / load_state_dict
+        self._pending_is_resume = False
+        self._pass: _Pass | None = None
+        self._failure: BaseException | None = None
+        logger.info(
+            "DALILoader: %s, rank %d of %d on %s%s, %d samples, batch %d, %d batches per rank per epoch",
+            self.store.root,
+            self.world.rank,
+            self.world.world_size,
+            self.device,
+            f":{device_id}" if device_id is not None else "",
+            len(self.store),
+            self.batch_size,
+            self.batches_per_epoch,
+        )
+
+    # --- construction -------------------------------------------------------------------------
+
+    def _build(self, spec: _Spec, device_id: int | None, threads: int, workers: int, start_method: str):
+        from nvidia.dali import fn, pipeline_def
+
+        source, fields, device = self._source, self._fields, self.device
+        dtypes, ndims = dali_output_types(self.store, fields, self.with_index)
+        names: list[str] = []
+
+        # DALI accepts a source prefetch depth only for parallel sources.
+        parallel = dict(parallel=True, prefetch_queue_depth=self._prefetch) if workers > 0 else {}
+
+        def define():
+            nodes = fn.external_source(
+                source, num_outputs=len(dtypes), batch=False, dtype=dtypes, ndim=ndims, **parallel
+            )
+            outputs = dict(spec.build(dict(zip(fields, nodes[: len(fields)])), device=device))
+            clash = [name for name in RESERVED_OUTPUTS if name in outputs]
+            if clash:
+                raise ValueError(f"{type(spec).__name__}.build returned {clash[0]!r}, a name the loader adds itself")
+            extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) :]))  # is_pad, and index if asked for
+            outputs.update({name: node.gpu() if device == "gpu" else node for name, node in extra.items()})
+            names.extend(outputs)
+            return tuple(outputs.values())
+
+        extra: dict[str, Any] = {}
+        if workers > 0:
+            extra = dict(py_num_workers=workers, py_start_method=start_method)
+        pipe = pipeline_def(define, enable_conditionals=bool(getattr(spec, "needs_conditionals", False)))(
+            batch_size=self.batch_size,
+            num_threads=threads,
+            device_id=device_id,
+            prefetch_queue_depth=self._prefetch,
+            seed=_pipeline_seed(self.seed, self.world.rank),
+            **extra,
+        )
+        pipe.build()
+        return pipe, tuple(names)
+
+    def _make_iterator(self):
+        from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+        # size=-1: the source ends each epoch itself (its length changes on resume);
+        # nothing is scheduled before the first epoch's plan is published.
+        return DALIGenericIterator(
+            [self._pipe], list(self.output_names), size=-1, auto_reset=False, prepare_first_batch=False
+        )
+
+    # --- epochs and state ---------------------------------------------------------------------
+
+    def _remaining_batches(self, start: int) -> int:
+        return num_batches(len(self.store), self.batch_size, self.world.world_size, self.last_batch, start)
+
+    @property
+    def batches_per_epoch(self) -> int:
+        """Batches per rank in a whole epoch (from its start)."""
+        return self._remaining_batches(0)
+
+    def __len__(self) -> int:
+        """Batches this rank yields in the current pass, or in the next one if none is under way.
+
+        A whole epoch's count, except after :meth:`load_state_dict` restored a
+        position part-way through an epoch: then the batches left in it.
+        """
+        if self._pass is not None and self._pass.handed < self._pass.batches:
+            return self._pass.batches
+        epoch, start = self._next_pass()
+        return self._remaining_batches(start)
+
+    @property
+    def epoch(self) -> int:
+        """The epoch of the pass under way, or of the next pass."""
+        if self._pass is not None and self._pass.handed < self._pass.batches:
+            return self._pass.epoch
+        return self._next_pass()[0]
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass cover ``epoch`` (its order depends only on ``(seed, epoch)``).
+
+        Setting the epoch that :meth:`load_state_dict` restored keeps its resume
+        offset, so ``load_state_dict(...)`` followed by the usual
+        ``for epoch in range(start, end): loader.set_epoch(epoch); ...`` resumes mid-epoch.
+        """
+        epoch = _check_int("epoch", epoch, 0)
+        if self._pending_is_resume and self._pending is not None and self._pending[0] == epoch:
+            return
+        self._pending = (epoch, 0)
+        self._pending_is_resume = False
+
+    def _next_pass(self) -> tuple[int, int]:
+        if self._pending is not None:
+            return self._pending
+        current = self._pass
+        if current is not None and 0 < current.handed < current.batches:
+            return current.epoch + 1, 0  # a pass left part-way: the next one starts the next epoch
+        return self._position
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: the epoch and the global samples of it consumed so far.
+
+        Counts the batches handed to the user (not those DALI prefetched). The
+        same on every rank of a job that steps in lockstep, and valid on another
+        world size or batch size.
+        """
+        epoch, consumed = self._pending if self._pending is not None else self._position
+        return {
+            "version": _STATE_VERSION,
+            "epoch": epoch,
+            "samples_consumed": consumed,
+            "num_samples": len(self.store),
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "last_batch": self.last_batch,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
+        if not isinstance(state, Mapping):
+            raise ValueError(f"load_state_dict expects the dict from state_dict(), got {type(state).__name__}")
+        missing = [k for k in ("version", "epoch", "samples_consumed", "num_samples", "seed", "shuffle", "last_batch")
+                   if k not in state]
+        if missing:
+            raise ValueError(f"loader state is missing {missing}; pass the dict that DALILoader.state_dict() returned")
+        if state["version"] != _STATE_VERSION:
+            raise ValueError(f"loader state version {state['version']!r} is not {_STATE_VERSION}")
+        for key, mine in (("num_samples", len(self.store)), ("seed", self.seed), ("shuffle", self.shuffle),
+                          ("last_batch", self.last_batch)):
+            if state[key] != mine:
+                raise ValueError(
+                    f"{self.store.root}: the saved loader state has {key}={state[key]!r} but this loader has "
+                    f"{key}={mine!r}; resuming would not give the rest of the saved epoch"
+                )
+        epoch = _check_int("epoch", state["epoch"], 0)
+        consumed = _check_int("samples_consumed", state["samples_consumed"], 0)
+        if consumed > len(self.store):
+            raise ValueError(f"samples_consumed {consumed} is more than the {len(self.store)} samples of the dataset")
+        if consumed == len(self.store):
+            epoch, consumed = epoch + 1, 0
+        self._pending = (epoch, consumed)
+        self._pending_is_resume = True
+
+    # --- iteration ----------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._failure is not None:
+            raise LoaderError(f"{self.store.root}: this loader failed earlier and cannot continue: {self._failure}")
+        self._finish_pass()
+        epoch, start = self._next_pass()
+        self._pending, self._pending_is_resume = None, False
+        batches = self._remaining_batches(start)
+        per_rank = samples_per_rank(len(self.store), self.batch_size, self.world.world_size, self.last_batch, start)
+        self._pass = current = _Pass(epoch, start, batches, samples=per_rank)
+        self._position = (epoch, start)
+        if batches == 0:
+            self._position = (epoch + 1, 0)
+            return iter(())
+        self._start_dali_epoch(epoch, start)
+        current.drained = False
+        return self._batches(current)
+
+    def _start_dali_epoch(self, epoch: int, start: int) -> None:
+        # Publish first: resetting the iterator is what makes DALI schedule the new epoch's samples.
+        self._dali_epoch += 1
+        self._control.publish(self._dali_epoch, epoch, start)
+        if self._dali_epoch > 0:
+            self._iterator.reset()
+
+    def _batches(self, current: _Pass) -> Iterator[dict[str, Any]]:
+        n = len(self.store)
+        last_size = current.samples - (current.batches - 1) * self.batch_size
+        while current.handed < current.batches:
+            batch = self._next_batch(current)
+            if batch is None:
+                raise LoaderError(
+                    f"{self.store.root}: DALI ended epoch {current.epoch} after {current.handed} of "
+                    f"{current.batches} batches on rank {self.world.rank}; this is a bug in dali-pipes"
+                )
+            current.handed += 1
+            if current.handed == current.batches:
+                self._position = (current.epoch + 1, 0)
+                if last_size < self.batch_size:
+                    batch = {name: value[:last_size] for name, value in batch.items()}
+            else:
+                self._position = (
+                    current.epoch,
+                    samples_consumed(n, self.batch_size, self.world.world_size, current.handed, self.last_batch,
+                                     current.start),
+                )
+            yield batch
+        # Collect DALI's end of epoch now, so that the next pass can reset at once.
+        if self._next_batch(current) is not None:
+            raise LoaderError(f"{self.store.root}: DALI yielded more batches than planned; this is a bug in dali-pipes")
+
+    def _next_batch(self, current: _Pass) -> dict[str, Any] | None:
+        """The next batch from DALI, or ``None`` at the end of its epoch."""
+        if current.drained:
+            return None
+        try:
+            return next(self._iterator)[0]
+        except StopIteration:
+            current.drained = True
+            return None
+        except Exception as exc:
+            self._failure = exc
+            raise self._explain(exc, current) from exc
+
+    def _finish_pass(self) -> None:
+        """Bring DALI to the end of its epoch, cutting short a pass the user left part-way."""
+        current = self._pass
+        if current is None or current.drained:
+            return
+        if current.handed < current.batches:
+            self._control.cancel()
+        while self._next_batch(current) is not None:
+            pass
+
+    def _explain(self, exc: BaseException, current: _Pass) -> BaseException:
+        """An exception naming the dataset and, when it can be found, the sample behind ``exc``."""
+        cause = exc.__cause__
+        if isinstance(exc, StoreError):
+            return exc
+        if isinstance(cause, StoreError):  # raised in a DALI worker process
+            return StoreError(str(cause))
+        from dali_pipes._diagnose import first_undecodable
+
+        indices = self._source.indices(current.epoch, current.start)[0]
+        # The failed batch is the next one or one DALI was preparing ahead of it.
+        lo = current.handed * self.batch_size
+        hi = lo + (self._prefetch + 2) * self.batch_size
+        found = first_undecodable(self.store, self._fields, indices[lo:hi])
+        where = f"epoch {current.epoch}, batch {current.handed} on rank {self.world.rank}"
+        if found is None:
+            return LoaderError(f"{self.store.root}: the DALI pipeline failed ({where}): {exc}")
+        index, field, reason = found
+        shard_no, record = self.store.manifest.locate(index)
+        shard = self.store.manifest.shards[shard_no].path
+        return LoaderError(
+            f"{self.store.root}: sample {index} (field {field!r}, shard {shard}, record {record}) cannot be "
+            f"decoded ({where}): {reason}. Run 'dali-pipes verify --decode {self.store.root}' to list every "
+            "damaged sample, and re-convert the dataset with --on-error skip to leave them out."
+        )
+
+    def close(self) -> None:
+        """Stop DALI's workers and release the store; the loader cannot be used afterwards."""
+        self._iterator = None
+        self._pipe = None
+        self._control.close()
+        self.store.close()
+
+    def __enter__(self) -> "DALILoader":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return (
+            f"DALILoader({str(self.store.root)!r}, batch_size={self.batch_size}, rank={self.world.rank}, "
+            f"world_size={self.world.world_size}, device={self.device!r}, epoch={self.epoch})"
+        )
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _required_fields(spec: Any, store: Store) -> tuple[str, ...]:
+    fields = getattr(spec, "required_fields", None)
+    if fields is None or not callable(getattr(spec, "build", None)):
+        raise TypeError(
+            f"pipeline must be a pipeline spec (with required_fields and build()), such as "
+            f"dali_pipes.ClassificationTrain(), got {spec!r}"
+        )
+    fields = tuple(fields)
+    missing = [name for name in fields if name not in store.fields]
+    if missing:
+        raise ValueError(
+            f"{store.root}: {type(spec).__name__} needs the field(s) {', '.join(map(repr, missing))}, but the dataset "
+            f"has only {', '.join(map(repr, store.fields))}; use a pipeline for this kind of dataset "
+            f"(it came from a {store.manifest.source.get('kind', 'unknown')!r} source)"
+        )
+    return fields
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[World, int]:
+    """``(World, local_rank)`` from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1.
+
+    Explicit ``rank``/``world_size`` override the environment, and must agree
+    with an initialised process group.
+    """
+    import torch.distributed as dist
+
+    if rank is not None:
+        _check_int("rank", rank, 0)
+    if world_size is not None:
+        _check_int("world_size", world_size, 1)
+    if dist.is_available() and dist.is_initialized():
+        group_rank, group_size = dist.get_rank(), dist.get_world_size()
+        if (rank is not None and rank != group_rank) or (world_size is not None and world_size != group_size):
+            raise ValueError(
+                f"rank={rank}, world_size={world_size} contradict torch.distributed (rank {group_rank} of "
+                f"{group_size}); leave them out to use the process group's"
+            )
+        rank, world_size = group_rank, group_size
+    else:
+        if rank is None:
+            rank = _env_int("RANK") or 0
+        if world_size is None:
+            world_size = _env_int("WORLD_SIZE") or 1
+    world = World(rank, world_size)
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        local_rank = world.rank % max(1, _cuda_device_count())
+    return world, local_rank
+
+
+def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
+    """``("gpu", local_rank)`` or ``("cpu", None)`` for ``device`` in ``auto``, ``gpu``/``cuda``, ``cpu``."""
+    import torch
+
+    if device not in ("auto", "gpu", "cuda", "cpu"):
+        raise ValueError(f"device must be 'auto', 'gpu' or 'cpu', got {device!r}")
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "gpu" if cuda else "cpu"
+        logger.info("DALILoader: device='auto' -> %s", f"GPU {local_rank}" if cuda else "CPU (no CUDA device)")
+    if device in ("gpu", "cuda"):
+        if not cuda:
+            raise ValueError("device='gpu' but CUDA is not available here; use device='auto' or 'cpu'")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
+                "start one process per GPU"
+            )
+        return "gpu", local_rank
+    return "cpu", None
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _cuda_initialized() -> bool:
+    import torch
+
+    return torch.cuda.is_initialized()
+
+
+def _pipeline_seed(seed: int, rank: int) -> int:
+    # Augmentation randomness: reproducible for a seed, different on every rank.
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] & 0x7FFFFFFF)

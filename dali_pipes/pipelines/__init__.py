@@ -1,0 +1,27 @@
+"""DALI graph builders: small frozen specs that the loader turns into pipelines.
+
+A spec names the dataset fields it reads (``required_fields``), says whether the
+pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph with
+``build(inputs, device=...)`` inside the pipeline definition, on ``"gpu"``
+(``mixed`` decoding, GPU operators) or ``"cpu"``.
+
+- ``config``: the values specs are made of (:class:`ColorJitter`,
+  :class:`DecoderHints`, ImageNet mean/std) and their validation;
+- ``ops``: graph fragments (decode, resize, jitter, normalise, auto-augment);
+- ``base``: the :class:`PipelineSpec` protocol and checks on ``build`` calls;
+- ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`.
+"""
+
+from dali_pipes.pipelines.base import PipelineSpec
+from dali_pipes.pipelines.classification import ClassificationTrain, ClassificationVal
+from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD, ColorJitter, DecoderHints
+
+__all__ = [
+    "ClassificationTrain",
+    "ClassificationVal",
+    "ColorJitter",
+    "DecoderHints",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "PipelineSpec",
+]

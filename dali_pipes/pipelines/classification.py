@@ -1,0 +1,174 @@
+"""Image classification pipeline specs: ImageNet-style training and validation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+from nvidia.dali.data_node import DataNode
+
+from dali_pipes.pipelines import ops
+from dali_pipes.pipelines.base import check_build_call, label_output
+from dali_pipes.pipelines.config import (
+    AUTO_AUGMENT_POLICIES,
+    DTYPES,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    LAYOUTS,
+    AutoAugmentPolicy,
+    ColorJitter,
+    DecoderHints,
+    OutputDType,
+    OutputLayout,
+    check_channels,
+    check_choice,
+    check_probability,
+    check_range,
+    check_size,
+)
+
+_FIELDS = ("image", "label")
+
+
+@dataclass(frozen=True, kw_only=True)
+class _ImageOutput:
+    """What both classification specs share: how images are normalised and handed out.
+
+    ``mean``/``std`` are per RGB channel in 0..1 (ignored for ``uint8`` output,
+    which stays in 0..255); ``dtype`` is ``"float32"``, ``"float16"`` or
+    ``"uint8"``; ``layout`` is the batch layout, ``"NCHW"`` or ``"NHWC"``;
+    ``decoder`` tunes the GPU decoder.
+    """
+
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
+    dtype: OutputDType = "float32"
+    layout: OutputLayout = "NCHW"
+    decoder: DecoderHints = field(default_factory=DecoderHints)
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        object.__setattr__(self, "mean", check_channels(f"{name}.mean", self.mean, positive=False))
+        object.__setattr__(self, "std", check_channels(f"{name}.std", self.std, positive=True))
+        check_choice(f"{name}.dtype", self.dtype, DTYPES)
+        check_choice(f"{name}.layout", self.layout, LAYOUTS)
+        if not isinstance(self.decoder, DecoderHints):
+            raise ValueError(f"{name}.decoder must be a DecoderHints, got {self.decoder!r}")
+
+    @property
+    def required_fields(self) -> tuple[str, ...]:
+        """The dataset fields read: the encoded image and its integer label."""
+        return _FIELDS
+
+    def _finish(
+        self,
+        images: DataNode,
+        inputs: Mapping[str, DataNode],
+        *,
+        device: str,
+        mirror: DataNode | int = 0,
+        crop: int | None = None,
+    ) -> dict[str, DataNode]:
+        """Normalise, cast and lay out the uint8 HWC ``images``; pair them with the label."""
+        # uint8 NHWC output with nothing to flip or crop needs no final operator at all.
+        if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=mirror, crop=crop):
+            images = ops.normalize(
+                images,
+                device=device,
+                mean=self.mean,
+                std=self.std,
+                dtype=self.dtype,
+                layout=self.layout,
+                mirror=mirror,
+                crop=crop,
+            )
+        return {"image": images, "label": label_output(inputs["label"], device)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassificationTrain(_ImageOutput):
+    """ImageNet-style training augmentation.
+
+    Random-resized crop (fused with decoding) to ``size`` x ``size``, optional
+    RandAugment/TrivialAugment, colour jitter, horizontal flip with probability
+    ``flip``, then normalise, cast and lay out in one operator.
+
+    ``scale`` is the range of the crop's area as a fraction of the image,
+    ``ratio`` the range of its width/height; ``jitter=None`` turns colour jitter
+    off; ``auto_augment`` is ``None``, ``"rand_augment"`` (n=2, m=9) or
+    ``"trivial_augment"`` (TrivialAugment Wide) and is applied on the uint8 crop
+    before the colour jitter. Recipes that use auto-augment usually drop colour
+    jitter: pass ``jitter=None`` for that. See :class:`_ImageOutput` for
+    ``mean``, ``std``, ``dtype``, ``layout`` and ``decoder``.
+    """
+
+    size: int = 224
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: float = 0.5
+    jitter: Optional[ColorJitter] = field(default_factory=ColorJitter)
+    auto_augment: Optional[AutoAugmentPolicy] = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "size", check_size("ClassificationTrain.size", self.size))
+        object.__setattr__(self, "scale", check_range("ClassificationTrain.scale", self.scale, upper=1.0))
+        object.__setattr__(self, "ratio", check_range("ClassificationTrain.ratio", self.ratio))
+        object.__setattr__(self, "flip", check_probability("ClassificationTrain.flip", self.flip))
+        if self.jitter is not None and not isinstance(self.jitter, ColorJitter):
+            raise ValueError(f"ClassificationTrain.jitter must be a ColorJitter or None, got {self.jitter!r}")
+        if self.auto_augment is not None:
+            check_choice("ClassificationTrain.auto_augment", self.auto_augment, AUTO_AUGMENT_POLICIES)
+
+    @property
+    def needs_conditionals(self) -> bool:
+        """True with ``auto_augment``: DALI's auto_aug selects operations with ``if``."""
+        return self.auto_augment is not None
+
+    def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
+        """Add the training graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""
+        check_build_call(self, inputs, device)
+        images = ops.decode_random_crop(
+            inputs["image"], device=device, area=self.scale, aspect_ratio=self.ratio, hints=self.decoder
+        )
+        images = ops.resize_to(images, device=device, size=self.size)
+        if self.auto_augment is not None:
+            images = ops.auto_augment(images, self.auto_augment, size=self.size)
+        if self.jitter is not None:
+            # After the resize: the jitter then touches size*size pixels, not the crop's.
+            images = ops.color_jitter(images, self.jitter, device=device)
+        return self._finish(images, inputs, device=device, mirror=ops.mirror_flag(self.flip))
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClassificationVal(_ImageOutput):
+    """ImageNet-style evaluation: resize the shorter side to ``resize``, centre crop ``size``, normalise.
+
+    Deterministic; ``resize`` must be at least ``size``. See :class:`_ImageOutput`
+    for ``mean``, ``std``, ``dtype``, ``layout`` and ``decoder``.
+    """
+
+    size: int = 224
+    resize: int = 256
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "size", check_size("ClassificationVal.size", self.size))
+        object.__setattr__(self, "resize", check_size("ClassificationVal.resize", self.resize))
+        if self.resize < self.size:
+            raise ValueError(
+                f"ClassificationVal.resize ({self.resize}) must be >= size ({self.size}): "
+                "the centre crop is taken from the resized image"
+            )
+
+    @property
+    def needs_conditionals(self) -> bool:
+        """Always False: the graph has no data-dependent branches."""
+        return False
+
+    def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
+        """Add the evaluation graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""
+        check_build_call(self, inputs, device)
+        images = ops.decode(inputs["image"], device=device, hints=self.decoder)
+        images = ops.resize_shorter(images, device=device, size=self.resize)
+        return self._finish(images, inputs, device=device, crop=self.size)

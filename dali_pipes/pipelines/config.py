@@ -1,0 +1,202 @@
+"""Values the pipeline specs are configured with, and their validation.
+
+Nothing here imports DALI: a spec can be built, compared, pickled and validated
+in a process that never runs a pipeline. The mapping to DALI types lives in
+:mod:`dali_pipes.pipelines.ops`.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+#: ImageNet channel means and standard deviations, RGB, in 0..1 (torchvision's values).
+IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
+IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
+
+OutputDType = Literal["float16", "float32", "uint8"]
+OutputLayout = Literal["NCHW", "NHWC"]
+AutoAugmentPolicy = Literal["rand_augment", "trivial_augment"]
+
+DTYPES: tuple[str, ...] = ("float16", "float32", "uint8")
+LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
+AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("rand_augment", "trivial_augment")
+
+
+@dataclass(frozen=True)
+class ColorJitter:
+    """Colour jitter strengths with torchvision's ``ColorJitter`` meaning.
+
+    Per image, brightness, contrast and saturation factors are drawn uniformly
+    from ``[max(0, 1 - x), 1 + x]`` and the hue shift from ``[-hue, hue]``, a
+    fraction of the colour wheel (``0 <= hue <= 0.5``). A strength of 0 turns
+    that adjustment off. Three differences from torchvision remain, all DALI's
+    ``color_twist``, which does the four adjustments as one fused colour matrix
+    (one operator instead of four): they apply in a fixed order rather than a
+    random one; contrast scales around mid-grey (128) rather than the image's
+    mean grey; hue rotates the chroma plane of YIQ (luma kept) rather than
+    shifting H in HSV, by ``360 * shift`` degrees.
+    """
+
+    brightness: float = 0.4
+    contrast: float = 0.4
+    saturation: float = 0.4
+    hue: float = 0.1
+
+    def __post_init__(self) -> None:
+        for name in ("brightness", "contrast", "saturation", "hue"):
+            value = _finite_float(f"ColorJitter.{name}", getattr(self, name))
+            if value < 0:
+                raise ValueError(f"ColorJitter.{name} must be >= 0, got {value}")
+            object.__setattr__(self, name, value)
+        if self.hue > 0.5:
+            raise ValueError(f"ColorJitter.hue is a fraction of the colour wheel and must be <= 0.5, got {self.hue}")
+
+    @property
+    def brightness_range(self) -> tuple[float, float]:
+        """Range of the brightness factor."""
+        return _factor_range(self.brightness)
+
+    @property
+    def contrast_range(self) -> tuple[float, float]:
+        """Range of the contrast factor."""
+        return _factor_range(self.contrast)
+
+    @property
+    def saturation_range(self) -> tuple[float, float]:
+        """Range of the saturation factor."""
+        return _factor_range(self.saturation)
+
+    @property
+    def hue_degrees(self) -> tuple[float, float]:
+        """Range of the hue shift in degrees, the unit DALI's ``color_twist`` takes."""
+        return (-360.0 * self.hue, 360.0 * self.hue)
+
+    @property
+    def is_identity(self) -> bool:
+        """True when every strength is 0, so the jitter changes nothing."""
+        return self.brightness == self.contrast == self.saturation == self.hue == 0.0
+
+
+@dataclass(frozen=True)
+class DecoderHints:
+    """Memory and load hints for the GPU (``mixed``) JPEG decoder; ignored on the CPU.
+
+    The defaults are DALI's own, safe on any GPU. For ImageNet-scale training on a
+    large GPU, :meth:`imagenet` preallocates for the largest ImageNet JPEG so the
+    decoder never reallocates mid-epoch (the values of NVIDIA's ResNet-50 example).
+    ``hw_decoder_load`` is the share of JPEGs sent to the hardware decoder
+    (A100/H100 and later); tune it against the number of CPU threads.
+    """
+
+    hw_decoder_load: float = 0.65
+    device_memory_padding: int = 16 * 1024 * 1024
+    host_memory_padding: int = 8 * 1024 * 1024
+    preallocate_width_hint: int = 0
+    preallocate_height_hint: int = 0
+
+    def __post_init__(self) -> None:
+        load = _finite_float("DecoderHints.hw_decoder_load", self.hw_decoder_load)
+        if not 0.0 <= load <= 1.0:
+            raise ValueError(f"DecoderHints.hw_decoder_load must be in [0, 1], got {load}")
+        object.__setattr__(self, "hw_decoder_load", load)
+        for name in ("device_memory_padding", "host_memory_padding", "preallocate_width_hint", "preallocate_height_hint"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(f"DecoderHints.{name} must be an integer >= 0, got {value!r}")
+            object.__setattr__(self, name, int(value))
+
+    @classmethod
+    def imagenet(cls) -> DecoderHints:
+        """Hints sized for ImageNet's largest JPEG (5980 x 6430), for GPUs with memory to spare."""
+        return cls(
+            hw_decoder_load=0.65,
+            device_memory_padding=211_025_920,
+            host_memory_padding=140_544_512,
+            preallocate_width_hint=5980,
+            preallocate_height_hint=6430,
+        )
+
+    def as_kwargs(self) -> dict[str, Any]:
+        """The hints as keyword arguments of DALI's ``mixed`` image decoders."""
+        return {
+            "hw_decoder_load": self.hw_decoder_load,
+            "device_memory_padding": self.device_memory_padding,
+            "host_memory_padding": self.host_memory_padding,
+            "preallocate_width_hint": self.preallocate_width_hint,
+            "preallocate_height_hint": self.preallocate_height_hint,
+        }
+
+
+def check_size(name: str, value: Any) -> int:
+    """``value`` as a positive pixel count, or ValueError naming ``name``."""
+    if not _is_int(value) or value < 1:
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    return int(value)
+
+
+def check_range(name: str, value: Any, *, upper: float = math.inf) -> tuple[float, float]:
+    """``value`` as a ``(low, high)`` pair with ``0 < low <= high <= upper``."""
+    items = _items(value, 2)
+    if items is None:
+        raise ValueError(f"{name} must be a (low, high) pair, got {value!r}")
+    low, high = (_finite_float(name, v) for v in items)
+    if not 0.0 < low <= high <= upper:
+        bound = "" if math.isinf(upper) else f" <= {upper:g}"
+        raise ValueError(f"{name} must satisfy 0 < low <= high{bound}, got {value!r}")
+    return (low, high)
+
+
+def check_probability(name: str, value: Any) -> float:
+    """``value`` as a probability in ``[0, 1]``."""
+    p = _finite_float(name, value)
+    if not 0.0 <= p <= 1.0:
+        raise ValueError(f"{name} must be a probability in [0, 1], got {value!r}")
+    return p
+
+
+def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
+    """``value`` if it is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}; got {value!r}")
+    return value
+
+
+def check_channels(name: str, value: Any, *, positive: bool) -> tuple[float, float, float]:
+    """``value`` as one float per RGB channel (a single number is repeated)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        value = (value,) * 3
+    items = _items(value, 3)
+    if items is None:
+        raise ValueError(f"{name} must be 3 numbers, one per RGB channel (0..1 scale), got {value!r}")
+    out = tuple(_finite_float(name, v) for v in items)
+    if positive and min(out) <= 0:
+        raise ValueError(f"{name} must be > 0 in every channel, got {value!r}")
+    return out  # type: ignore[return-value]
+
+
+def _factor_range(strength: float) -> tuple[float, float]:
+    return (max(0.0, 1.0 - strength), 1.0 + strength)
+
+
+def _items(value: Any, count: int) -> list[Any] | None:
+    """The elements of a list, tuple or 1-D array of ``count`` elements, else None."""
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        items = list(value)
+    except TypeError:
+        return None
+    return items if len(items) == count else None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _finite_float(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
+    return float(value)

@@ -1,0 +1,162 @@
+"""DALI graph fragments shared by the pipeline specs.
+
+Each function adds a few operators to the pipeline being defined and returns the
+new node. ``device`` is ``"cpu"`` or ``"gpu"``: on the GPU the decoder runs
+``mixed`` and the image operators run on the GPU, while the per-sample random
+numbers stay on the CPU because DALI takes argument inputs from the CPU only.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import nvidia.dali.fn as fn
+import nvidia.dali.types as types
+from nvidia.dali.data_node import DataNode
+
+from dali_pipes.pipelines.config import ColorJitter, DecoderHints
+
+_DALI_DTYPES = {"float16": types.FLOAT16, "float32": types.FLOAT, "uint8": types.UINT8}
+# DALI lays out single samples; the batch dimension N is added by the iterator.
+_DALI_LAYOUTS = {"NCHW": "CHW", "NHWC": "HWC"}
+
+# RandAugment's usual strength (torchvision's and timm's default recipe).
+_RAND_AUGMENT_N = 2
+_RAND_AUGMENT_M = 9
+
+
+def _decoder_device(device: str) -> str:
+    return "mixed" if device == "gpu" else "cpu"
+
+
+def _decoder_kwargs(device: str, hints: DecoderHints) -> dict:
+    # The memory hints only mean something to the mixed decoder.
+    return hints.as_kwargs() if device == "gpu" else {}
+
+
+def decode(encoded: DataNode, *, device: str, hints: DecoderHints) -> DataNode:
+    """Decode whole images to 3-channel RGB uint8 HWC (alpha dropped, grey replicated)."""
+    return fn.decoders.image(
+        encoded, device=_decoder_device(device), output_type=types.RGB, **_decoder_kwargs(device, hints)
+    )
+
+
+def decode_random_crop(
+    encoded: DataNode,
+    *,
+    device: str,
+    area: tuple[float, float],
+    aspect_ratio: tuple[float, float],
+    hints: DecoderHints,
+) -> DataNode:
+    """Decode a random window of each image (ROI decoding where the format allows).
+
+    The window's area fraction is drawn from ``area`` and its width/height ratio
+    from ``aspect_ratio``, as torchvision's ``RandomResizedCrop`` does, with 10
+    attempts before falling back to a centre crop.
+    """
+    return fn.decoders.image_random_crop(
+        encoded,
+        device=_decoder_device(device),
+        output_type=types.RGB,
+        random_area=list(area),
+        random_aspect_ratio=list(aspect_ratio),
+        num_attempts=10,
+        **_decoder_kwargs(device, hints),
+    )
+
+
+def resize_to(images: DataNode, *, device: str, size: int) -> DataNode:
+    """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking."""
+    return fn.resize(images, device=device, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=True)
+
+
+def resize_shorter(images: DataNode, *, device: str, size: int) -> DataNode:
+    """Resize keeping the aspect ratio so that the shorter side is ``size``."""
+    return fn.resize(images, device=device, resize_shorter=size, interp_type=types.INTERP_LINEAR, antialias=True)
+
+
+def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str) -> DataNode:
+    """Per-image random brightness, contrast, saturation and hue in one ``color_twist``.
+
+    Adjustments with strength 0 get no random operator and keep DALI's neutral
+    default, so a partial jitter costs only what it uses.
+    """
+    kwargs: dict[str, DataNode] = {}
+    if jitter.brightness > 0:
+        kwargs["brightness"] = fn.random.uniform(range=list(jitter.brightness_range))
+    if jitter.contrast > 0:
+        kwargs["contrast"] = fn.random.uniform(range=list(jitter.contrast_range))
+    if jitter.saturation > 0:
+        kwargs["saturation"] = fn.random.uniform(range=list(jitter.saturation_range))
+    if jitter.hue > 0:
+        kwargs["hue"] = fn.random.uniform(range=list(jitter.hue_degrees))
+    if not kwargs:
+        return images
+    return fn.color_twist(images, device=device, **kwargs)
+
+
+def mirror_flag(probability: float) -> DataNode | int:
+    """The ``mirror`` argument for :func:`normalize`: a per-image coin, or a constant."""
+    if probability <= 0.0:
+        return 0
+    if probability >= 1.0:
+        return 1
+    return fn.random.coin_flip(probability=probability)
+
+
+def auto_augment(images: DataNode, policy: str, *, size: int) -> DataNode:
+    """RandAugment (n=2, m=9) or TrivialAugment Wide on uint8 HWC images of ``size`` x ``size``.
+
+    Needs a pipeline defined with ``enable_conditionals=True``. The image shape is
+    given so that translations are relative to the image, as in torchvision.
+    """
+    # Imported here: auto_aug pulls in DALI's conditionals machinery, which plain
+    # pipelines never need.
+    if policy == "rand_augment":
+        from nvidia.dali.auto_aug import rand_augment
+
+        return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=(size, size))
+    if policy == "trivial_augment":
+        from nvidia.dali.auto_aug import trivial_augment
+
+        return trivial_augment.trivial_augment_wide(images, shape=(size, size))
+    raise ValueError(f"unknown auto_augment policy {policy!r}")
+
+
+def needs_normalize(*, dtype: str, layout: str, mirror: DataNode | int, crop: int | None) -> bool:
+    """False when :func:`normalize` would copy the images unchanged (uint8, HWC, no flip, no crop)."""
+    return not (dtype == "uint8" and layout == "NHWC" and isinstance(mirror, int) and mirror == 0 and crop is None)
+
+
+def normalize(
+    images: DataNode,
+    *,
+    device: str,
+    mean: Sequence[float],
+    std: Sequence[float],
+    dtype: str,
+    layout: str,
+    mirror: DataNode | int = 0,
+    crop: int | None = None,
+) -> DataNode:
+    """Centre crop, mirror, normalise, cast and lay out in one ``crop_mirror_normalize``.
+
+    ``mean`` and ``std`` are in 0..1 (torchvision's convention) and scaled here to
+    the decoder's 0..255. For ``uint8`` output the pixels stay in 0..255 and no
+    normalisation is applied.
+    """
+    kwargs = {}
+    if dtype != "uint8":
+        kwargs["mean"] = [255.0 * m for m in mean]
+        kwargs["std"] = [255.0 * s for s in std]
+    if crop is not None:
+        kwargs["crop"] = [crop, crop]
+    return fn.crop_mirror_normalize(
+        images,
+        device=device,
+        dtype=_DALI_DTYPES[dtype],
+        output_layout=_DALI_LAYOUTS[layout],
+        mirror=mirror,
+        **kwargs,
+    )

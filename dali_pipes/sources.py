@@ -1,0 +1,248 @@
+"""DALI external-source callables over a store: ``SampleInfo`` -> one sample's arrays.
+
+:class:`StoreSource` is the per-sample callable a DALI ``fn.external_source``
+runs, in the main process or in DALI's parallel Python workers (fork or spawn).
+It reads sample ``i`` of this rank's order for the current epoch from the store
+and returns its fields (an encoded image as a 1-D ``uint8`` array), then
+``is_pad`` and the global sample ``index``.
+
+How the epoch reaches the workers
+---------------------------------
+DALI pickles the callable into each worker once, when the pipeline is built,
+and afterwards only sends ``SampleInfo`` (``idx_in_epoch``, ``iteration``,
+``epoch_idx``), where ``epoch_idx`` counts pipeline resets. The training epoch
+and the resume offset are chosen later, by ``set_epoch`` and
+``load_state_dict``. They travel through an :class:`EpochControl`: a 32-byte
+file in ``/dev/shm`` (memory-mapped by every process that uses it; a pickled
+control carries only the path) holding ``(dali_epoch, epoch, start,
+cancelled)``. The loader writes it *before* it resets the pipeline, and DALI
+schedules the tasks of a new ``epoch_idx`` only in that reset, so a worker always
+finds the plan of the epoch it is asked for. A worker computes its indices once
+per ``epoch_idx`` and caches them; per sample it only checks two integers.
+
+``cancelled`` ends an epoch early: a loader whose user stopped iterating
+mid-epoch sets it, every later sample raises ``StopIteration``, and the loader
+only has to drain the few batches DALI had already prefetched.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import tempfile
+import weakref
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from dali_pipes.sampling import World, rank_indices
+from dali_pipes.stores import Store, StoreError
+
+__all__ = ["EpochControl", "StoreSource", "dali_output_types"]
+
+_DALI_EPOCH, _EPOCH, _START, _CANCELLED = range(4)
+_SLOTS = 4
+
+#: numpy dtype name -> name of the ``nvidia.dali.types`` constant.
+_DALI_TYPE_NAMES = {
+    "bool": "BOOL",
+    "float16": "FLOAT16",
+    "float32": "FLOAT",
+    "float64": "FLOAT64",
+    **{name: name.upper() for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")},
+}
+
+
+def _shm_dir() -> str | None:
+    # A tmpfs keeps the control block off the disk; fall back to the default temp folder.
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class EpochControl:
+    """The epoch plan shared between the loader and the source in DALI's workers.
+
+    Created by the loader (which owns and finally deletes the file); a pickled
+    copy attaches to the same file in the worker process.
+    """
+
+    def __init__(self) -> None:
+        fd, path = tempfile.mkstemp(prefix="dali-pipes-epoch-", dir=_shm_dir())
+        with os.fdopen(fd, "wb") as f:
+            f.write(np.array([-1, 0, 0, 0], dtype=np.int64).tobytes())
+        self.path = path
+        self._view: np.ndarray | None = None
+        self._pid: int | None = None
+        self._finalizer = weakref.finalize(self, _unlink, path)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path = state["path"]
+        self._view = None
+        self._pid = None
+        self._finalizer = None  # an attached copy never deletes the owner's file
+
+    @property
+    def values(self) -> np.ndarray:
+        """The live ``int64[4]`` view ``(dali_epoch, epoch, start, cancelled)``."""
+        if self._view is None or self._pid != os.getpid():
+            with open(self.path, "r+b") as f:
+                mapped = mmap.mmap(f.fileno(), _SLOTS * 8)
+            self._view = np.frombuffer(mapped, dtype=np.int64, count=_SLOTS)
+            self._pid = os.getpid()
+        return self._view
+
+    def publish(self, dali_epoch: int, epoch: int, start: int) -> None:
+        """Announce that DALI epoch ``dali_epoch`` covers ``epoch`` from global sample ``start``."""
+        values = self.values
+        # The DALI epoch goes last: a worker that sees it also sees the rest.
+        values[_EPOCH] = epoch
+        values[_START] = start
+        values[_CANCELLED] = 0
+        values[_DALI_EPOCH] = dali_epoch
+
+    def cancel(self) -> None:
+        """End the current DALI epoch early: every sample not yet read raises ``StopIteration``."""
+        self.values[_CANCELLED] = 1
+
+    def close(self) -> None:
+        """Delete the file (owner only); attached copies keep their mapping until they exit."""
+        self._view = None
+        if self._finalizer is not None:
+            self._finalizer()
+
+
+class StoreSource:
+    """A picklable per-sample ``fn.external_source`` callable over ``store`` for one rank.
+
+    Returns, for ``SampleInfo.idx_in_epoch = i``, the ``fields`` of this rank's
+    ``i``-th sample (bytes fields as 1-D ``uint8`` arrays, array fields as stored),
+    then ``is_pad`` (``bool``) and, with ``with_index``, ``index`` (``int64``, the
+    global sample index).
+    The rank's samples are padded by wrap-around to a whole number of batches,
+    because DALI drops a partial last batch; the loader trims that padding off.
+    Past the end (and in a cancelled epoch) it raises ``StopIteration``.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        fields: Sequence[str],
+        *,
+        batch_size: int,
+        world: World,
+        seed: int,
+        shuffle: bool,
+        last_batch: str,
+        control: EpochControl,
+        with_index: bool = True,
+    ) -> None:
+        missing = [name for name in fields if name not in store.fields]
+        if missing:
+            raise ValueError(f"{store.root}: the dataset has no field {missing[0]!r} (fields: {sorted(store.fields)})")
+        self.store = store
+        self.fields = tuple(fields)
+        self.batch_size = int(batch_size)
+        self.world = world
+        self.seed = int(seed)
+        self.shuffle = bool(shuffle)
+        self.last_batch = last_batch
+        self.control = control
+        self.with_index = bool(with_index)
+        self._converters: tuple[tuple[str, Callable[[Any], np.ndarray]], ...] = tuple(
+            (name, _as_uint8 if store.fields[name].kind == "bytes" else np.asarray) for name in self.fields
+        )
+        self._reset_cache()
+
+    def _reset_cache(self) -> None:
+        self._dali_epoch = -1
+        self._indices = np.empty(0, dtype=np.int64)
+        self._is_pad = np.empty(0, dtype=bool)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # Workers compute their own plan; never ship a cached one.
+        state.update(_dali_epoch=-1, _indices=np.empty(0, dtype=np.int64), _is_pad=np.empty(0, dtype=bool))
+        return state
+
+    def indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(indices, is_pad)`` for ``epoch`` from ``start``, padded to whole batches."""
+        indices, is_pad = rank_indices(
+            len(self.store),
+            self.batch_size,
+            self.world.rank,
+            self.world.world_size,
+            epoch,
+            self.seed,
+            shuffle=self.shuffle,
+            last_batch=self.last_batch,
+            start=start,
+        )
+        short = -len(indices) % self.batch_size
+        if short:
+            indices = np.concatenate([indices, np.resize(indices, short)])
+            is_pad = np.concatenate([is_pad, np.ones(short, dtype=bool)])
+        return indices, is_pad
+
+    def _load_plan(self, dali_epoch: int) -> None:
+        values = self.control.values
+        if values[_DALI_EPOCH] != dali_epoch:
+            # A task of an epoch the loader already left; DALI discards its result.
+            raise StopIteration
+        self._indices, self._is_pad = self.indices(int(values[_EPOCH]), int(values[_START]))
+        self._dali_epoch = dali_epoch
+
+    def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
+        dali_epoch = sample_info.epoch_idx
+        if dali_epoch != self._dali_epoch:
+            self._load_plan(dali_epoch)
+        values = self.control.values
+        i = sample_info.idx_in_epoch
+        if i >= len(self._indices) or values[_CANCELLED] or values[_DALI_EPOCH] != dali_epoch:
+            raise StopIteration
+        index = int(self._indices[i])
+        try:
+            sample = self.store[index]
+        except StoreError:
+            raise  # already names the dataset, shard and sample
+        except Exception as exc:  # noqa: BLE001 - a worker error must name its sample
+            raise StoreError(f"{self.store.root}: sample {index}: cannot be read: {exc!r}") from exc
+        out = [convert(sample[name]) for name, convert in self._converters]
+        out.append(np.array(self._is_pad[i]))
+        if self.with_index:
+            out.append(np.array(index, dtype=np.int64))
+        return tuple(out)
+
+
+def _as_uint8(value: bytes) -> np.ndarray:
+    return np.frombuffer(value, dtype=np.uint8)
+
+
+def dali_output_types(store: Store, fields: Sequence[str], with_index: bool = True) -> tuple[list[Any], list[int]]:
+    """``(dtypes, ndims)`` of a :class:`StoreSource`'s outputs, for ``fn.external_source``."""
+    from nvidia.dali import types
+
+    dtypes: list[Any] = []
+    ndims: list[int] = []
+    for name in fields:
+        spec = store.fields[name]
+        if spec.kind == "bytes":
+            dtypes.append(types.UINT8)
+            ndims.append(1)
+        else:
+            dtypes.append(getattr(types, _DALI_TYPE_NAMES[spec.dtype]))
+            ndims.append(len(spec.shape or ()))
+    dtypes.append(types.BOOL)
+    ndims.append(0)
+    if with_index:
+        dtypes.append(types.INT64)
+        ndims.append(0)
+    return dtypes, ndims

@@ -1,0 +1,168 @@
+"""Shared by the loader tests (and the DDP worker processes they start).
+
+Datasets are written through the public writer API (``converters.writers``)
+and the manifest module, with images that encode their own sample number, so a
+test can check which sample it got from the pixels as well as from ``index``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+import numpy as np
+from PIL import Image
+
+from converters.writers import writer_class
+from dali_pipes._fileio import sha256_file
+from dali_pipes.manifest import Field, Manifest, Shard, write_manifest
+
+SIZE = 16  # side of the images the test spec outputs
+
+
+def encode_jpeg(value: int, shape: tuple[int, int] = (20, 24)) -> bytes:
+    """A flat-grey JPEG whose grey level encodes ``value`` (decodes back within a few levels)."""
+    array = np.full((*shape, 3), value, dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, format="JPEG", quality=95)
+    return out.getvalue()
+
+
+def grey_level(i: int) -> int:
+    # Distinct levels 8 apart for up to 30 samples; larger sets repeat, which the tests allow for.
+    return 8 * (i % 30) + 8
+
+
+def write_dataset(
+    out: str | os.PathLike,
+    num_samples: int,
+    *,
+    fmt: str = "lmdb",
+    samples_per_shard: int = 7,
+    corrupt: frozenset[int] = frozenset(),
+    fields: str = "images",
+) -> Path:
+    """A dataset of ``num_samples`` samples: ``image`` (grey JPEG), ``label`` (= index % 5), ``key``.
+
+    ``corrupt`` sample numbers get image bytes that are not a decodable image.
+    ``fields="arrays"`` writes a features-only dataset (``features``, ``label``) instead.
+    """
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if fields == "arrays":
+        schema = {"features": Field.array("float32", (4,)), "label": Field.array("int64", ())}
+    else:
+        schema = {"image": Field.image(), "label": Field.array("int64", ()), "key": Field.text()}
+    writer_cls = writer_class(fmt)
+    shards = []
+    for number, lo in enumerate(range(0, num_samples, samples_per_shard)):
+        hi = min(lo + samples_per_shard, num_samples)
+        name = f"shard-{number:05d}{writer_cls.suffix}"
+        writer = writer_cls(out / name, schema)
+        for i in range(lo, hi):
+            writer.write(_sample(i, fields, i in corrupt))
+        writer.close()
+        index_path = writer.index_path()
+        shards.append(
+            Shard(
+                path=name,
+                num_samples=hi - lo,
+                bytes=(out / name).stat().st_size,
+                sha256=sha256_file(out / name),
+                index_path=index_path.name if index_path else None,
+                index_sha256=sha256_file(index_path) if index_path else None,
+            )
+        )
+    manifest = Manifest(format=fmt, fields=schema, shards=tuple(shards), source={"kind": "test"}, classes=None)
+    write_manifest(out, manifest)
+    return out
+
+
+def _sample(i: int, fields: str, corrupt: bool) -> dict:
+    label = np.array(i % 5, dtype=np.int64)
+    if fields == "arrays":
+        return {"features": np.full(4, i, dtype=np.float32), "label": label}
+    image = encode_jpeg(grey_level(i))
+    if corrupt:
+        # A valid JPEG start (so it is taken for a JPEG) followed by garbage.
+        image = image[:40] + bytes(range(256)) * 4
+    return {"image": image, "label": label, "key": f"sample-{i}".encode()}
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """A minimal pipeline spec for the tests: decode, resize to SIZE x SIZE, pass the label."""
+
+    required_fields: tuple[str, ...] = ("image", "label")
+    needs_conditionals: bool = False
+
+    def build(self, inputs: Mapping, *, device: str) -> dict:
+        from nvidia.dali import fn, types
+
+        decoder = "mixed" if device == "gpu" else "cpu"
+        images = fn.decoders.image(inputs["image"], device=decoder, output_type=types.RGB)
+        images = fn.resize(images, resize_x=SIZE, resize_y=SIZE)
+        label = inputs["label"].gpu() if device == "gpu" else inputs["label"]
+        return {"image": images, "label": label}
+
+
+def batch_rows(batch: Mapping) -> list[tuple[int, int, bool, int]]:
+    """``(index, label, is_pad, grey level)`` per sample of a yielded batch."""
+    grey = batch["image"].float().mean(dim=(1, 2, 3)).round().to(int).tolist()
+    return list(zip(batch["index"].tolist(), batch["label"].tolist(), batch["is_pad"].tolist(), grey))
+
+
+def quiet_dali_logs() -> None:
+    logging.getLogger("dali_pipes").setLevel(logging.WARNING)
+
+
+def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str, options: dict) -> None:
+    """One rank of a real DDP job (gloo, CPU DALI), started by ``torch.multiprocessing``.
+
+    Reads ``options["epochs"]`` whole epochs, stepping in lockstep with an
+    all-reduce per batch the way training does, then ``options["partial"]``
+    batches of the next epoch, and writes what it saw to ``out_dir/rank-R.json``.
+    """
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    from dali_pipes import DALILoader
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        kwargs = dict(batch_size=options["batch_size"], seed=options.get("seed", 0), shuffle=options.get("shuffle", True),
+                      device="auto", with_index=True,
+                      py_num_workers=options.get("workers", 0))
+        loader = DALILoader(dataset, TinySpec(), **kwargs)
+        report: dict = {"world": [loader.world.rank, loader.world.world_size], "len": len(loader), "epochs": []}
+        for epoch in range(options["epochs"]):
+            loader.set_epoch(epoch)
+            batches = []
+            for batch in loader:
+                dist.all_reduce(torch.ones(1))  # a training step: every rank must take part
+                batches.append([batch["index"].tolist(), batch["is_pad"].tolist()])
+            report["epochs"].append(batches)
+        if options.get("partial"):
+            loader.set_epoch(options["epochs"])
+            iterator = iter(loader)
+            report["partial"] = []
+            for _ in range(options["partial"]):
+                batch = next(iterator)
+                dist.all_reduce(torch.ones(1))
+                report["partial"].append([batch["index"].tolist(), batch["is_pad"].tolist()])
+            report["state"] = loader.state_dict()
+        if options.get("repeat"):
+            # A second loader with the same seed must read the same epochs.
+            twin = DALILoader(dataset, TinySpec(), **kwargs)
+            report["twin"] = [[b["index"].tolist(), b["is_pad"].tolist()] for b in twin]
+        with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
+            json.dump(report, f)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()

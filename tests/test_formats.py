@@ -1,0 +1,472 @@
+"""The three shard formats, writer and reader side by side: round trips, determinism,
+pickling across processes, LMDB map growth, TFRecord interoperability and damaged files.
+
+Real files in ``tmp_path``, real photos from ``../shared/data``, no mocks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import os
+import pickle
+import struct
+from pathlib import Path
+
+import h5py
+import lmdb
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from converters.writers import WRITERS, LmdbShardWriter, writer_class
+from dali_pipes.manifest import Field
+from dali_pipes.stores import StoreError, open_store, reader_class
+from dali_pipes.stores import tfexample
+
+FORMATS = ["lmdb", "hdf5", "tfrecord"]
+
+FIELDS = {
+    "image": Field.image(),
+    "key": Field.text(),
+    "label": Field.array("int64", ()),
+    "boxes": Field.array("float32", (-1, 4)),
+    "f16": Field.array("float16", (4, 640)),
+    "f32": Field.array("float32", (3, 3)),
+    "f64": Field.array("float64", (2,)),
+    "u8": Field.array("uint8", (8, 8)),
+    "i32": Field.array("int32", (5,)),
+    "u16": Field.array("uint16", (3,)),
+    "mask": Field.array("bool", (6,)),
+}
+
+
+def make_samples(photos: list[bytes]) -> list[dict]:
+    """One sample per photo, with edge values: zero boxes, NaN and -0.0, integer extremes."""
+    rng = np.random.default_rng(1234)
+    samples = []
+    for i, photo in enumerate(photos):
+        f32 = rng.standard_normal((3, 3)).astype(np.float32)
+        f32[0, 0], f32[0, 1], f32[0, 2] = np.nan, -0.0, np.inf
+        i32 = rng.integers(-(2**31), 2**31 - 1, 5, dtype=np.int32)
+        i32[:2] = [np.iinfo(np.int32).min, np.iinfo(np.int32).max]
+        samples.append(
+            {
+                "image": photo,
+                "key": f"n{i:04d}/photo-é-{i}.jpg".encode("utf-8"),
+                "label": np.array([-3, np.iinfo(np.int64).max, np.iinfo(np.int64).min][i] if i < 3 else i, np.int64),
+                "boxes": (rng.random(((i * 2) % 5, 4)) * 500).astype(np.float32),  # sample 0 has no boxes
+                "f16": rng.standard_normal((4, 640)).astype(np.float16),
+                "f32": f32,
+                "f64": rng.standard_normal(2),
+                "u8": rng.integers(0, 256, (8, 8), dtype=np.uint8),
+                "i32": i32,
+                "u16": rng.integers(0, 2**16, 3, dtype=np.uint16),
+                "mask": rng.random(6) > 0.5,
+            }
+        )
+    return samples
+
+
+@pytest.fixture(scope="module")
+def samples(photo_bytes) -> list[dict]:
+    return make_samples(photo_bytes)
+
+
+def assert_same(got: dict, want: dict, where: str = "") -> None:
+    """Equal byte for byte: bytes as bytes; arrays with the same dtype, shape and bits (NaN included)."""
+    assert got.keys() == want.keys(), where
+    for name, value in want.items():
+        if isinstance(value, bytes):
+            assert type(got[name]) is bytes and got[name] == value, f"{where} {name}"
+        else:
+            value = np.asarray(value)
+            g = got[name]
+            assert isinstance(g, np.ndarray), f"{where} {name}: {type(g)}"
+            assert (g.dtype, g.shape) == (value.dtype, value.shape), f"{where} {name}"
+            assert g.tobytes() == value.tobytes(), f"{where} {name}"
+
+
+def write_shard(fmt: str, path: Path, samples: list[dict], fields=FIELDS) -> Path | None:
+    """Write one shard; return its index path (TFRecord) or None."""
+    with writer_class(fmt)(path, fields) as writer:
+        for sample in samples:
+            writer.write(sample)
+    return writer.index_path()
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+# --------------------------------------------------------------------------- round trips
+
+
+def test_registry_names_every_format():
+    assert sorted(WRITERS) == sorted(FORMATS)
+    assert {fmt: WRITERS[fmt].suffix for fmt in FORMATS} == {"lmdb": ".lmdb", "hdf5": ".h5", "tfrecord": ".tfrecord"}
+    for fmt in FORMATS:
+        assert WRITERS[fmt].format == fmt and reader_class(fmt).format == fmt
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_with_writer_and_reader(fmt, samples, tmp_path):
+    path = tmp_path / f"shard{WRITERS[fmt].suffix}"
+    index = write_shard(fmt, path, samples)
+    # Nothing but the shard (and TFRecord's index) is left next to it: no lock files, no spool files.
+    expected = {path.name} | ({index.name} if index else set())
+    assert {p.name for p in tmp_path.iterdir()} == expected
+    assert (index is not None) == (fmt == "tfrecord")
+    reader = reader_class(fmt)(path, FIELDS, len(samples), index)
+    for i in reversed(range(len(samples))):  # random access, not a scan
+        assert_same(reader.read(i), samples[i], f"{fmt} sample {i}")
+    with pytest.raises(IndexError):
+        reader.read(len(samples))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_round_trip_through_open_store(fmt, samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", fmt, FIELDS, samples, per_shard=4)
+    store = open_store(root)
+    assert len(store) == len(samples) and len(store.manifest.shards) == 3
+    for i, sample in enumerate(samples):
+        assert_same(store[i], sample, f"{fmt} sample {i}")
+    assert_same(store[-1], samples[-1])
+
+
+def test_tfrecord_reader_without_index_walks_the_file(samples, tmp_path):
+    path = tmp_path / "s.tfrecord"
+    write_shard("tfrecord", path, samples)
+    reader = reader_class("tfrecord")(path, FIELDS, len(samples), None)
+    for i in (5, 0, len(samples) - 1):
+        assert_same(reader.read(i), samples[i])
+
+
+def test_hdf5_layout_is_readable_with_plain_h5py(samples, tmp_path):
+    path = tmp_path / "s.h5"
+    write_shard("hdf5", path, samples)
+    with h5py.File(path, "r") as f:
+        offsets = f["image/offsets"][()]
+        assert f["image/data"].chunks is None  # contiguous: one sample's read is one range
+        assert f["image/data"][offsets[3] : offsets[4]].tobytes() == samples[3]["image"]
+        rows = f["boxes/offsets"][()]
+        assert np.array_equal(f["boxes/data"][rows[4] : rows[5]], samples[4]["boxes"])
+        assert f["label"][7] == samples[7]["label"]
+        assert f["f16"].chunks == (12, 4, 640) and f["label"].chunks[0] > 1000  # ~64 KiB chunks
+        assert f.attrs["num_samples"] == len(samples)
+
+
+def test_lmdb_layout_is_readable_with_plain_lmdb(samples, tmp_path):
+    path = tmp_path / "s.lmdb"
+    write_shard("lmdb", path, samples)
+    env = lmdb.open(str(path), subdir=False, readonly=True, lock=False)
+    with env.begin() as txn:
+        assert txn.get(b"0000000002/image") == samples[2]["image"]
+        assert np.frombuffer(txn.get(b"0000000002/label"), "<i8")[0] == samples[2]["label"]
+        assert txn.get(b"__len__") == str(len(samples)).encode()
+    env.close()
+    assert os.listdir(tmp_path) == ["s.lmdb"]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_empty_shard_and_a_field_empty_in_every_sample(fmt, tmp_path):
+    fields = {"boxes": Field.array("float32", (-1, 4)), "blob": Field(kind="bytes", encoding="raw")}
+    empty = tmp_path / f"empty{WRITERS[fmt].suffix}"
+    index = write_shard(fmt, empty, [], fields)
+    reader = reader_class(fmt)(empty, fields, 0, index)
+    with pytest.raises(IndexError):
+        reader.read(0)
+    path = tmp_path / f"s{WRITERS[fmt].suffix}"
+    want = [{"boxes": np.zeros((0, 4), np.float32), "blob": b""} for _ in range(3)]
+    index = write_shard(fmt, path, want, fields)
+    reader = reader_class(fmt)(path, fields, 3, index)
+    for i in range(3):
+        assert_same(reader.read(i), want[i])
+
+
+# --------------------------------------------------------------------------- what writers refuse
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_writer_refuses_samples_that_would_not_read_back(fmt, samples, tmp_path):
+    writer = writer_class(fmt)(tmp_path / f"s{WRITERS[fmt].suffix}", FIELDS)
+    bad_cases = [
+        ({**samples[0], "f32": samples[0]["f32"].astype(np.float64)}, "f32"),  # would round
+        ({**samples[0], "i32": samples[0]["i32"].astype(np.int64)}, "i32"),  # could wrap
+        ({**samples[0], "boxes": np.zeros((2, 5), np.float32)}, "boxes"),
+        ({**samples[0], "f16": samples[0]["f16"][:3]}, "f16"),
+        ({k: v for k, v in samples[0].items() if k != "label"}, "label"),
+        ({**samples[0], "extra": b"x"}, "extra"),
+    ]
+    for sample, name in bad_cases:
+        with pytest.raises(ValueError, match=name):
+            writer.write(sample)
+    with pytest.raises(TypeError, match="image"):
+        writer.write({**samples[0], "image": 42})
+    writer.write({**samples[0], "label": np.int32(7), "key": "text is encoded"})  # safe cast, str for utf-8
+    writer.close()
+    got = reader_class(fmt)(writer.path, FIELDS, 1, writer.index_path()).read(0)
+    assert got["label"].dtype == np.int64 and got["label"] == 7 and got["key"] == b"text is encoded"
+
+
+def test_writer_refuses_fields_without_recoverable_shape(tmp_path):
+    with pytest.raises(ValueError, match="rows"):
+        writer_class("tfrecord")(tmp_path / "s.tfrecord", {"x": Field.array("float32", (-1, 0))})
+    with pytest.raises(ValueError, match="object|dtype"):
+        writer_class("lmdb")(tmp_path / "s.lmdb", {"x": Field(kind="array", dtype="datetime64", shape=(2,))})
+    assert list(tmp_path.iterdir()) == []
+
+
+# --------------------------------------------------------------------------- determinism
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_same_samples_give_the_same_bytes(fmt, samples, tmp_path):
+    digests = []
+    for run in range(2):
+        path = tmp_path / f"run{run}{WRITERS[fmt].suffix}"
+        index = write_shard(fmt, path, samples)
+        digests.append((sha256(path), sha256(index) if index else None))
+    assert digests[0] == digests[1]
+    # And a different sample order gives different bytes (the comparison can fail).
+    path = tmp_path / f"other{WRITERS[fmt].suffix}"
+    write_shard(fmt, path, samples[::-1])
+    assert sha256(path) != digests[0][0]
+
+
+def _write_and_hash(args: tuple[str, str, list[dict]]) -> tuple[str, str | None]:
+    fmt, path, samples = args
+    index = write_shard(fmt, Path(path), samples)
+    return sha256(Path(path)), sha256(index) if index else None
+
+
+def test_same_bytes_from_another_process(samples, tmp_path):
+    """A spawned worker (fresh interpreter, different memory) writes the same bytes as this process."""
+    jobs = [(fmt, str(tmp_path / f"{name}{WRITERS[fmt].suffix}"), samples) for fmt in FORMATS for name in ("spawned",)]
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        spawned = pool.map(_write_and_hash, jobs)
+    here = [_write_and_hash((fmt, str(tmp_path / f"here{WRITERS[fmt].suffix}"), samples)) for fmt in FORMATS]
+    assert spawned == here
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _read_all_into(stores, queue) -> None:
+    queue.put([[store[i] for i in range(len(store))] for store in stores])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_stores_work_in_fork_and_spawn_workers(method, samples, tmp_path, write_dataset):
+    """Stores used in this process, then inherited by fork (handles reopened) or pickled for spawn."""
+    stores = []
+    for fmt in FORMATS:
+        store = open_store(write_dataset(tmp_path / fmt, fmt, FIELDS, samples, per_shard=5))
+        assert_same(store[6], samples[6])  # handles are open in this process before the worker starts
+        blob = pickle.dumps(store)
+        assert b"_h_" not in blob  # no handle travels
+        stores.append(pickle.loads(blob) if method == "spawn" else store)
+    ctx = multiprocessing.get_context(method)
+    queue = ctx.Queue()
+    worker = ctx.Process(target=_read_all_into, args=(stores, queue))  # fork: inherited as they are
+    worker.start()
+    results = queue.get(timeout=120)
+    worker.join(timeout=60)
+    assert worker.exitcode == 0
+    for fmt, got in zip(FORMATS, results):
+        assert len(got) == len(samples)
+        for i, sample in enumerate(samples):
+            assert_same(got[i], sample, f"{fmt} in {method} worker, sample {i}")
+    for store in stores:  # the parent's handles still work after the worker used its own
+        assert_same(store[3], samples[3])
+
+
+# --------------------------------------------------------------------------- LMDB map growth
+
+
+def test_lmdb_map_grows_instead_of_failing(tmp_path):
+    fields = {"blob": Field(kind="bytes", encoding="raw"), "n": Field.array("int32", ())}
+    rng = np.random.default_rng(0)
+    blobs = [rng.bytes(300_000) for _ in range(40)]  # 12 MB into a 64 KiB map; one value outgrows two doublings
+    path = tmp_path / "grow.lmdb"
+    with LmdbShardWriter(path, fields, map_size=64 << 10) as writer:
+        for i, blob in enumerate(blobs):
+            writer.write({"blob": blob, "n": np.int32(i)})
+    assert path.stat().st_size > 12_000_000
+    again = tmp_path / "again.lmdb"
+    with LmdbShardWriter(again, fields, map_size=64 << 10) as writer:
+        for i, blob in enumerate(blobs):
+            writer.write({"blob": blob, "n": np.int32(i)})
+    assert sha256(again) == sha256(path)  # growth happens at the same points, so the bytes repeat
+    reader = reader_class("lmdb")(path, fields, len(blobs))
+    for i in (0, 17, 39):
+        got = reader.read(i)
+        assert got["blob"] == blobs[i] and got["n"] == i
+
+
+# --------------------------------------------------------------------------- TFRecord interoperability
+
+
+def _masked(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def test_tfrecord_is_read_by_an_independent_reader_with_valid_crcs(samples, tmp_path):
+    import crc32c
+    from tfrecord.reader import example_loader
+
+    path = tmp_path / "s.tfrecord"
+    index = write_shard("tfrecord", path, samples)
+    raw = path.read_bytes()
+    records, pos = [], 0
+    while pos < len(raw):
+        (length,) = struct.unpack_from("<Q", raw, pos)
+        (length_crc,) = struct.unpack_from("<I", raw, pos + 8)
+        data = raw[pos + 12 : pos + 12 + length]
+        (data_crc,) = struct.unpack_from("<I", raw, pos + 12 + length)
+        assert _masked(crc32c.crc32c(raw[pos : pos + 8])) == length_crc, f"record {len(records)}"
+        assert _masked(crc32c.crc32c(data)) == data_crc, f"record {len(records)}"
+        records.append((pos, 16 + length))
+        pos += 16 + length
+    assert pos == len(raw) and len(records) == len(samples)
+    assert index.read_text() == "".join(f"{o} {s}\n" for o, s in records)  # what tfrecord2idx writes
+
+    description = {"image": "byte", "key": "byte", "label": "int", "boxes": "float", "f32": "float", "i32": "int", "f16": "byte"}
+    parsed = list(example_loader(str(path), str(index), description, shard=(0, 1)))
+    assert len(parsed) == len(samples)
+    for got, want in zip(parsed, samples):
+        assert got["image"] == want["image"] and got["key"] == want["key"]
+        assert got["label"].tolist() == [int(want["label"])]
+        assert got["boxes"].tobytes() == want["boxes"].tobytes()
+        assert got["f32"].tobytes() == want["f32"].tobytes()
+        assert got["i32"].tolist() == want["i32"].tolist()
+        assert got["f16"] == want["f16"].astype("<f2").tobytes()
+
+
+def test_dali_native_tfrecord_reader_reads_the_shard(samples, tmp_path):
+    import nvidia.dali.fn as fn
+    import nvidia.dali.tfrecord as tfrec
+    from nvidia.dali import pipeline_def
+
+    path = tmp_path / "s.tfrecord"
+    index = write_shard("tfrecord", path, samples)
+
+    @pipeline_def(batch_size=len(samples), num_threads=1, device_id=None, prefetch_queue_depth=1)
+    def pipe():
+        out = fn.readers.tfrecord(
+            path=[str(path)],
+            index_path=[str(index)],
+            random_shuffle=False,
+            features={
+                "image": tfrec.FixedLenFeature((), tfrec.string, ""),
+                "label": tfrec.FixedLenFeature([], tfrec.int64, -1),
+                "boxes": tfrec.VarLenFeature([4], tfrec.float32, 0.0),
+                "i32": tfrec.FixedLenFeature([5], tfrec.int64, 0),
+            },
+        )
+        return out["image"], out["label"], out["boxes"], out["i32"]
+
+    p = pipe()
+    p.build()
+    images, labels, boxes, ints = p.run()
+    for i, want in enumerate(samples):
+        assert np.asarray(images.at(i)).tobytes() == want["image"], f"image {i}"
+        assert int(np.asarray(labels.at(i))) == int(want["label"])
+        assert np.array_equal(np.asarray(boxes.at(i)).reshape(-1, 4), want["boxes"])
+        assert np.asarray(ints.at(i)).tolist() == want["i32"].tolist()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    ints=st.lists(st.integers(-(2**63), 2**63 - 1), max_size=80),
+    floats=st.lists(st.floats(width=32, allow_nan=False), max_size=40),
+    blobs=st.lists(st.binary(max_size=300), max_size=3),
+    name=st.text(min_size=1, max_size=12).filter(lambda s: s not in ("f", "b")),
+)
+def test_example_codec_matches_protobuf(ints, floats, blobs, name):
+    from tfrecord import example_pb2
+
+    features = {
+        name: ("int64_list", np.array(ints, dtype=np.int64)),
+        "f": ("float_list", np.array(floats, dtype=np.float32)),
+        "b": ("bytes_list", blobs),
+    }
+    data = tfexample.encode_example(features)
+    ex = example_pb2.Example()
+    ex.ParseFromString(data)
+    assert list(ex.features.feature[name].int64_list.value) == ints
+    assert np.array_equal(np.array(ex.features.feature["f"].float_list.value, np.float32), np.array(floats, np.float32))
+    assert list(ex.features.feature["b"].bytes_list.value) == blobs
+    # protobuf's own serialization decodes the same way
+    decoded = tfexample.decode_example(ex.SerializeToString(), "test")
+    assert decoded[name][1].tolist() == ints and decoded["b"][1] == blobs
+
+
+# --------------------------------------------------------------------------- damaged shards
+
+
+def _flip(path: Path, offset: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def test_tfrecord_flipped_byte_is_a_store_error_naming_the_shard(samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", "tfrecord", FIELDS, samples, per_shard=20)
+    shard = root / "shard-00000.tfrecord"
+    offsets = [tuple(map(int, line.split())) for line in (root / "shard-00000.tfrecord.idx").read_text().splitlines()]
+    _flip(shard, offsets[2][0] + offsets[2][1] // 2)  # inside record 2's data
+    _flip(shard, offsets[5][0] + 3)  # inside record 5's length
+    store = open_store(root)
+    with pytest.raises(StoreError, match=r"shard-00000\.tfrecord.*record 2.*data CRC"):
+        store[2]
+    with pytest.raises(StoreError, match=r"shard-00000\.tfrecord.*record 5.*length CRC"):
+        store[5]
+    assert_same(store[3], samples[3])  # the rest of the shard is still readable
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("keep", [0.6, 0.97, 100])
+def test_truncated_shard_is_a_store_error_never_garbage(fmt, keep, samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", fmt, FIELDS, samples, per_shard=20)
+    shard = root / f"shard-00000{WRITERS[fmt].suffix}"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as f:
+        f.truncate(int(size * keep) if keep < 1 else keep)
+    store = open_store(root)
+    errors = 0
+    for i, sample in enumerate(samples):
+        try:
+            got = store[i]
+        except StoreError as exc:
+            assert shard.name in str(exc)
+            errors += 1
+        else:
+            assert_same(got, sample, f"sample {i} read from a truncated {fmt} shard")
+    assert errors > 0
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_missing_shard_is_a_store_error_naming_it(fmt, samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", fmt, FIELDS, samples, per_shard=4)
+    (root / f"shard-00001{WRITERS[fmt].suffix}").unlink()
+    store = open_store(root)
+    assert_same(store[0], samples[0])
+    with pytest.raises(StoreError, match=rf"shard-00001\{WRITERS[fmt].suffix}.*missing"):
+        store[5]
+
+
+def test_missing_tfrecord_index_is_a_store_error_naming_it(samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", "tfrecord", FIELDS, samples, per_shard=20)
+    (root / "shard-00000.tfrecord.idx").unlink()
+    with pytest.raises(StoreError, match=r"shard-00000\.tfrecord\.idx.*missing"):
+        open_store(root)[0]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_shard_with_another_sample_count_is_refused(fmt, samples, tmp_path):
+    path = tmp_path / f"s{WRITERS[fmt].suffix}"
+    index = write_shard(fmt, path, samples)
+    with pytest.raises(StoreError, match=r"s\.|samples|records"):
+        reader_class(fmt)(path, FIELDS, len(samples) - 1, index).read(0)
