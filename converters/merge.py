@@ -163,7 +163,7 @@ def _write_physical(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], 
             with open_file(shard.path) as src:
                 for name, field in manifest.fields.items():
                     source = src[data_path(name, field)]
-                    # Whole chunks of the target per block, so no chunk is written twice.
+                    # Blocks of about COPY_BYTES, in whole chunks of fixed arrays (a chunk is read whole anyway).
                     step = max(1, COPY_BYTES // max(row_bytes[name], 1))
                     if not is_ragged(field):
                         rows = chunk_rows(field)

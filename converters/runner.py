@@ -53,6 +53,7 @@ from dali_pipes.manifest import (
 log = logging.getLogger(__name__)
 
 JOB_DIR = ".dali-pipes-job"
+LOCK_NAME = ".dali-pipes.lock"
 ON_ERROR = ("skip", "fail")
 _TMP_SUFFIX = ".tmp"
 _PROGRESS_EVERY = 8  # samples between progress messages from a worker
@@ -196,7 +197,7 @@ def _claim_output(out: Path, digest: str, source: Source, fmt: str, created: boo
                 "re-run that command to finish it, or choose another output folder"
             )
         return
-    others = [p.name for p in out.iterdir() if p.name != JOB_DIR]
+    others = [p.name for p in out.iterdir() if p.name not in (JOB_DIR, LOCK_NAME)]
     if others:
         raise ConversionError(
             f"{out} exists and is not empty ({', '.join(sorted(others)[:3])}...); choose a new or empty output folder"
@@ -210,7 +211,7 @@ class _JobLock:
     """An exclusive lock on the output folder: two conversions into one folder refuse to run at once."""
 
     def __init__(self, out: Path) -> None:
-        self.path = out / ".dali-pipes.lock"
+        self.path = out / LOCK_NAME
         self.fd: int | None = None
 
     def __enter__(self) -> "_JobLock":
@@ -267,7 +268,7 @@ def _discard_job(out: Path, created: bool) -> None:
         else:
             path.unlink(missing_ok=True)
     shutil.rmtree(out / JOB_DIR, ignore_errors=True)
-    (out / ".dali-pipes.lock").unlink(missing_ok=True)
+    (out / LOCK_NAME).unlink(missing_ok=True)
     if created:
         try:
             out.rmdir()

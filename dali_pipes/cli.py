@@ -83,6 +83,12 @@ def _add_convert(commands) -> None:
 
     p = kinds.add_parser("list", help="a list file of 'KEY PATH [LABEL]' lines")
     p.add_argument("list_file", type=Path, help="the list (.scp, .txt); paths are relative to its folder or absolute")
+    p.add_argument(
+        "--columns",
+        choices=("key path label", "key path", "path label", "path"),
+        help="what the columns are (default: 3 columns are KEY PATH LABEL; for 2 columns, "
+        "PATH LABEL when every second column is an integer, KEY PATH when none is)",
+    )
     _add_output_options(p, images=True)
     p.set_defaults(handler=_convert_list)
 
@@ -135,7 +141,7 @@ def _convert_imagefolder(args) -> int:
 def _convert_list(args) -> int:
     from converters.sources import ListFileSource
 
-    return _convert(ListFileSource(args.list_file, _image_options(args)), args.out, args)
+    return _convert(ListFileSource(args.list_file, _image_options(args), columns=args.columns), args.out, args)
 
 
 def _convert_coco(args) -> int:
@@ -260,24 +266,13 @@ def _add_synth(commands) -> None:
     p.set_defaults(handler=_synth)
 
 
-def parse_wxh(text: str) -> tuple[int, int]:
-    """``"500x375"`` -> ``(500, 375)``."""
-    try:
-        width, height = (int(v) for v in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"--size must look like 500x375 (WIDTHxHEIGHT), got {text!r}") from None
-    if width < 8 or height < 8:
-        raise ValueError(f"--size {text} is too small; use at least 8x8")
-    return width, height
-
-
 def _synth(args) -> int:
-    from converters.synth import make_imagefolder
+    from converters.synth import make_imagefolder, parse_size
 
     if args.num < 1 or args.classes < 1:
         raise ValueError("--num and --classes must be at least 1")
     out = make_imagefolder(
-        args.out, args.num, size=parse_wxh(args.size), classes=args.classes, seed=args.seed, quality=args.quality, workers=args.workers
+        args.out, args.num, size=parse_size(args.size), classes=args.classes, seed=args.seed, quality=args.quality, workers=args.workers
     )
     print(f"{out}: {args.num} images in {args.classes} class folders")
     return 0

@@ -176,7 +176,7 @@ def test_inspect_and_verify_cli(imagenet_mini, tmp_path):
     summary = json.loads(run_cli("inspect", out, "--json").stdout)
     assert summary["num_samples"] == 47 and summary["num_shards"] == 3 and summary["format"] == "tfrecord"
     assert summary["fields"]["image"] == {"kind": "bytes", "encoding": "image"}
-    assert len(summary["classes"]) == 16
+    assert summary["classes"] == sorted(p.name for p in imagenet_mini.iterdir() if p.is_dir())
     text = run_cli("inspect", out).stdout
     assert "47 in 3 shard(s)" in text and "shard-00000.tfrecord.idx" in text
     assert "3 shard(s), 47 samples read, 47 images decoded" in run_cli("verify", out, "--decode", "--no-progress").stdout

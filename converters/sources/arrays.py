@@ -73,6 +73,7 @@ class ArraysSource(Source):
         self.files = [str(f) for f in files]
         self.selected = list(fields) if fields is not None else None
         self._plan: dict[str, list[_Part]] | None = None
+        self._starts: dict[str, list[int]] = {}  # per field: the first row of each part, then the total
         self._handles: dict[tuple[str, str], Any] = {}
         self._pid = os.getpid()
 
@@ -91,6 +92,7 @@ class ArraysSource(Source):
     def _fields_plan(self) -> dict[str, list[_Part]]:
         if self._plan is None:
             self._plan = _plan(self.files, self.selected)
+            self._starts = {name: _offsets(parts) for name, parts in self._plan.items()}
         return self._plan
 
     def fields(self) -> dict[str, Field]:
@@ -117,7 +119,7 @@ class ArraysSource(Source):
         index = item.data
         sample: Sample = {}
         for name, parts in self._fields_plan().items():
-            offsets = _offsets(parts)
+            offsets = self._starts[name]
             k = bisect.bisect_right(offsets, index) - 1
             part = parts[k]
             try:
@@ -140,6 +142,7 @@ class ArraysSource(Source):
 
 
 def _offsets(parts: list[_Part]) -> list[int]:
+    """The global index of each part's first row, then the total (empty parts share their neighbour's start)."""
     offsets = [0]
     for p in parts:
         offsets.append(offsets[-1] + p.count)

@@ -46,7 +46,7 @@ class ImageFolderSource(Source):
     def _class_names(self) -> list[str]:
         root = Path(self.root)
         if not root.exists():
-            raise ConversionError(f"{root}: no such folder; give the root of an ROOT/CLASS/IMAGE tree")
+            raise ConversionError(f"{root}: no such folder; give the root of a ROOT/CLASS/IMAGE tree")
         if not root.is_dir():
             raise ConversionError(f"{root}: not a folder; imagefolder reads a ROOT/CLASS/IMAGE tree")
         with os.scandir(root) as entries:
@@ -92,8 +92,14 @@ class ImageFolderSource(Source):
 def _walk_images(root: Path, class_name: str) -> list[tuple[str, int]]:
     """``(path relative to root with '/', size in bytes)`` of every image below one class folder, sorted."""
     found: list[tuple[str, int]] = []
-    # followlinks: class folders are often symlinked subsets of a larger tree.
+    seen: set[str] = set()
+    # followlinks: class folders are often symlinked subsets of a larger tree; `seen` stops link loops.
     for folder, dirs, files in os.walk(root / class_name, followlinks=True):
+        real = os.path.realpath(folder)
+        if real in seen:
+            dirs[:] = []
+            continue
+        seen.add(real)
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         rel_folder = Path(folder).relative_to(root).as_posix()
         for name in files:

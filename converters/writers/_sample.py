@@ -22,8 +22,8 @@ def check_fields(fields: Mapping[str, Field], where: str) -> None:
     if not fields:
         raise ValueError(f"{where}: a shard needs at least one field")
     for name, field in fields.items():
-        if not name or "/" in name:
-            raise ValueError(f"{where}: field name {name!r} is not allowed (empty or contains '/')")
+        if not name or "/" in name or name in (".", ".."):
+            raise ValueError(f"{where}: field name {name!r} is not allowed (empty, '.', '..' or contains '/')")
         check_field(name, field, where)
 
 

@@ -75,7 +75,7 @@ class Hdf5ShardWriter(ShardWriter):
                     name,
                     shape=(0, *shape),
                     maxshape=(None, *shape),
-                    chunks=(rows, *(max(1, d) for d in shape)),
+                    chunks=(rows, *shape),
                     dtype=data_dtype(field),
                     track_times=False,
                 )
@@ -126,6 +126,8 @@ class Hdf5ShardWriter(ShardWriter):
         while done < ds.shape[0]:
             block = spool.read(block_rows * row_bytes)
             n = len(block) // row_bytes
+            if n == 0:
+                raise OSError(f"{self.path}: the spool of field {name!r} ended at row {done} of {ds.shape[0]}")
             ds[done : done + n] = np.frombuffer(block, dtype=dtype).reshape((n, *rest))
             done += n
         spool.close()

@@ -98,13 +98,18 @@ def layout_attrs(fields: Mapping[str, Field], num_samples: int) -> dict[str, obj
 
 
 def open_file(path: str | os.PathLike) -> h5py.File:
-    """Open an HDF5 shard read-only (no file locking: shards never change); StoreError if unreadable."""
+    """Open an HDF5 shard read-only; :class:`StoreError` if it is missing or unreadable.
+
+    HDF5's default file locking is kept: HDF5 refuses to open one file twice in a
+    process with different locking flags, and a user's plain ``h5py.File`` uses the
+    default. Where the filesystem has no locks, ``HDF5_USE_FILE_LOCKING=FALSE`` applies to both.
+    """
     if not os.path.isfile(path):
         raise StoreError(f"{path}: HDF5 shard file is missing")
     try:
-        return h5py.File(path, "r", locking=False)
+        return h5py.File(path, "r")
     except OSError as exc:
-        raise StoreError(f"{path}: cannot open HDF5 shard ({exc}); truncated or not an HDF5 file") from exc
+        raise StoreError(f"{path}: cannot open HDF5 shard ({exc})") from exc
 
 
 def check_virtual_sources(file: h5py.File, path: Path) -> None:

@@ -278,7 +278,10 @@ def decode_example(buf: bytes, where: str) -> dict[str, tuple[str, FeatureValue]
             name, feature = None, None
             for knumber, kwire, span in _fields(buf, *entry, where):
                 if knumber == 1 and kwire == 2:
-                    name = buf[span[0] : span[1]].decode("utf-8", errors="strict")
+                    try:
+                        name = buf[span[0] : span[1]].decode("utf-8")
+                    except UnicodeDecodeError as exc:
+                        raise StoreError(f"{where}: a feature name is not UTF-8 (damaged record)") from exc
                 elif knumber == 2 and kwire == 2:
                     feature = span
             if name is None:
@@ -302,6 +305,8 @@ def _decode_feature(buf: bytes, span: tuple[int, int] | None, where: str) -> tup
     if kind == BYTES_LIST:
         return kind, [buf[v[0] : v[1]] for w, v in items if w == 2]
     if kind == FLOAT_LIST:
+        if any(w == 2 and (v[1] - v[0]) % 4 for w, v in items):
+            raise StoreError(f"{where}: packed float list is not a whole number of floats (damaged record)")
         chunks = [np.frombuffer(buf[v[0] : v[1]], dtype="<f4") for w, v in items if w in (2, 5)]
         return kind, np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
     chunks = []
