@@ -126,7 +126,7 @@ def convert(
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     job_dir = out / JOB_DIR
-    with _JobLock(out):
+    with OutputLock(out):
         _claim_output(out, digest, source, format, created)
         suffix = writer_class(format).suffix
         _remove_temporaries(out)
@@ -207,14 +207,14 @@ def _claim_output(out: Path, digest: str, source: Source, fmt: str, created: boo
     atomic_write_bytes(job_file, json.dumps(record, indent=1, default=str).encode())
 
 
-class _JobLock:
+class OutputLock:
     """An exclusive lock on the output folder: two conversions into one folder refuse to run at once."""
 
     def __init__(self, out: Path) -> None:
         self.path = out / LOCK_NAME
         self.fd: int | None = None
 
-    def __enter__(self) -> "_JobLock":
+    def __enter__(self) -> "OutputLock":
         self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
