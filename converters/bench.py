@@ -93,7 +93,7 @@ def run_conversion_benchmark(
             images = make_imagefolder(tmp_path / "images", num)
         source = ImageFolderSource(images)
         items = source.items()
-        files = [Path(images) / item.name for item in items]
+        files = [Path(item.name) for item in items]
         total_bytes = sum(item.size for item in items)
         for path in files:  # warm the page cache: every row then reads from memory alike
             path.read_bytes()

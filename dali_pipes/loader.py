@@ -16,15 +16,19 @@ never called.
 from __future__ import annotations
 
 import logging
+import multiprocessing.util
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping, Protocol
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import numpy as np
 
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.stores import Store, StoreError, open_store
+
+if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
+    from dali_pipes.pipelines import PipelineSpec
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +42,6 @@ _STATE_VERSION = 1
 class LoaderError(RuntimeError):
     """The DALI pipeline failed while training; the message names the dataset and, when found, the sample."""
 
-
-class _Spec(Protocol):
-    # The subset of :class:`dali_pipes.pipelines.PipelineSpec` the loader relies on.
-    required_fields: tuple[str, ...]
-
-    def build(self, inputs: Mapping[str, Any], *, device: str) -> dict[str, Any]: ...
 
 
 @dataclass
@@ -87,7 +85,7 @@ class DALILoader:
     def __init__(
         self,
         path: str | os.PathLike,
-        pipeline: _Spec,
+        pipeline: "PipelineSpec",
         *,
         batch_size: int,
         shuffle: bool = True,
@@ -105,6 +103,9 @@ class DALILoader:
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
         _check_int("prefetch", prefetch, 1)
+        cpus = os.cpu_count() or 1
+        workers = max(1, min(4, cpus // 2)) if py_num_workers is None else _check_int("py_num_workers", py_num_workers, 0)
+        threads = max(1, min(4, cpus)) if num_threads is None else _check_int("num_threads", num_threads, 1)
         if py_start_method not in (None, "fork", "spawn"):
             raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {py_start_method!r}")
         if last_batch not in LAST_BATCH_POLICIES:
@@ -113,6 +114,9 @@ class DALILoader:
         fields = _required_fields(pipeline, self.store)
         self.world, local_rank = detect_world(rank, world_size)
         self.device, device_id = resolve_device(device, local_rank)
+        chosen = f"GPU {device_id}" if device_id is not None else "CPU"
+        if device == "auto":
+            chosen += " (device='auto': " + ("CUDA is available)" if device_id is not None else "no CUDA here)")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -132,14 +136,18 @@ class DALILoader:
             control=self._control,
             with_index=self.with_index,
         )
-        cpus = os.cpu_count() or 1
-        workers = max(1, min(4, cpus // 2)) if py_num_workers is None else _check_int("py_num_workers", py_num_workers, 0)
-        threads = max(1, min(4, cpus)) if num_threads is None else _check_int("num_threads", num_threads, 1)
         if py_start_method is None:
             # Fork is cheaper, but a process that already initialised CUDA must not fork.
             py_start_method = "spawn" if _cuda_initialized() else "fork"
         self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
         self._iterator = self._make_iterator()
+        # DALI stops its Python workers only when the pipeline is garbage collected or
+        # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
+        # joins its children *before* that, so live workers would hang its exit; this
+        # finalizer runs first (exitpriority >= 0), and also when the loader is dropped.
+        self._stop_workers = multiprocessing.util.Finalize(
+            self, _close_worker_pool, args=(getattr(self._pipe, "_py_pool", None),), exitpriority=10
+        )
 
         self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
         self._position = (0, 0)  # (epoch, global samples consumed) after the batches handed so far
@@ -148,12 +156,11 @@ class DALILoader:
         self._pass: _Pass | None = None
         self._failure: BaseException | None = None
         logger.info(
-            "DALILoader: %s, rank %d of %d on %s%s, %d samples, batch %d, %d batches per rank per epoch",
+            "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
             self.store.root,
             self.world.rank,
             self.world.world_size,
-            self.device,
-            f":{device_id}" if device_id is not None else "",
+            chosen,
             len(self.store),
             self.batch_size,
             self.batches_per_epoch,
@@ -161,7 +168,7 @@ class DALILoader:
 
     # --- construction -------------------------------------------------------------------------
 
-    def _build(self, spec: _Spec, device_id: int | None, threads: int, workers: int, start_method: str):
+    def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int, start_method: str):
         from nvidia.dali import fn, pipeline_def
 
         source, fields, device = self._source, self._fields, self.device
@@ -303,6 +310,8 @@ class DALILoader:
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        if self._iterator is None:
+            raise LoaderError(f"{self.store.root}: this loader was closed")
         if self._failure is not None:
             raise LoaderError(f"{self.store.root}: this loader failed earlier and cannot continue: {self._failure}")
         self._finish_pass()
@@ -330,6 +339,8 @@ class DALILoader:
         n = len(self.store)
         last_size = current.samples - (current.batches - 1) * self.batch_size
         while current.handed < current.batches:
+            if self._pass is not current:
+                return  # an iterator of an earlier pass, superseded by a newer iter(loader)
             batch = self._next_batch(current)
             if batch is None:
                 raise LoaderError(
@@ -363,7 +374,9 @@ class DALILoader:
             return None
         except Exception as exc:
             self._failure = exc
-            raise self._explain(exc, current) from exc
+            error = self._explain(exc, current)
+            self._stop_workers()  # the pipeline is dead; do not leave its workers waiting
+            raise error from exc
 
     def _finish_pass(self) -> None:
         """Bring DALI to the end of its epoch, cutting short a pass the user left part-way."""
@@ -403,6 +416,7 @@ class DALILoader:
 
     def close(self) -> None:
         """Stop DALI's workers and release the store; the loader cannot be used afterwards."""
+        self._stop_workers()
         self._iterator = None
         self._pipe = None
         self._control.close()
@@ -501,7 +515,6 @@ def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
     cuda = torch.cuda.is_available()
     if device == "auto":
         device = "gpu" if cuda else "cpu"
-        logger.info("DALILoader: device='auto' -> %s", f"GPU {local_rank}" if cuda else "CPU (no CUDA device)")
     if device in ("gpu", "cuda"):
         if not cuda:
             raise ValueError("device='gpu' but CUDA is not available here; use device='auto' or 'cpu'")
@@ -524,6 +537,13 @@ def _cuda_initialized() -> bool:
     import torch
 
     return torch.cuda.is_initialized()
+
+
+def _close_worker_pool(pool: Any) -> None:
+    # ``Pipeline._py_pool`` is DALI's private attribute (DALI 1.x-2.x); without it
+    # (no parallel source, or a DALI that renamed it) DALI's own clean-up remains.
+    if pool is not None:
+        pool.close()
 
 
 def _pipeline_seed(seed: int, rank: int) -> int:

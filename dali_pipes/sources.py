@@ -166,11 +166,13 @@ class StoreSource:
         self._dali_epoch = -1
         self._indices = np.empty(0, dtype=np.int64)
         self._is_pad = np.empty(0, dtype=bool)
+        self._values: np.ndarray | None = None  # this process's view of the control block
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # Workers compute their own plan; never ship a cached one.
-        state.update(_dali_epoch=-1, _indices=np.empty(0, dtype=np.int64), _is_pad=np.empty(0, dtype=bool))
+        # Workers compute their own plan and map the control block themselves; never ship either.
+        state.update(_dali_epoch=-1, _indices=np.empty(0, dtype=np.int64), _is_pad=np.empty(0, dtype=bool),
+                     _values=None)
         return state
 
     def indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
@@ -193,7 +195,9 @@ class StoreSource:
         return indices, is_pad
 
     def _load_plan(self, dali_epoch: int) -> None:
-        values = self.control.values
+        # Called in the process that reads (a worker, or the main process without
+        # workers), so the view it keeps is that process's own mapping.
+        self._values = values = self.control.values
         if values[_DALI_EPOCH] != dali_epoch:
             # A task of an epoch the loader already left; DALI discards its result.
             raise StopIteration
@@ -204,7 +208,7 @@ class StoreSource:
         dali_epoch = sample_info.epoch_idx
         if dali_epoch != self._dali_epoch:
             self._load_plan(dali_epoch)
-        values = self.control.values
+        values = self._values
         i = sample_info.idx_in_epoch
         if i >= len(self._indices) or values[_CANCELLED] or values[_DALI_EPOCH] != dali_epoch:
             raise StopIteration

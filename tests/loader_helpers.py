@@ -132,7 +132,7 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
     import torch
     import torch.distributed as dist
 
-    from dali_pipes import DALILoader
+    from dali_pipes import DALILoader, LoaderError
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
@@ -144,9 +144,15 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
         for epoch in range(options["epochs"]):
             loader.set_epoch(epoch)
             batches = []
-            for batch in loader:
-                dist.all_reduce(torch.ones(1))  # a training step: every rank must take part
-                batches.append([batch["index"].tolist(), batch["is_pad"].tolist()])
+            try:
+                for batch in loader:
+                    dist.all_reduce(torch.ones(1))  # a training step: every rank must take part
+                    batches.append([batch["index"].tolist(), batch["is_pad"].tolist()])
+            except LoaderError as exc:
+                # Keep this rank's own message: the job may report another rank's failure first.
+                with open(os.path.join(out_dir, f"rank-{rank}.error"), "w") as f:
+                    f.write(str(exc))
+                raise
             report["epochs"].append(batches)
         if options.get("partial"):
             loader.set_epoch(options["epochs"])

@@ -89,7 +89,11 @@ def test_ranks_cover_each_epoch_exactly_once(dataset, tmp_path, world_size, work
 
 @pytest.mark.timeout(180)
 def test_a_decode_failure_on_one_rank_ends_the_job_naming_the_sample(tmp_path):
-    # Sample 4 is read by rank 1 in the first step without shuffling (rank 1 reads 3, 4, 5).
+    # Without shuffling rank 1 reads samples 3, 4, 5 in the first step; sample 4 is damaged.
     dataset = write_dataset(tmp_path / "bad", 12, corrupt=frozenset({4}))
-    with pytest.raises(mp.ProcessRaisedException, match=r"sample 4 \(field 'image'.*cannot be decoded"):
+    # The job ends (rank 1 raises, rank 0's all-reduce then loses its peer) instead of hanging.
+    with pytest.raises(mp.ProcessRaisedException):
         run_job(2, dataset, tmp_path, epochs=1, workers=1, shuffle=False)
+    message = (tmp_path / "rank-1.error").read_text()
+    assert "sample 4 (field 'image', shard shard-00000.lmdb, record 4) cannot be decoded" in message
+    assert not (tmp_path / "rank-0.error").exists()

@@ -2,9 +2,9 @@
 
 Several ranks are simulated in one process with explicit ``rank``/``world_size``
 (the real multi-process runs are in ``test_ddp.py``). Loaders read the store in
-one forked DALI worker by default (cheap); ``py_num_workers=0`` (reading in the
-main process) and spawned workers have their own tests. One process cannot open
-the same LMDB shard twice, so only one loader per test reads in the main process.
+one forked DALI worker by default (cheap, and the path training takes);
+``py_num_workers=0`` (reading in the main process) and spawned workers have their
+own tests.
 """
 
 from __future__ import annotations
@@ -197,14 +197,24 @@ def test_state_counts_batches_handed_out_not_prefetched(dataset):
     assert flat(first) + flat(epoch_rows(resumed)) == epoch_order(N, 0, 2).tolist()
 
 
-def test_leaving_a_pass_part_way_starts_the_next_epoch(dataset):
-    loader = make(dataset, py_num_workers=2, seed=4)  # parallel workers: the cut-short epoch is drained
+def test_leaving_a_pass_part_way_starts_the_next_epoch(tmp_path):
+    n = 400
+    path = write_dataset(tmp_path / "long", n, samples_per_shard=100)
+    loader = make(path, py_num_workers=2, seed=4)  # parallel workers: the cut-short epoch is drained
     iterator = iter(loader)
     next(iterator)
     next(iterator)
     assert loader.state_dict()["epoch"] == 0 and loader.state_dict()["samples_consumed"] == 8
-    assert flat(epoch_rows(loader)) == epoch_order(N, 1, 4).tolist()
-    assert flat(epoch_rows(loader)) == epoch_order(N, 2, 4).tolist()
+    drained = []
+    pull = loader._next_batch
+    loader._next_batch = lambda current: drained.append(1) or pull(current)
+    iterator = iter(loader)
+    # The rest of the cut-short epoch is cancelled: only what DALI had prefetched is read, not 98 batches.
+    assert len(drained) <= 6
+    del loader._next_batch
+    first = next(iterator)
+    assert flat([batch_rows(first)]) + flat(batch_rows(b) for b in iterator) == epoch_order(n, 1, 4).tolist()
+    assert flat(epoch_rows(loader)) == epoch_order(n, 2, 4).tolist()
 
 
 def test_state_at_the_end_of_an_epoch_points_at_the_next(dataset):
@@ -272,7 +282,8 @@ def test_auto_device_is_the_cpu_without_cuda(dataset, caplog, monkeypatch):
     caplog.set_level("INFO", logger="dali_pipes")
     loader = make(dataset, device="auto")
     assert loader.device == "cpu"
-    assert any("device='auto' -> CPU" in record.getMessage() for record in caplog.records)
+    lines = [r.getMessage() for r in caplog.records if r.name == "dali_pipes.loader"]
+    assert len(lines) == 1 and "on CPU (device='auto': no CUDA here)" in lines[0]
     assert next(iter(loader))["image"].device.type == "cpu"
 
 
@@ -352,6 +363,8 @@ def test_a_folder_without_manifest(tmp_path):
         ({"device": "tpu"}, ValueError, "device must be"),
         ({"rank": 2, "world_size": 2}, ValueError, "rank must be < world_size"),
         ({"py_start_method": "forkserver"}, ValueError, "py_start_method"),
+        ({"py_num_workers": -1}, ValueError, "py_num_workers must be >= 0"),
+        ({"num_threads": 0}, ValueError, "num_threads must be >= 1"),
         ({"spec": object()}, TypeError, "pipeline must be a pipeline spec"),
     ],
 )
@@ -387,9 +400,10 @@ def test_an_undecodable_image_raises_naming_the_sample(tmp_path, workers):
 
 
 @pytest.mark.timeout(120)
-def test_an_unreadable_shard_raises_naming_the_shard_and_sample(tmp_path):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_unreadable_shard_raises_naming_the_shard_and_sample(tmp_path, workers):
     path = write_dataset(tmp_path / "lost", 12, samples_per_shard=5)
-    loader = make(path, shuffle=False, py_num_workers=2)
+    loader = make(path, shuffle=False, py_num_workers=workers)
     os.remove(path / "shard-00001.lmdb")
     with pytest.raises(StoreError, match=r"sample 5 \(shard shard-00001.lmdb, record 0\)"):
         list(loader)
@@ -401,3 +415,5 @@ def test_close_removes_the_epoch_control_file(dataset):
     assert os.path.exists(control)
     loader.close()
     assert not os.path.exists(control)
+    with pytest.raises(LoaderError, match="closed"):
+        iter(loader)

@@ -55,6 +55,9 @@ def check_split(n, b, w, last_batch, start, epoch=0, seed=0):
         assert seen == rest
         pads = sum(int(p.sum()) for _, p in per_rank)
         assert pads < w
+        # The filler wraps around from the start of the epoch order.
+        filler = [i for idx, pad in per_rank for i in idx[pad].tolist()]
+        assert filler == np.resize(order, pads).tolist()
         for _, pad in per_rank:
             assert not pad[: max(len(pad) - b, 0)].any()
         assert expected_batches == batch_count(len(rest), b * w)

@@ -1,0 +1,127 @@
+"""The DALI external-source callable (dali_pipes.sources) on its own: SampleInfo in, arrays out."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from dali_pipes import open_store
+from dali_pipes.sampling import World, rank_indices
+from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
+from loader_helpers import write_dataset
+
+N = 11
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return open_store(write_dataset(tmp_path_factory.mktemp("sources") / "ds", N, samples_per_shard=4))
+
+
+def info(i, dali_epoch=0):
+    return SimpleNamespace(idx_in_epoch=i, epoch_idx=dali_epoch, iteration=0, idx_in_batch=0)
+
+
+def make(store, control, **kwargs):
+    args = dict(batch_size=4, world=World(1, 2), seed=3, shuffle=True, last_batch="pad", control=control)
+    args.update(kwargs)
+    return StoreSource(store, ("image", "label"), **args)
+
+
+def read_epoch(source, dali_epoch):
+    out = []
+    i = 0
+    while True:
+        try:
+            out.append(source(info(i, dali_epoch)))
+        except StopIteration:
+            return out
+        i += 1
+
+
+def test_samples_follow_the_published_epoch_padded_to_whole_batches(store):
+    control = EpochControl()
+    source = make(store, control)
+    control.publish(0, epoch=5, start=2)
+    samples = read_epoch(source, 0)
+    expected, expected_pad = rank_indices(N, 4, 1, 2, 5, 3, start=2)
+    assert len(expected) == 5 and len(samples) == 8  # 5 samples, padded to 2 batches of 4
+    image, label, is_pad, index = samples[0]
+    assert image.dtype == np.uint8 and image.ndim == 1 and bytes(image) == store[int(index)]["image"]
+    assert label.shape == () and label.dtype == np.int64 and int(label) == int(index) % 5
+    assert is_pad.shape == () and is_pad.dtype == bool and index.shape == () and index.dtype == np.int64
+    assert [int(s[3]) for s in samples[:5]] == expected.tolist()
+    assert [bool(s[2]) for s in samples[:5]] == expected_pad.tolist()
+    assert all(bool(s[2]) for s in samples[5:])  # the batch filler is padding too
+    # Still past the end when asked again (DALI prefetches beyond the end).
+    with pytest.raises(StopIteration):
+        source(info(9))
+
+    control.publish(1, epoch=6, start=0)
+    assert [int(s[3]) for s in read_epoch(source, 1)][:6] == rank_indices(N, 4, 1, 2, 6, 3)[0].tolist()
+
+
+def test_stale_and_cancelled_epochs_stop(store):
+    control = EpochControl()
+    source = make(store, control)
+    control.publish(3, epoch=0, start=0)
+    with pytest.raises(StopIteration):
+        source(info(0, dali_epoch=2))  # a task of an epoch already left
+    source(info(0, dali_epoch=3))
+    control.cancel()
+    with pytest.raises(StopIteration):
+        source(info(1, dali_epoch=3))
+
+
+def test_without_index_and_output_types(store):
+    control = EpochControl()
+    control.publish(0, 0, 0)
+    source = StoreSource(store, ("label",), batch_size=2, world=World(), seed=0, shuffle=False, last_batch="pad",
+                         control=control, with_index=False)
+    assert len(source(info(0))) == 2
+    from nvidia.dali import types
+
+    assert dali_output_types(store, ("image", "label")) == ([types.UINT8, types.INT64, types.BOOL, types.INT64],
+                                                           [1, 0, 0, 0])
+    assert dali_output_types(store, ("label",), with_index=False) == ([types.INT64, types.BOOL], [0, 0])
+
+
+def test_missing_field_is_named(store):
+    with pytest.raises(ValueError, match="no field 'boxes'"):
+        StoreSource(store, ("boxes",), batch_size=2, world=World(), seed=0, shuffle=False, last_batch="pad",
+                    control=EpochControl())
+
+
+def _read_in_child(source, queue):
+    queue.put([int(s[3]) for s in read_epoch(source, 0)])
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_pickled_source_sees_what_the_parent_publishes(store, method):
+    control = EpochControl()
+    source = make(store, control, world=World(0, 1), shuffle=False)
+    clone = pickle.loads(pickle.dumps(source))
+    assert clone._dali_epoch == -1 and clone._values is None
+    ctx = multiprocessing.get_context(method)
+    queue = ctx.Queue()
+    control.publish(0, epoch=0, start=7)  # published after the pickling, as the loader does
+    child = ctx.Process(target=_read_in_child, args=(source, queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(60)
+    assert got[:4] == [7, 8, 9, 10]
+
+
+def test_the_control_file_belongs_to_its_creator():
+    control = EpochControl()
+    clone = pickle.loads(pickle.dumps(control))
+    clone.close()  # an attached copy never deletes it
+    control.publish(0, 1, 2)
+    assert clone.values.tolist() == [0, 1, 2, 0]
+    control.close()
+    assert not os.path.exists(control.path)
