@@ -66,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_merge(commands)
     _add_synth(commands)
     _add_bench_convert(commands)
+    _add_demo(commands)
     return parser
 
 
@@ -301,6 +302,37 @@ def _bench_convert(args) -> int:
         formats=[f.strip() for f in args.formats.split(",") if f.strip()],
         repeats=args.repeats,
         json_out=args.json,
+    )
+    print(format_report(report))
+    return 0
+
+
+def _add_demo(commands) -> None:
+    p = commands.add_parser("demo", help="the main job end to end on a built-in synthetic dataset (or --data DIR)")
+    p.add_argument("--data", type=Path, help="your own ImageNet-style image folder (default: synthetic images)")
+    p.add_argument("--workdir", type=Path, help="where the files go (default: a new temporary folder)")
+    p.add_argument("--num-images", type=int, default=512, help="synthetic images (default: 512)")
+    p.add_argument("--batches", type=int, default=200, help="timed batches of the DALI loader (default: 200)")
+    p.add_argument("--baseline-batches", type=int, default=40, help="timed batches of the DataLoader baseline (default: 40)")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
+    p.set_defaults(handler=_demo)
+
+
+def _demo(args) -> int:
+    from dali_pipes.demo import format_report, run_demo
+
+    for name in ("num_images", "batches", "baseline_batches", "batch_size"):
+        if getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    report = run_demo(
+        args.data,
+        workdir=args.workdir,
+        num_images=args.num_images,
+        batches=args.batches,
+        baseline_batches=args.baseline_batches,
+        batch_size=args.batch_size,
+        device=args.device,
     )
     print(format_report(report))
     return 0
