@@ -15,6 +15,7 @@ never called.
 
 from __future__ import annotations
 
+import gc
 import logging
 import multiprocessing.util
 import os
@@ -104,8 +105,11 @@ class DALILoader:
         _check_int("seed", seed, 0)
         _check_int("prefetch", prefetch, 1)
         cpus = os.cpu_count() or 1
-        workers = max(1, min(4, cpus // 2)) if py_num_workers is None else _check_int("py_num_workers", py_num_workers, 0)
-        threads = max(1, min(4, cpus)) if num_threads is None else _check_int("num_threads", num_threads, 1)
+        # Defaults that leave cores for the training process: a few readers, a few DALI threads.
+        workers = max(1, min(4, cpus // 2)) if py_num_workers is None else py_num_workers
+        threads = max(1, min(4, cpus)) if num_threads is None else num_threads
+        _check_int("py_num_workers", workers, 0)
+        _check_int("num_threads", threads, 1)
         if py_start_method not in (None, "fork", "spawn"):
             raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {py_start_method!r}")
         if last_batch not in LAST_BATCH_POLICIES:
@@ -154,7 +158,7 @@ class DALILoader:
         self._pending: tuple[int, int] | None = None  # set by set_epoch / load_state_dict
         self._pending_is_resume = False
         self._pass: _Pass | None = None
-        self._failure: BaseException | None = None
+        self._failure: str | None = None
         logger.info(
             "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
             self.store.root,
@@ -194,6 +198,11 @@ class DALILoader:
         extra: dict[str, Any] = {}
         if workers > 0:
             extra = dict(py_num_workers=workers, py_start_method=start_method)
+            if start_method == "fork":
+                # A forked worker inherits the parent's uncollected garbage; if its own GC
+                # then finalizes an old DALI pipeline, the C++ destructor waits for executor
+                # threads that do not exist in the child and the worker hangs for ever.
+                gc.collect()
         pipe = pipeline_def(define, enable_conditionals=bool(getattr(spec, "needs_conditionals", False)))(
             batch_size=self.batch_size,
             num_threads=threads,
@@ -373,8 +382,9 @@ class DALILoader:
             current.drained = True
             return None
         except Exception as exc:
-            self._failure = exc
             error = self._explain(exc, current)
+            # Keep the message only: the exception's frames hold the pipeline in a reference cycle.
+            self._failure = str(error)
             self._stop_workers()  # the pipeline is dead; do not leave its workers waiting
             raise error from exc
 

@@ -58,7 +58,10 @@ def _shm_dir() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
 
 
-def _unlink(path: str) -> None:
+def _unlink(path: str, owner_pid: int) -> None:
+    # A forked child inherits the owner object; only the creating process deletes the file.
+    if os.getpid() != owner_pid:
+        return
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -79,7 +82,7 @@ class EpochControl:
         self.path = path
         self._view: np.ndarray | None = None
         self._pid: int | None = None
-        self._finalizer = weakref.finalize(self, _unlink, path)
+        self._finalizer = weakref.finalize(self, _unlink, path, os.getpid())
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}

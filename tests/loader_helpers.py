@@ -136,9 +136,14 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
-        kwargs = dict(batch_size=options["batch_size"], seed=options.get("seed", 0), shuffle=options.get("shuffle", True),
-                      device="auto", with_index=True,
-                      py_num_workers=options.get("workers", 0))
+        kwargs = dict(
+            batch_size=options["batch_size"],
+            seed=options.get("seed", 0),
+            shuffle=options.get("shuffle", True),
+            device="auto",
+            with_index=True,
+            py_num_workers=options.get("workers", 0),
+        )
         loader = DALILoader(dataset, TinySpec(), **kwargs)
         report: dict = {"world": [loader.world.rank, loader.world.world_size], "len": len(loader), "epochs": []}
         for epoch in range(options["epochs"]):

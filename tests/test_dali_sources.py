@@ -125,3 +125,20 @@ def test_the_control_file_belongs_to_its_creator():
     assert clone.values.tolist() == [0, 1, 2, 0]
     control.close()
     assert not os.path.exists(control.path)
+
+
+def _drop_in_child(control, queue):
+    control.close()  # the owner's finalizer, inherited through fork
+    queue.put(os.path.exists(control.path))
+
+
+def test_a_forked_child_never_deletes_the_owners_file():
+    control = EpochControl()
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_drop_in_child, args=(control, queue))
+    child.start()
+    assert queue.get(timeout=60) is True
+    child.join(60)
+    assert os.path.exists(control.path)
+    control.close()

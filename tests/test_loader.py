@@ -393,7 +393,8 @@ def test_a_spec_may_not_take_the_loaders_output_names(dataset):
 def test_an_undecodable_image_raises_naming_the_sample(tmp_path, workers):
     path = write_dataset(tmp_path / "bad", 12, corrupt=frozenset({6}), samples_per_shard=5)
     loader = make(path, shuffle=False, py_num_workers=workers)
-    with pytest.raises(LoaderError, match=r"sample 6 \(field 'image', shard shard-00001.lmdb, record 1\) cannot be decoded"):
+    named = r"sample 6 \(field 'image', shard shard-00001.lmdb, record 1\) cannot be decoded"
+    with pytest.raises(LoaderError, match=named):
         list(loader)
     with pytest.raises(LoaderError, match="failed earlier"):
         iter(loader)
@@ -417,3 +418,36 @@ def test_close_removes_the_epoch_control_file(dataset):
     assert not os.path.exists(control)
     with pytest.raises(LoaderError, match="closed"):
         iter(loader)
+
+
+@pytest.mark.timeout(60)
+def test_forked_workers_do_not_inherit_dali_garbage(dataset):
+    # An uncollected pipeline in the parent, finalized by a forked worker's own GC,
+    # used to hang that worker (DALI's destructor waits for threads the child lacks).
+    for _ in range(3):
+        old = make(dataset)
+        next(iter(old))
+        cycle = [old]
+        cycle.append(cycle)
+        del old, cycle
+        loader = make(dataset)
+        assert len(next(iter(loader))["index"]) == 4
+
+
+def test_a_converted_folder_of_real_photos(imagenet_mini, tmp_path):
+    from converters.runner import convert
+    from converters.sources.imagefolder import ImageFolderSource
+    from dali_pipes import open_store
+    from dali_pipes.pipelines import ClassificationTrain
+
+    out = tmp_path / "imagenet-mini"
+    convert(ImageFolderSource(imagenet_mini), out, format="lmdb", samples_per_shard=16, workers=1, progress=False)
+    store = open_store(out)
+    loader = make(out, spec=ClassificationTrain(size=64), batch_size=8)
+    seen = {}
+    for batch in loader:
+        assert batch["image"].shape[1:] == (3, 64, 64) and batch["image"].dtype == torch.float32
+        for index, label in zip(batch["index"].tolist(), batch["label"].tolist()):
+            seen[index] = label
+    assert sorted(seen) == list(range(len(store)))
+    assert all(int(store[i]["label"]) == label for i, label in seen.items())

@@ -17,7 +17,9 @@ WORLDS = [1, 2, 3, 4, 5, 8]
 
 
 def all_ranks(n, b, w, last_batch, start=0, epoch=0, seed=0, shuffle=True):
-    return [rank_indices(n, b, r, w, epoch, seed, shuffle=shuffle, last_batch=last_batch, start=start) for r in range(w)]
+    return [
+        rank_indices(n, b, r, w, epoch, seed, shuffle=shuffle, last_batch=last_batch, start=start) for r in range(w)
+    ]
 
 
 def interleave(per_rank, b):

@@ -5,6 +5,10 @@ The transforms follow torchvision's PIL code paths (``RandomResizedCrop`` with i
 ten attempts and centre fallback, ``RandomHorizontalFlip``, ``ColorJitter`` in a
 random order with the hue shift in HSV, ``ToTensor`` + ``Normalize``), written
 with PIL and numpy because torchvision is not installable everywhere this runs.
+
+The datasets take any :class:`TrainTransform` (encoded bytes -> CHW float tensor),
+so the optional torchvision and Albumentations transforms of
+:mod:`dali_pipes.bench.backends` run in the very same ``DataLoader``.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import os
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -23,6 +27,14 @@ from PIL import Image, ImageEnhance
 
 from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD
 from dali_pipes.stores import Store, open_store
+
+
+class TrainTransform(Protocol):
+    """Encoded image bytes -> augmented, normalised CHW float32 tensor."""
+
+    def from_bytes(self, data: bytes, rng: random.Random) -> torch.Tensor:
+        """Decode ``data`` and augment it, drawing the random choices from ``rng`` where the backend allows."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -39,9 +51,30 @@ class PilTrainTransform:
     hue: float = 0.1
     jitter: bool = True
 
+    @classmethod
+    def from_spec(cls, spec: Any) -> "PilTrainTransform":
+        """The same augmentation as a :class:`~dali_pipes.pipelines.ClassificationTrain` spec."""
+        jitter = spec.jitter
+        return cls(
+            size=spec.size,
+            scale=tuple(spec.scale),
+            ratio=tuple(spec.ratio),
+            flip=spec.flip,
+            brightness=jitter.brightness if jitter else 0.0,
+            contrast=jitter.contrast if jitter else 0.0,
+            saturation=jitter.saturation if jitter else 0.0,
+            hue=jitter.hue if jitter else 0.0,
+            jitter=jitter is not None and not jitter.is_identity,
+        )
+
+    def from_bytes(self, data: bytes, rng: random.Random) -> torch.Tensor:
+        """Decode with PIL and augment (see :class:`TrainTransform`)."""
+        with Image.open(io.BytesIO(data)) as image:
+            return self(image, rng)
+
     def __call__(self, image: Image.Image, rng: random.Random) -> torch.Tensor:
         image = image.convert("RGB")
-        left, top, width, height = _random_resized_crop_box(image.size, self.scale, self.ratio, rng)
+        left, top, width, height = random_resized_crop_box(image.size, self.scale, self.ratio, rng)
         image = image.resize((self.size, self.size), Image.BILINEAR, box=(left, top, left + width, top + height))
         if rng.random() < self.flip:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
@@ -69,7 +102,9 @@ def to_normalized_tensor(image: Image.Image) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
 
 
-def _random_resized_crop_box(size, scale, ratio, rng: random.Random) -> tuple[int, int, int, int]:
+def random_resized_crop_box(
+    size: tuple[int, int], scale: Sequence[float], ratio: Sequence[float], rng: random.Random
+) -> tuple[int, int, int, int]:
     """torchvision's ``RandomResizedCrop.get_params``: ten tries, then a centre crop."""
     width, height = size
     area = width * height
@@ -101,9 +136,9 @@ def _shift_hue(image: Image.Image, factor: float) -> Image.Image:
 
 
 class _AugmentedDataset(torch.utils.data.Dataset):
-    """Shared by both baselines: decode with PIL, transform, return ``(image, label)``."""
+    """Shared by both baselines: decode, transform, return ``(image, label)``."""
 
-    def __init__(self, transform: PilTrainTransform, seed: int) -> None:
+    def __init__(self, transform: TrainTransform, seed: int) -> None:
         self.transform = transform
         self.seed = seed
 
@@ -114,14 +149,13 @@ class _AugmentedDataset(torch.utils.data.Dataset):
         data, label = self._encoded(index)
         # A per-sample generator keeps the augmentation reproducible whatever the worker count.
         rng = random.Random(self.seed * 1_000_003 + index)
-        with Image.open(io.BytesIO(data)) as image:
-            return self.transform(image, rng), label
+        return self.transform.from_bytes(data, rng), label
 
 
 class StoreImageDataset(_AugmentedDataset):
     """A map-style dataset over a converted store (the same shards as the DALI loader)."""
 
-    def __init__(self, path: str | os.PathLike, transform: PilTrainTransform = PilTrainTransform(), seed: int = 0) -> None:
+    def __init__(self, path: str | os.PathLike, transform: TrainTransform = PilTrainTransform(), seed: int = 0) -> None:
         super().__init__(transform, seed)
         self.store: Store = open_store(path)
 
@@ -136,7 +170,7 @@ class StoreImageDataset(_AugmentedDataset):
 class FileImageDataset(_AugmentedDataset):
     """A map-style dataset over the original image files (what a training script reads today)."""
 
-    def __init__(self, files: Sequence[tuple[Path, int]], transform: PilTrainTransform = PilTrainTransform(), seed: int = 0) -> None:
+    def __init__(self, files: Sequence[tuple[Path, int]], transform: TrainTransform = PilTrainTransform(), seed: int = 0) -> None:
         super().__init__(transform, seed)
         self.files = list(files)
 
@@ -155,7 +189,9 @@ def imagefolder_files(root: str | os.PathLike) -> list[tuple[Path, int]]:
     return [(Path(item.name), int(item.data[1])) for item in ImageFolderSource(root).items()]
 
 
-def pil_dataloader(dataset: torch.utils.data.Dataset, *, batch_size: int, num_workers: int, shuffle: bool = True):
+def pil_dataloader(
+    dataset: torch.utils.data.Dataset, *, batch_size: int, num_workers: int, shuffle: bool = True
+) -> torch.utils.data.DataLoader:
     """The ``DataLoader`` configuration of a typical training script (persistent workers, pinned when CUDA is there)."""
     return torch.utils.data.DataLoader(
         dataset,

@@ -9,7 +9,9 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
   :class:`DecoderHints`, ImageNet mean/std) and their validation;
 - ``ops``: graph fragments (decode, resize, jitter, normalise, auto-augment);
 - ``base``: the :class:`PipelineSpec` protocol and checks on ``build`` calls;
-- ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`.
+- ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`;
+- ``detection``: :class:`Detection` and :class:`DetectionVal` (COCO-style boxes);
+- ``features``: :class:`Features` (fixed-shape arrays to the device).
 """
 
 from dali_pipes.pipelines.base import PipelineSpec
@@ -25,3 +27,8 @@ __all__ = [
     "IMAGENET_STD",
     "PipelineSpec",
 ]
+
+# Detection and feature-array specs (issue 4). Re-exported here; the lead adds them to
+# __all__ together with the test that pins it (tests/test_pipelines.py::test_public_names).
+from dali_pipes.pipelines.detection import Detection, DetectionVal  # noqa: E402
+from dali_pipes.pipelines.features import Features  # noqa: E402

@@ -1,0 +1,68 @@
+"""The anchor row: DALI's own ``fn.readers.file`` over the original image files.
+
+It runs the very graph of the pipeline spec (``spec.build``), fed by DALI's
+native file reader instead of this package's store source, so the difference
+between this row and the ``dali-pipes`` rows is what the shards, the sampling
+and the Python external source cost or save, and nothing else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from dali_pipes.bench.runner import Skipped, Target, delivered
+
+
+@contextlib.contextmanager
+def file_reader_stream(
+    files: Sequence[tuple[Path, int]],
+    spec: Any,
+    *,
+    batch_size: int,
+    device: str,
+    num_threads: int,
+    target: Target,
+    seed: int = 0,
+) -> Iterator[Iterator[int]]:
+    """A stream of delivered image counts from ``fn.readers.file`` + ``spec``'s graph, shuffled, epoch after epoch."""
+    import torch
+    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+
+    if device == "gpu" and not torch.cuda.is_available():
+        raise Skipped("no CUDA device here (torch.cuda.is_available() is False)")
+    if not files:
+        raise Skipped("no image files")
+    paths = [os.fspath(path) for path, _ in files]
+    labels = [int(label) for _, label in files]
+
+    @pipeline_def(enable_conditionals=bool(getattr(spec, "needs_conditionals", False)))
+    def define():
+        encoded, label = fn.readers.file(files=paths, labels=labels, random_shuffle=True, name="Reader")
+        outputs = spec.build({"image": encoded, "label": label}, device=device)
+        return outputs["image"], outputs["label"]
+
+    pipe = define(
+        batch_size=batch_size,
+        num_threads=num_threads,
+        device_id=torch.cuda.current_device() if device == "gpu" else None,
+        seed=seed + 1,
+    )
+    pipe.build()
+    # FILL keeps every batch full across epoch ends, as a training loop over many epochs sees it.
+    iterator = DALIGenericIterator(
+        [pipe], ["image", "label"], reader_name="Reader", auto_reset=True, last_batch_policy=LastBatchPolicy.FILL
+    )
+
+    def pairs() -> Iterator[tuple[Any, Any]]:
+        while True:
+            for batch in iterator:
+                yield batch[0]["image"], batch[0]["label"]
+
+    try:
+        yield delivered(pairs(), target)
+    finally:
+        del iterator, pipe

@@ -1,0 +1,138 @@
+"""What every benchmark row shares: the dataset, its original image files, the spec and the core count."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dali_pipes.manifest import Manifest, load_manifest
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BenchInputs:
+    """The shared setting of one benchmark run.
+
+    ``files`` are the original images as ``(path, label)`` (empty when they are
+    not available; ``files_reason`` then says why). ``loader_settings`` are the
+    :class:`~dali_pipes.DALILoader` keyword arguments the ``dali-pipes`` rows use
+    (``num_threads``, ``py_num_workers``, ``prefetch``).
+    """
+
+    dataset: Path
+    manifest: Manifest
+    spec: Any
+    batch_size: int
+    cores: int
+    files: tuple[tuple[Path, int], ...] = ()
+    files_reason: str | None = None
+    images_root: Path | None = None
+    loader_settings: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def num_samples(self) -> int:
+        return self.manifest.num_samples
+
+    def describe(self) -> dict[str, Any]:
+        """The context of the figures, for the JSON and the table header."""
+        spec = self.spec
+        jitter = spec.jitter
+        return {
+            "dataset": str(self.dataset),
+            "format": self.manifest.format,
+            "num_samples": self.num_samples,
+            "images_folder": str(self.images_root) if self.images_root else None,
+            "images_folder_reason": self.files_reason,
+            "batch_size": self.batch_size,
+            "cores": self.cores,
+            "augmentation": {
+                "random_resized_crop": {"size": spec.size, "scale": list(spec.scale), "ratio": list(spec.ratio)},
+                "flip": spec.flip,
+                "color_jitter": None
+                if jitter is None
+                else {"brightness": jitter.brightness, "contrast": jitter.contrast, "saturation": jitter.saturation, "hue": jitter.hue},
+                "normalize": {"mean": list(spec.mean), "std": list(spec.std)},
+                "dtype": spec.dtype,
+            },
+            "loader_settings": dict(self.loader_settings),
+        }
+
+
+def default_loader_settings(cores: int) -> dict[str, int]:
+    """The ``dali-pipes`` rows' settings without a tuned file: DALI gets every core, as the DataLoader does."""
+    return {"num_threads": cores, "py_num_workers": max(1, min(4, cores // 2)), "prefetch": 2}
+
+
+def bench_inputs(
+    dataset: str | os.PathLike,
+    *,
+    batch_size: int = 64,
+    images: str | os.PathLike | None = None,
+    cores: int | None = None,
+    dtype: str = "float32",
+    settings: str | os.PathLike | None = None,
+) -> BenchInputs:
+    """Load the manifest, find the original images, and fix the spec, batch size and settings."""
+    from dali_pipes.pipelines import ClassificationTrain
+
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    cores = cores or os.cpu_count() or 1
+    if cores < 1:
+        raise ValueError(f"the core count must be at least 1, got {cores}")
+    dataset = Path(dataset)
+    manifest = load_manifest(dataset)
+    if "image" not in manifest.fields or not manifest.fields["image"].is_image:
+        raise ValueError(f"{dataset}: the benchmark needs an image dataset with an encoded 'image' field")
+    if manifest.num_samples < batch_size:
+        raise ValueError(
+            f"{dataset}: {manifest.num_samples} samples is less than one batch of {batch_size}; use a smaller --batch-size"
+        )
+    spec = ClassificationTrain(size=224, dtype=dtype)
+    loader_settings = default_loader_settings(cores)
+    if settings is not None:
+        from dali_pipes.bench.tune import apply_settings, load_settings
+
+        loader_settings.update(load_settings(settings))
+        spec = apply_settings(spec, settings)
+    root, reason = find_image_folder(dataset, manifest, images)
+    files: tuple[tuple[Path, int], ...] = ()
+    if root is not None:
+        from dali_pipes.bench.baselines import imagefolder_files
+
+        try:
+            files = tuple(imagefolder_files(root))
+        except (OSError, ValueError) as exc:  # ConversionError is a ValueError: empty or not a class tree
+            root, reason = None, f"{root}: {exc}"
+        else:
+            if len(files) != manifest.num_samples:
+                log.warning(
+                    "%s holds %d images but the dataset %d samples; the file rows read the folder as it is now",
+                    root, len(files), manifest.num_samples,
+                )
+    return BenchInputs(dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings)
+
+
+def find_image_folder(
+    dataset: Path, manifest: Manifest, explicit: str | os.PathLike | None
+) -> tuple[Path | None, str | None]:
+    """The original image folder: ``explicit``, else the manifest's imagefolder ``source.root``; or the reason there is none."""
+    if explicit is not None:
+        path = Path(explicit)
+        return (path, None) if path.is_dir() else (None, f"--images {path} is not a folder")
+    source = manifest.source
+    kind = source.get("kind")
+    if kind != "imagefolder":
+        return None, f"the dataset came from a {kind!r} source, not an image folder; pass --images DIR"
+    root = Path(str(source.get("root", "")))
+    # The converter records the root as it was given; a relative one is tried from
+    # here and from beside the dataset (where `convert` is usually run).
+    candidates = [root] if root.is_absolute() else [Path.cwd() / root, dataset.parent / root]
+    for candidate in candidates:
+        if candidate.is_dir():
+            return candidate, None
+    return None, f"the source folder {root} recorded in the manifest is not there any more; pass --images DIR"

@@ -1,0 +1,280 @@
+"""Steady-state throughput: warm-up left out, the median of repeated windows, the spread kept.
+
+Every benchmark row is a *stream*: an iterator that delivers one batch per step
+and yields the number of images it delivered. "Delivered" means the batch is
+where training needs it: on a CUDA machine a batch made on the host is copied to
+the GPU inside the timed window (:class:`Target`), because that copy is part of
+what an input pipeline costs; GPU work is synchronised at the window edges, so
+asynchronous kernels are not mistaken for finished ones.
+
+:func:`time_stream` first drops ``warmup_batches`` (pipeline build, worker
+start-up, first-touch allocations), then times ``repeats`` consecutive windows,
+each at least ``min_batches`` long and at least ``min_seconds``. A row reports
+the median images/s of the windows and their range. Nothing is cached between
+windows: each batch is read, decoded and augmented again (the stream cycles
+through epochs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
+
+log = logging.getLogger(__name__)
+
+#: A row's stream factory: a context manager (so that workers and pipelines are
+#: always shut down) that yields an iterator of delivered image counts.
+StreamFactory = Callable[[], ContextManager[Iterator[int]]]
+
+
+class Skipped(Exception):
+    """Raised by a stream factory when its row cannot run here; the message is the reason shown."""
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """How long to warm up and how many windows to time."""
+
+    warmup_batches: int = 5
+    repeats: int = 5
+    min_batches: int = 8
+    min_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.warmup_batches < 0 or self.repeats < 1 or self.min_batches < 1 or self.min_seconds < 0:
+            raise ValueError(
+                f"timing plan needs warmup_batches >= 0, repeats >= 1, min_batches >= 1 and min_seconds >= 0, got {self}"
+            )
+
+    @classmethod
+    def quick(cls) -> "TimingPlan":
+        """Just enough to check that every row runs (tiny data, figures not meaningful)."""
+        return cls(warmup_batches=1, repeats=3, min_batches=2, min_seconds=0.1)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Images/s of each timed window, and what they add up to."""
+
+    values: tuple[float, ...]
+    images: int
+    seconds: float
+
+    @property
+    def median(self) -> float:
+        """The reported figure: the median images/s over the windows."""
+        return statistics.median(self.values)
+
+    @property
+    def low(self) -> float:
+        return min(self.values)
+
+    @property
+    def high(self) -> float:
+        return max(self.values)
+
+    @property
+    def spread(self) -> float:
+        """Half the range of the windows, relative to the median (0.05 = +-5%)."""
+        return (self.high - self.low) / 2 / self.median if self.median > 0 else 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "images_per_s": self.median,
+            "spread": {"min": self.low, "max": self.high, "relative": self.spread, "windows": list(self.values)},
+            "timed_images": self.images,
+            "timed_seconds": self.seconds,
+        }
+
+
+@dataclass
+class Row:
+    """One line of a benchmark table: measured (``timing``), skipped (``skipped``) or failed (``error``)."""
+
+    name: str
+    description: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    timing: Timing | None = None
+    skipped: str | None = None
+    error: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def images_per_s(self) -> float | None:
+        return self.timing.median if self.timing is not None else None
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"name": self.name, "description": self.description, "params": dict(self.params)}
+        if self.timing is not None:
+            data.update(self.timing.to_json())
+        else:
+            data["images_per_s"] = None
+        data["skipped"] = self.skipped
+        data["error"] = self.error
+        if self.extra:
+            data["extra"] = dict(self.extra)
+        return data
+
+
+class Target:
+    """Where batches must end up: the GPU when CUDA is there (the copy is timed), else the host."""
+
+    def __init__(self, device: str | None = None) -> None:
+        import torch
+
+        self._torch = torch
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device not in ("cpu", "cuda"):
+            raise ValueError(f"target device must be 'cpu' or 'cuda', got {device!r}")
+        self.device = device
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device == "cuda"
+
+    def put(self, tensor: Any) -> Any:
+        """``tensor`` on the target device (asynchronous from pinned memory; :meth:`sync` waits)."""
+        if self.is_cuda and not tensor.is_cuda:
+            return tensor.to(self.device, non_blocking=True)
+        return tensor
+
+    def sync(self) -> None:
+        """Wait for queued GPU work (copies, DALI's GPU stages, kernels); a no-op on the host."""
+        if self.is_cuda:
+            self._torch.cuda.synchronize()
+
+
+def delivered(pairs: Iterable[Sequence[Any]], target: Target) -> Iterator[int]:
+    """Turn ``(images, labels, ...)`` batches into delivered image counts, copying them to ``target``."""
+    for batch in pairs:
+        images = target.put(batch[0])
+        for other in batch[1:]:
+            target.put(other)
+        yield int(images.shape[0])
+
+
+def cycle(loader: Iterable[Any]) -> Iterator[Any]:
+    """Iterate ``loader`` epoch after epoch (each ``iter()`` is a new pass)."""
+    while True:
+        empty = True
+        for batch in loader:
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("the loader yielded no batch in a whole epoch; is the dataset smaller than one batch?")
+
+
+def time_stream(stream: Iterator[int], plan: TimingPlan, target: Target, *, in_flight: int = 0) -> Timing:
+    """Time ``stream`` after its warm-up (``plan.warmup_batches + in_flight``): ``plan.repeats`` windows of images/s."""
+    for _ in range(plan.warmup_batches + in_flight):
+        next(stream)
+    target.sync()
+    values, images_total, seconds_total = [], 0, 0.0
+    for _ in range(plan.repeats):
+        images, batches = 0, 0
+        start = time.perf_counter()
+        while True:
+            images += next(stream)
+            batches += 1
+            # The window's length is checked on host time; the figure uses the time
+            # after the sync below, which also counts GPU work still queued.
+            if batches >= plan.min_batches and time.perf_counter() - start >= plan.min_seconds:
+                break
+        target.sync()
+        elapsed = time.perf_counter() - start
+        values.append(images / elapsed)
+        images_total += images
+        seconds_total += elapsed
+    return Timing(tuple(values), images_total, seconds_total)
+
+
+def time_cold(factory: StreamFactory, images: int, repeats: int, target: Target) -> Timing:
+    """Time ``images`` images from a fresh stream, start-up included, ``repeats`` times.
+
+    What a short job sees: building the pipeline and starting its workers count,
+    because for few images they are most of the time. Shutting down is not timed.
+    """
+    values, images_total, seconds_total = [], 0, 0.0
+    for _ in range(repeats):
+        start = time.perf_counter()
+        with factory() as stream:
+            done = 0
+            while done < images:
+                done += next(stream)
+            target.sync()
+            elapsed = time.perf_counter() - start
+        values.append(done / elapsed)
+        images_total += done
+        seconds_total += elapsed
+    return Timing(tuple(values), images_total, seconds_total)
+
+
+@dataclass
+class Job:
+    """A row to measure: its stream factory and how to time it (steady state, or cold for ``cold_images``).
+
+    ``in_flight`` is how many batches the stream may hold ready ahead of the
+    consumer (a DataLoader's ``num_workers * prefetch_factor``, DALI's queues):
+    they are added to the warm-up, because batches made during start-up and
+    handed over at once would count as instant.
+    """
+
+    name: str
+    factory: StreamFactory
+    description: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    cold_images: int | None = None
+    in_flight: int = 0
+
+
+def run_jobs(jobs: Sequence[Job], plan: TimingPlan, target: Target, *, progress: bool = True, title: str = "bench") -> list[Row]:
+    """Measure every job in turn (with a progress bar); see :func:`measure`."""
+    from tqdm import tqdm
+
+    rows = []
+    with tqdm(jobs, desc=title, unit="row", disable=not progress, leave=False) as bar:
+        for job in bar:
+            bar.set_postfix_str(job.name)
+            rows.append(measure(job, plan, target))
+    return rows
+
+
+def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
+    """Run one row: its stream timed, or the reason it was skipped, or the error it failed with.
+
+    A failing row does not stop the others (a user still wants the other
+    figures); its error is kept in the row and logged with the traceback.
+    """
+    name = job.name
+    row = Row(name, job.description, dict(job.params))
+    log.debug("bench: %s %s", name, job.params)
+    try:
+        if job.cold_images is not None:
+            row.timing = time_cold(job.factory, job.cold_images, plan.repeats, target)
+        else:
+            with job.factory() as stream:
+                row.timing = time_stream(stream, plan, target, in_flight=job.in_flight)
+    except Skipped as exc:
+        row.skipped = str(exc)
+        log.info("bench: %s skipped: %s", name, exc)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row, shown in the table, exit status non-zero
+        row.error = f"{type(exc).__name__}: {exc}"
+        log.warning("bench: %s failed", name, exc_info=True)
+    return row
+
+
+def warm_page_cache(paths: Iterable[Path]) -> int:
+    """Read every file once so that all rows read from memory alike; return the bytes read."""
+    total = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            with open(path, "rb") as f:
+                while chunk := f.read(1 << 22):
+                    total += len(chunk)
+    return total

@@ -1,0 +1,111 @@
+"""Stream factories for the benchmark rows: this package's loader, the ``DataLoader`` baselines, raw reads.
+
+Each is a context manager that yields an endless iterator of delivered image
+counts (see :mod:`dali_pipes.bench.runner`) and shuts its pipeline or workers
+down on exit. The DALI anchor lives in :mod:`~dali_pipes.bench.anchor` and the
+decode ceiling in :mod:`~dali_pipes.bench.decode`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from dali_pipes.bench.runner import Skipped, Target, cycle, delivered
+
+
+def require_cuda() -> None:
+    """Raise :class:`Skipped` when there is no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skipped("no CUDA device here (torch.cuda.is_available() is False)")
+
+
+@contextlib.contextmanager
+def dali_loader_stream(
+    dataset: str | os.PathLike,
+    spec: Any,
+    *,
+    batch_size: int,
+    device: str,
+    target: Target,
+    settings: Mapping[str, int] | None = None,
+) -> Iterator[Iterator[int]]:
+    """:class:`~dali_pipes.DALILoader` over the shards, shuffled, epoch after epoch."""
+    from dali_pipes.loader import DALILoader
+
+    if device == "gpu":
+        require_cuda()
+    loader = DALILoader(dataset, spec, batch_size=batch_size, shuffle=True, seed=0, device=device, **dict(settings or {}))
+    try:
+        yield delivered(((batch["image"], batch["label"]) for batch in cycle(loader)), target)
+    finally:
+        loader.close()
+
+
+@contextlib.contextmanager
+def dataloader_stream(dataset: Any, *, batch_size: int, num_workers: int, target: Target) -> Iterator[Iterator[int]]:
+    """The baseline ``DataLoader`` (:func:`~dali_pipes.bench.baselines.pil_dataloader`) over ``dataset``."""
+    from dali_pipes.bench.baselines import pil_dataloader
+
+    loader = pil_dataloader(dataset, batch_size=batch_size, num_workers=num_workers)
+    batches = cycle(loader)
+    try:
+        yield delivered(batches, target)
+    finally:
+        batches.close()
+        # Persistent workers live as long as the loader's iterator; stop them now
+        # rather than when the garbage collector gets to it, so rows do not overlap.
+        iterator = getattr(loader, "_iterator", None)
+        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+            iterator._shutdown_workers()
+
+
+@contextlib.contextmanager
+def store_read_stream(dataset: str | os.PathLike, *, batch_size: int) -> Iterator[Iterator[int]]:
+    """Raw reads of the encoded images in shuffled order, one process: what the format itself costs."""
+    from dali_pipes.stores import open_store
+
+    store = open_store(dataset)
+    if len(store) < batch_size:
+        raise ValueError(f"{dataset}: {len(store)} samples is less than one batch of {batch_size}")
+
+    def counts() -> Iterator[int]:
+        order = list(range(len(store)))
+        rng = random.Random(0)
+        while True:
+            rng.shuffle(order)
+            for start in range(0, len(order) - batch_size + 1, batch_size):
+                for index in order[start : start + batch_size]:
+                    store[index]["image"]
+                yield batch_size
+
+    try:
+        yield counts()
+    finally:
+        store.close()
+
+
+@contextlib.contextmanager
+def file_read_stream(files: Sequence[tuple[Path, int]], *, batch_size: int) -> Iterator[Iterator[int]]:
+    """Raw reads of the original image files in shuffled order, one process."""
+    if not files:
+        raise Skipped("no image files")
+    if len(files) < batch_size:
+        raise ValueError(f"{len(files)} image files is less than one batch of {batch_size}")
+
+    def counts() -> Iterator[int]:
+        order = [path for path, _ in files]
+        rng = random.Random(0)
+        while True:
+            rng.shuffle(order)
+            for start in range(0, len(order) - batch_size + 1, batch_size):
+                for path in order[start : start + batch_size]:
+                    Path(path).read_bytes()
+                yield batch_size
+
+    yield counts()

@@ -1,0 +1,340 @@
+"""The benchmark suites: which rows each one measures, on the same shards, augmentation, batch and cores.
+
+- ``main`` (``dali-pipes bench DATASET``): this package's loader on the GPU and
+  the CPU, the ``DataLoader`` baselines (PIL over the shards and over the
+  original files, torchvision, Albumentations), DALI's ``fn.readers.file`` over
+  the files (the anchor), and the decode-only ceiling of the same JPEGs;
+- ``albumentations``: Albumentations against torchvision-style PIL transforms
+  (and torchvision itself), in one process and with ``num_workers`` = cores;
+- ``cpu-vs-gpu``: augmentation on the CPU and the GPU for growing image counts,
+  start-up included (what a short job sees);
+- ``workers``: the ``DataLoader`` baseline over ``num_workers`` and batch sizes;
+- ``formats``: the same images as files, LMDB, HDF5 and TFRecord (converted into
+  a temporary folder), read raw, through DALI and through the ``DataLoader``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from dali_pipes.bench.inputs import BenchInputs, bench_inputs
+from dali_pipes.bench.report import BenchReport, machine_description
+from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, run_jobs, warm_page_cache
+
+log = logging.getLogger(__name__)
+
+SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats")
+
+#: The row every other is compared with in the main table: what a user has today.
+BASELINE = "DataLoader+PIL shards"
+
+Suite = Callable[[BenchInputs, TimingPlan, Target, bool, bool], BenchReport]
+
+
+def run_bench(
+    dataset: str | os.PathLike,
+    *,
+    suite: str = "main",
+    batch_size: int = 64,
+    images: str | os.PathLike | None = None,
+    quick: bool = False,
+    settings: str | os.PathLike | None = None,
+    dtype: str = "float32",
+    cores: int | None = None,
+    progress: bool = True,
+) -> BenchReport:
+    """Run one suite on ``dataset`` and return its report (see the module docstring).
+
+    ``images`` is the original image folder (default: the manifest's imagefolder
+    source); ``settings`` a file saved by ``dali-pipes tune`` for the
+    ``dali-pipes`` rows; ``quick`` times just enough to check that every row runs.
+    """
+    if suite not in SUITES:
+        raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
+    inputs = bench_inputs(dataset, batch_size=batch_size, images=images, cores=cores, dtype=dtype, settings=settings)
+    plan = TimingPlan.quick() if quick else TimingPlan()
+    target = Target()
+    # Every row then reads from memory alike, whichever runs first.
+    warm_page_cache(sorted(p for p in Path(dataset).iterdir() if p.is_file()))
+    warm_page_cache(path for path, _ in inputs.files)
+    report = _SUITES[suite](inputs, plan, target, quick, progress)
+    report.context.update(
+        {
+            "target_device": target.device,
+            "quick": quick,
+            "timing": {
+                "warmup_batches": plan.warmup_batches,
+                "repeats": plan.repeats,
+                "min_batches_per_window": plan.min_batches,
+                "min_seconds_per_window": plan.min_seconds,
+            },
+        }
+    )
+    if target.is_cuda:
+        report.notes.append("every row delivers its batches to the GPU: host-to-device copies are inside the timing")
+    if quick:
+        report.notes.append("--quick: tiny timing windows; the figures only show that every row runs")
+    return report
+
+
+def _report(suite: str, title: str, inputs: BenchInputs, rows: list, **kwargs: Any) -> BenchReport:
+    return BenchReport(suite, title, rows, inputs.describe(), machine_description(), **kwargs)
+
+
+# --- row factories ---------------------------------------------------------------------------
+
+
+def _dali_job(name: str, inputs: BenchInputs, device: str, target: Target, dataset: Path | None = None, **params: Any) -> Job:
+    from dali_pipes.bench.streams import dali_loader_stream
+
+    factory = functools.partial(
+        dali_loader_stream,
+        dataset or inputs.dataset,
+        inputs.spec,
+        batch_size=params.get("batch_size", inputs.batch_size),
+        device=device,
+        target=target,
+        settings=inputs.loader_settings,
+    )
+    where = "the GPU (mixed decoder)" if device == "gpu" else "the CPU"
+    # DALI's pipeline queue plus the parallel source's own queue of the same depth.
+    in_flight = 2 * inputs.loader_settings.get("prefetch", 2) + 1
+    return Job(name, factory, f"DALILoader over the shards, decode and augment on {where}",
+               {**inputs.loader_settings, **params}, in_flight=in_flight)
+
+
+def _dataloader_job(
+    name: str, make_dataset: Callable[[], Any], inputs: BenchInputs, target: Target, description: str, **params: Any
+) -> Job:
+    from dali_pipes.bench.streams import dataloader_stream
+
+    num_workers = params.setdefault("num_workers", inputs.cores)
+    batch_size = params.get("batch_size", inputs.batch_size)
+
+    def factory():
+        # The dataset is made inside the row, so an optional backend that does not import skips it.
+        return dataloader_stream(make_dataset(), batch_size=batch_size, num_workers=num_workers, target=target)
+
+    # torch's default prefetch_factor: two batches per worker; one in the main process.
+    return Job(name, factory, description, params, in_flight=2 * num_workers + 1)
+
+
+def _files(inputs: BenchInputs) -> tuple:
+    if not inputs.files:
+        raise Skipped(inputs.files_reason or "no original image files")
+    return inputs.files
+
+
+def _anchor_job(name: str, inputs: BenchInputs, device: str, target: Target, files: Callable[[], tuple] | None = None, **params: Any) -> Job:
+    from dali_pipes.bench.anchor import file_reader_stream
+    from dali_pipes.bench.streams import require_cuda
+
+    def factory():
+        if device == "gpu":
+            require_cuda()
+        return file_reader_stream(
+            (files or functools.partial(_files, inputs))(),
+            inputs.spec,
+            batch_size=inputs.batch_size,
+            device=device,
+            num_threads=inputs.loader_settings.get("num_threads", inputs.cores),
+            target=target,
+        )
+
+    return Job(name, factory, f"DALI fn.readers.file over the original files, the same graph on the {device.upper()}",
+               {"num_threads": inputs.loader_settings.get("num_threads", inputs.cores), **params},
+               in_flight=2 + 1)  # DALI's default prefetch_queue_depth
+
+
+def _pil(inputs: BenchInputs):
+    from dali_pipes.bench.baselines import PilTrainTransform
+
+    return PilTrainTransform.from_spec(inputs.spec)
+
+
+def _store_dataset(inputs: BenchInputs, transform: Callable[[], Any], dataset: Path | None = None) -> Callable[[], Any]:
+    from dali_pipes.bench.baselines import StoreImageDataset
+
+    return lambda: StoreImageDataset(dataset or inputs.dataset, transform())
+
+
+def _file_dataset(files: Callable[[], tuple], transform: Callable[[], Any]) -> Callable[[], Any]:
+    from dali_pipes.bench.baselines import FileImageDataset
+
+    return lambda: FileImageDataset(files(), transform())
+
+
+# --- suites ----------------------------------------------------------------------------------
+
+
+def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Every way to feed the same training augmentation, side by side (see the module docstring)."""
+    from dali_pipes.bench.backends import AlbumentationsTrainTransform, TorchvisionTrainTransform
+    from dali_pipes.bench.decode import decode_stream
+
+    spec, cores = inputs.spec, inputs.cores
+    files = functools.partial(_files, inputs)
+    decode = functools.partial(decode_stream, str(inputs.dataset), workers=cores, chunk=inputs.batch_size, spec=spec)
+    jobs = [
+        _dali_job("dali-pipes gpu", inputs, "gpu", target),
+        _dali_job("dali-pipes cpu", inputs, "cpu", target),
+        _dataloader_job(BASELINE, _store_dataset(inputs, lambda: _pil(inputs)), inputs, target,
+                        "DataLoader, PIL decode + torchvision-style PIL/numpy transforms, over the shards"),
+        _dataloader_job("DataLoader+PIL files", _file_dataset(files, lambda: _pil(inputs)), inputs, target,
+                        "the same, over the original image files"),
+        _dataloader_job("DataLoader+torchvision shards", _store_dataset(inputs, lambda: TorchvisionTrainTransform(spec)),
+                        inputs, target, "DataLoader, PIL decode + torchvision transforms, over the shards"),
+        _dataloader_job("DataLoader+Albumentations shards", _store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
+                        inputs, target, "DataLoader, OpenCV decode + Albumentations transforms, over the shards"),
+        _anchor_job("DALI readers.file gpu", inputs, "gpu", target),
+        _anchor_job("DALI readers.file cpu", inputs, "cpu", target),
+        Job("decode-ceiling (full)", functools.partial(decode, mode="full"),
+            "PIL decode only of the same JPEGs, one process per core", {"processes": cores}, in_flight=2 * cores),
+        Job("decode-ceiling (reduced)", functools.partial(decode, mode="reduced"),
+            "PIL decode only, with draft() to the smallest DCT scale the crop allows", {"processes": cores},
+            in_flight=2 * cores),
+    ]
+    report = _report("main", "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
+                     inputs, run_jobs(jobs, plan, target, progress=progress, title="bench"), reference=BASELINE)
+    report.summary = _main_summary(report)
+    return report
+
+
+def _main_summary(report: BenchReport) -> dict[str, Any]:
+    """The issue's targets, as ratios of the measured rows (``None`` where a row was not measured)."""
+
+    def ratio(a: str, b: str) -> float | None:
+        ra, rb = report.row(a), report.row(b)
+        if ra is None or rb is None or ra.images_per_s is None or rb.images_per_s is None:
+            return None
+        return ra.images_per_s / rb.images_per_s
+
+    summary: dict[str, Any] = {
+        "dali-pipes cpu / DataLoader+PIL shards": {
+            "value": ratio("dali-pipes cpu", BASELINE), "unit": "x", "target": "at least 1.5x, aiming at 2.5x"},
+        "dali-pipes cpu / decode-ceiling (full)": {
+            "value": ratio("dali-pipes cpu", "decode-ceiling (full)"), "unit": "x", "target": "aiming at 1.0x"},
+    }
+    gpu = report.row("dali-pipes gpu")
+    if gpu is not None and gpu.images_per_s is not None:
+        summary["dali-pipes gpu"] = {
+            "value": gpu.images_per_s, "unit": " images/s",
+            "target": "one H200, 16 cores, float16: at least 12,000, aiming at 20,000"}
+    return summary
+
+
+def albumentations_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Albumentations against torchvision-style PIL transforms (and torchvision), in one process and on every core."""
+    from dali_pipes.bench.backends import AlbumentationsTrainTransform, TorchvisionTrainTransform
+
+    spec = inputs.spec
+    backends = [
+        ("PIL (torchvision-style)", lambda: _pil(inputs), "PIL decode + PIL/numpy transforms"),
+        ("torchvision", lambda: TorchvisionTrainTransform(spec), "PIL decode + torchvision transforms"),
+        ("Albumentations", lambda: AlbumentationsTrainTransform(spec), "OpenCV decode + Albumentations transforms"),
+    ]
+    jobs = [
+        _dataloader_job(name, _store_dataset(inputs, make), inputs, target, description, num_workers=workers)
+        for workers in sorted({0, inputs.cores})
+        for name, make, description in backends
+    ]
+    return _report("albumentations", "augmentation libraries in a DataLoader over the shards", inputs,
+                   run_jobs(jobs, plan, target, progress=progress, title="albumentations"),
+                   reference="PIL (torchvision-style)", reference_match=("num_workers",))
+
+
+def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Augmentation on the CPU and on the GPU for growing image counts, start-up included."""
+    b = inputs.batch_size
+    counts = [b, 4 * b] if quick else [b, 4 * b, 16 * b, 64 * b]
+    repeats = min(plan.repeats, 3)
+    jobs = []
+    for count in counts:
+        for job in (
+            _dataloader_job("DataLoader+PIL cpu", _store_dataset(inputs, lambda: _pil(inputs)), inputs, target,
+                            "DataLoader + PIL over the shards, workers started in the timing"),
+            _dali_job("dali-pipes cpu", inputs, "cpu", target),
+            _dali_job("dali-pipes gpu", inputs, "gpu", target),
+        ):
+            job.params = {"images": count}
+            job.cold_images = count
+            jobs.append(job)
+    cold = TimingPlan(warmup_batches=0, repeats=repeats, min_batches=1, min_seconds=0.0)
+    rows = run_jobs(jobs, cold, target, progress=progress, title="cpu-vs-gpu")
+    for row in rows:
+        if row.images_per_s:
+            row.extra["seconds"] = row.params["images"] / row.images_per_s
+    report = _report("cpu-vs-gpu", "CPU against GPU augmentation: N images from a cold start (build + workers included)",
+                     inputs, rows, reference="DataLoader+PIL cpu", reference_match=("images",))
+    report.notes.append(f"each row: median of {repeats} cold runs; seconds for N = images / (images/s)")
+    return report
+
+
+def workers_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """The ``DataLoader`` + PIL baseline over ``num_workers`` (at the batch size) and batch sizes (at the cores)."""
+    cores, b, n = inputs.cores, inputs.batch_size, inputs.num_samples
+    worker_counts = sorted({0, cores}) if quick else sorted({0, 1, 2, max(1, cores // 2), cores, 2 * cores})
+    batch_sizes = sorted({max(1, b // 2), b}) if quick else sorted({s for s in (16, 32, 64, 128, 256) if s <= n} | {b})
+    settings = [(w, b) for w in worker_counts] + [(cores, s) for s in batch_sizes if s != b]
+    jobs = [
+        _dataloader_job(BASELINE, _store_dataset(inputs, lambda: _pil(inputs)), inputs, target,
+                        "DataLoader + PIL over the shards", num_workers=w, batch_size=s)
+        for w, s in settings
+    ]
+    report = _report("workers", "DataLoader num_workers and batch size sweeps (PIL over the shards)", inputs,
+                     run_jobs(jobs, plan, target, progress=progress, title="workers"), reference=BASELINE)
+    report.notes.append(f"x ref: against num_workers=0 at batch {b}")
+    return report
+
+
+def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """The same images as files, LMDB, HDF5 and TFRecord: raw reads, DALI, and the DataLoader baseline."""
+    import torch
+
+    from dali_pipes.bench.formats import equal_content
+    from dali_pipes.bench.streams import file_read_stream, store_read_stream
+
+    limit = max(inputs.batch_size * 4, 64) if quick else 2000
+    device = "gpu" if torch.cuda.is_available() else "cpu"
+    with tempfile.TemporaryDirectory(prefix="dali-pipes-formats-") as tmp:
+        copies = equal_content(inputs.dataset, Path(tmp), limit=limit, workers=inputs.cores, progress=progress)
+        warm_page_cache(p for d in copies.datasets.values() for p in d.iterdir() if p.is_file())
+        warm_page_cache(path for path, _ in copies.files)
+        b = inputs.batch_size
+        files = lambda: copies.files  # noqa: E731 - a factory, as the row helpers take
+        jobs = [
+            Job("files", functools.partial(file_read_stream, copies.files, batch_size=b),
+                "read the encoded bytes only, one process", {"reader": "read-only"}),
+            _anchor_job("files", inputs, device, target, files=files, reader=f"dali {device}"),
+            _dataloader_job("files", _file_dataset(files, lambda: _pil(inputs)), inputs, target,
+                            "DataLoader + PIL", reader="DataLoader+PIL"),
+        ]
+        for fmt, dataset in copies.datasets.items():
+            jobs += [
+                Job(fmt, functools.partial(store_read_stream, dataset, batch_size=b),
+                    "read the encoded bytes only, one process", {"reader": "read-only"}),
+                _dali_job(fmt, inputs, device, target, dataset=dataset, reader=f"dali {device}"),
+                _dataloader_job(fmt, _store_dataset(inputs, lambda: _pil(inputs), dataset), inputs, target,
+                                "DataLoader + PIL", reader="DataLoader+PIL"),
+            ]
+        for job in jobs:  # the table groups by reader; the loader settings are in the context
+            job.params = {"reader": job.params["reader"]}
+        rows = run_jobs(jobs, plan, target, progress=progress, title="formats")
+    report = _report("formats", f"storage formats at equal content ({copies.count} images, {copies.bytes / 1e6:.1f} MB)",
+                     inputs, rows, reference="files", reference_match=("reader",))
+    report.context["formats_images"] = copies.count
+    return report
+
+
+_SUITES: dict[str, Suite] = {
+    "main": main_suite,
+    "albumentations": albumentations_suite,
+    "cpu-vs-gpu": cpu_vs_gpu_suite,
+    "workers": workers_suite,
+    "formats": formats_suite,
+}
