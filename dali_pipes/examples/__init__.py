@@ -1,0 +1,1 @@
+"""Runnable examples: ``python -m dali_pipes.examples.NAME --help`` (or under ``torchrun -m``)."""
