@@ -1,15 +1,48 @@
 """dali-pipes: shards in, augmented GPU batches out.
 
 Offline, ``dali-pipes convert`` writes a training set into LMDB, HDF5 or TFRecord
-shards described by one manifest; online, the stores read them by sample index.
+shards described by one manifest; online, :class:`DALILoader` reads them by
+sample index through a DALI pipeline built from a spec such as
+:class:`ClassificationTrain`, one loader per DDP rank.
+
+The pipeline specs import DALI, so they are loaded on first use
+(``dali_pipes.ClassificationTrain``): ``import dali_pipes`` stays light for the CLI.
 """
 
-from dali_pipes.manifest import Manifest, ManifestError, load_manifest
-from dali_pipes.stores import Store, StoreError, open_store
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from dali_pipes.loader import DALILoader, LoaderError
+from dali_pipes.manifest import Manifest, ManifestError, load_manifest
 from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
+from dali_pipes.stores import Store, StoreError, open_store
 
 __version__ = "0.1.0"
 
-__all__ = ["Manifest", "ManifestError", "Store", "StoreError", "load_manifest", "open_store", "__version__"]
-__all__ += ["DALILoader", "LoaderError", "World", "epoch_order", "num_batches", "rank_indices"]
+#: Names re-exported from :mod:`dali_pipes.pipelines`, imported when first used.
+_PIPELINE_NAMES = ("ClassificationTrain", "ClassificationVal", "ColorJitter", "Detection", "DetectionVal", "Features")
+
+__all__ = [
+    "DALILoader",
+    "LoaderError",
+    "Manifest",
+    "ManifestError",
+    "Store",
+    "StoreError",
+    "World",
+    "__version__",
+    "epoch_order",
+    "load_manifest",
+    "num_batches",
+    "open_store",
+    "rank_indices",
+    *_PIPELINE_NAMES,
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PIPELINE_NAMES:
+        return getattr(importlib.import_module("dali_pipes.pipelines"), name)
+    raise AttributeError(f"module 'dali_pipes' has no attribute {name!r}")

@@ -67,6 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth(commands)
     _add_bench_convert(commands)
     _add_demo(commands)
+    _add_bench(commands)
+    _add_tune(commands)
+    _add_doctor(commands)
     return parser
 
 
@@ -335,6 +338,113 @@ def _demo(args) -> int:
         device=args.device,
     )
     print(format_report(report))
+    return 0
+
+
+# --- loader benchmarks, tuning and the bottleneck report -----------------------------------
+
+
+def _add_bench(commands) -> None:
+    from dali_pipes.bench.suites import SUITES
+
+    p = commands.add_parser(
+        "bench", help="images/s of this package's loader against the DataLoader baselines, DALI's file reader and decode-only"
+    )
+    p.add_argument("dataset", type=Path, help="a dataset folder written by 'dali-pipes convert'")
+    p.add_argument("--suite", choices=SUITES, default="main", help="which comparison (default: main)")
+    p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
+    p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
+    p.add_argument("--quick", action="store_true", help="tiny timing windows: checks that every row runs, figures are noise")
+    p.add_argument("--batch-size", type=int, default=64, help="batch size of every row (default: 64)")
+    p.add_argument("--images", type=Path, metavar="DIR", help="the original image folder (default: the manifest's source)")
+    p.add_argument("--settings", type=Path, help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the DALI rows")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_bench)
+
+
+def _quiet_loaders(args) -> None:
+    # The benchmarks build dozens of loaders; one log line each would bury the table.
+    if not args.verbose:
+        logging.getLogger("dali_pipes.loader").setLevel(logging.WARNING)
+
+
+def _bench(args) -> int:
+    from dali_pipes.bench.report import format_table, write_json, write_plot
+    from dali_pipes.bench.suites import run_bench
+
+    _quiet_loaders(args)
+    report = run_bench(
+        args.dataset,
+        suite=args.suite,
+        batch_size=args.batch_size,
+        images=args.images,
+        quick=args.quick,
+        settings=args.settings,
+        dtype=args.dtype,
+        progress=not args.no_progress,
+    )
+    print(format_table(report))
+    if args.json is not None:
+        print(f"figures: {write_json(report, args.json)}")
+    if args.plot is not None:
+        plot = write_plot(report, args.plot)
+        print(f"plot: {plot}" if plot else 'plot: skipped, matplotlib does not import (pip install "dali-pipes[bench]")')
+    return EXIT_FAILED if report.failed else 0
+
+
+def _add_tune(commands) -> None:
+    p = commands.add_parser("tune", help="search num_threads, py_num_workers, prefetch (and hw_decoder_load) for the fastest loader")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("--out", type=Path, default=Path("dali-pipes-settings.json"),
+                   help="where to save the settings (default: dali-pipes-settings.json)")
+    p.add_argument("--quick", action="store_true", help="a few short trials: checks that tuning runs")
+    p.add_argument("--batch-size", type=int, default=64, help="the batch size you train with (default: 64)")
+    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the pipeline")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_tune)
+
+
+def _tune(args) -> int:
+    from dali_pipes.bench.tune import format_tune, save_settings, tune
+
+    _quiet_loaders(args)
+    result = tune(args.dataset, batch_size=args.batch_size, quick=args.quick, device=args.device, dtype=args.dtype,
+                  progress=not args.no_progress)
+    print(format_tune(result, save_settings(result, args.out)))
+    return 0
+
+
+def _add_doctor(commands) -> None:
+    from dali_pipes.bench.doctor import MODELS
+
+    p = commands.add_parser("doctor", help="is training data-bound? loader-only, model-only and combined throughput")
+    p.add_argument("dataset", type=Path)
+    p.add_argument("--model", choices=MODELS, default="resnet50", help="the model to train (default: resnet50)")
+    p.add_argument("--batch-size", type=int, default=64, help="(default: 64)")
+    p.add_argument("--steps", type=int, default=30, help="timed training steps per measurement (default: 30)")
+    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"), help="where the loader runs")
+    p.add_argument("--settings", type=Path, help="loader settings saved by 'dali-pipes tune'")
+    p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures and the verdict here")
+    p.add_argument("--quick", action="store_true", help="shorter warm-up: checks that every measurement runs")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_doctor)
+
+
+def _doctor(args) -> int:
+    import json
+
+    from dali_pipes.bench.doctor import format_doctor, run_doctor
+
+    _quiet_loaders(args)
+    report = run_doctor(args.dataset, model=args.model, batch_size=args.batch_size, steps=args.steps, quick=args.quick,
+                        device=args.device, settings=args.settings, progress=not args.no_progress)
+    print(format_doctor(report))
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n")
+        print(f"figures: {args.json}")
     return 0
 
 

@@ -62,7 +62,4 @@ def file_reader_stream(
             for batch in iterator:
                 yield batch[0]["image"], batch[0]["label"]
 
-    try:
-        yield delivered(pairs(), target)
-    finally:
-        del iterator, pipe
+    yield delivered(pairs(), target)

@@ -102,12 +102,13 @@ def bench_inputs(
     root, reason = find_image_folder(dataset, manifest, images)
     files: tuple[tuple[Path, int], ...] = ()
     if root is not None:
+        from converters.base import ConversionError
         from dali_pipes.bench.baselines import imagefolder_files
 
         try:
             files = tuple(imagefolder_files(root))
-        except (OSError, ValueError) as exc:  # ConversionError is a ValueError: empty or not a class tree
-            root, reason = None, f"{root}: {exc}"
+        except (OSError, ConversionError) as exc:  # not a ROOT/CLASS/IMAGE tree, or empty: the file rows skip
+            root, reason = None, str(exc)
         else:
             if len(files) != manifest.num_samples:
                 log.warning(

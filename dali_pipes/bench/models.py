@@ -11,7 +11,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-MODELS: tuple[str, ...] = ("resnet50", "resnet18", "mobilenet", "tiny")
+from dali_pipes.bench.doctor import MODELS  # the names live there so that the CLI need not import torch
 
 
 def build_model(name: str, num_classes: int = 1000) -> nn.Module:

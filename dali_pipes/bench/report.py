@@ -67,7 +67,9 @@ class BenchReport:
 
     ``reference`` names the row that the ``x ref`` column divides by; with
     ``reference_match``, the reference row must also have the same values of
-    those params as the row (e.g. the same ``num_workers``).
+    those params as the row (e.g. the same ``num_workers``); ``reference_label``
+    is how the table names the reference (default: its name); ``columns`` are
+    keys of the rows' ``extra`` shown as more columns of the table.
     """
 
     suite: str
@@ -77,6 +79,8 @@ class BenchReport:
     machine: dict[str, Any]
     reference: str | None = None
     reference_match: tuple[str, ...] = ()
+    reference_label: str | None = None
+    columns: tuple[str, ...] = ()
     notes: list[str] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
 
@@ -150,14 +154,15 @@ def format_table(report: BenchReport) -> str:
         f"torch {m.get('torch')}, DALI {m.get('dali')}"
     )
     width = max([len(_label(row)) for row in report.rows] + [3])
-    lines.append(f"{'row':<{width}} {'images/s':>10} {'spread':>8} {'x ref':>7}")
+    lines.append(f"{'row':<{width}} {'images/s':>10} {'spread':>8} {'x ref':>7}" + "".join(f" {c:>10}" for c in report.columns))
     for row in report.rows:
         label = _label(row)
         if row.timing is not None:
             ratio = report.ratio(row)
+            extra = "".join(f" {_cell(row.extra.get(c)):>10}" for c in report.columns)
             lines.append(
                 f"{label:<{width}} {row.timing.median:>10.1f} {'±' + format(100 * row.timing.spread, '.0f') + '%':>8} "
-                f"{(format(ratio, '.2f') if ratio is not None else '-'):>7}"
+                f"{(format(ratio, '.2f') if ratio is not None else '-'):>7}{extra}"
             )
         elif row.skipped is not None:
             lines.append(f"{label:<{width}} {'skipped':>10}  {row.skipped}")
@@ -165,13 +170,20 @@ def format_table(report: BenchReport) -> str:
             lines.append(f"{label:<{width}} {'FAILED':>10}  {row.error}")
     if report.reference:
         same = f" with the same {', '.join(report.reference_match)}" if report.reference_match else ""
-        lines.append(f"x ref: images/s over the row '{report.reference}'{same}; spread: half the range of the timed windows")
+        label = report.reference_label or report.reference
+        lines.append(f"x ref: images/s over the row '{label}'{same}; spread: half the range of the timed windows")
     for key, entry in report.summary.items():
         value = entry.get("value")
         shown = "not measured" if value is None else f"{value:,.2f}{entry.get('unit', '')}"
         lines.append(f"{key}: {shown}  (target: {entry.get('target')})" if entry.get("target") else f"{key}: {shown}")
     lines.extend(report.notes)
     return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3g}" if isinstance(value, float) else str(value)
 
 
 def write_plot(report: BenchReport, path: str | os.PathLike) -> Path | None:

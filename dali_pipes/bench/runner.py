@@ -18,6 +18,7 @@ through epochs).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import statistics
 import time
@@ -44,9 +45,11 @@ class TimingPlan:
     repeats: int = 5
     min_batches: int = 8
     min_seconds: float = 2.0
+    warmup_seconds: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.warmup_batches < 0 or self.repeats < 1 or self.min_batches < 1 or self.min_seconds < 0:
+        if (self.warmup_batches < 0 or self.repeats < 1 or self.min_batches < 1 or self.min_seconds < 0
+                or self.warmup_seconds < 0):
             raise ValueError(
                 f"timing plan needs warmup_batches >= 0, repeats >= 1, min_batches >= 1 and min_seconds >= 0, got {self}"
             )
@@ -54,7 +57,7 @@ class TimingPlan:
     @classmethod
     def quick(cls) -> "TimingPlan":
         """Just enough to check that every row runs (tiny data, figures not meaningful)."""
-        return cls(warmup_batches=1, repeats=3, min_batches=2, min_seconds=0.1)
+        return cls(warmup_batches=1, repeats=3, min_batches=2, min_seconds=0.1, warmup_seconds=0.0)
 
 
 @dataclass(frozen=True)
@@ -171,9 +174,17 @@ def cycle(loader: Iterable[Any]) -> Iterator[Any]:
 
 
 def time_stream(stream: Iterator[int], plan: TimingPlan, target: Target, *, in_flight: int = 0) -> Timing:
-    """Time ``stream`` after its warm-up (``plan.warmup_batches + in_flight``): ``plan.repeats`` windows of images/s."""
-    for _ in range(plan.warmup_batches + in_flight):
+    """Time ``stream`` after its warm-up (``plan.warmup_batches + in_flight`` batches and ``plan.warmup_seconds``).
+
+    Returns ``plan.repeats`` consecutive windows of images/s.
+    """
+    start = time.perf_counter()
+    warmed = 0
+    # Both a batch count (queues filled at start-up drain) and a time (lazy
+    # initialisation, JIT and allocator warm-up in the first steps).
+    while warmed < plan.warmup_batches + in_flight or time.perf_counter() - start < plan.warmup_seconds:
         next(stream)
+        warmed += 1
     target.sync()
     values, images_total, seconds_total = [], 0, 0.0
     for _ in range(plan.repeats):
@@ -202,6 +213,7 @@ def time_cold(factory: StreamFactory, images: int, repeats: int, target: Target)
     """
     values, images_total, seconds_total = [], 0, 0.0
     for _ in range(repeats):
+        _collect()
         start = time.perf_counter()
         with factory() as stream:
             done = 0
@@ -255,6 +267,7 @@ def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
     row = Row(name, job.description, dict(job.params))
     log.debug("bench: %s %s", name, job.params)
     try:
+        _collect()
         if job.cold_images is not None:
             row.timing = time_cold(job.factory, job.cold_images, plan.repeats, target)
         else:
@@ -262,11 +275,18 @@ def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
                 row.timing = time_stream(stream, plan, target, in_flight=job.in_flight)
     except Skipped as exc:
         row.skipped = str(exc)
-        log.info("bench: %s skipped: %s", name, exc)
+        log.debug("bench: %s skipped: %s", name, exc)
     except Exception as exc:  # noqa: BLE001 - recorded in the row, shown in the table, exit status non-zero
         row.error = f"{type(exc).__name__}: {exc}"
         log.warning("bench: %s failed", name, exc_info=True)
     return row
+
+
+def _collect() -> None:
+    # Drop the previous row's pipelines before the next one starts: a worker forked
+    # while an old DALI pipeline is uncollected garbage can hang finalizing it (see
+    # DALILoader._build), and its threads and memory would burden the next row.
+    gc.collect()
 
 
 def warm_page_cache(paths: Iterable[Path]) -> int:

@@ -60,7 +60,7 @@ def run_bench(
     plan = TimingPlan.quick() if quick else TimingPlan()
     target = Target()
     # Every row then reads from memory alike, whichever runs first.
-    warm_page_cache(sorted(p for p in Path(dataset).iterdir() if p.is_file()))
+    warm_page_cache(sorted(p for p in Path(dataset).rglob("*") if p.is_file()))
     warm_page_cache(path for path, _ in inputs.files)
     report = _SUITES[suite](inputs, plan, target, quick, progress)
     report.context.update(
@@ -69,12 +69,14 @@ def run_bench(
             "quick": quick,
             "timing": {
                 "warmup_batches": plan.warmup_batches,
+                "warmup_seconds": plan.warmup_seconds,
                 "repeats": plan.repeats,
                 "min_batches_per_window": plan.min_batches,
                 "min_seconds_per_window": plan.min_seconds,
             },
         }
     )
+    report.notes.append("files and shards were read once before timing: every row reads from the page cache alike")
     if target.is_cuda:
         report.notes.append("every row delivers its batches to the GPU: host-to-device copies are inside the timing")
     if quick:
@@ -270,7 +272,7 @@ def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quic
         if row.images_per_s:
             row.extra["seconds"] = row.params["images"] / row.images_per_s
     report = _report("cpu-vs-gpu", "CPU against GPU augmentation: N images from a cold start (build + workers included)",
-                     inputs, rows, reference="DataLoader+PIL cpu", reference_match=("images",))
+                     inputs, rows, reference="DataLoader+PIL cpu", reference_match=("images",), columns=("seconds",))
     report.notes.append(f"each row: median of {repeats} cold runs; seconds for N = images / (images/s)")
     return report
 
@@ -286,10 +288,9 @@ def workers_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
                         "DataLoader + PIL over the shards", num_workers=w, batch_size=s)
         for w, s in settings
     ]
-    report = _report("workers", "DataLoader num_workers and batch size sweeps (PIL over the shards)", inputs,
-                     run_jobs(jobs, plan, target, progress=progress, title="workers"), reference=BASELINE)
-    report.notes.append(f"x ref: against num_workers=0 at batch {b}")
-    return report
+    return _report("workers", "DataLoader num_workers and batch size sweeps (PIL over the shards)", inputs,
+                   run_jobs(jobs, plan, target, progress=progress, title="workers"), reference=BASELINE,
+                   reference_label=f"{BASELINE} [num_workers=0 batch_size={b}]")
 
 
 def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
@@ -299,7 +300,8 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     from dali_pipes.bench.formats import equal_content
     from dali_pipes.bench.streams import file_read_stream, store_read_stream
 
-    limit = max(inputs.batch_size * 4, 64) if quick else 2000
+    # Enough images for steady windows, few enough to copy four times into a temporary folder.
+    limit = max(inputs.batch_size * 4, 64) if quick else 1000
     device = "gpu" if torch.cuda.is_available() else "cpu"
     with tempfile.TemporaryDirectory(prefix="dali-pipes-formats-") as tmp:
         copies = equal_content(inputs.dataset, Path(tmp), limit=limit, workers=inputs.cores, progress=progress)
@@ -325,9 +327,11 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
         for job in jobs:  # the table groups by reader; the loader settings are in the context
             job.params = {"reader": job.params["reader"]}
         rows = run_jobs(jobs, plan, target, progress=progress, title="formats")
-    report = _report("formats", f"storage formats at equal content ({copies.count} images, {copies.bytes / 1e6:.1f} MB)",
+        size = copies.bytes
+    report = _report("formats", f"storage formats at equal content ({copies.count} images, {size / 1e6:.1f} MB)",
                      inputs, rows, reference="files", reference_match=("reader",))
     report.context["formats_images"] = copies.count
+    report.notes.append("files through DALI: fn.readers.file (the dali-pipes loader reads shards only)")
     return report
 
 

@@ -23,8 +23,9 @@ Labels: with ``contiguous_labels=True`` (the default) category ids become
 ``0..K-1`` in the order of the sorted category ids, so label ``k`` is
 ``spec.category_ids[k]`` and the manifest's ``classes[k]`` (``convert coco``
 lists classes by id). The ids come from the dataset's manifest
-(``extra["categories"]``) through :meth:`bind`; ``category_ids`` may also be
-given. With ``contiguous_labels=False`` the COCO ids are kept.
+(``extra["categories"]``) through :meth:`~_DetectionOutput.bind`:
+``Detection(...).bind(load_manifest(path))``, or ``category_ids=`` given
+explicitly. With ``contiguous_labels=False`` the COCO ids are kept.
 
 How boxes are kept consistent, all on the CPU (DALI's box operators are CPU-only,
 and boxes are tiny): they are made relative ``xyXY`` and clipped to the image;
@@ -35,7 +36,8 @@ collapsed to zero area first. DALI has no masked-select operator, so this
 pruning is the way to remove boxes inside the graph. Then the SSD crop
 (``random_bbox_crop`` with IoU thresholds) picks a window, the decoder decodes
 only that window (``decoders.image_slice``), ``bb_flip`` mirrors the boxes with
-the same coin as the image, and boxes are scaled by the resized image's shape.
+the same coin as the image, and the output size is computed on the CPU, given to
+``resize`` and used to scale the boxes (so no box operator waits for the GPU).
 With ``crowd="keep"`` each box's crowd flag rides through the crop packed into
 its label (``2 * (label + 1) + iscrowd``), the only per-box value the operator
 carries along.
@@ -46,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence
+from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, TypeVar
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
@@ -64,6 +66,7 @@ from dali_pipes.pipelines.config import (
     check_size,
 )
 
+_Spec = TypeVar("_Spec", bound="_DetectionOutput")
 CrowdPolicy = Literal["drop", "keep"]
 CROWD_POLICIES: tuple[str, ...] = ("drop", "keep")
 CROP_POLICIES: tuple[Optional[str], ...] = ("ssd", None)
@@ -133,13 +136,16 @@ class _DetectionOutput(_ImageOutput):
         """``K``, the number of contiguous labels, once the category ids are known."""
         return None if self.category_ids is None else len(self.category_ids)
 
-    def bind(self, manifest: Manifest) -> "_DetectionOutput":
+    def bind(self: _Spec, manifest: Manifest) -> _Spec:
         """This spec with ``category_ids`` read from a COCO dataset's manifest.
 
         Returns a new spec (specs are frozen). Ids given explicitly are kept, but
-        must cover every category of the dataset. Raises ValueError for a
-        dataset without COCO categories (``extra["categories"]``).
+        must cover every category of the dataset. With ``contiguous_labels=False``
+        the ids are not needed and the spec is returned as it is. Raises
+        ValueError for a dataset without COCO categories (``extra["categories"]``).
         """
+        if not self.contiguous_labels:
+            return self
         categories = manifest.extra.get("categories") if isinstance(manifest.extra, Mapping) else None
         if not isinstance(categories, list) or not all(isinstance(c, Mapping) and "id" in c for c in categories):
             kind = manifest.source.get("kind", "unknown") if isinstance(manifest.source, Mapping) else "unknown"
@@ -160,11 +166,13 @@ class _DetectionOutput(_ImageOutput):
 
     # --- graph pieces shared by both specs ---------------------------------------------------
 
-    def _relative_targets(self, inputs: Mapping[str, DataNode], image_shape: DataNode) -> tuple[DataNode, DataNode]:
-        """Relative ``xyXY`` boxes in ``[0, 1]`` and int32 labels, crowd (dropped or packed) and empty boxes pruned."""
+    def _relative_targets(self, inputs: Mapping[str, DataNode], image_hw: DataNode) -> tuple[DataNode, DataNode]:
+        """Relative ``xyXY`` boxes in ``[0, 1]`` and int32 labels, crowd (dropped or packed) and empty boxes pruned.
+
+        ``image_hw`` is the float ``(height, width)`` of the decoded image.
+        """
         labels = self._labels(inputs["category_id"])
-        hw = fn.cast(image_shape[0:2], dtype=types.FLOAT)
-        wh = fn.stack(hw[1], hw[0], hw[1], hw[0])
+        wh = fn.stack(image_hw[1], image_hw[0], image_hw[1], image_hw[0])
         xywh = inputs["boxes"] / wh
         boxes = dmath.clamp(fn.cat(xywh[:, 0:2], xywh[:, 0:2] + xywh[:, 2:4], axis=1), 0.0, 1.0)
         crowd = inputs["iscrowd"]
@@ -207,36 +215,43 @@ class _DetectionOutput(_ImageOutput):
             category_id, keys=ids, values=[float(k) for k in range(len(ids))], default_value=-1.0, dtype=types.INT32
         )
 
-    def _resize(self, images: DataNode, *, device: str) -> DataNode:
+    def _output_size(self, source_hw: DataNode) -> DataNode:
+        """The resized ``(height, width)``, float32, from the float ``(height, width)`` of what is resized.
+
+        Computed here on the CPU and handed to ``resize`` explicitly, so the box
+        scaling never waits for a GPU result: the shorter side becomes ``size``
+        unless the longer would then exceed ``max_size`` (torchvision's rule).
+        """
         if isinstance(self.size, tuple):
-            return fn.resize(
-                images, device=device, size=list(self.size), interp_type=types.INTERP_LINEAR, antialias=True
-            )
-        kwargs: dict[str, Any] = {"max_size": self.max_size} if self.max_size is not None else {}
-        return fn.resize(
-            images,
-            device=device,
-            resize_shorter=self.size,
-            interp_type=types.INTERP_LINEAR,
-            antialias=True,
-            **kwargs,
-        )
+            return fn.constant(fdata=[float(v) for v in self.size], dtype=types.FLOAT)
+        scale = self.size / dmath.min(source_hw[0], source_hw[1])
+        if self.max_size is not None:
+            scale = dmath.min(scale, self.max_size / dmath.max(source_hw[0], source_hw[1]))
+        return dmath.max(dmath.floor(source_hw * scale + 0.5), 1.0)
 
     def _finish_detection(
         self,
         images: DataNode,
+        source_hw: DataNode,
         boxes: DataNode,
         labels: DataNode,
         *,
         device: str,
         mirror: DataNode | int = 0,
+        jitter: Optional[ColorJitter] = None,
     ) -> dict[str, DataNode]:
-        """Scale relative boxes to the resized images, normalise and pad; the named outputs."""
-        # DALI resize maps the whole input extent onto the whole output extent, so
-        # relative boxes times the output shape are exact in continuous coordinates.
-        out_hw = images.shape(dtype=types.INT64, device="cpu")[0:2]
-        hw = fn.cast(out_hw, dtype=types.FLOAT)
-        boxes = boxes * fn.stack(hw[1], hw[0], hw[1], hw[0])
+        """Resize, scale the relative boxes to match, jitter, normalise and pad; the named outputs.
+
+        ``source_hw`` is the float ``(height, width)`` of ``images`` before the resize.
+        """
+        out_hw = self._output_size(source_hw)
+        images = fn.resize(images, device=device, size=out_hw, interp_type=types.INTERP_LINEAR, antialias=True)
+        if jitter is not None:
+            # After the resize: the jitter then touches the output's pixels, not the source's.
+            images = ops.color_jitter(images, jitter, device=device)
+        # resize maps the whole input extent onto the whole output extent, so relative
+        # boxes times the output size are exact in continuous coordinates.
+        boxes = boxes * fn.stack(out_hw[1], out_hw[0], out_hw[1], out_hw[0])
         if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=mirror, crop=None):
             images = ops.normalize(
                 images, device=device, mean=self.mean, std=self.std, dtype=self.dtype, layout=self.layout, mirror=mirror
@@ -250,7 +265,7 @@ class _DetectionOutput(_ImageOutput):
             crowd = fn.cast(packed - (packed // 2) * 2, dtype=types.UINT8)
         outputs = {
             "image": images,
-            "image_size": out_hw,
+            "image_size": fn.cast(out_hw, dtype=types.INT64),
             "boxes": _pad_rows(boxes, 0.0),
             "labels": _pad_rows(fn.cast(labels, dtype=types.INT64), -1.0),
             "num_boxes": num_boxes,
@@ -287,7 +302,8 @@ class Detection(_DetectionOutput):
         """Add the training graph; return the outputs of the module docstring (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
         encoded = inputs["image"]
-        boxes, labels = self._relative_targets(inputs, fn.peek_image_shape(encoded))
+        image_hw = fn.cast(fn.peek_image_shape(encoded)[0:2], dtype=types.FLOAT)
+        boxes, labels = self._relative_targets(inputs, image_hw)
         if self.crop == "ssd":
             anchor, shape, boxes, labels = fn.random_bbox_crop(
                 boxes,
@@ -302,15 +318,16 @@ class Detection(_DetectionOutput):
                 quiet=True,
             )
             images = _decode_slice(encoded, anchor, shape, device=device, decoder=self.decoder)
+            # The window in pixels; shape is relative [w, h].
+            image_hw = image_hw * fn.stack(shape[1], shape[0])
         else:
             images = ops.decode(encoded, device=device, hints=self.decoder)
         mirror = ops.mirror_flag(self.flip)
         if not (isinstance(mirror, int) and mirror == 0):
             boxes = fn.bb_flip(boxes, ltrb=True, horizontal=mirror)
-        images = self._resize(images, device=device)
-        if self.jitter is not None:
-            images = ops.color_jitter(images, self.jitter, device=device)
-        return self._finish_detection(images, boxes, labels, device=device, mirror=mirror)
+        return self._finish_detection(
+            images, image_hw, boxes, labels, device=device, mirror=mirror, jitter=self.jitter
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -330,11 +347,12 @@ class DetectionVal(_DetectionOutput):
         """Add the evaluation graph; return its outputs (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
         encoded = inputs["image"]
-        orig_shape = fn.peek_image_shape(encoded, dtype=types.INT64)
-        boxes, labels = self._relative_targets(inputs, orig_shape)
-        images = self._resize(ops.decode(encoded, device=device, hints=self.decoder), device=device)
-        outputs = self._finish_detection(images, boxes, labels, device=device)
-        extra = {"image_id": inputs["image_id"], "orig_size": orig_shape[0:2]}
+        orig_size = fn.peek_image_shape(encoded, dtype=types.INT64)[0:2]
+        image_hw = fn.cast(orig_size, dtype=types.FLOAT)
+        boxes, labels = self._relative_targets(inputs, image_hw)
+        images = ops.decode(encoded, device=device, hints=self.decoder)
+        outputs = self._finish_detection(images, image_hw, boxes, labels, device=device)
+        extra = {"image_id": inputs["image_id"], "orig_size": orig_size}
         outputs.update(_on_device(extra, device))
         return outputs
 

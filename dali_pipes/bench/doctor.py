@@ -1,0 +1,256 @@
+"""``dali-pipes doctor``: is this training bound by its data, by how much, and what to change first.
+
+Three throughputs for one model and batch size, each timed like a benchmark row
+(warm-up left out, median of windows, GPU synchronised):
+
+- **loader**: :class:`~dali_pipes.DALILoader` alone, batches delivered to the
+  training device;
+- **model**: forward, backward and optimiser step on one synthetic batch that is
+  already on the device (no input pipeline at all);
+- **combined**: the loader feeding the training step, as in a real loop.
+
+Training is data-bound when the loader alone is slower than the model alone:
+then the combined rate is held near the loader's, and the report says how much
+faster the model could go. When both are fast alone but slow together, they
+compete for the same CPU cores.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
+
+log = logging.getLogger(__name__)
+
+#: The models ``doctor`` can build (:func:`dali_pipes.bench.models.build_model`).
+MODELS: tuple[str, ...] = ("resnet50", "resnet18", "mobilenet", "tiny")
+#: Below this fraction of the model's rate the loader is called the bottleneck.
+DATA_BOUND = 0.95
+#: Combined below this fraction of the slower of the two alone means they contend for resources.
+CONTENTION = 0.8
+
+
+@dataclass
+class DoctorReport:
+    """The three measurements, the verdict in words, and the setting to change first."""
+
+    model: str
+    loader: Row
+    model_only: Row
+    combined: Row
+    data_bound: bool | None
+    verdict: str
+    advice: str
+    context: dict[str, Any]
+    machine: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "benchmark": "doctor",
+            "model": self.model,
+            "rows": [self.loader.to_json(), self.model_only.to_json(), self.combined.to_json()],
+            "data_bound": self.data_bound,
+            "verdict": self.verdict,
+            "advice": self.advice,
+            "figures": self.extra,
+            "context": self.context,
+            "machine": self.machine,
+        }
+
+
+def _train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
+    import torch.nn.functional as F
+
+    optimizer.zero_grad(set_to_none=True)
+    loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+
+
+@contextlib.contextmanager
+def model_stream(model: Any, optimizer: Any, *, batch_size: int, size: int, num_classes: int, device: str) -> Iterator[Iterator[int]]:
+    """Training steps on one synthetic batch already on ``device``: the model's own speed."""
+    import torch
+
+    images = torch.randn(batch_size, 3, size, size, device=device)
+    labels = torch.randint(0, num_classes, (batch_size,), device=device)
+
+    def steps() -> Iterator[int]:
+        while True:
+            _train_step(model, optimizer, images, labels)
+            yield batch_size
+
+    yield steps()
+
+
+@contextlib.contextmanager
+def combined_stream(loader_factory: Any, model: Any, optimizer: Any, target: Target) -> Iterator[Iterator[int]]:
+    """The loader feeding training steps: the real loop."""
+    with loader_factory() as loader:
+
+        def steps() -> Iterator[int]:
+            for batch in cycle(loader):
+                images = target.put(batch["image"]).float()
+                labels = target.put(batch["label"]).long().reshape(-1)
+                _train_step(model, optimizer, images, labels)
+                yield int(images.shape[0])
+
+        yield steps()
+
+
+def run_doctor(
+    dataset: str | os.PathLike,
+    *,
+    model: str = "resnet50",
+    batch_size: int = 64,
+    steps: int = 30,
+    quick: bool = False,
+    device: str = "auto",
+    settings: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> DoctorReport:
+    """Measure loader, model and combined throughput and say which one bounds training.
+
+    ``steps`` are the timed batches of each measurement (in three windows);
+    ``settings`` a file from ``dali-pipes tune`` for the loader.
+    """
+    import torch
+    from tqdm import tqdm
+
+    from dali_pipes.bench.inputs import bench_inputs
+    from dali_pipes.bench.models import build_model
+    from dali_pipes.bench.report import machine_description
+    from dali_pipes.bench.streams import dali_loader_stream
+    from dali_pipes.loader import DALILoader, resolve_device
+
+    if steps < 3:
+        raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
+    inputs = bench_inputs(dataset, batch_size=batch_size, settings=settings)
+    loader_device, _ = resolve_device(device, int(os.environ.get("LOCAL_RANK") or 0))
+    target = Target()
+    classes = inputs.manifest.classes
+    num_classes = len(classes) if classes else 1000
+    net = build_model(model, num_classes).to(target.device)
+    if target.is_cuda:
+        net = net.to(memory_format=torch.channels_last)
+    net.train()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    # A model's first steps are slow (allocator, oneDNN/cuDNN algorithm choice): warm up on time too.
+    plan = TimingPlan(warmup_batches=3 if quick else 5, repeats=3, min_batches=max(1, steps // 3), min_seconds=0.0,
+                      warmup_seconds=0.5 if quick else 3.0)
+    in_flight = 2 * inputs.loader_settings["prefetch"] + 1
+
+    @contextlib.contextmanager
+    def loader_factory():
+        loader = DALILoader(inputs.dataset, inputs.spec, batch_size=batch_size, shuffle=True, seed=0,
+                            device=loader_device, **inputs.loader_settings)
+        try:
+            yield loader
+        finally:
+            loader.close()
+
+    jobs = [
+        Job("loader", lambda: dali_loader_stream(inputs.dataset, inputs.spec, batch_size=batch_size, device=loader_device,
+                                                 target=target, settings=inputs.loader_settings),
+            f"DALILoader alone on {loader_device}, batches delivered to {target.device}", in_flight=in_flight),
+        Job("model", lambda: model_stream(net, optimizer, batch_size=batch_size, size=inputs.spec.size,
+                                          num_classes=num_classes, device=target.device),
+            f"{model} forward + backward + SGD step on a synthetic batch already on {target.device}"),
+        Job("combined", lambda: combined_stream(loader_factory, net, optimizer, target),
+            f"DALILoader feeding {model} training steps", in_flight=in_flight),
+    ]
+    rows = []
+    for job in tqdm(jobs, desc="doctor", unit="measurement", disable=not progress, leave=False):
+        job.params = {"batch_size": batch_size}
+        rows.append(measure(job, plan, target))
+    loader_row, model_row, combined_row = rows
+    data_bound, verdict, advice, figures = diagnose(
+        loader_row.images_per_s, model_row.images_per_s, combined_row.images_per_s,
+        loader_device=loader_device, cuda=target.is_cuda, cores=inputs.cores, tuned=settings is not None,
+    )
+    context = {**inputs.describe(), "loader_device": loader_device, "model_device": target.device, "steps": steps,
+               "quick": quick, "num_classes": num_classes}
+    return DoctorReport(model, loader_row, model_row, combined_row, data_bound, verdict, advice, context,
+                        machine_description(), figures)
+
+
+def diagnose(
+    loader: float | None,
+    model: float | None,
+    combined: float | None,
+    *,
+    loader_device: str,
+    cuda: bool,
+    cores: int,
+    tuned: bool = False,
+) -> tuple[bool | None, str, str, dict[str, Any]]:
+    """``(data_bound, verdict, advice, figures)`` from the three images/s (``None``: not measured)."""
+    if not (loader and model and combined):
+        return None, "not enough measurements for a verdict (see the failed rows)", "fix the failed measurement first", {}
+    figures = {
+        "loader_over_model": loader / model,
+        "combined_over_model": combined / model,
+        "time_waiting_on_data": max(0.0, 1.0 - combined / model),
+    }
+    tune = "" if tuned else " (`dali-pipes tune DATASET` finds its best value, with py_num_workers and prefetch)"
+    if loader < DATA_BOUND * model:
+        figures["model_could_go_faster_by"] = model / combined
+        verdict = (
+            f"DATA-BOUND: the loader delivers {loader:,.0f} images/s but the model could train on {model:,.0f}; "
+            f"training runs at {combined:,.0f} images/s, so the model waits for data about "
+            f"{figures['time_waiting_on_data']:.0%} of the time and a faster input pipeline would make training up to "
+            f"{model / combined:.1f}x faster."
+        )
+        if loader_device == "cpu" and cuda:
+            advice = "device='gpu': decoding and augmentation on the CPU are the bottleneck; move them to the GPU"
+        elif loader_device == "gpu":
+            advice = "num_threads (the CPU threads that feed the GPU decoder)" + tune
+        else:
+            advice = (
+                f"num_threads (DALI's decoding threads; this machine has {cores} cores){tune}; beyond what the cores "
+                "give, only a GPU (device='gpu') changes the picture"
+            )
+        return True, verdict, advice, figures
+    if combined < CONTENTION * min(loader, model):
+        verdict = (
+            f"NOT DATA-BOUND ALONE, BUT CONTENDED: the loader ({loader:,.0f} images/s) and the model ({model:,.0f}) are "
+            f"each fast enough alone, yet together reach only {combined:,.0f}: they compete for the same "
+            f"{cores} CPU cores."
+        )
+        advice = (
+            "device='gpu' to take decoding off the CPU" if loader_device == "cpu" and cuda
+            else "num_threads: give DALI fewer threads than cores so that the training step keeps some" + tune
+        )
+        return False, verdict, advice, figures
+    verdict = (
+        f"NOT DATA-BOUND: the model trains at {model:,.0f} images/s and the loader delivers {loader:,.0f} "
+        f"({loader / model:.1f}x what the model needs); training runs at {combined:,.0f}."
+    )
+    advice = "the model, not the loader: mixed precision (torch.autocast), channels_last, or a larger batch"
+    return False, verdict, advice, figures
+
+
+def format_doctor(report: DoctorReport) -> str:
+    """What ``dali-pipes doctor`` prints."""
+    c = report.context
+    lines = [
+        f"doctor: {report.model}, batch {c['batch_size']}, {c['num_samples']} samples, loader on {c['loader_device']}, "
+        f"model on {c['model_device']}, {c['cores']} cores",
+    ]
+    for row in (report.loader, report.model_only, report.combined):
+        if row.timing is not None:
+            figure = f"{row.timing.median:10.1f} images/s ±{100 * row.timing.spread:.0f}%"
+        else:
+            figure = f"failed: {row.error or row.skipped}"
+        lines.append(f"  {row.name + '-only' if row.name != 'combined' else row.name:<12} {figure}   {row.description}")
+    lines.append(report.verdict)
+    lines.append(f"change first: {report.advice}")
+    if c.get("quick"):
+        lines.append("--quick: few timed steps; the figures only show that every measurement runs")
+    return "\n".join(lines)

@@ -1,0 +1,322 @@
+"""``dali-pipes bench``, ``tune`` and ``doctor`` on a tiny dataset with ``--quick``.
+
+Speed is reported, never asserted: these tests check that every row runs or is
+skipped with its reason, that the figures and the machine description reach the
+JSON, that the plot is drawn, and that the saved settings drive a real loader.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from converters.runner import convert
+from converters.sources import ImageFolderSource
+from converters.synth import make_imagefolder
+from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, measure, time_stream
+
+CLI = Path(sys.executable).with_name("dali-pipes")
+BATCH = 8
+
+#: Every row of the main table, in order.
+MAIN_ROWS = [
+    "dali-pipes gpu",
+    "dali-pipes cpu",
+    "DataLoader+PIL shards",
+    "DataLoader+PIL files",
+    "DataLoader+torchvision shards",
+    "DataLoader+Albumentations shards",
+    "DALI readers.file gpu",
+    "DALI readers.file cpu",
+    "decode-ceiling (full)",
+    "decode-ceiling (reduced)",
+]
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _imports(module: str) -> bool:
+    from dali_pipes.bench.backends import require  # sets what keeps Albumentations off the network
+
+    try:
+        require(module)
+    except Skipped:
+        return False
+    return True
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    """48 small JPEGs in 4 classes, converted to LMDB; the manifest records the image folder."""
+    root = tmp_path_factory.mktemp("bench")
+    images = make_imagefolder(root / "images", 48, size=(128, 96), classes=4, workers=1)
+    out = root / "shards"
+    convert(ImageFolderSource(images.resolve()), out, format="lmdb", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def bench_cli(dataset, tmp_path_factory):
+    """The main bench, run once through the real console script with --json and --plot."""
+    out = tmp_path_factory.mktemp("bench-out")
+    proc = subprocess.run(
+        [str(CLI), "bench", str(dataset), "--quick", "--batch-size", str(BATCH), "--no-progress",
+         "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert proc.returncode == 0, f"dali-pipes bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+    return proc, out
+
+
+# --- the main bench, through the console script -------------------------------------------
+
+
+def test_bench_json_holds_every_row_and_the_machine(bench_cli):
+    proc, out = bench_cli
+    report = json.loads((out / "bench.json").read_text())
+    rows = {row["name"]: row for row in report["rows"]}
+    assert [row["name"] for row in report["rows"]] == MAIN_ROWS
+    for row in report["rows"]:
+        assert row["error"] is None, row
+        if row["skipped"] is not None:
+            assert row["skipped"].strip() and row["images_per_s"] is None, row
+        else:
+            assert row["images_per_s"] > 0, row
+            spread = row["spread"]
+            assert spread["min"] <= row["images_per_s"] <= spread["max"] and spread["relative"] >= 0, row
+            assert len(spread["windows"]) == report["context"]["timing"]["repeats"]
+    # What must be measured on any machine, and what is skipped exactly when it cannot run here.
+    for name in ("dali-pipes cpu", "DataLoader+PIL shards", "DataLoader+PIL files", "DALI readers.file cpu",
+                 "decode-ceiling (full)", "decode-ceiling (reduced)"):
+        assert rows[name]["images_per_s"] is not None, rows[name]
+    for name in ("dali-pipes gpu", "DALI readers.file gpu"):
+        assert (rows[name]["skipped"] is None) == _cuda(), rows[name]
+    assert (rows["DataLoader+Albumentations shards"]["skipped"] is None) == _imports("albumentations")
+    assert (rows["DataLoader+torchvision shards"]["skipped"] is None) == _imports("torchvision")
+    assert rows[MAIN_ROWS[2]]["ratio_to_reference"] == pytest.approx(1.0)
+
+    machine = report["machine"]
+    for key in ("cores", "cpu", "platform", "python", "torch", "dali", "gpu", "dali_pipes"):
+        assert key in machine, key
+    assert machine["cores"] >= 1 and (machine["gpu"] is not None) == _cuda()
+    context = report["context"]
+    assert context["batch_size"] == BATCH and context["num_samples"] == 48 and context["images_folder"]
+    assert context["augmentation"]["random_resized_crop"]["size"] == 224
+    assert "dali-pipes cpu / DataLoader+PIL shards" in report["summary"]
+
+    # The table a person reads names every row, and the skipped ones with their reason.
+    for name in MAIN_ROWS:
+        assert name in proc.stdout
+    assert "skipped" in proc.stdout or _cuda()
+
+
+def test_bench_plot_is_drawn(bench_cli):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    _, out = bench_cli
+    pixels = np.asarray(Image.open(out / "bench.png").convert("L"), dtype=np.float32)
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 400
+    assert pixels.std() > 10 and (pixels < 128).mean() > 0.01, "the plot is blank"
+
+
+# --- the suites ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats"])
+def test_each_suite_runs_and_returns_its_table(dataset, suite):
+    from dali_pipes.bench.report import format_table
+    from dali_pipes.bench.suites import run_bench
+
+    report = run_bench(dataset, suite=suite, batch_size=BATCH, quick=True, progress=False)
+    assert report.suite == suite and report.rows
+    measured = [row for row in report.rows if row.timing is not None]
+    assert measured, "no row was measured"
+    for row in report.rows:
+        assert row.error is None, (row.name, row.params, row.error)
+        assert (row.timing is None) == (row.skipped is not None), row
+        if row.timing is not None:
+            assert row.timing.median > 0 and row.timing.spread >= 0
+    table = format_table(report)
+    for row in report.rows:
+        assert row.name in table
+    data = report.to_json()
+    assert data["suite"] == suite and data["machine"]["cores"] >= 1 and len(data["rows"]) == len(report.rows)
+    json.dumps(data)  # every figure serialises
+
+    names = {(row.name, tuple(sorted(row.params.items()))) for row in report.rows}
+    if suite == "formats":
+        assert {row.name for row in report.rows} == {"files", "lmdb", "hdf5", "tfrecord"}
+        assert {row.params["reader"] for row in report.rows} >= {"read-only", "DataLoader+PIL"}
+    if suite == "workers":
+        assert {row.params["num_workers"] for row in report.rows} >= {0}
+    if suite == "cpu-vs-gpu":
+        assert all(row.extra["seconds"] > 0 for row in measured)
+    assert len(names) == len(report.rows), "two rows measure the same thing"
+
+
+# --- tune ----------------------------------------------------------------------------------
+
+
+def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
+    from dali_pipes import DALILoader
+    from dali_pipes.bench.tune import apply_settings, format_tune, load_settings, save_settings, tune
+    from dali_pipes.pipelines import ClassificationTrain
+
+    result = tune(dataset, batch_size=BATCH, quick=True, progress=False)
+    assert result.best.images_per_s > 0 and len(result.trials) >= 3
+    assert "fastest:" in format_tune(result)
+    path = save_settings(result, tmp_path / "settings.json")
+    settings = load_settings(path)
+    assert settings == result.best.settings and set(settings) == {"num_threads", "py_num_workers", "prefetch"}
+    spec = apply_settings(ClassificationTrain(size=224), path)
+    with DALILoader(dataset, spec, batch_size=BATCH, device="cpu", **settings) as loader:
+        seen = sum(len(batch["image"]) for batch in loader)
+    assert seen == 48
+
+
+def test_load_settings_refuses_what_it_cannot_use(tmp_path):
+    from dali_pipes.bench.tune import SETTINGS_KIND, apply_settings, load_settings
+    from dali_pipes.pipelines import ClassificationTrain
+
+    def write(data) -> Path:
+        path = tmp_path / "s.json"
+        path.write_text(json.dumps(data))
+        return path
+
+    good = {"kind": SETTINGS_KIND, "version": 1, "loader": {"num_threads": 2, "prefetch": 3}, "decoder": {"hw_decoder_load": 0.9}}
+    assert load_settings(write(good)) == {"num_threads": 2, "prefetch": 3}
+    assert apply_settings(ClassificationTrain(), write(good)).decoder.hw_decoder_load == 0.9
+    for bad, message in [
+        ({**good, "kind": "other"}, "not a dali-pipes settings file"),
+        ({**good, "version": 2}, "version"),
+        ({**good, "loader": {"num_threads": 0}}, "num_threads must be an integer >= 1"),
+        ({**good, "loader": {"threads": 2}}, "unknown loader setting 'threads'"),
+        ({**good, "loader": {"prefetch": True}}, "prefetch must be an integer"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            load_settings(write(bad))
+    with pytest.raises(FileNotFoundError, match="dali-pipes tune"):
+        load_settings(tmp_path / "missing.json")
+
+
+# --- doctor --------------------------------------------------------------------------------
+
+
+def test_doctor_reports_three_throughputs_and_a_verdict(dataset):
+    from dali_pipes.bench.doctor import format_doctor, run_doctor
+
+    report = run_doctor(dataset, model="tiny", batch_size=BATCH, steps=3, quick=True, progress=False)
+    for row in (report.loader, report.model_only, report.combined):
+        assert row.error is None and row.images_per_s > 0, row
+    assert report.data_bound in (True, False)
+    assert "DATA-BOUND" in report.verdict and report.advice
+    text = format_doctor(report)
+    for word in ("loader-only", "model-only", "combined", "change first:"):
+        assert word in text
+    json.dumps(report.to_json())
+
+
+def test_diagnose_says_which_side_bounds_training():
+    from dali_pipes.bench.doctor import diagnose
+
+    bound, verdict, advice, figures = diagnose(100.0, 400.0, 95.0, loader_device="cpu", cuda=True, cores=8)
+    assert bound is True and verdict.startswith("DATA-BOUND") and "device='gpu'" in advice
+    assert figures["model_could_go_faster_by"] == pytest.approx(400 / 95)
+    bound, verdict, advice, _ = diagnose(100.0, 400.0, 95.0, loader_device="gpu", cuda=True, cores=8)
+    assert bound is True and advice.startswith("num_threads") and "dali-pipes tune" in advice
+    bound, verdict, advice, _ = diagnose(1000.0, 400.0, 390.0, loader_device="gpu", cuda=True, cores=8)
+    assert bound is False and verdict.startswith("NOT DATA-BOUND:") and "model" in advice
+    bound, verdict, advice, _ = diagnose(1000.0, 400.0, 150.0, loader_device="cpu", cuda=False, cores=2)
+    assert bound is False and "CONTENDED" in verdict and advice.startswith("num_threads")
+    assert diagnose(None, 400.0, 390.0, loader_device="cpu", cuda=False, cores=2)[0] is None
+
+
+def test_models_have_the_reference_sizes():
+    import torch
+
+    from dali_pipes.bench.doctor import MODELS
+    from dali_pipes.bench.models import build_model
+
+    # torchvision's parameter counts for 1000 classes: the same architectures, layer for layer.
+    expected = {"resnet50": 25_557_032, "resnet18": 11_689_512, "mobilenet": 3_504_872}
+    for name in MODELS:
+        model = build_model(name, 1000)
+        if name in expected:
+            assert sum(p.numel() for p in model.parameters()) == expected[name], name
+    assert build_model("tiny", 4)(torch.randn(2, 3, 64, 64)).shape == (2, 4)
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("vgg", 10)
+
+
+# --- pieces --------------------------------------------------------------------------------
+
+
+def test_timing_leaves_out_the_warm_up_and_keeps_every_window():
+    taken = []
+
+    def stream():
+        while True:
+            taken.append(1)
+            yield 4
+
+    plan = TimingPlan(warmup_batches=3, repeats=4, min_batches=2, min_seconds=0.0, warmup_seconds=0.0)
+    timing = time_stream(stream(), plan, Target("cpu"), in_flight=2)
+    assert len(taken) == 3 + 2 + 4 * 2  # warm-up (with the in-flight batches), then 4 windows of 2
+    assert len(timing.values) == 4 and timing.images == 4 * 2 * 4
+    assert timing.low <= timing.median <= timing.high and timing.spread >= 0
+
+
+def test_a_row_is_measured_skipped_or_failed_never_lost():
+    import contextlib
+
+    plan = TimingPlan.quick()
+
+    @contextlib.contextmanager
+    def skip():
+        raise Skipped("not here")
+        yield  # pragma: no cover
+
+    @contextlib.contextmanager
+    def fail():
+        yield iter([1])  # runs dry during the warm-up
+
+    row = measure(Job("s", skip), plan, Target("cpu"))
+    assert row.skipped == "not here" and row.timing is None and row.to_json()["images_per_s"] is None
+    row = measure(Job("f", fail), plan, Target("cpu"))
+    assert row.error and row.error.startswith("StopIteration") and row.skipped is None
+
+
+def test_the_image_folder_is_found_or_its_absence_explained(dataset, tmp_path):
+    from dali_pipes.bench.inputs import find_image_folder
+    from dali_pipes.manifest import load_manifest
+
+    manifest = load_manifest(dataset)
+    root, reason = find_image_folder(dataset, manifest, None)
+    assert root is not None and root.is_dir() and reason is None
+    _, reason = find_image_folder(dataset, replace(manifest, source={"kind": "list"}), None)
+    assert "'list' source" in reason and "--images" in reason
+    _, reason = find_image_folder(dataset, replace(manifest, source={"kind": "imagefolder", "root": str(tmp_path / "gone")}), None)
+    assert "not there any more" in reason
+    _, reason = find_image_folder(dataset, manifest, tmp_path / "nope")
+    assert "is not a folder" in reason
+
+
+def test_bench_errors_are_one_line(dataset, tmp_path, capsys):
+    from dali_pipes.cli import main
+
+    assert main(["bench", str(tmp_path / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dali-pipes: error:") and "index.json" in err and len(err.strip().splitlines()) == 1
+    assert main(["bench", str(dataset), "--batch-size", "100"]) == 2
+    assert "less than one batch of 100" in capsys.readouterr().err

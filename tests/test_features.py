@@ -1,0 +1,223 @@
+"""The feature-array spec through ``DALILoader`` on DALI's CPU backend, for every shard format.
+
+Arrays are written to ``.npy`` files, converted with ``ArraysSource`` (several
+shards per format), and read back by simulated ranks (explicit ``rank`` and
+``world_size`` in one process). References are the numpy arrays themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import tracemalloc
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+from nvidia.dali import Pipeline, fn
+
+from converters.runner import convert
+from converters.sources.arrays import ArraysSource
+from dali_pipes import DALILoader, load_manifest, open_store
+from dali_pipes.manifest import Field
+from dali_pipes.pipelines import Features, PipelineSpec
+
+N = 23  # not a multiple of the batch size (4) times the world size (2)
+BATCH = 4
+FIELDS = ("mix", "target", "emb")
+FORMATS = ("lmdb", "hdf5", "tfrecord")
+
+
+@pytest.fixture(scope="module")
+def arrays(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
+    """``mix`` float32 (4, 640), ``target`` float32 (640,), ``emb`` float16 (8,), ``label`` int64 ()."""
+    root = tmp_path_factory.mktemp("arrays")
+    rng = np.random.default_rng(0)
+    data = {
+        "mix": rng.standard_normal((N, 4, 640), dtype=np.float32),
+        "target": rng.standard_normal((N, 640), dtype=np.float32),
+        "emb": (rng.standard_normal((N, 8)) * 3).astype(np.float16),
+        "label": np.arange(N, dtype=np.int64) * 7,
+    }
+    for name, value in data.items():
+        np.save(root / f"{name}.npy", value)
+    return root, data
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def dataset(request, arrays) -> tuple[str, Path, dict[str, np.ndarray]]:
+    root, data = arrays
+    out = root / request.param
+    if not (out / "index.json").exists():
+        files = [root / f"{name}.npy" for name in data]
+        convert(ArraysSource(files), out, format=request.param, workers=1, progress=False, samples_per_shard=7)
+    return request.param, out, data
+
+
+def loader(path: Path, spec: Features, **kwargs) -> DALILoader:
+    kwargs.setdefault("batch_size", BATCH)
+    kwargs.setdefault("py_num_workers", 0)
+    return DALILoader(path, spec.bind(load_manifest(path)), device="cpu", with_index=True, **kwargs)
+
+
+# ---------------------------------------------------------------- configuration
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(fields=()), "empty"),
+        (dict(fields=("a", "a")), "twice"),
+        (dict(fields=("a", 3)), "fields"),
+        (dict(fields=("a", "is_pad")), "is_pad"),
+        (dict(fields=("a",), normalize={"b": (0.0, 1.0)}), "normalize"),
+        (dict(fields=("a",), normalize={"a": (0.0, 0.0)}), "std"),
+        (dict(fields=("a",), normalize={"a": (0.0, [1.0, -1.0])}), "std"),
+        (dict(fields=("a",), normalize={"a": 0.5}), "normalize"),
+        (dict(fields=("a",), normalize={"a": (float("nan"), 1.0)}), "finite"),
+        (dict(fields=("a",), dtype={"a": "float8"}), "dtype"),
+        (dict(fields=("a",), dtype={"b": "float16"}), "dtype"),
+    ],
+)
+def test_bad_arguments_say_what_is_wrong(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Features(**kwargs)
+
+
+def test_spec_is_hashable_picklable_and_keeps_mappings_as_pairs():
+    spec = Features(fields=["mix", "emb"], normalize={"emb": (np.zeros(8), np.ones(8))}, dtype={"mix": "float16"})
+    assert spec.fields == ("mix", "emb") and spec.required_fields == ("mix", "emb")
+    assert spec.normalize == (("emb", ((0.0,) * 8, (1.0,) * 8)),) and spec.dtype == (("mix", "float16"),)
+    assert pickle.loads(pickle.dumps(spec)) == spec and hash(spec) == hash(pickle.loads(pickle.dumps(spec)))
+    assert isinstance(spec, PipelineSpec) and spec.needs_conditionals is False
+
+
+def test_bind_refuses_fields_that_cannot_batch(write_dataset, tmp_path):
+    fields = {"image": Field.image(), "boxes": Field.array("float32", (-1, 4)), "x": Field.array("float32", (3,))}
+    sample = {"image": b"\xff\xd8 not decoded here", "boxes": np.ones((2, 4), np.float32), "x": np.ones(3, np.float32)}
+    manifest = load_manifest(write_dataset(tmp_path / "ds", "lmdb", fields, [sample] * 2))
+    assert Features(fields=("x",)).bind(manifest) == Features(fields=("x",))
+    for name, message in (("image", "bytes"), ("boxes", "variable shape"), ("missing", "no field")):
+        with pytest.raises(ValueError, match=message):
+            Features(fields=(name,)).bind(manifest)
+
+
+def test_a_plain_field_adds_no_operator():
+    """Without normalisation or cast a field is the external-source node itself: DALI adds no copy."""
+    with Pipeline(batch_size=1, num_threads=1, device_id=None):
+        node = fn.external_source(source=lambda: [np.zeros(3, np.float32)], batch=True)
+        out = Features(fields=("x",)).build({"x": node}, device="cpu")
+    assert out["x"] is node
+
+
+# ---------------------------------------------------------------- every sample, every rank, every format
+
+
+def test_every_sample_comes_back_equal_on_every_rank(dataset):
+    fmt, path, data = dataset
+    spec = Features(fields=FIELDS + ("label",))
+    # One format reads through a forked DALI worker (the training path), the others in-process.
+    workers = 1 if fmt == "lmdb" else 0
+    per_rank = math.ceil(N / (BATCH * 2))
+    seen: Counter = Counter()
+    for rank in range(2):
+        with loader(path, spec, rank=rank, world_size=2, shuffle=True, seed=5, py_num_workers=workers) as it:
+            assert len(it) == per_rank
+            batches = list(it)
+        assert len(batches) == per_rank
+        for batch in batches:
+            index = batch["index"].numpy()
+            for name in FIELDS + ("label",):
+                got = batch[name].numpy()
+                assert got.dtype == data[name].dtype and got.shape == (len(index),) + data[name].shape[1:]
+                np.testing.assert_array_equal(got, data[name][index], err_msg=f"{fmt}: {name}")
+            seen.update(index[~batch["is_pad"].numpy()].tolist())
+    assert seen == Counter(range(N)), f"{fmt}: not every sample exactly once"
+
+
+def test_normalize_and_cast(dataset):
+    fmt, path, data = dataset
+    mean8, std8 = np.linspace(-1, 1, 8), np.linspace(0.5, 2, 8)
+    spec = Features(
+        fields=FIELDS,
+        normalize={"mix": (0.5, 2.0), "emb": (mean8, std8)},
+        dtype={"mix": "float16", "target": "float64"},
+    )
+    with loader(path, spec, shuffle=False) as it:
+        batches = list(it)
+    for batch in batches:
+        index = batch["index"].numpy()
+        mix, target, emb = (batch[name].numpy() for name in FIELDS)
+        assert (mix.dtype, target.dtype, emb.dtype) == (np.float16, np.float64, np.float32)
+        np.testing.assert_allclose(mix, (data["mix"][index] - 0.5) / 2.0, rtol=1e-3, atol=1e-3)
+        np.testing.assert_array_equal(target, data["target"][index].astype(np.float64))
+        np.testing.assert_allclose(emb, (data["emb"][index].astype(np.float64) - mean8) / std8, rtol=1e-5, atol=1e-5)
+
+
+def test_resume_gives_the_rest_of_the_epoch(arrays):
+    root, _ = arrays
+    path = root / "lmdb"
+    spec = Features(fields=("label",))
+    with loader(path, spec, rank=1, world_size=2, seed=2) as full:
+        whole = [b["index"].tolist() for b in full]
+    with loader(path, spec, rank=1, world_size=2, seed=2) as first:
+        it = iter(first)
+        head = [next(it)["index"].tolist()]
+        state = first.state_dict()
+    with loader(path, spec, rank=1, world_size=2, seed=2) as second:
+        second.load_state_dict(state)
+        assert len(second) == len(whole) - 1
+        rest = [b["index"].tolist() for b in second]
+    assert head + rest == whole
+
+
+# ---------------------------------------------------------------- host copies
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_reading_a_sample_copies_its_arrays_once(arrays, fmt):
+    """The store hands over each array with one host copy (the one per-sample Python copy allowed)."""
+    root, data = arrays
+    store = open_store(root / fmt)
+    sample_bytes = sum(data[name][0].nbytes for name in data)
+    store[0]  # open the shard outside the measurement
+    tracemalloc.start()
+    try:
+        peaks = []
+        for i in range(4):
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            sample = store[i]
+            peaks.append(tracemalloc.get_traced_memory()[1] - base)
+            del sample
+    finally:
+        tracemalloc.stop()
+        store.close()
+    # One copy plus small Python objects (the dict, keys, array headers).
+    assert max(peaks) <= sample_bytes + 4096, (peaks, sample_bytes)
+
+
+# ---------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+def test_gpu_batches_are_on_the_gpu_and_equal(arrays):
+    import torch
+
+    root, data = arrays
+    path = root / "lmdb"
+    mean8, std8 = np.linspace(-1, 1, 8), np.linspace(0.5, 2, 8)
+    spec = Features(fields=FIELDS, normalize={"emb": (mean8, std8)}, dtype={"mix": "float16"})
+    with DALILoader(path, spec.bind(load_manifest(path)), batch_size=BATCH, shuffle=False, device="gpu",
+                    with_index=True, py_num_workers=1) as it:
+        batches = list(it)
+    assert len(batches) == math.ceil(N / BATCH)
+    for batch in batches:
+        assert all(v.is_cuda for v in batch.values())
+        index = batch["index"].cpu().numpy()
+        assert batch["mix"].dtype == torch.float16
+        np.testing.assert_array_equal(batch["mix"].cpu().numpy(), data["mix"][index].astype(np.float16))
+        np.testing.assert_array_equal(batch["target"].cpu().numpy(), data["target"][index])
+        np.testing.assert_allclose(batch["emb"].cpu().numpy(), (data["emb"][index].astype(np.float64) - mean8) / std8,
+                                   rtol=1e-5, atol=1e-5)
