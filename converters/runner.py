@@ -221,7 +221,9 @@ class OutputLock:
         except BlockingIOError:
             os.close(self.fd)
             self.fd = None
-            raise ConversionError(f"another conversion is writing into {self.path.parent} right now; wait for it to finish")
+            raise ConversionError(
+                f"another conversion is writing into {self.path.parent} right now; wait for it to finish"
+            ) from None
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -355,10 +355,11 @@ def _add_bench(commands) -> None:
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
     p.add_argument("--quick", action="store_true", help="tiny timing windows: checks that every row runs, figures are noise")
-    p.add_argument("--batch-size", type=int, default=64, help="batch size of every row (default: 64)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size of every row (default: 64)")
     p.add_argument("--images", type=Path, metavar="DIR", help="the original image folder (default: the manifest's source)")
-    p.add_argument("--settings", type=Path, help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the DALI rows")
+    p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows")
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
+                   help="output dtype of the DALI rows (default: float32, as the baselines)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
 
@@ -396,10 +397,10 @@ def _bench(args) -> int:
 def _add_tune(commands) -> None:
     p = commands.add_parser("tune", help="search num_threads, py_num_workers, prefetch (and hw_decoder_load) for the fastest loader")
     p.add_argument("dataset", type=Path)
-    p.add_argument("--out", type=Path, default=Path("dali-pipes-settings.json"),
+    p.add_argument("--out", type=Path, default=Path("dali-pipes-settings.json"), metavar="FILE",
                    help="where to save the settings (default: dali-pipes-settings.json)")
     p.add_argument("--quick", action="store_true", help="a few short trials: checks that tuning runs")
-    p.add_argument("--batch-size", type=int, default=64, help="the batch size you train with (default: 64)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="the batch size you train with (default: 64)")
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the pipeline")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -422,10 +423,10 @@ def _add_doctor(commands) -> None:
     p = commands.add_parser("doctor", help="is training data-bound? loader-only, model-only and combined throughput")
     p.add_argument("dataset", type=Path)
     p.add_argument("--model", choices=MODELS, default="resnet50", help="the model to train (default: resnet50)")
-    p.add_argument("--batch-size", type=int, default=64, help="(default: 64)")
-    p.add_argument("--steps", type=int, default=30, help="timed training steps per measurement (default: 30)")
+    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: 64)")
+    p.add_argument("--steps", type=int, default=30, metavar="N", help="timed training steps per measurement (default: 30)")
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"), help="where the loader runs")
-    p.add_argument("--settings", type=Path, help="loader settings saved by 'dali-pipes tune'")
+    p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune'")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures and the verdict here")
     p.add_argument("--quick", action="store_true", help="shorter warm-up: checks that every measurement runs")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

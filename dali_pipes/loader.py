@@ -115,6 +115,8 @@ class DALILoader:
         if last_batch not in LAST_BATCH_POLICIES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
         self.store: Store = open_store(path)
+        pipeline = _bind(pipeline, self.store)
+        self.pipeline = pipeline
         fields = _required_fields(pipeline, self.store)
         self.world, local_rank = detect_world(rank, world_size)
         self.device, device_id = resolve_device(device, local_rank)
@@ -454,6 +456,12 @@ def _check_int(name: str, value: Any, minimum: int) -> int:
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def _bind(spec: Any, store: Store) -> Any:
+    """The spec specialised to this dataset: ``spec.bind(manifest)`` for specs that read it (detection labels)."""
+    bind = getattr(spec, "bind", None)
+    return bind(store.manifest) if callable(bind) else spec
 
 
 def _required_fields(spec: Any, store: Store) -> tuple[str, ...]:

@@ -214,10 +214,12 @@ def test_bind_reads_sorted_category_ids_and_refuses_datasets_without_them(edge_c
         Detection().bind(dataclasses.replace(manifest, extra={}))
 
 
-def test_an_unbound_spec_with_contiguous_labels_says_how_to_bind(edge_cases):
-    path, _ = edge_cases
-    with pytest.raises(ValueError, match=r"bind"):
-        DALILoader(path, Detection(), batch_size=2, device="cpu", py_num_workers=0)
+def test_the_loader_binds_an_unbound_spec_to_the_dataset_categories(edge_cases):
+    path, data = edge_cases
+    loader = DALILoader(path, Detection(crop=None, flip=0.0), batch_size=2, device="cpu", py_num_workers=0)
+    assert loader.pipeline.category_ids == tuple(sorted(c["id"] for c in data["categories"]))
+    labels = {int(v) for batch in loader for v in batch["labels"].reshape(-1) if v >= 0}
+    assert labels and labels <= {0, 1, 2}
 
 
 # ---------------------------------------------------------------- behaviour on coco-mini

@@ -178,8 +178,8 @@ def test_public_names():
     import dali_pipes.pipelines as pipelines
 
     assert sorted(pipelines.__all__) == sorted(
-        ["ClassificationTrain", "ClassificationVal", "ColorJitter", "DecoderHints", "IMAGENET_MEAN", "IMAGENET_STD",
-         "PipelineSpec"]
+        ["ClassificationTrain", "ClassificationVal", "ColorJitter", "DecoderHints", "Detection", "DetectionVal",
+         "Features", "IMAGENET_MEAN", "IMAGENET_STD", "PipelineSpec"]
     )
     assert all(hasattr(pipelines, name) for name in pipelines.__all__)
 

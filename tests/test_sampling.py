@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import itertools
 
 import numpy as np
@@ -178,8 +180,8 @@ def test_world_value():
     assert World() == World(0, 1)
     with pytest.raises(ValueError, match="rank must be < world_size"):
         World(3, 3)
-    with pytest.raises(Exception):
-        World(0, 1).rank = 1  # frozen
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        World(0, 1).rank = 1
 
 
 def test_numpy_integers_are_accepted():

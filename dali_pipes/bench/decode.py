@@ -49,25 +49,54 @@ def _load(dataset: str, count: int, crop: tuple[int, tuple[float, float], tuple[
     ready.wait(_READY_TIMEOUT)
 
 
+def reduction(image_size: tuple[int, int], crop: tuple[int, tuple[float, float], tuple[float, float]], seed: int) -> int:
+    """The DCT scale divisor (1, 2, 4 or 8) a random-resized crop of an image of ``image_size`` allows."""
+    from dali_pipes.bench.baselines import random_resized_crop_box
+
+    size, scale, ratio = crop
+    _, _, w, h = random_resized_crop_box(image_size, scale, ratio, random.Random(seed))
+    factor = 1
+    while factor < 8 and min(w, h) // (factor * 2) >= size:
+        factor *= 2
+    return factor
+
+
 def _decode_chunk(task: tuple[int, int, str]) -> int:
     from PIL import Image
-
-    from dali_pipes.bench.baselines import random_resized_crop_box
 
     start, chunk, mode = task
     for k in range(chunk):
         index = (start + k) % len(_images)
         with Image.open(io.BytesIO(_images[index])) as image:
             if mode == "reduced" and _crop is not None:
-                size, scale, ratio = _crop
-                _, _, w, h = random_resized_crop_box(image.size, scale, ratio, random.Random(start + k))
-                factor = 1
-                while factor < 8 and min(w, h) // (factor * 2) >= size:
-                    factor *= 2
+                factor = reduction(image.size, _crop, start + k)
                 if factor > 1:
                     image.draft("RGB", (-(-image.size[0] // factor), -(-image.size[1] // factor)))
             image.load()
     return chunk
+
+
+def reducible_fraction(dataset: str, spec: Any, count: int = SAMPLE) -> float:
+    """The fraction of random-resized crops of the first ``count`` images that allow a reduced decode.
+
+    Reads only the image headers. 0 on ImageNet-sized images (500x375 never has a
+    crop of 448 px a side); it grows with the image size.
+    """
+    from PIL import Image
+
+    from dali_pipes.stores import open_store
+
+    crop = (int(spec.size), tuple(spec.scale), tuple(spec.ratio))
+    store = open_store(dataset)
+    try:
+        n = min(count, len(store))
+        reducible = 0
+        for i in range(n):
+            with Image.open(io.BytesIO(bytes(store[i]["image"]))) as image:
+                reducible += reduction(image.size, crop, i) > 1
+    finally:
+        store.close()
+    return reducible / n if n else 0.0
 
 
 @contextlib.contextmanager

@@ -17,18 +17,18 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
 from dali_pipes.pipelines.base import PipelineSpec
 from dali_pipes.pipelines.classification import ClassificationTrain, ClassificationVal
 from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD, ColorJitter, DecoderHints
+from dali_pipes.pipelines.detection import Detection, DetectionVal
+from dali_pipes.pipelines.features import Features
 
 __all__ = [
     "ClassificationTrain",
     "ClassificationVal",
     "ColorJitter",
     "DecoderHints",
+    "Detection",
+    "DetectionVal",
+    "Features",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "PipelineSpec",
 ]
-
-# Detection and feature-array specs (issue 4). Re-exported here; the lead adds them to
-# __all__ together with the test that pins it (tests/test_pipelines.py::test_public_names).
-from dali_pipes.pipelines.detection import Detection, DetectionVal  # noqa: E402
-from dali_pipes.pipelines.features import Features  # noqa: E402
