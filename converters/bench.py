@@ -122,8 +122,14 @@ def run_conversion_benchmark(
 
         timed("copy", lambda target: _copy_files(files, Path(images), target, workers))
         timed("load+check", lambda target: _load_all(source, items, workers))
-        for fmt in formats:
-            timed(fmt, lambda target, fmt=fmt: convert(source, target, format=fmt, workers=workers, progress=False))
+        runner_log = logging.getLogger("converters.runner")
+        level = runner_log.level
+        runner_log.setLevel(logging.WARNING)  # one summary line per timed run would drown the table
+        try:
+            for fmt in formats:
+                timed(fmt, lambda target, fmt=fmt: convert(source, target, format=fmt, workers=workers, progress=False))
+        finally:
+            runner_log.setLevel(level)
 
     copy_seconds = rows[0]["seconds"]
     for row in rows:
