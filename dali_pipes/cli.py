@@ -8,10 +8,11 @@ work lives in the library. Errors a user can fix are printed as one line
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from dali_pipes.manifest import FORMATS, ManifestError
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_synth(commands)
     _add_bench_convert(commands)
     _add_demo(commands)
+    _add_show(commands)
     _add_bench(commands)
     _add_tune(commands)
     _add_doctor(commands)
@@ -341,6 +343,29 @@ def _demo(args) -> int:
     return 0
 
 
+def _add_show(commands) -> None:
+    from dali_pipes.show import PIPELINES
+
+    p = commands.add_parser("show", help="a PNG grid of augmented samples with their labels (and boxes), to check by eye")
+    p.add_argument("dataset", type=Path, help="a dataset folder written by 'dali-pipes convert'")
+    p.add_argument("--pipeline", choices=PIPELINES, default="train", help="which augmentation (default: train)")
+    p.add_argument("--out", type=Path, default=Path("grid.png"), metavar="OUT.png", help="(default: grid.png)")
+    p.add_argument("--num", type=int, default=16, help="samples in the grid (default: 16)")
+    p.add_argument("--seed", type=int, default=0, help="another seed shows other samples and augmentations")
+    p.add_argument("--size", type=int, metavar="PX", help="output size (default: 224, detection 300)")
+    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
+    p.set_defaults(handler=_show)
+
+
+def _show(args) -> int:
+    from dali_pipes.show import show
+
+    path = show(args.dataset, args.out, pipeline=args.pipeline, num=args.num, seed=args.seed, size=args.size,
+                device=args.device)
+    print(f"{path}: {args.num} {args.pipeline} samples of {args.dataset}")
+    return 0
+
+
 # --- loader benchmarks, tuning and the bottleneck report -----------------------------------
 
 
@@ -364,27 +389,34 @@ def _add_bench(commands) -> None:
     p.set_defaults(handler=_bench)
 
 
-def _quiet_loaders(args) -> None:
+@contextlib.contextmanager
+def _quiet_loaders(args) -> Iterator[None]:
     # The benchmarks build dozens of loaders; one log line each would bury the table.
+    logger = logging.getLogger("dali_pipes.loader")
+    level = logger.level
     if not args.verbose:
-        logging.getLogger("dali_pipes.loader").setLevel(logging.WARNING)
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)  # main() may run in-process (tests, notebooks): leave logging as found
 
 
 def _bench(args) -> int:
     from dali_pipes.bench.report import format_table, write_json, write_plot
     from dali_pipes.bench.suites import run_bench
 
-    _quiet_loaders(args)
-    report = run_bench(
-        args.dataset,
-        suite=args.suite,
-        batch_size=args.batch_size,
-        images=args.images,
-        quick=args.quick,
-        settings=args.settings,
-        dtype=args.dtype,
-        progress=not args.no_progress,
-    )
+    with _quiet_loaders(args):
+        report = run_bench(
+            args.dataset,
+            suite=args.suite,
+            batch_size=args.batch_size,
+            images=args.images,
+            quick=args.quick,
+            settings=args.settings,
+            dtype=args.dtype,
+            progress=not args.no_progress,
+        )
     print(format_table(report))
     if args.json is not None:
         print(f"figures: {write_json(report, args.json)}")
@@ -410,9 +442,9 @@ def _add_tune(commands) -> None:
 def _tune(args) -> int:
     from dali_pipes.bench.tune import format_tune, save_settings, tune
 
-    _quiet_loaders(args)
-    result = tune(args.dataset, batch_size=args.batch_size, quick=args.quick, device=args.device, dtype=args.dtype,
-                  progress=not args.no_progress)
+    with _quiet_loaders(args):
+        result = tune(args.dataset, batch_size=args.batch_size, quick=args.quick, device=args.device, dtype=args.dtype,
+                      progress=not args.no_progress)
     print(format_tune(result, save_settings(result, args.out)))
     return 0
 
@@ -438,9 +470,9 @@ def _doctor(args) -> int:
 
     from dali_pipes.bench.doctor import format_doctor, run_doctor
 
-    _quiet_loaders(args)
-    report = run_doctor(args.dataset, model=args.model, batch_size=args.batch_size, steps=args.steps, quick=args.quick,
-                        device=args.device, settings=args.settings, progress=not args.no_progress)
+    with _quiet_loaders(args):
+        report = run_doctor(args.dataset, model=args.model, batch_size=args.batch_size, steps=args.steps,
+                            quick=args.quick, device=args.device, settings=args.settings, progress=not args.no_progress)
     print(format_doctor(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

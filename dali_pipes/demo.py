@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-import numpy as np
+from dali_pipes.show import write_grid  # the grid moved to `dali-pipes show`; kept importable from here
 
 log = logging.getLogger(__name__)
 
@@ -106,36 +106,6 @@ def _throughput(batches: Iterable, count: int, *, key) -> tuple[object, float]:
         batch = next(iterator)
         images += len(batch[key])
     return first, images / (time.perf_counter() - start)
-
-
-def write_grid(images, labels, path: str | os.PathLike, *, classes=None, columns: int = 4, max_images: int = 16) -> Path:
-    """Save normalised images (a batch, NCHW or NHWC, any float dtype) as a labelled PNG grid."""
-    from PIL import Image, ImageDraw
-
-    from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD
-
-    array = images.detach().float().cpu().numpy()[:max_images] if hasattr(images, "detach") else np.asarray(images, np.float32)
-    if array.shape[1] == 3 and array.shape[-1] != 3:
-        array = array.transpose(0, 2, 3, 1)
-    if array.max() > 20:  # uint8 output, not normalised
-        pixels = array
-    else:
-        pixels = array * np.asarray(IMAGENET_STD) * 255 + np.asarray(IMAGENET_MEAN) * 255
-    pixels = np.clip(pixels, 0, 255).astype(np.uint8)
-    labels = [int(v) for v in np.asarray(labels.cpu() if hasattr(labels, "cpu") else labels).reshape(-1)[: len(pixels)]]
-    n, height, width, _ = pixels.shape
-    rows = (n + columns - 1) // columns
-    caption = 14
-    canvas = Image.new("RGB", (columns * width, rows * (height + caption)), "white")
-    draw = ImageDraw.Draw(canvas)
-    for i, (tile, label) in enumerate(zip(pixels, labels)):
-        x, y = (i % columns) * width, (i // columns) * (height + caption)
-        canvas.paste(Image.fromarray(tile), (x, y + caption))
-        name = classes[label] if classes is not None and 0 <= label < len(classes) else str(label)
-        draw.text((x + 2, y + 1), f"{label}: {name}", fill="black")
-    path = Path(path)
-    canvas.save(path)
-    return path
 
 
 def format_report(report: DemoReport) -> str:

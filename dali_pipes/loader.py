@@ -75,7 +75,9 @@ class DALILoader:
     processes reading the store (0: read in the main process), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
     (``"fork"``, or ``"spawn"``; by default fork unless this process has already
-    initialised CUDA, which must not be forked).
+    initialised CUDA, which must not be forked). ``settings`` is a file written by
+    ``dali-pipes tune``: its thread, worker and prefetch counts fill in the
+    arguments left unset, and its decoder hints go to the spec.
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -97,10 +99,21 @@ class DALILoader:
         world_size: int | None = None,
         num_threads: int | None = None,
         py_num_workers: int | None = None,
-        prefetch: int = 2,
+        prefetch: int | None = None,
         with_index: bool = False,
         py_start_method: str | None = None,
+        settings: str | os.PathLike | None = None,
     ) -> None:
+        if settings is not None:
+            # A file saved by `dali-pipes tune`: its values fill in what the caller left unset.
+            from dali_pipes.bench.tune import apply_settings, load_settings
+
+            tuned = load_settings(settings)
+            num_threads = tuned.get("num_threads") if num_threads is None else num_threads
+            py_num_workers = tuned.get("py_num_workers") if py_num_workers is None else py_num_workers
+            prefetch = tuned.get("prefetch") if prefetch is None else prefetch
+            pipeline = apply_settings(pipeline, settings)
+        prefetch = 2 if prefetch is None else prefetch
         _check_int("batch_size", batch_size, 1)
         _check_int("seed", seed, 0)
         _check_int("prefetch", prefetch, 1)

@@ -165,6 +165,29 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
     assert len(names) == len(report.rows), "two rows measure the same thing"
 
 
+def test_albumentations_holds_opencv_to_one_thread_before_its_first_use(dataset):
+    # The in-process row runs before the DataLoader rows fork their workers: a worker forked
+    # while OpenCV's thread pool is running can deadlock (seen with 500x375 images), so the
+    # transform must keep OpenCV from ever starting that pool.
+    import random
+
+    from dali_pipes.bench.backends import AlbumentationsTrainTransform
+    from dali_pipes.pipelines import ClassificationTrain
+    from dali_pipes.stores import open_store
+
+    if not _imports("albumentations"):
+        pytest.skip("albumentations does not import")
+    import cv2
+
+    transform = AlbumentationsTrainTransform(ClassificationTrain(size=224))
+    store = open_store(dataset)
+    try:
+        image = transform.from_bytes(store[0]["image"], random.Random(0))
+    finally:
+        store.close()
+    assert tuple(image.shape) == (3, 224, 224) and cv2.getNumThreads() == 1
+
+
 # --- tune ----------------------------------------------------------------------------------
 
 
@@ -183,6 +206,16 @@ def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
     with DALILoader(dataset, spec, batch_size=BATCH, device="cpu", **settings) as loader:
         seen = sum(len(batch["image"]) for batch in loader)
     assert seen == 48
+    # The same file given to the loader directly; explicit arguments win over it.
+    with DALILoader(dataset, ClassificationTrain(size=224), batch_size=BATCH, device="cpu", settings=path) as loader:
+        assert sum(len(batch["image"]) for batch in loader) == 48
+    # `dali-pipes bench --settings` runs the dali-pipes rows with them.
+    from dali_pipes.bench.inputs import bench_inputs
+
+    assert bench_inputs(dataset, batch_size=BATCH, settings=path).loader_settings == settings
+    path.write_text(path.read_text().replace(f'"num_threads": {settings["num_threads"]}', '"num_threads": 0'))
+    with pytest.raises(ValueError, match="num_threads"):
+        DALILoader(dataset, ClassificationTrain(size=224), batch_size=BATCH, device="cpu", settings=path)
 
 
 def test_load_settings_refuses_what_it_cannot_use(tmp_path):

@@ -106,8 +106,11 @@ class AlbumentationsTrainTransform(_LazyCompose):
     def _build(self) -> Any:
         albumentations = require("albumentations")
         cv2 = require("cv2")
-        # One OpenCV thread per DataLoader worker: the workers are the parallelism,
-        # and OpenCV's own pool would oversubscribe the cores.
+        # One OpenCV thread, set before OpenCV's first use in this process: the DataLoader
+        # workers are the parallelism (OpenCV's pool would oversubscribe the cores), the
+        # in-process row (num_workers=0) is then per-core like PIL, and no pool threads
+        # exist when workers are forked (a worker forked while that pool runs can deadlock
+        # in its first resize: seen with 500x375 images).
         cv2.setNumThreads(1)
         spec = self.spec
         steps = [

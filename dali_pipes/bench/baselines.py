@@ -50,6 +50,8 @@ class PilTrainTransform:
     saturation: float = 0.4
     hue: float = 0.1
     jitter: bool = True
+    mean: tuple[float, float, float] = IMAGENET_MEAN
+    std: tuple[float, float, float] = IMAGENET_STD
 
     @classmethod
     def from_spec(cls, spec: Any) -> "PilTrainTransform":
@@ -65,6 +67,8 @@ class PilTrainTransform:
             saturation=jitter.saturation if jitter else 0.0,
             hue=jitter.hue if jitter else 0.0,
             jitter=jitter is not None and not jitter.is_identity,
+            mean=tuple(spec.mean),
+            std=tuple(spec.std),
         )
 
     def from_bytes(self, data: bytes, rng: random.Random) -> torch.Tensor:
@@ -80,7 +84,7 @@ class PilTrainTransform:
             image = image.transpose(Image.FLIP_LEFT_RIGHT)
         if self.jitter:
             image = self._jitter(image, rng)
-        return to_normalized_tensor(image)
+        return to_normalized_tensor(image, self.mean, self.std)
 
     def _jitter(self, image: Image.Image, rng: random.Random) -> Image.Image:
         steps = [
@@ -95,10 +99,12 @@ class PilTrainTransform:
         return image
 
 
-def to_normalized_tensor(image: Image.Image) -> torch.Tensor:
-    """HWC uint8 PIL image -> CHW float32 tensor normalised with the ImageNet mean and std."""
+def to_normalized_tensor(
+    image: Image.Image, mean: Sequence[float] = IMAGENET_MEAN, std: Sequence[float] = IMAGENET_STD
+) -> torch.Tensor:
+    """HWC uint8 PIL image -> CHW float32 tensor normalised with ``mean`` and ``std`` (0..1 scale, ImageNet's by default)."""
     array = np.asarray(image, dtype=np.float32) / 255.0
-    array = (array - np.asarray(IMAGENET_MEAN, np.float32)) / np.asarray(IMAGENET_STD, np.float32)
+    array = (array - np.asarray(mean, np.float32)) / np.asarray(std, np.float32)
     return torch.from_numpy(np.ascontiguousarray(array.transpose(2, 0, 1)))
 
 
@@ -190,9 +196,12 @@ def imagefolder_files(root: str | os.PathLike) -> list[tuple[Path, int]]:
 
 
 def pil_dataloader(
-    dataset: torch.utils.data.Dataset, *, batch_size: int, num_workers: int, shuffle: bool = True
+    dataset: torch.utils.data.Dataset, *, batch_size: int, num_workers: int, shuffle: bool = True, timeout: float = 0
 ) -> torch.utils.data.DataLoader:
-    """The ``DataLoader`` configuration of a typical training script (persistent workers, pinned when CUDA is there)."""
+    """The ``DataLoader`` configuration of a typical training script (persistent workers, pinned when CUDA is there).
+
+    ``timeout``: seconds to wait for a worker's batch before raising (0: for ever, torch's default).
+    """
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=batch_size,
@@ -201,4 +210,5 @@ def pil_dataloader(
         pin_memory=torch.cuda.is_available(),
         persistent_workers=num_workers > 0,
         drop_last=False,
+        timeout=timeout if num_workers > 0 else 0,
     )

@@ -69,9 +69,15 @@ def equal_content(
     finally:
         store.close()
     content = EqualContent(root, tuple(imagefolder_files(root)))
-    for fmt in FORMATS:
-        log.info("formats: converting %d images to %s", content.count, fmt)
-        out = tmp / fmt
-        convert(ImageFolderSource(root), out, format=fmt, workers=workers, progress=progress)
-        content.datasets[fmt] = out
+    runner_log = logging.getLogger("converters.runner")
+    level = runner_log.level
+    runner_log.setLevel(logging.WARNING)  # the line below says it once; the runner's summaries would repeat it
+    try:
+        for fmt in FORMATS:
+            log.info("formats: converting %d images to %s", content.count, fmt)
+            out = tmp / fmt
+            convert(ImageFolderSource(root), out, format=fmt, workers=workers, progress=progress)
+            content.datasets[fmt] = out
+    finally:
+        runner_log.setLevel(level)
     return content

@@ -16,6 +16,9 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from dali_pipes.bench.runner import Skipped, Target, cycle, delivered
 
+#: Seconds a DataLoader row waits for one batch before it fails.
+BATCH_TIMEOUT = 300.0
+
 
 def require_cuda() -> None:
     """Raise :class:`Skipped` when there is no CUDA device."""
@@ -52,7 +55,8 @@ def dataloader_stream(dataset: Any, *, batch_size: int, num_workers: int, target
     """The baseline ``DataLoader`` (:func:`~dali_pipes.bench.baselines.pil_dataloader`) over ``dataset``."""
     from dali_pipes.bench.baselines import pil_dataloader
 
-    loader = pil_dataloader(dataset, batch_size=batch_size, num_workers=num_workers)
+    # A worker that hangs (a library deadlocked by fork) becomes a failed row, not a stuck benchmark.
+    loader = pil_dataloader(dataset, batch_size=batch_size, num_workers=num_workers, timeout=BATCH_TIMEOUT)
     batches = cycle(loader)
     try:
         yield delivered(batches, target)

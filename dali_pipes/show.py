@@ -1,0 +1,185 @@
+"""``dali-pipes show``: a PNG grid of augmented samples, to check by eye that an augmentation is sane.
+
+:func:`show` runs one batch of a dataset through a pipeline spec (the same
+:class:`~dali_pipes.DALILoader` a training script uses) and :func:`write_grid`
+lays it out: one tile per sample, a caption strip above it with the label and
+class name, and for detection batches the boxes drawn in the output pixels
+(only the first ``num_boxes`` rows of each sample; the rest is padding).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+#: ``--pipeline`` names -> what they run.
+PIPELINES: tuple[str, ...] = ("train", "val", "detection", "detection-val")
+#: Height in pixels of the caption strip above each tile.
+CAPTION = 14
+#: Box outline width in pixels.
+BOX_WIDTH = 2
+# Saturated colours that stand out against photos; box k of class c takes PALETTE[c % len].
+PALETTE: tuple[tuple[int, int, int], ...] = (
+    (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 128, 0), (128, 0, 255),
+)
+
+
+def box_color(label: int) -> tuple[int, int, int]:
+    """The RGB colour boxes of class ``label`` are drawn in."""
+    return PALETTE[int(label) % len(PALETTE)]
+
+
+def make_spec(pipeline: str, *, size: int | None = None) -> Any:
+    """The pipeline spec behind a ``--pipeline`` name, at ``size`` (default 224, detection 300)."""
+    from dali_pipes.pipelines import ClassificationTrain, ClassificationVal, Detection, DetectionVal
+
+    if pipeline not in PIPELINES:
+        raise ValueError(f"unknown pipeline {pipeline!r}; choose from {', '.join(PIPELINES)}")
+    if pipeline == "train":
+        return ClassificationTrain(size=size or 224)
+    if pipeline == "val":
+        size = size or 224
+        # The usual 224/256 ratio of ImageNet evaluation.
+        return ClassificationVal(size=size, resize=max(size, round(size * 256 / 224)))
+    side = size or 300
+    return (Detection if pipeline == "detection" else DetectionVal)(size=(side, side))
+
+
+def show(
+    dataset: str | os.PathLike,
+    out: str | os.PathLike,
+    *,
+    pipeline: str = "train",
+    num: int = 16,
+    seed: int = 0,
+    size: int | None = None,
+    device: str = "auto",
+    columns: int = 4,
+) -> Path:
+    """Write a grid of ``num`` augmented samples of ``dataset`` through ``pipeline`` to ``out``; return its path.
+
+    The samples are the first batch of a shuffled epoch with ``seed``, so
+    another seed shows other samples and other random augmentations.
+    """
+    from dali_pipes.loader import DALILoader
+
+    if num < 1:
+        raise ValueError(f"num must be at least 1, got {num}")
+    spec = make_spec(pipeline, size=size)
+    with DALILoader(dataset, spec, batch_size=num, shuffle=True, seed=seed, device=device, py_num_workers=0) as loader:
+        classes = loader.store.manifest.classes
+        batch = next(iter(loader))
+    detection = pipeline.startswith("detection")
+    log.info("show: %d %s samples of %s", len(batch["image"]), pipeline, dataset)
+    return write_grid(
+        batch["image"],
+        batch["labels"] if detection else batch["label"],
+        out,
+        classes=classes,
+        columns=columns,
+        max_images=num,
+        boxes=batch["boxes"] if detection else None,
+        num_boxes=batch["num_boxes"] if detection else None,
+    )
+
+
+def _numpy(value: Any) -> np.ndarray:
+    """A torch tensor (any device) or array-like as a numpy array."""
+    if hasattr(value, "detach"):
+        value = value.detach().cpu()
+    return np.asarray(value)
+
+
+def to_pixels(images: Any, *, mean: Sequence[float] | None = None, std: Sequence[float] | None = None) -> np.ndarray:
+    """A batch (NCHW or NHWC; normalised float or uint8) as uint8 NHWC pixels.
+
+    Normalised batches are mapped back with ``mean``/``std`` (default: ImageNet's,
+    the specs' default).
+    """
+    from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD
+
+    array = _numpy(images).astype(np.float32)
+    if array.ndim != 4:
+        raise ValueError(f"images must be a batch of shape (N, C, H, W) or (N, H, W, C), got {array.shape}")
+    if array.shape[1] == 3 and array.shape[-1] != 3:
+        array = array.transpose(0, 2, 3, 1)
+    if array.size and array.max() > 20:  # uint8 output, not normalised
+        pixels = array
+    else:
+        mean = np.asarray(IMAGENET_MEAN if mean is None else mean)
+        std = np.asarray(IMAGENET_STD if std is None else std)
+        pixels = array * std * 255 + mean * 255
+    return np.clip(pixels, 0, 255).astype(np.uint8)
+
+
+def _class_name(label: int, classes: Sequence[str] | None) -> str:
+    return str(classes[label]) if classes is not None and 0 <= label < len(classes) else str(label)
+
+
+def write_grid(
+    images: Any,
+    labels: Any,
+    path: str | os.PathLike,
+    *,
+    classes: Sequence[str] | None = None,
+    columns: int = 4,
+    max_images: int = 16,
+    boxes: Any = None,
+    num_boxes: Any = None,
+) -> Path:
+    """Save a batch as a labelled PNG grid of ``columns`` tiles per row; return the path.
+
+    ``images``: NCHW or NHWC, normalised float or uint8. Classification:
+    ``labels`` holds one integer per image, written as ``label: class``.
+    Detection: ``labels`` is ``(N, M)``, ``boxes`` ``(N, M, 4)`` xyxy in the
+    output pixels and ``num_boxes`` ``(N,)``; the first ``num_boxes[i]`` boxes
+    of image ``i`` are drawn in :func:`box_color` of their label, and the
+    caption lists their class names.
+    """
+    from PIL import Image, ImageDraw
+
+    if columns < 1:
+        raise ValueError(f"columns must be at least 1, got {columns}")
+    pixels = to_pixels(images)[:max_images]
+    n, height, width, _ = pixels.shape
+    label_array = _numpy(labels)
+    detection = boxes is not None
+    if detection:
+        if num_boxes is None:
+            raise ValueError("write_grid: boxes given without num_boxes (how many rows of each sample are real)")
+        box_array = _numpy(boxes).astype(np.float32)
+        counts = _numpy(num_boxes).reshape(-1).astype(int)
+    else:
+        label_array = label_array.reshape(-1)
+    columns = min(columns, n) if n else columns
+    rows = (n + columns - 1) // columns
+    canvas = Image.new("RGB", (columns * width, rows * (height + CAPTION)), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, tile in enumerate(pixels):
+        x, y = (i % columns) * width, (i // columns) * (height + CAPTION)
+        canvas.paste(Image.fromarray(tile), (x, y + CAPTION))
+        if not detection:
+            label = int(label_array[i])
+            draw.text((x + 2, y + 1), f"{label}: {_class_name(label, classes)}", fill="black")
+            continue
+        count = int(counts[i])
+        names = []
+        for (x1, y1, x2, y2), label in zip(box_array[i, :count], label_array[i, :count]):
+            label = int(label)
+            names.append(_class_name(label, classes))
+            # Clip to the tile so that a box never bleeds into its neighbour.
+            left, right = x + max(0.0, min(x1, x2)), x + min(width - 1.0, max(x1, x2))
+            top, bottom = y + CAPTION + max(0.0, min(y1, y2)), y + CAPTION + min(height - 1.0, max(y1, y2))
+            if right > left and bottom > top:
+                draw.rectangle((left, top, right, bottom), outline=box_color(label), width=BOX_WIDTH)
+        draw.text((x + 2, y + 1), f"{count} box(es): {', '.join(names)}"[:60], fill="black")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    canvas.save(path)
+    return path
