@@ -20,14 +20,13 @@ what an uninterrupted run writes, whatever the worker count.
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import logging
-import multiprocessing as mp
 import os
 import shutil
 import time
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,6 +34,7 @@ from typing import Any, Sequence
 from tqdm import tqdm
 
 from converters.base import ConversionError, Item, SampleError, Source
+from converters.engines import LocalEngine, make_engine
 from converters.planner import ShardPlan, plan_shards
 from converters.writers import writer_class
 from dali_pipes import __version__
@@ -94,6 +94,8 @@ def convert(
     workers: int | None = None,
     on_error: str = "skip",
     progress: bool = True,
+    engine: str = "local",
+    scheduler: str | None = None,
 ) -> ConvertResult:
     """Convert ``source`` into a dataset folder ``out`` of ``format`` shards.
 
@@ -103,6 +105,10 @@ def convert(
     wrote, and raises :class:`SampleError`. Re-running an interrupted conversion
     with the same arguments completes it. Raises :class:`ConversionError` for a
     job that cannot start (bad option, empty input, output holding something else).
+
+    ``engine="dask"`` runs the shards on the Dask cluster at ``scheduler`` instead
+    (``workers`` is then unused); the output is the same bytes, and either engine
+    resumes what the other left unfinished.
     """
     started = time.perf_counter()
     if format not in FORMATS:
@@ -112,6 +118,7 @@ def convert(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise ConversionError(f"--workers must be at least 1, got {workers}")
+    runner = make_engine(engine, workers=workers, scheduler=scheduler, initializer=_init_worker)
 
     out = Path(out)
     items = source.items()
@@ -135,7 +142,7 @@ def convert(
             log.info("resuming: %d of %d shards were already written", len(results), len(plans))
         todo = [p for p in plans if p.number not in results]
         try:
-            _run_shards(source, format, items, todo, out, on_error, workers, progress, results, len(items))
+            _run_shards(source, format, items, todo, out, on_error, runner, progress, results, len(items))
         except SampleError:
             # --on-error fail: nothing of this job may look usable afterwards.
             _discard_job(out, created)
@@ -336,48 +343,24 @@ class _Stopped(Exception):
     """Another worker failed with --on-error fail; this shard is abandoned."""
 
 
-def _run_shards(source, fmt, items, todo, out, on_error, workers, progress, results, total) -> None:
+def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, results, total) -> None:
+    """Write the shards of ``todo`` with ``engine`` (or in this process when there is one worker or shard)."""
     done_before = sum(results[n]["num_samples"] + len(results[n]["errors"]) for n in results)
     bar = tqdm(total=total, initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05)
     try:
-        if workers == 1 or len(todo) <= 1:
+        if isinstance(engine, LocalEngine) and (engine.workers == 1 or len(todo) <= 1):
             _init_worker(None, None)
             for plan in todo:
                 record = write_shard(source, fmt, plan, items[plan.start : plan.stop], out, on_error, bar.update)
                 results[plan.number] = record
             return
-        ctx = mp.get_context("spawn")  # fork is unsafe once DALI or torch threads exist in this process
-        queue = ctx.Queue()
-        stop = ctx.Event()
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=ctx, initializer=_init_worker, initargs=(queue, stop)) as pool:
-            pending: dict[Future, ShardPlan] = {
-                pool.submit(write_shard, source, fmt, plan, items[plan.start : plan.stop], out, on_error): plan
-                for plan in todo
-            }
-            try:
-                while pending:
-                    finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                    _drain(queue, bar)
-                    for future in finished:
-                        plan = pending.pop(future)
-                        results[plan.number] = future.result()
-            except BaseException:
-                stop.set()
-                for future in pending:
-                    future.cancel()
-                raise
-            finally:
-                _drain(queue, bar)
+        # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
+        where = out.absolute()
+        tasks = [(plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], where, on_error)) for plan in todo]
+        for number, record in engine.run(tasks, bar.update):
+            results[number] = record
     finally:
         bar.close()
-
-
-def _drain(queue: Any, bar: tqdm) -> None:
-    while True:
-        try:
-            bar.update(queue.get_nowait())
-        except Exception:  # noqa: BLE001 - queue.Empty, or a closed queue at shutdown
-            return
 
 
 def write_shard(
@@ -400,6 +383,9 @@ def write_shard(
     errors: list[dict[str, str]] = []
     count = 0
     unreported = 0
+    # A retried task (a Dask worker died mid-shard) finds the dead attempt's half-written files.
+    for stale in out.glob(f"{glob.escape(tmp.name)}*"):
+        stale.unlink(missing_ok=True)
     writer = writer_cls(tmp, fields)
     try:
         for item in items:

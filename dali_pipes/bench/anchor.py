@@ -58,8 +58,13 @@ def file_reader_stream(
     )
 
     def pairs() -> Iterator[tuple[Any, Any]]:
+        # next() rather than a for loop: iter() on an auto-resetting DALI iterator asks it to
+        # reset again, which it refuses mid-epoch with a warning.
         while True:
-            for batch in iterator:
-                yield batch[0]["image"], batch[0]["label"]
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                continue  # auto_reset has already started the next epoch
+            yield batch[0]["image"], batch[0]["label"]
 
     yield delivered(pairs(), target)
