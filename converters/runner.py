@@ -385,7 +385,10 @@ def write_shard(
     unreported = 0
     # A retried task (a Dask worker died mid-shard) finds the dead attempt's half-written files.
     for stale in out.glob(f"{glob.escape(tmp.name)}*"):
-        stale.unlink(missing_ok=True)
+        if stale.is_dir():
+            shutil.rmtree(stale, ignore_errors=True)
+        else:
+            stale.unlink(missing_ok=True)
     writer = writer_cls(tmp, fields)
     try:
         for item in items:

@@ -121,6 +121,13 @@ def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_
         "--shard-size", metavar="SIZE", help="input bytes per shard, like 1GB or 512MB (default: 1GB, less for small sets)"
     )
     p.add_argument("--workers", type=int, metavar="K", help="writer processes (default: all cores)")
+    p.add_argument(
+        "--engine",
+        choices=("local", "dask"),
+        default="local",
+        help="where shards are written: local processes, or a Dask cluster (needs dali-pipes[dask]) (default: local)",
+    )
+    p.add_argument("--scheduler", metavar="ADDRESS", help="the Dask scheduler, e.g. tcp://10.0.0.1:8786 (with --engine dask)")
     p.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="bad inputs: leave out and list (skip) or stop (fail)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if images:
@@ -181,6 +188,8 @@ def _convert(source, out: Path, args) -> int:
         workers=args.workers,
         on_error=args.on_error,
         progress=not args.no_progress,
+        engine=args.engine,
+        scheduler=args.scheduler,
     )
     if result.already_complete:
         print(f"{out}: already complete ({result.num_samples:,} samples); nothing to do")

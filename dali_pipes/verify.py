@@ -53,7 +53,7 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False, progress: b
     store = Store(root, manifest)
     bar = tqdm(total=manifest.num_samples, unit="sample", desc="verify", disable=not progress)
     try:
-        for (start, shard), reader in zip(manifest.iter_shards(), store._shards):
+        for (start, shard), reader in zip(manifest.iter_shards(), store.shard_readers):
             problem = _check_files(root, shard)
             if problem:
                 report.problems.append(f"shard {shard.path}: {problem}")

@@ -74,6 +74,11 @@ class Store:
             yield self[i]
 
     @property
+    def shard_readers(self) -> list[ShardReader]:
+        """One reader per shard, in manifest order (for tools that walk a dataset shard by shard)."""
+        return list(self._shards)
+
+    @property
     def fields(self):
         """The manifest's fields (name -> :class:`~dali_pipes.manifest.Field`)."""
         return self.manifest.fields
