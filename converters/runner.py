@@ -19,6 +19,7 @@ what an uninterrupted run writes, whatever the worker count.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import hashlib
@@ -411,12 +412,21 @@ def write_shard(
                 _report(unreported, on_progress)
                 unreported = 0
         writer.close()
-    except BaseException:
-        writer.abort()
+    except BaseException as exc:
+        try:
+            writer.abort()
+        except Exception as abort_exc:  # noqa: BLE001 - closing may flush, and fail again (disk full)
+            # The shard is discarded anyway: its removal below, and the first error, are what matter.
+            log.debug("closing the abandoned %s failed too: %s", tmp.name, abort_exc)
         tmp.unlink(missing_ok=True)
         index = writer.index_path()
         if index is not None:
             index.unlink(missing_ok=True)
+        if _is_disk_full(exc):
+            raise ConversionError(
+                f"{final}: disk full while writing this shard ({exc}); nothing of it was kept. "
+                "Free space and run the same command again to continue"
+            ) from exc
         raise
     _report(unreported, on_progress)
 
@@ -448,3 +458,25 @@ def _report(count: int, on_progress) -> None:
         on_progress(count)
     elif _progress_queue is not None:
         _progress_queue.put(count)
+
+
+#: errno values that mean "no room for these bytes": a full disk, a full quota, or a file-size limit.
+_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a write refused for want of space.
+
+    Writers wrap OS errors differently (LMDB and HDF5 raise their own types), so besides
+    ``errno`` the message is checked for the system's words for these errors.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, OSError) and current.errno in _DISK_FULL:
+            return True
+        if any(os.strerror(code) in str(current) for code in _DISK_FULL):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

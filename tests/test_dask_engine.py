@@ -1,0 +1,171 @@
+"""Conversion on a Dask cluster: a real LocalCluster on loopback, one worker killed mid-job."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from converters.synth import make_imagefolder
+from dali_pipes.verify import verify_dataset
+
+from test_convert import CLI, run_cli, shard_digests  # noqa: E402 - shared helpers
+
+NUM_IMAGES = 120
+PER_SHARD = 10
+
+
+@pytest.fixture(scope="module")
+def images(tmp_path_factory) -> Path:
+    return make_imagefolder(tmp_path_factory.mktemp("synth") / "images", NUM_IMAGES, size=(128, 96), classes=3)
+
+
+# The cluster runs in its own process, and this test process never imports distributed:
+# importing it installs tblib's pickling of every exception process-wide (copyreg), which
+# the loader's worker shared memory then refuses, failing the loader tests that follow.
+_CLUSTER = """
+import json, os, sys
+import dask, distributed
+# Read when the scheduler starts: how many worker deaths one task may live through.
+dask.config.set({"distributed.scheduler.allowed-failures": 10})
+cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None)
+client = distributed.Client(cluster)
+def report():
+    client.wait_for_workers(2, timeout=60)
+    print(json.dumps({"address": cluster.scheduler_address, "pids": client.run(os.getpid)}), flush=True)
+report()
+for line in sys.stdin:  # each line asks for the workers again; end of input closes the cluster
+    report()
+client.close()
+cluster.close()
+"""
+
+needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="needs dali-pipes[dask]")
+
+
+class Cluster:
+    """A LocalCluster (two single-threaded worker processes behind nannies) in a child process."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+        )
+        first = self._read()
+        self.address: str = first["address"]
+        self.pids: dict[str, int] = first["pids"]
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError("the Dask LocalCluster process ended before reporting its workers")
+        return json.loads(line)
+
+    def worker_pids(self) -> dict[str, int]:
+        """The current workers, once two are running again."""
+        self.proc.stdin.write("pids\n")
+        self.proc.stdin.flush()
+        return self._read()["pids"]
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def cluster():
+    local = Cluster()
+    try:
+        yield local
+    finally:
+        local.close()
+
+
+def _records(out: Path) -> int:
+    return len(list((out / ".dali-pipes-job").glob("shard-*.json")))
+
+
+@pytest.mark.timeout(300)
+@needs_dask
+def test_dask_conversion_survives_a_killed_worker_and_equals_a_local_run(images, tmp_path, cluster):
+    common = ["--samples-per-shard", PER_SHARD, "--no-progress"]
+    reference = tmp_path / "reference"
+    run_cli("convert", "imagefolder", images, reference, "--workers", "2", *common)
+
+    out = tmp_path / "dask"
+    proc = subprocess.Popen(
+        [*CLI, *map(str, ["convert", "imagefolder", images, out, "--engine", "dask", "--scheduler", cluster.address, *common])],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    pids = cluster.pids  # worker address -> pid
+    victim = sorted(pids)[0]
+    deadline = time.monotonic() + 120
+    while _records(out) < 1:
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the Dask conversion ended or stalled before its first shard:\n{proc.communicate()[1]}")
+        time.sleep(0.005)
+    recorded_at_kill = _records(out)
+    os.kill(pids[victim], signal.SIGKILL)
+    # The kill must have landed mid-job, or this test shows nothing about recovery.
+    assert recorded_at_kill < NUM_IMAGES // PER_SHARD and not (out / "index.json").exists()
+
+    stdout, stderr = proc.communicate(timeout=240)
+    assert proc.returncode == 0, f"the Dask conversion failed after a worker was killed:\n{stdout}\n{stderr}"
+    assert verify_dataset(out, progress=False).ok
+    assert shard_digests(out) == shard_digests(reference)
+    assert (out / "index.json").read_bytes() == (reference / "index.json").read_bytes()
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
+    # The nanny replaced the killed worker: the cluster is whole again, with a new process.
+    assert pids[victim] not in cluster.worker_pids().values()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--engine", "dask"], "--engine dask needs --scheduler"),
+        (["--scheduler", "tcp://127.0.0.1:1"], "--scheduler is only used with --engine dask"),
+    ],
+)
+def test_engine_options_are_checked_with_one_line_errors(images, tmp_path, args, message):
+    out = tmp_path / "out"
+    proc = run_cli("convert", "imagefolder", images, out, "--no-progress", *args, check=False)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [f"dali-pipes: error: {proc.stderr.strip().split('error: ', 1)[1]}"]
+    assert message in proc.stderr
+    assert not out.exists(), "a refused job must not create its output folder"
+
+
+def test_dask_engine_without_dask_installed_says_how_to_install(images, tmp_path):
+    # `import distributed` raises ImportError when its sys.modules entry is None.
+    code = "import sys; sys.modules['distributed'] = None; from dali_pipes.cli import main; sys.exit(main(sys.argv[1:]))"
+    out = tmp_path / "out"
+    args = ["convert", "imagefolder", images, out, "--no-progress", "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9"]
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert "pip install 'dali-pipes[dask]'" in proc.stderr
+    assert not out.exists(), "a refused job must not create its output folder"
+
+
+@needs_dask
+def test_unreachable_scheduler_is_a_clear_error(images, tmp_path):
+    out = tmp_path / "out"
+    args = ["convert", "imagefolder", images, out, "--no-progress", "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9"]
+    # Nothing listens on port 9; Dask's connect timeout (an environment setting) makes it give up soon.
+    env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"}
+    proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode != 0
+    assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in proc.stderr
+    assert not (out / "index.json").exists()
