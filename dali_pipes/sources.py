@@ -160,6 +160,7 @@ class StoreSource:
         self.last_batch = last_batch
         self.control = control
         self.with_index = bool(with_index)
+        self._owner_pid = os.getpid()  # the loader's process; any other process running us is a DALI worker
         self._converters: tuple[tuple[str, Callable[[Any], np.ndarray]], ...] = tuple(
             (name, _as_uint8 if store.fields[name].kind == "bytes" else np.asarray) for name in self.fields
         )
@@ -200,6 +201,8 @@ class StoreSource:
     def _load_plan(self, dali_epoch: int) -> None:
         # Called in the process that reads (a worker, or the main process without
         # workers), so the view it keeps is that process's own mapping.
+        if os.getpid() != self._owner_pid:
+            _forget_foreign_exception_reducers()
         self._values = values = self.control.values
         if values[_DALI_EPOCH] != dali_epoch:
             # A task of an epoch the loader already left; DALI discards its result.
@@ -227,6 +230,22 @@ class StoreSource:
         if self.with_index:
             out.append(np.array(index, dtype=np.int64))
         return tuple(out)
+
+
+def _forget_foreign_exception_reducers() -> None:
+    """In a DALI worker, undo libraries' global pickling hooks for exceptions.
+
+    ``distributed`` (Dask) installs tblib's reducers for every exception class at
+    import; a worker forked from such a process would then pickle even the
+    ``StopIteration`` that ends an epoch through tblib, and DALI's restricted
+    unpickler refuses that, failing the epoch. Workers only ever send plain
+    exceptions, so dropping those reducers in the worker is safe.
+    """
+    import copyreg
+
+    for cls, reducer in list(copyreg.dispatch_table.items()):
+        if isinstance(cls, type) and issubclass(cls, BaseException) and getattr(reducer, "__module__", "").startswith("tblib"):
+            del copyreg.dispatch_table[cls]
 
 
 def _as_uint8(value: bytes) -> np.ndarray:

@@ -169,3 +169,25 @@ def test_unreachable_scheduler_is_a_clear_error(images, tmp_path):
     assert proc.returncode != 0
     assert "cannot reach the Dask scheduler at tcp://127.0.0.1:9" in proc.stderr
     assert not (out / "index.json").exists()
+
+
+@pytest.mark.timeout(180)
+def test_the_loader_works_in_a_process_that_imported_dask(images, tmp_path):
+    # distributed installs tblib's exception pickling process-wide; the loader's forked
+    # workers must still end their epochs (StopIteration crosses to DALI pickled).
+    if importlib.util.find_spec("distributed") is None:
+        pytest.skip("dask[distributed] is not installed")
+    shards = tmp_path / "shards"
+    run_cli("convert", "imagefolder", images, shards, "--no-progress")
+    code = f"""
+import distributed
+from dali_pipes import ClassificationTrain, DALILoader
+loader = DALILoader({str(shards)!r}, ClassificationTrain(size=32), batch_size=16, py_num_workers=1,
+                    py_start_method="fork", with_index=True)
+for epoch in range(2):
+    seen = sorted(int(i) for batch in loader for i, pad in zip(batch["index"], batch["is_pad"]) if not pad)
+    assert seen == list(range({NUM_IMAGES})), seen
+print("two epochs ok")
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=150)
+    assert proc.returncode == 0 and "two epochs ok" in proc.stdout, proc.stderr[-2000:]
