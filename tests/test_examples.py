@@ -48,3 +48,34 @@ def test_ddp_example_trains_every_sample_once_per_epoch_and_resumes(tiny_dataset
 
     resumed = _torchrun(*common, "--epochs", "3", "--resume")
     assert re.findall(r"^epoch (\d+): (\d+) samples", resumed, re.M) == [("2", str(NUM_IMAGES))], resumed
+
+
+@pytest.mark.timeout(600)
+def test_multi_node_torchrun_two_nodes_on_loopback(tiny_dataset):
+    # Two torchrun "nodes" of one process each, meeting at a rendezvous on 127.0.0.1, as two
+    # machines sharing a filesystem would: together they cover the epoch exactly once.
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    torchrun = Path(sys.executable).with_name("torchrun")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    nodes = [
+        subprocess.Popen(
+            [str(torchrun), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}", "--master_addr=127.0.0.1",
+             f"--master_port={port}", "-m", "dali_pipes.examples.train_imagenet", str(tiny_dataset),
+             "--epochs", "1", "--batch-size", "8", "--size", "32"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        )
+        for rank in (0, 1)
+    ]
+    try:
+        outputs = [node.communicate(timeout=240) for node in nodes]
+    finally:
+        for node in nodes:  # a node left waiting at the rendezvous must not outlive the test
+            if node.poll() is None:
+                node.kill()
+    for node, (out, err) in zip(nodes, outputs):
+        assert node.returncode == 0, out + err
+    assert re.findall(r"^epoch 0: (\d+) samples.* on (\d+) process", outputs[0][0], re.M) == [(str(NUM_IMAGES), "2")]
