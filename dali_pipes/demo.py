@@ -59,6 +59,7 @@ def run_demo(
     from converters.sources import ImageFolderSource
     from converters.synth import make_imagefolder
     from dali_pipes.bench.baselines import StoreImageDataset, pil_dataloader
+    from dali_pipes.bench.runner import cycle
     from dali_pipes.loader import DALILoader
     from dali_pipes.pipelines import ClassificationTrain
 
@@ -79,19 +80,14 @@ def run_demo(
     spec = ClassificationTrain(size=224)
     loader = DALILoader(dataset, spec, batch_size=batch_size, device=device, seed=0)
     log.info("DALI training pipeline on %s: %d batches of %d", loader.device, batches, batch_size)
-    first_batch, dali_rate = _throughput(_cycle(loader), batches, key="image")
+    first_batch, dali_rate = _throughput(cycle(loader), batches, key="image")
 
     baseline = pil_dataloader(StoreImageDataset(dataset), batch_size=batch_size, num_workers=cores)
     log.info("baseline DataLoader(num_workers=%d) with PIL: %d batches", cores, baseline_batches)
-    _, baseline_rate = _throughput(_cycle(baseline), baseline_batches, key=0)
+    _, baseline_rate = _throughput(cycle(baseline), baseline_batches, key=0)
 
     grid = write_grid(first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes)
     return DemoReport(workdir, images, dataset, grid, loader.device, cores, batch_size, dali_rate, baseline_rate)
-
-
-def _cycle(loader) -> Iterable:
-    while True:
-        yield from loader
 
 
 def _throughput(batches: Iterable, count: int, *, key) -> tuple[object, float]:

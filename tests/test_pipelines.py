@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nvidia.dali import Pipeline, fn, pipeline_def
+from nvidia.dali import Pipeline, fn
 from PIL import Image
 
 from dali_pipes.pipelines import (
@@ -28,6 +28,7 @@ from dali_pipes.pipelines import (
     DecoderHints,
     PipelineSpec,
 )
+from pipeline_helpers import run_spec_batch  # noqa: E402 - shared test helper
 
 # ITU-R BT.601 luma, the Y of the YIQ space in which DALI's color_twist rotates hue.
 LUMA = np.array([0.299, 0.587, 0.114])
@@ -68,30 +69,9 @@ def encoded(files: list[Path]) -> list[np.ndarray]:
 
 
 def run_spec(spec: PipelineSpec, data: list[np.ndarray], *, seed: int = 42) -> tuple[list[np.ndarray], list[int]]:
-    """Run one batch of ``data`` (encoded files) through ``spec`` on the CPU: images and labels.
-
-    Plain specs go through ``with pipe:``, specs that need conditionals through
-    ``@pipeline_def(enable_conditionals=True)``: the two ways the loader may use.
-    """
-    labels = [np.array(10 + i, dtype=np.int64) for i in range(len(data))]
-    kwargs = dict(batch_size=len(data), num_threads=2, device_id=None, seed=seed, prefetch_queue_depth=1)
-
-    def graph():
-        image = fn.external_source(source=lambda: data, batch=True)
-        label = fn.external_source(source=lambda: labels, batch=True)
-        out = spec.build({"image": image, "label": label}, device="cpu")
-        assert set(out) == {"image", "label"}
-        return out["image"], out["label"]
-
-    if spec.needs_conditionals:
-        pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
-    else:
-        pipe = Pipeline(**kwargs)
-        with pipe:
-            pipe.set_outputs(*graph())
-    pipe.build()
-    images, out_labels = pipe.run()
-    return [np.array(t) for t in images], [int(np.array(t)) for t in out_labels]
+    """Run one batch of ``data`` (encoded files) through ``spec`` on the CPU: images and labels."""
+    images, labels, _, _ = run_spec_batch(spec, data, device="cpu", seed=seed)
+    return images, labels
 
 
 def round_half_up(x: float) -> int:

@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from nvidia.dali import Pipeline, fn, pipeline_def
 from nvidia.dali.tensors import TensorListGPU
 from PIL import Image
 
 from dali_pipes.pipelines import IMAGENET_MEAN, IMAGENET_STD, ClassificationTrain, ClassificationVal, ColorJitter
 from dali_pipes.pipelines import DecoderHints, PipelineSpec
+from pipeline_helpers import run_spec_batch  # noqa: E402 - shared test helper
 
 
 def _cuda_devices() -> int:
@@ -56,28 +56,8 @@ def odd_inputs(imagenet_mini: Path, coco_mini: Path) -> list[np.ndarray]:
 
 
 def run_spec(spec: PipelineSpec, data: list[np.ndarray], *, device: str, seed: int = 42):
-    """One batch through ``spec`` on ``device``: (images as numpy, labels, the raw image TensorList)."""
-    labels = [np.array(10 + i, dtype=np.int64) for i in range(len(data))]
-    kwargs = dict(batch_size=len(data), num_threads=2, device_id=0 if device == "gpu" else None, seed=seed,
-                  prefetch_queue_depth=1)
-
-    def graph():
-        image = fn.external_source(source=lambda: data, batch=True)
-        label = fn.external_source(source=lambda: labels, batch=True)
-        out = spec.build({"image": image, "label": label}, device=device)
-        return out["image"], out["label"]
-
-    if spec.needs_conditionals:
-        pipe = pipeline_def(graph, enable_conditionals=True, **kwargs)()
-    else:
-        pipe = Pipeline(**kwargs)
-        with pipe:
-            pipe.set_outputs(*graph())
-    pipe.build()
-    images, out_labels = pipe.run()
-    host_images = images.as_cpu() if isinstance(images, TensorListGPU) else images
-    host_labels = out_labels.as_cpu() if hasattr(out_labels, "as_cpu") else out_labels
-    return [np.array(t) for t in host_images], [int(np.array(t)) for t in host_labels], images, out_labels
+    """Images and labels on the host, and DALI's raw outputs (see :func:`run_spec_batch`)."""
+    return run_spec_batch(spec, data, device=device, seed=seed)
 
 
 def test_outputs_and_labels_live_on_the_gpu(photos):
