@@ -136,7 +136,7 @@ class ClassificationTrain(_ImageOutput):
             images = ops.auto_augment(images, self.auto_augment, size=self.size)
         if self.jitter is not None:
             # After the resize: the jitter then touches size*size pixels, not the crop's.
-            images = ops.color_jitter(images, self.jitter, device=device)
+            images = ops.color_jitter(images, self.jitter, device=device, output_dtype=self.dtype)
         return self._finish(images, inputs, device=device, mirror=ops.mirror_flag(self.flip))
 
 

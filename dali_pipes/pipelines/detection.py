@@ -248,7 +248,7 @@ class _DetectionOutput(_ImageOutput):
         images = fn.resize(images, device=device, size=out_hw, interp_type=types.INTERP_LINEAR, antialias=True)
         if jitter is not None:
             # After the resize: the jitter then touches the output's pixels, not the source's.
-            images = ops.color_jitter(images, jitter, device=device)
+            images = ops.color_jitter(images, jitter, device=device, output_dtype=self.dtype)
         # resize maps the whole input extent onto the whole output extent, so relative
         # boxes times the output size are exact in continuous coordinates.
         boxes = boxes * fn.stack(out_hw[1], out_hw[0], out_hw[1], out_hw[0])
