@@ -11,6 +11,25 @@ by :meth:`DALILoader.set_epoch` (or restored by :meth:`DALILoader.load_state_dic
 without either, the next pass after a complete one (or after one left part-way)
 covers the next epoch, so the order changes every epoch even if ``set_epoch`` is
 never called.
+
+Failures while iterating
+------------------------
+Every failure while iterating raises a :class:`LoaderError` that names the
+dataset and, where it can be found, the shard and sample: a shard that is
+missing, truncated or swapped (:class:`ShardReadError`, also a
+:class:`~dali_pipes.stores.StoreError`), an image DALI cannot decode, or a
+Python worker process that died (:class:`WorkerDiedError`).
+
+A dead worker needs watching from outside DALI: DALI 2.4's worker pool notices
+the death (its observer thread terminates the other workers), but a training
+thread that is then putting tasks on the shared queue waits for ever on a
+semaphore the dead worker never releases (``ShmQueue.put`` -> ``Condition.notify``
+waits for the sleeper it woke; checked with a SIGKILLed worker). So with
+``py_num_workers > 0`` the loader checks the workers before each call into DALI,
+and makes that call in one helper thread while the training thread waits on it
+with a timeout, checking the workers again every :data:`WATCH_INTERVAL`
+seconds. A call stuck on a dead worker is abandoned in its (daemon) thread and
+the training thread raises :class:`WorkerDiedError` instead of hanging.
 """
 
 from __future__ import annotations
@@ -19,8 +38,11 @@ import gc
 import logging
 import multiprocessing.util
 import os
+import queue
+import signal
+import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
@@ -33,16 +55,34 @@ if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must n
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DALILoader", "LoaderError"]
+__all__ = ["WATCH_INTERVAL", "DALILoader", "LoaderError", "ShardReadError", "WorkerDiedError"]
 
 #: Outputs the loader adds to those of the pipeline spec.
 RESERVED_OUTPUTS = ("is_pad", "index")
 _STATE_VERSION = 1
+#: Seconds between checks of the worker processes while a call into DALI is under way.
+#: A check is one ``waitpid(WNOHANG)`` per worker; the interval only bounds how
+#: long a dead worker can go unnoticed while the training thread waits on DALI.
+WATCH_INTERVAL = 0.2
+
+_T = TypeVar("_T")
 
 
 class LoaderError(RuntimeError):
     """The DALI pipeline failed while training; the message names the dataset and, when found, the sample."""
 
+
+class ShardReadError(LoaderError, StoreError):
+    """A shard could not be read while training: missing, truncated, damaged or swapped after conversion.
+
+    Both a :class:`LoaderError` (every failure of the loader is one) and a
+    :class:`~dali_pipes.stores.StoreError` (what the store raised). The message
+    names the shard and the sample and says to run ``dali-pipes verify``.
+    """
+
+
+class WorkerDiedError(LoaderError):
+    """A DALI Python worker process of the loader died (killed, crashed); the pipeline cannot go on."""
 
 
 @dataclass
@@ -159,13 +199,17 @@ class DALILoader:
             # Fork is cheaper, but a process that already initialised CUDA must not fork.
             py_start_method = "spawn" if _cuda_initialized() else "fork"
         self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
+        self._device_id = device_id
+        self._workers = _Workers(self._pipe)
+        # Calls into DALI go through a helper thread only when there are workers that can die.
+        self._caller = _Caller(f"dali-pipes-loader-{self.world.rank}") if self._workers.processes else None
         self._iterator = self._make_iterator()
         # DALI stops its Python workers only when the pipeline is garbage collected or
         # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
         # joins its children *before* that, so live workers would hang its exit; this
         # finalizer runs first (exitpriority >= 0), and also when the loader is dropped.
         self._stop_workers = multiprocessing.util.Finalize(
-            self, _close_worker_pool, args=(getattr(self._pipe, "_py_pool", None),), exitpriority=10
+            self, _close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
         )
 
         self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
@@ -184,6 +228,11 @@ class DALILoader:
             self.batch_size,
             self.batches_per_epoch,
         )
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """Process ids of DALI's Python workers reading the store (empty with ``py_num_workers=0``)."""
+        return self._workers.pids
 
     # --- construction -------------------------------------------------------------------------
 
@@ -357,7 +406,12 @@ class DALILoader:
         self._dali_epoch += 1
         self._control.publish(self._dali_epoch, epoch, start)
         if self._dali_epoch > 0:
-            self._iterator.reset()
+            current = self._pass
+            try:
+                # The reset schedules the new epoch's first tasks on the workers: a DALI call like next().
+                self._call_dali(self._iterator.reset, current)
+            except Exception as exc:  # noqa: BLE001 - every failure is explained and re-raised
+                self._fail(self._explain(exc, current), exc)
 
     def _batches(self, current: _Pass) -> Iterator[dict[str, Any]]:
         n = len(self.store)
@@ -392,16 +446,47 @@ class DALILoader:
         if current.drained:
             return None
         try:
-            return next(self._iterator)[0]
+            return self._call_dali(self._iterator.__next__, current)[0]
         except StopIteration:
             current.drained = True
             return None
         except Exception as exc:
-            error = self._explain(exc, current)
-            # Keep the message only: the exception's frames hold the pipeline in a reference cycle.
-            self._failure = str(error)
-            self._stop_workers()  # the pipeline is dead; do not leave its workers waiting
-            raise error from exc
+            self._fail(self._explain(exc, current), exc)
+
+    def _fail(self, error: BaseException, cause: BaseException) -> None:
+        """Mark the loader failed, stop DALI's workers and raise ``error``."""
+        # Keep the message only: the exception's frames hold the pipeline in a reference cycle.
+        self._failure = str(error)
+        if isinstance(error, WorkerDiedError):
+            # DALI cannot recover its pool; its survivors may wait on the dead one's locks.
+            self._workers.kill_all()
+        self._stop_workers()  # the pipeline is dead; do not leave its workers waiting
+        raise error from (None if error is cause else cause)
+
+    def _call_dali(self, call: Callable[[], _T], current: _Pass | None) -> _T:
+        """``call()`` (a DALI iterator call), raising :class:`WorkerDiedError` instead of hanging on a dead worker."""
+        if self._caller is None:
+            return call()
+
+        def check() -> None:
+            dead = self._workers.dead()
+            if dead is not None:
+                raise WorkerDiedError(self._worker_died_message(dead, current))
+
+        check()
+        if self.device == "gpu":
+            call = _on_stream_of_this_thread(call, self._device_id)
+        return self._caller.call(call, check, WATCH_INTERVAL)
+
+    def _worker_died_message(self, dead: str, current: _Pass | None) -> str:
+        where = f"rank {self.world.rank}"
+        if current is not None:
+            where = f"epoch {current.epoch}, batch {current.handed} on {where}"
+        return (
+            f"{self.store.root}: {dead} ({where}); the DALI pipeline cannot continue. Create a new DALILoader "
+            "and resume from the last state_dict(); if the kernel killed it for memory, use fewer "
+            "py_num_workers, a smaller prefetch or a smaller batch."
+        )
 
     def _finish_pass(self) -> None:
         """Bring DALI to the end of its epoch, cutting short a pass the user left part-way."""
@@ -415,18 +500,27 @@ class DALILoader:
 
     def _explain(self, exc: BaseException, current: _Pass) -> BaseException:
         """An exception naming the dataset and, when it can be found, the sample behind ``exc``."""
-        cause = exc.__cause__
-        if isinstance(exc, StoreError):
+        if isinstance(exc, LoaderError):
             return exc
-        if isinstance(cause, StoreError):  # raised in a DALI worker process
-            return StoreError(str(cause))
+        dead = self._workers.dead()
+        if dead is not None:  # DALI's own report of it is "Worker data receiving interrupted" at best
+            return WorkerDiedError(self._worker_died_message(dead, current))
+        # The store's message names the shard and sample and says what to do. The batch is
+        # the next one or one DALI was preparing ahead of it.
+        context = f" [rank {self.world.rank}, epoch {current.epoch}, batch {current.handed} or later]"
+        error = _store_error_in(exc)
+        if error is not None:
+            return ShardReadError(f"{error}{context}")
         from dali_pipes._diagnose import first_undecodable
 
         indices = self._source.indices(current.epoch, current.start)[0]
         # The failed batch is the next one or one DALI was preparing ahead of it.
         lo = current.handed * self.batch_size
         hi = lo + (self._prefetch + 2) * self.batch_size
-        found = first_undecodable(self.store, self._fields, indices[lo:hi])
+        try:
+            found = first_undecodable(self.store, self._fields, indices[lo:hi])
+        except StoreError as error:  # DALI lost the worker's error, but reading it again tells
+            return ShardReadError(f"{error}{context}")
         where = f"epoch {current.epoch}, batch {current.handed} on rank {self.world.rank}"
         if found is None:
             return LoaderError(f"{self.store.root}: the DALI pipeline failed ({where}): {exc}")
@@ -570,11 +664,158 @@ def _cuda_initialized() -> bool:
     return torch.cuda.is_initialized()
 
 
-def _close_worker_pool(pool: Any) -> None:
+def _store_error_in(exc: BaseException) -> StoreError | None:
+    """The :class:`StoreError` behind ``exc``, if any: DALI wraps a source's error once or twice."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        error = todo.pop()
+        if error is None or id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, StoreError):
+            return error
+        todo += [error.__cause__, error.__context__]
+    return None
+
+
+def _close_worker_pool(pool: Any, caller: _Caller | None = None) -> None:
     # ``Pipeline._py_pool`` is DALI's private attribute (DALI 1.x-2.x); without it
     # (no parallel source, or a DALI that renamed it) DALI's own clean-up remains.
+    if caller is not None:
+        caller.close()
     if pool is not None:
         pool.close()
+
+
+class _Workers:
+    """DALI's Python worker processes of one pipeline, and whether one of them died.
+
+    Reads DALI's private ``Pipeline._py_pool.pool._processes`` (the
+    ``multiprocessing.Process`` objects, DALI 1.x-2.x); where a DALI version
+    lacks it, nothing is watched and DALI's own behaviour remains.
+    """
+
+    def __init__(self, pipe: Any) -> None:
+        pool = getattr(pipe, "_py_pool", None)
+        processes = getattr(getattr(pool, "pool", None), "_processes", None)
+        self.processes: list[Any] = list(processes or [])
+        if pool is not None and not self.processes:
+            logger.warning("DALILoader: cannot find DALI's worker processes; a dead worker may hang the loader")
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids."""
+        return [proc.pid for proc in self.processes]
+
+    def dead(self) -> str | None:
+        """Which worker died and how, or ``None`` while every worker is alive."""
+        exited = []
+        for number, proc in enumerate(self.processes):
+            try:
+                code = proc.exitcode  # waitpid(WNOHANG) on our own child: cheap, never blocks
+            except (AssertionError, ValueError, OSError):  # not this process's child, or closed
+                continue
+            if code is not None:
+                exited.append((number, proc.pid, code))
+        if not exited:
+            return None
+        # Once one worker exits, DALI's observer terminates the others (SIGTERM): name the first one.
+        number, pid, code = min(exited, key=lambda e: e[2] == -signal.SIGTERM)
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+            if code == -signal.SIGKILL:
+                how += " (usually the kernel's out-of-memory killer or the job scheduler: check dmesg)"
+        else:
+            how = f"exited with status {code}"
+        return f"DALI's Python worker process {pid} (worker {number} of {len(self.processes)}) {how}"
+
+    def kill_all(self) -> None:
+        """SIGKILL the workers still running and reap them (only after one died: the pool is lost)."""
+        for proc in self.processes:
+            try:
+                if proc.exitcode is None:
+                    proc.kill()
+                    proc.join(5)
+            except (AssertionError, ValueError, OSError):
+                continue
+
+
+class _Task:
+    """One call handed to a :class:`_Caller`, with its outcome."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.call = call
+        self.done = threading.Event()
+        self.value: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.value = self.call()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the waiting thread as is
+            self.error = exc
+        finally:
+            self.done.set()
+
+
+class _Caller:
+    """Runs calls in one daemon thread while the calling thread waits and checks on the workers.
+
+    One thread for every call keeps DALI's calls in order, as if made directly.
+    A daemon thread, so that a call stuck on a dead worker's lock never blocks
+    the interpreter's exit; after such a failure the loader makes no more calls.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, args=(self._tasks,), name=name, daemon=True)
+        self._thread.start()
+
+    @staticmethod
+    def _serve(tasks: queue.SimpleQueue) -> None:
+        # A static method with the queue as argument: the thread must not keep the caller alive.
+        while True:
+            task = tasks.get()
+            if task is None:
+                return
+            task.run()
+            del task
+
+    def call(self, call: Callable[[], _T], check: Callable[[], None], interval: float) -> _T:
+        """``call()`` in the helper thread; ``check()`` every ``interval`` seconds until it returns."""
+        task = _Task(call)
+        self._tasks.put(task)
+        while not task.done.wait(interval):
+            check()  # raises to abandon a call that cannot finish
+        if task.error is not None:
+            error, task.error = task.error, None
+            raise error
+        return task.value
+
+    def close(self) -> None:
+        """Let the thread end once it finishes its current call."""
+        self._tasks.put(None)
+
+
+def _on_stream_of_this_thread(call: Callable[[], _T], device_id: int | None) -> Callable[[], _T]:
+    """``call`` made to run on the CUDA stream that is current in *this* thread.
+
+    ``DALIGenericIterator`` copies its outputs on torch's current stream, which is
+    per thread; the helper thread must use the training thread's.
+    """
+    import torch
+
+    stream = torch.cuda.current_stream(device_id)
+
+    def on_stream() -> _T:
+        with torch.cuda.stream(stream):
+            return call()
+
+    return on_stream
 
 
 def _pipeline_seed(seed: int, rank: int) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import logging
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -45,11 +46,13 @@ def write_dataset(
     samples_per_shard: int = 7,
     corrupt: frozenset[int] = frozenset(),
     fields: str = "images",
+    image_shape: tuple[int, int] = (20, 24),
 ) -> Path:
     """A dataset of ``num_samples`` samples: ``image`` (grey JPEG), ``label`` (= index % 5), ``key``.
 
     ``corrupt`` sample numbers get image bytes that are not a decodable image.
     ``fields="arrays"`` writes a features-only dataset (``features``, ``label``) instead.
+    ``image_shape`` is the images' (height, width).
     """
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -64,7 +67,7 @@ def write_dataset(
         name = f"shard-{number:05d}{writer_cls.suffix}"
         writer = writer_cls(out / name, schema)
         for i in range(lo, hi):
-            writer.write(_sample(i, fields, i in corrupt))
+            writer.write(_sample(i, fields, i in corrupt, image_shape))
         writer.close()
         index_path = writer.index_path()
         shards.append(
@@ -82,15 +85,116 @@ def write_dataset(
     return out
 
 
-def _sample(i: int, fields: str, corrupt: bool) -> dict:
+def _sample(i: int, fields: str, corrupt: bool, image_shape: tuple[int, int] = (20, 24)) -> dict:
     label = np.array(i % 5, dtype=np.int64)
     if fields == "arrays":
         return {"features": np.full(4, i, dtype=np.float32), "label": label}
-    image = encode_jpeg(grey_level(i))
+    image = encode_jpeg(grey_level(i), image_shape)
     if corrupt:
         # A valid JPEG start (so it is taken for a JPEG) followed by garbage.
         image = image[:40] + bytes(range(256)) * 4
     return {"image": image, "label": label, "key": f"sample-{i}".encode()}
+
+
+# --- damage done to a converted dataset after conversion ------------------------------------------
+
+#: The ways a shard can be damaged after conversion, for :func:`damage_shard`.
+DAMAGES = ("flip", "truncate", "delete", "swap")
+
+
+def shard_name(fmt: str, number: int) -> str:
+    """The file name :func:`write_dataset` gives shard ``number`` of a ``fmt`` dataset."""
+    return f"shard-{number:05d}{writer_class(fmt).suffix}"
+
+
+def flip_image_header(root: Path, fmt: str, shard: int, sample: int) -> None:
+    """Zero the first 4 bytes (JPEG SOI and APP0 markers) of ``sample``'s image inside shard ``shard``.
+
+    The image bytes are found in the shard file itself (every format stores them
+    verbatim), so this is damage on disk, below any reader.
+    """
+    path = root / shard_name(fmt, shard)
+    raw = bytearray(path.read_bytes())
+    jpeg = encode_jpeg(grey_level(sample))
+    at = raw.find(jpeg)
+    if at < 0 or raw.find(jpeg, at + 1) >= 0:
+        raise AssertionError(f"{path}: the image of sample {sample} is not stored exactly once")
+    raw[at : at + 4] = bytes(4)
+    path.write_bytes(bytes(raw))
+
+
+def damage_shard(root: Path, fmt: str, how: str, shard: int, sample: int, other: Path | None = None) -> None:
+    """Damage shard ``shard`` of the dataset at ``root`` the way ``how`` (one of :data:`DAMAGES`) says.
+
+    ``flip``: :func:`flip_image_header` of ``sample``; ``truncate``: cut the file
+    to half its size; ``delete``: remove it; ``swap``: copy the same-named shard
+    (and its index) of the dataset ``other`` over it.
+    """
+    path = root / shard_name(fmt, shard)
+    if how == "flip":
+        flip_image_header(root, fmt, shard, sample)
+    elif how == "truncate":
+        os.truncate(path, path.stat().st_size // 2)
+    elif how == "delete":
+        path.unlink()
+    elif how == "swap":
+        assert other is not None
+        for name in os.listdir(other):
+            if name.startswith(path.name):  # the shard and, for TFRecord, its .idx
+                shutil.copyfile(other / name, root / name)
+    else:
+        raise ValueError(f"unknown damage {how!r}")
+
+
+# --- processes that read a dataset at the same time -----------------------------------------------
+
+
+def read_every_sample(path: str, barrier, results) -> None:
+    """Read every sample of the dataset at ``path`` twice, holding its shards open across a barrier.
+
+    Run in a spawned process by the concurrent-reader tests. The first pass
+    opens every shard; :meth:`barrier.wait` then holds until every reader (and the
+    test's loader) has its handles open at once, so any exclusive lock would
+    show as a failed open or a barrier timeout; the second pass reads again with
+    every process's handles open. Puts ``(pid, digests)`` (one SHA-256 per
+    sample, over its fields) on ``results``, or ``(pid, error message)``.
+    """
+    import hashlib
+
+    from dali_pipes import open_store
+
+    try:
+        store = open_store(path)
+        first = [_digest(store[i], hashlib) for i in range(len(store))]
+        barrier.wait(timeout=120)
+        second = [_digest(store[i], hashlib) for i in range(len(store))]
+        store.close()
+        results.put((os.getpid(), first if first == second else "the two passes differ"))
+    except BaseException as exc:  # noqa: BLE001 - reported to the test, which fails on it
+        barrier.abort()
+        results.put((os.getpid(), f"{type(exc).__name__}: {exc}"))
+
+
+def _digest(sample: Mapping, hashlib) -> str:
+    h = hashlib.sha256()
+    for name in sorted(sample):
+        value = sample[name]
+        h.update(name.encode())
+        h.update(value if isinstance(value, bytes) else np.ascontiguousarray(value).tobytes())
+    return h.hexdigest()
+
+
+def sample_digests(path: str | os.PathLike) -> list[str]:
+    """One SHA-256 per sample of the dataset at ``path``, read in this process."""
+    import hashlib
+
+    from dali_pipes import open_store
+
+    store = open_store(path)
+    try:
+        return [_digest(store[i], hashlib) for i in range(len(store))]
+    finally:
+        store.close()
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ class Store:
                 self.manifest.fields,
                 shard.num_samples,
                 resolve_inside(self.root, shard.index_path) if shard.index_path else None,
+                expected_bytes=shard.bytes,
             )
             for shard in self.manifest.shards
         ]

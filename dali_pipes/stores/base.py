@@ -28,6 +28,11 @@ class ShardReader(ABC):
     File handles are opened on first use and dropped when pickled, so a reader
     made in the main process works in forked and spawned worker processes.
     Shards are always opened read-only.
+
+    Opening checks what is cheap to check: the file exists, the record count
+    matches the manifest (each format), and, with ``expected_bytes``, the file
+    size matches too, which catches a truncated shard and most shards swapped
+    for another file after conversion. Content hashes are ``dali-pipes verify``'s job.
     """
 
     format: str
@@ -38,11 +43,13 @@ class ShardReader(ABC):
         fields: Mapping[str, Field],
         num_samples: int,
         index_path: str | os.PathLike | None = None,
+        expected_bytes: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.fields = dict(fields)
         self.num_samples = int(num_samples)
         self.index_path = Path(index_path) if index_path is not None else None
+        self.expected_bytes = None if expected_bytes is None else int(expected_bytes)
         self._pid: int | None = None
 
     def __len__(self) -> int:
@@ -66,7 +73,25 @@ class ShardReader(ABC):
             if self._pid is not None:
                 self._forget_handles()
             self._open()
+            try:
+                self._check_size()
+            except BaseException:
+                self._close_handles()
+                raise
             self._pid = os.getpid()
+
+    def _check_size(self) -> None:
+        # After the format's own checks, whose messages are more specific (a wrong
+        # count, a truncated page): one stat is the cheap check left for a shard of the
+        # right count but other content, e.g. one copied over from another dataset.
+        if self.expected_bytes is None:
+            return
+        size = os.stat(self.path).st_size
+        if size != self.expected_bytes:
+            raise StoreError(
+                f"{self.path}: shard is {size} bytes but the manifest says {self.expected_bytes}: it was "
+                "truncated, replaced or rewritten after conversion"
+            )
 
     def _forget_handles(self) -> None:
         """Drop inherited handles without closing what the parent still uses."""

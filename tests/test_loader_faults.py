@@ -1,0 +1,297 @@
+"""Faults the loader meets while training: shards damaged after conversion, and worker processes that die.
+
+Every test uses real shards (LMDB, HDF5, TFRecord files written by the
+writers), a real DALI pipeline on the CPU and real processes; the damage is
+done to the files on disk, the deaths with real signals. What each test asks is
+that the loader *raises*, within a timeout, an error that names what is wrong
+and what to do, and never yields garbage or hangs.
+
+What is detectable, and by whom (a flipped byte is not always detectable):
+
+- ``flip``: the first four bytes of one sample's JPEG (its SOI and APP0
+  markers) are zeroed inside the shard file. LMDB and HDF5 keep no checksum of
+  a record, so the store hands the bytes over; DALI's decoder then refuses an
+  image that no longer starts with a known signature, and the loader names the
+  sample by decoding the batch's candidates one by one. A byte flipped inside
+  the entropy-coded data often still decodes (JPEG resynchronizes), which is
+  why the header is the damage chosen here: nothing cheap can catch the other
+  kind in those formats (``dali-pipes verify`` compares SHA-256). TFRecord
+  checks a CRC of every record on read, so there any flipped byte is caught by
+  the store itself.
+- ``truncate``: the shard is cut to half. Caught when the shard is opened: LMDB
+  by its last page, HDF5 by its end-of-file address, TFRecord by its index's
+  last record.
+- ``delete``: caught when the shard is opened (the file is missing).
+- ``swap``: the shard (and its ``.idx``) is replaced by the same-named shard of
+  another dataset with a different record count. Caught when the shard is
+  opened: its count (LMDB's ``__len__`` record, HDF5's ``num_samples``
+  attribute, the TFRecord index's lines) disagrees with the manifest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+
+from dali_pipes import DALILoader, LoaderError, StoreError
+from dali_pipes.loader import ShardReadError, WorkerDiedError
+from loader_helpers import DAMAGES, TinySpec, damage_shard, ddp_worker, shard_name, write_dataset
+
+FORMATS = ("lmdb", "hdf5", "tfrecord")
+N = 12
+PER_SHARD = 5  # shard 1 holds samples 5..9
+
+
+def make(path, **kwargs):
+    kwargs.setdefault("batch_size", 4)
+    kwargs.setdefault("with_index", True)
+    kwargs.setdefault("device", "cpu")
+    kwargs.setdefault("shuffle", False)
+    return DALILoader(path, TinySpec(), **kwargs)
+
+
+def expected_error(fmt: str, how: str) -> tuple[type[BaseException], str]:
+    """The exception type and message pattern the loader must raise for ``how`` damage to shard 1."""
+    shard = shard_name(fmt, 1).replace(".", r"\.")
+    if how == "flip" and fmt != "tfrecord":
+        # Found by decoding: the store cannot tell these bytes from an image.
+        return LoaderError, (
+            rf"sample 6 \(field 'image', shard {shard}, record 1\) cannot be decoded .*"
+            r"Run 'dali-pipes verify --decode .*'"
+        )
+    sample, record = (6, 1) if how == "flip" else (5, 0)
+    reason = {
+        "flip": "data CRC mismatch",
+        "truncate": "truncated",
+        "delete": "missing",
+        "swap": r"(holds 6|lists 6 records).*the manifest says 5",
+    }[how]
+    return ShardReadError, (
+        rf"sample {sample} \(shard {shard}, record {record}\): .*{reason}.*Run 'dali-pipes verify .*' and re-convert "
+        r"the damaged shard\. \[rank 0, epoch 0, batch [01] or later\]"
+    )
+
+
+@pytest.fixture(scope="module")
+def other_datasets(tmp_path_factory):
+    """Per format, a different dataset whose shard 1 holds 6 samples (the swap's source)."""
+    root = tmp_path_factory.mktemp("other")
+    return {fmt: write_dataset(root / fmt, N, fmt=fmt, samples_per_shard=6) for fmt in FORMATS}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("how", DAMAGES)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_shard_damaged_after_conversion_raises_naming_shard_and_sample(tmp_path, other_datasets, fmt, how, workers):
+    path = write_dataset(tmp_path / "ds", N, fmt=fmt, samples_per_shard=PER_SHARD)
+    loader = make(path, py_num_workers=workers)
+    # After the loader exists, as on a shared disk: shards are opened lazily, at their first read.
+    damage_shard(path, fmt, how, shard=1, sample=6, other=other_datasets[fmt])
+    error, message = expected_error(fmt, how)
+    seen = []
+    with pytest.raises(error, match=message) as raised:
+        for batch in loader:
+            seen.extend(batch["index"].tolist())
+    assert isinstance(raised.value, LoaderError)  # one type to catch for every failure of the loader
+    if error is ShardReadError:
+        assert isinstance(raised.value, StoreError)  # and still what the store raised
+    # Batch 0 (samples 0..3, shard 0) is whole, and may come out before DALI reports batch 1's
+    # failure, depending on how far ahead it had prepared; nothing from the damaged batch did.
+    assert seen in ([], [0, 1, 2, 3])
+    with pytest.raises(LoaderError, match="failed earlier"):
+        iter(loader)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_shard_of_the_right_count_but_another_size_is_refused_on_open(tmp_path, fmt):
+    # A shard swapped for one with as many records but other content: only the manifest's
+    # byte count tells (one stat, when the shard is opened); same-sized swaps need 'verify'.
+    path = write_dataset(tmp_path / "ds", N, fmt=fmt, samples_per_shard=PER_SHARD)
+    name = shard_name(fmt, 1)
+    target = path / name
+    if fmt == "tfrecord":
+        # Append a whole extra record: the index still matches the first five, the size does not.
+        raw = target.read_bytes()
+        first = Path(str(target) + ".idx").read_text().splitlines()[0].split()
+        target.write_bytes(raw + raw[int(first[0]) : int(first[0]) + int(first[1])])
+    else:
+        # Same file, grown: a different file of the right count, as far as any count can tell.
+        with open(target, "ab") as f:
+            f.write(bytes(4096))
+    loader = make(path, py_num_workers=0)
+    with pytest.raises(ShardReadError, match=rf"sample 5 \(shard {name}, record 0\): .*manifest says \d+: it was "):
+        list(loader)
+
+
+# --- a worker process that dies ------------------------------------------------------------------
+
+
+def _wait_until_dead(pid: int, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return  # a zombie: dead, waiting for the loader's process to reap it
+        except FileNotFoundError:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"worker {pid} is still alive {timeout} s after SIGKILL")
+
+
+@pytest.fixture(scope="module")
+def big_dataset(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("workers") / "ds", 60, samples_per_shard=20)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_method):
+    """SIGKILL a worker while the training thread is between batches.
+
+    Without the loader's check, DALI 2.4 usually hangs here for ever (the dead
+    worker was asleep on the task queue, and the next batch's ``put`` waits in
+    ``Condition.notify`` for it to wake); when its observer thread wins the
+    race it raises a bare "Worker data receiving interrupted" instead.
+    """
+    loader = make(big_dataset, batch_size=2, py_num_workers=2, py_start_method=start_method)
+    pids = loader.worker_pids
+    assert len(pids) == 2 and os.getpid() not in pids
+    iterator = iter(loader)
+    assert next(iterator)["index"].tolist() == [0, 1]
+    os.kill(pids[1], signal.SIGKILL)
+    _wait_until_dead(pids[1])
+    started = time.monotonic()
+    with pytest.raises(
+        WorkerDiedError, match=rf"worker process {pids[1]} \(worker 1 of 2\) was killed by SIGKILL"
+    ) as e:
+        for _ in iterator:
+            pass
+    assert time.monotonic() - started < 10
+    message = str(e.value)
+    assert (
+        str(big_dataset) in message and "epoch 0, batch " in message and "resume from the last state_dict()" in message
+    )
+    with pytest.raises(LoaderError, match="failed earlier.*was killed by SIGKILL"):
+        iter(loader)
+    # The pool is gone: the surviving worker was stopped too.
+    for pid in pids:
+        _wait_until_dead(pid)
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_dataset):
+    """SIGKILL a worker while the training thread is inside a DALI call that cannot finish.
+
+    Both workers are stopped (SIGSTOP) first, so the next call into DALI blocks
+    (DALI's ``put`` waits for a sleeping worker to wake); then one is killed
+    and the other let go. The dead worker's semaphore is never released, so
+    that DALI call never returns; the loader notices the death within
+    ``WATCH_INTERVAL`` and raises, leaving the stuck call in its helper thread.
+    """
+    loader = make(big_dataset, batch_size=2, py_num_workers=2)
+    pids = loader.worker_pids
+    iterator = iter(loader)
+    next(iterator)
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+
+    def kill_later() -> None:
+        time.sleep(1.0)
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(0.5)
+        try:
+            os.kill(pids[1], signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+
+    killer = threading.Thread(target=kill_later)
+    killer.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises(WorkerDiedError, match=rf"worker process {pids[0]} \(worker 0 of 2\) was killed by SIGKILL"):
+            for _ in iterator:
+                pass
+    finally:
+        killer.join()
+        for pid in pids:  # never leave a stopped process behind, whatever happened
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+    assert 0.9 < time.monotonic() - started < 10  # it did block, and it did not hang
+    loader.close()
+
+
+@pytest.mark.timeout(60)
+def test_a_worker_that_exits_by_itself_is_named_with_its_status(big_dataset):
+    loader = make(big_dataset, batch_size=2, py_num_workers=1)
+    iterator = iter(loader)
+    next(iterator)
+    (pid,) = loader.worker_pids
+    os.kill(pid, signal.SIGTERM)  # as a scheduler or a user's `kill` would
+    _wait_until_dead(pid)
+    with pytest.raises(WorkerDiedError, match=rf"worker process {pid} \(worker 0 of 1\) was killed by SIGTERM"):
+        list(iterator)
+
+
+@pytest.mark.timeout(60)
+def test_healthy_workers_are_not_reported(big_dataset):
+    # The watch must not misfire: three whole epochs with workers, the same samples every time.
+    loader = make(big_dataset, batch_size=4, py_num_workers=2)
+    for _ in range(3):
+        assert sorted(i for b in loader for i in b["index"].tolist()) == list(range(60))
+    pids = loader.worker_pids
+    loader.close()
+    for pid in pids:  # close() stops them
+        _wait_until_dead(pid)
+
+
+# --- DDP: every rank reads the damaged shard ------------------------------------------------------
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ddp_ranks_reading_a_truncated_shard_all_raise_naming_it(tmp_path, fmt):
+    """Two gloo ranks; shard 0 (samples 0..6) is truncated; both read it in their first step.
+
+    Without shuffling, rank 0 reads samples 0, 1, 2 and rank 1 samples 3, 4, 5
+    first: each rank must end with its own error naming the shard and its first
+    sample, and the job must end, not hang in a collective.
+    """
+    dataset = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=7)
+    damage_shard(dataset, fmt, "truncate", shard=0, sample=0)
+    out = tmp_path / "out"
+    out.mkdir()
+    options = {"batch_size": 3, "epochs": 1, "workers": 1, "shuffle": False}
+    with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
+        mp.start_processes(
+            ddp_worker,
+            args=(2, _free_port(), str(dataset), str(out), options),
+            nprocs=2,
+            join=True,
+            start_method="spawn",
+        )
+    name = shard_name(fmt, 0)
+    for rank, sample in ((0, 0), (1, 3)):
+        message = (out / f"rank-{rank}.error").read_text()
+        assert f"sample {sample} (shard {name}, record {sample}): " in message
+        assert "truncated" in message and "dali-pipes verify" in message
+        assert f"[rank {rank}, epoch 0, batch 0 or later]" in message
+    assert not list(out.glob("rank-*.json"))  # no rank finished the epoch as if nothing happened
