@@ -9,14 +9,25 @@ about it: a task that dies leaves no record, and is redone by a retry or a re-ru
 Dask is an optional extra (``pip install dali-pipes[dask]``), imported only when the
 ``dask`` engine is chosen. Its workers must see the output folder and the input
 files at the same paths as this process: a shared filesystem.
+
+When a task fails, the others must stop before the runner clears the output: the
+local pool sets a shared event that its workers check between samples; on Dask the
+run is marked stopped in every worker process (``client.run``), the futures are
+cancelled, and the engine waits until no task of the run still executes (Dask
+cannot interrupt a running task: a cancelled one runs on until it returns).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
-import multiprocessing as mp
+import os
+import signal
+import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, Callable, Iterator, Sequence
 
 from converters.base import ConversionError
@@ -25,9 +36,73 @@ log = logging.getLogger(__name__)
 
 ENGINES = ("local", "dask")
 
-#: One shard task: a key (the shard number), the function and its arguments.
+#: One shard task: a key (the shard number), the function and its arguments. The function
+#: also takes a keyword ``stop``: a callable that says whether to abandon the task.
 Task = tuple[int, Callable[..., dict[str, Any]], tuple[Any, ...]]
 Progress = Callable[[int], None]
+
+#: How long a failed Dask run waits for its tasks still running on workers to give up.
+DASK_STOP_TIMEOUT = 120.0
+
+
+class WorkerDied(ConversionError):
+    """A local worker process ended abruptly (a signal, such as a crash in a C library, or ``os._exit``).
+
+    ``key`` is the task it was running (``None`` when unknown), ``how`` says how it ended.
+    """
+
+    def __init__(self, key: int | None, how: str) -> None:
+        shard = "a shard" if key is None else f"shard {key}"
+        super().__init__(f"the worker process writing {shard} died ({how})")
+        self.key = key
+        self.how = how
+
+    def __reduce__(self):
+        return (WorkerDied, (self.key, self.how))
+
+
+class _TrackingSpawnContext(SpawnContext):
+    """The spawn context, keeping every process it starts: their exit codes say which worker died how."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.processes: list[SpawnProcess] = []
+        # A factory, not a subclass: spawn pickles the process object, so its class must be importable.
+        self.Process = self._process  # type: ignore[assignment, method-assign]
+
+    def _process(self, *args: Any, **kwargs: Any) -> SpawnProcess:
+        process = SpawnProcess(*args, **kwargs)
+        self.processes.append(process)
+        return process
+
+
+# In each local worker process: its row in the table of (pid, running task key) shared with the runner.
+_task_table: Any = None
+_task_row: int | None = None
+
+
+def _init_local_worker(table: Any, initializer: Callable[..., None], *initargs: Any) -> None:
+    global _task_table, _task_row
+    _task_table = table
+    with table.get_lock():
+        for row in range(len(table) // 2):
+            if table[2 * row] == 0:
+                table[2 * row] = os.getpid()
+                table[2 * row + 1] = -1
+                _task_row = row
+                break
+    initializer(*initargs)
+
+
+def _run_local_task(key: int, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[str, Any]:
+    """Run one task in a local worker, noting its key first (shared memory: visible even if this process crashes)."""
+    if _task_row is not None:
+        _task_table[2 * _task_row + 1] = key
+    try:
+        return fn(*args)
+    finally:
+        if _task_row is not None:
+            _task_table[2 * _task_row + 1] = -1
 
 
 class LocalEngine:
@@ -38,20 +113,33 @@ class LocalEngine:
         self.initializer = initializer
 
     def run(self, tasks: Sequence[Task], progress: Progress) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Run ``tasks`` and yield ``(key, record)`` as each completes; the first failure is raised."""
-        ctx = mp.get_context("spawn")  # fork is unsafe once DALI or torch threads exist in this process
+        """Run ``tasks`` and yield ``(key, record)`` as each completes; the first failure is raised.
+
+        A worker that dies (a crash in a C library, a signal) raises :class:`WorkerDied`
+        naming the task it was running, once every worker has ended.
+        """
+        ctx = _TrackingSpawnContext()  # spawn: fork is unsafe once DALI or torch threads exist in this process
         queue = ctx.Queue()
         stop = ctx.Event()
         workers = min(self.workers, len(tasks))
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=self.initializer, initargs=(queue, stop)) as pool:
-            pending: dict[Future, int] = {pool.submit(fn, *args): key for key, fn, args in tasks}
+        # (pid, key) per worker process; a pool never starts more processes than workers.
+        table = ctx.Array("q", 2 * workers)
+        broken: BrokenProcessPool | None = None
+        initargs = (table, self.initializer, queue, stop)
+        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_local_worker, initargs=initargs) as pool:
+            pending: dict[Future, int] = {pool.submit(_run_local_task, key, fn, args): key for key, fn, args in tasks}
             try:
-                while pending:
+                while pending and broken is None:
                     finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                     _drain(queue, progress)
                     for future in finished:
                         key = pending.pop(future)
-                        yield key, future.result()
+                        try:
+                            record = future.result()
+                        except BrokenProcessPool as exc:
+                            broken = exc
+                            break
+                        yield key, record
             except BaseException:
                 # Tell running workers to abandon their shards, and drop those not started.
                 stop.set()
@@ -60,6 +148,38 @@ class LocalEngine:
                 raise
             finally:
                 _drain(queue, progress)
+        if broken is not None:
+            # The pool has joined every process by now, so each has its exit code.
+            raise _death(ctx.processes, table) from broken
+
+
+def _death(processes: Sequence[SpawnProcess], table: Any) -> WorkerDied:
+    """Which worker died first, running which task, and how.
+
+    When one worker dies the pool terminates the others (SIGTERM), so a death by
+    another signal, or a non-zero exit, is the cause.
+    """
+    dead = [p for p in processes if p.exitcode not in (0, None)]
+    dead.sort(key=lambda p: p.exitcode == -signal.SIGTERM)
+    if not dead:
+        return WorkerDied(None, "it ended without an exit code")
+    first = dead[0]
+    key = None
+    for row in range(len(table) // 2):
+        if table[2 * row] == first.pid and table[2 * row + 1] >= 0:
+            key = int(table[2 * row + 1])
+    return WorkerDied(key, _exit_reason(first.exitcode))
+
+
+def _exit_reason(code: int) -> str:
+    """``'signal SIGSEGV: Segmentation fault'`` for a death by signal, ``'exit status 3'`` otherwise."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        number = signal.Signals(-code)
+    except ValueError:
+        return f"signal {-code}"
+    return f"signal {number.name}: {signal.strsignal(number)}"
 
 
 def _drain(queue: Any, progress: Progress) -> None:
@@ -92,8 +212,9 @@ class DaskEngine:
         with client:
             # Keys unique to this run: the scheduler must not hand back a result held from an earlier run.
             run_id = uuid.uuid4().hex[:12]
+            prefix = f"dali-pipes-{run_id}-"
             futures = {
-                client.submit(fn, *args, key=f"dali-pipes-{run_id}-shard-{key:05d}", pure=False): key
+                client.submit(_run_dask_task, run_id, fn, args, key=f"{prefix}shard-{key:05d}", pure=False): key
                 for key, fn, args in tasks
             }
             try:
@@ -108,8 +229,57 @@ class DaskEngine:
                     progress(record["num_samples"] + len(record["errors"]))
                     yield futures[future], record
             except BaseException:
-                client.cancel(list(futures))
+                _stop_dask_run(client, run_id, prefix, list(futures))
                 raise
+
+
+# In each Dask worker process: the runs told to stop (a set, since one worker may serve several runs).
+_stopped_runs: set[str] = set()
+
+
+def _run_dask_task(run_id: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[str, Any]:
+    """Run one task on a Dask worker; it gives up as soon as its run is stopped."""
+    return fn(*args, stop=functools.partial(_run_stopped, run_id))
+
+
+def _run_stopped(run_id: str) -> bool:
+    return run_id in _stopped_runs
+
+
+def _stop_run_here(run_id: str) -> None:
+    """On each worker (through ``client.run``): make this run's tasks give up at their next sample."""
+    _stopped_runs.add(run_id)
+
+
+def _running_here(prefix: str, dask_worker: Any) -> list[str]:
+    """On each worker: the keys of this run still executing (a cancelled task runs on until it returns)."""
+    return [str(ts.key) for ts in dask_worker.state.executing if str(ts.key).startswith(prefix)]
+
+
+def _stop_dask_run(client: Any, run_id: str, prefix: str, futures: list[Any]) -> None:
+    """After a failure: stop the run's running tasks, cancel the rest, and wait until none runs any more.
+
+    Dask cannot interrupt a running task, and one that ran on would write its shard
+    into a folder the runner is about to clear, so the runner waits for them.
+    """
+    try:
+        client.run(_stop_run_here, run_id)
+    except Exception as exc:  # noqa: BLE001 - a worker lost meanwhile; its tasks died with it
+        log.debug("telling the Dask workers to stop failed: %s", exc)
+    client.cancel(futures)
+    deadline = time.monotonic() + DASK_STOP_TIMEOUT
+    while True:
+        try:
+            running = [key for keys in client.run(_running_here, prefix).values() for key in keys]
+        except Exception as exc:  # noqa: BLE001 - as above
+            log.debug("asking the Dask workers what still runs failed: %s", exc)
+            running = []
+        if not running:
+            return
+        if time.monotonic() > deadline:
+            log.warning("Dask tasks %s still run after %.0f s; they may write into the output", running, DASK_STOP_TIMEOUT)
+            return
+        time.sleep(0.1)
 
 
 def _import_distributed() -> Any:

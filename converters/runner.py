@@ -15,6 +15,14 @@ How a run proceeds, and why it survives a crash or a kill at any point:
 Re-running the same command after a crash skips the recorded shards and writes the
 rest; since each shard depends only on its own items, the result is byte for byte
 what an uninterrupted run writes, whatever the worker count.
+
+Faults end the job with one line naming the shard: a full disk or file-size limit
+(whatever error type the writer's library wraps it in; the message says which limit
+and how much space the output folder has left), or a worker process that died (a
+signal, with its name). Neither leaves anything of that shard, and the shards
+recorded as done stay, so the same command continues once the cause is gone.
+With ``--on-error fail`` the first bad input stops every other shard (local or on
+Dask) before the job's files are removed, so nothing is written afterwards.
 """
 
 from __future__ import annotations
@@ -26,16 +34,17 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from tqdm import tqdm
 
 from converters.base import ConversionError, Item, SampleError, Source
-from converters.engines import LocalEngine, make_engine
+from converters.engines import LocalEngine, WorkerDied, make_engine
 from converters.planner import ShardPlan, plan_shards
 from converters.writers import writer_class
 from dali_pipes import __version__
@@ -47,6 +56,7 @@ from dali_pipes.manifest import (
     Manifest,
     ManifestError,
     Shard,
+    human_bytes,
     load_manifest,
     write_manifest,
 )
@@ -358,8 +368,18 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
         where = out.absolute()
         tasks = [(plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], where, on_error)) for plan in todo]
-        for number, record in engine.run(tasks, bar.update):
-            results[number] = record
+        try:
+            for number, record in engine.run(tasks, bar.update):
+                results[number] = record
+        except WorkerDied as exc:
+            # Every worker has ended: what they left half-written is garbage. Say which shard killed its worker.
+            _remove_temporaries(out)
+            which = "a shard" if exc.key is None else str(out / shard_name(exc.key, writer_class(fmt).suffix))
+            raise ConversionError(
+                f"{which}: the worker writing this shard died ({exc.how}); nothing of it was kept "
+                f"({free_space(out)}: if the disk is full, free space first). The finished shards are kept: "
+                "run the same command again to continue"
+            ) from exc
     finally:
         bar.close()
 
@@ -372,9 +392,13 @@ def write_shard(
     out: Path,
     on_error: str,
     on_progress=None,
+    *,
+    stop: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
     """Write one shard under a temporary name, rename it into place, and record it as done.
 
+    ``stop`` says whether to abandon the shard (another shard failed with
+    ``--on-error fail``); without it, the stop event of this worker process is asked.
     Returns the shard's record: path, count, size, hashes and the inputs left out.
     """
     writer_cls = writer_class(fmt)
@@ -384,16 +408,20 @@ def write_shard(
     errors: list[dict[str, str]] = []
     count = 0
     unreported = 0
+    if stop is None:
+        stop = _stop_requested
     # A retried task (a Dask worker died mid-shard) finds the dead attempt's half-written files.
     for stale in out.glob(f"{glob.escape(tmp.name)}*"):
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
         else:
             stale.unlink(missing_ok=True)
-    writer = writer_cls(tmp, fields)
+    writer = None
     try:
+        _check_job_alive(out, stop)
+        writer = writer_cls(tmp, fields)
         for item in items:
-            if _stop_event is not None and _stop_event.is_set():
+            if stop():
                 raise _Stopped()
             try:
                 sample = source.load(item)
@@ -412,21 +440,19 @@ def write_shard(
                 _report(unreported, on_progress)
                 unreported = 0
         writer.close()
+        # The job may have been given up while this shard was written (a Dask task that ran on).
+        _check_job_alive(out, stop)
     except BaseException as exc:
-        try:
-            writer.abort()
-        except Exception as abort_exc:  # noqa: BLE001 - closing may flush, and fail again (disk full)
-            # The shard is discarded anyway: its removal below, and the first error, are what matter.
-            log.debug("closing the abandoned %s failed too: %s", tmp.name, abort_exc)
-        tmp.unlink(missing_ok=True)
-        index = writer.index_path()
-        if index is not None:
-            index.unlink(missing_ok=True)
+        if writer is not None:
+            try:
+                writer.abort()
+            except Exception as abort_exc:  # noqa: BLE001 - closing may flush, and fail again (disk full)
+                # The shard is discarded anyway: its removal below, and the first error, are what matter.
+                log.debug("closing the abandoned %s failed too: %s", tmp.name, abort_exc)
+        for leftover in out.glob(f"{glob.escape(tmp.name)}*"):  # the shard and its sidecar index
+            leftover.unlink(missing_ok=True)
         if _is_disk_full(exc):
-            raise ConversionError(
-                f"{final}: disk full while writing this shard ({exc}); nothing of it was kept. "
-                "Free space and run the same command again to continue"
-            ) from exc
+            raise ConversionError(disk_full_message(final, out, exc)) from exc
         raise
     _report(unreported, on_progress)
 
@@ -451,6 +477,17 @@ def write_shard(
     return record
 
 
+def _stop_requested() -> bool:
+    """Whether this worker process was told to abandon its shard (the local engine's stop event)."""
+    return _stop_event is not None and _stop_event.is_set()
+
+
+def _check_job_alive(out: Path, stop: Callable[[], bool]) -> None:
+    """Refuse to start or finish a shard of a job that was stopped or whose folder was discarded."""
+    if stop() or not (out / JOB_DIR).is_dir():
+        raise _Stopped()
+
+
 def _report(count: int, on_progress) -> None:
     if not count:
         return
@@ -464,19 +501,62 @@ def _report(count: int, on_progress) -> None:
 _DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
-def _is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is a write refused for want of space.
-
-    Writers wrap OS errors differently (LMDB and HDF5 raise their own types), so besides
-    ``errno`` the message is checked for the system's words for these errors.
-    """
+def _errors(exc: BaseException) -> Iterator[BaseException]:
+    """``exc`` and the errors that caused it, outermost first."""
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, OSError) and current.errno in _DISK_FULL:
-            return True
-        if any(os.strerror(code) in str(current) for code in _DISK_FULL):
-            return True
+        yield current
         current = current.__cause__ or current.__context__
-    return False
+
+
+def _disk_full_errno(exc: BaseException) -> int | None:
+    """The errno of a write refused for want of space in ``exc`` or its causes, else ``None``.
+
+    Writers wrap OS errors differently (HDF5 and LMDB raise their own types), so besides
+    ``errno`` the message is checked for the system's words for these errors.
+    """
+    for current in _errors(exc):
+        if isinstance(current, OSError) and current.errno in _DISK_FULL:
+            return current.errno
+    for current in _errors(exc):
+        for code in _DISK_FULL:
+            if os.strerror(code) in str(current):
+                return code
+    return None
+
+
+def _is_disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is a write refused for want of space."""
+    return _disk_full_errno(exc) is not None
+
+
+def free_space(folder: Path) -> str:
+    """``'1.2 GB free on FOLDER'`` (space an unprivileged user may use), or a note that it is unknown."""
+    try:
+        stats = os.statvfs(folder)
+    except OSError as exc:
+        return f"free space on {folder} unknown ({exc.strerror})"
+    return f"{human_bytes(stats.f_bavail * stats.f_frsize)} free on {folder}"
+
+
+def disk_full_message(final: Path, out: Path, exc: BaseException) -> str:
+    """One line for a shard that ran out of space: which shard, why (disk, quota or file-size limit), what is free."""
+    code = _disk_full_errno(exc)
+    if code == errno.EFBIG:
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        why = (
+            f"the file-size limit (ulimit -f) of {human_bytes(limit)} was reached"
+            if limit != resource.RLIM_INFINITY
+            else "the file system's largest file size was reached"
+        )
+        todo = "raise the limit (or use smaller shards)"
+    elif code == errno.EDQUOT:
+        why, todo = "the disk quota is used up", "free space"
+    else:
+        why, todo = "no space left on the device", "free space"
+    return (
+        f"{final}: disk full while writing this shard ({why}; {free_space(out)}); nothing of it was kept. "
+        f"The finished shards are kept: {todo} and run the same command again to continue"
+    )

@@ -21,9 +21,12 @@ shards' ``num_samples`` (:meth:`Manifest.locate`).
 from __future__ import annotations
 
 import bisect
+import itertools
 import json
 import math
 import os
+import re
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping
@@ -45,6 +48,12 @@ FIELD_KINDS = ("bytes", "array")
 #: Encodings a ``bytes`` field may declare. ``image``: an encoded image file
 #: (JPEG, PNG, ...) kept as its original bytes; ``utf-8``: text; ``raw``: anything else.
 BYTES_ENCODINGS = ("image", "utf-8", "raw")
+#: numpy dtype kinds an ``array`` field may have, as the stores read them back: bool,
+#: signed and unsigned integers, floats, complex. No structured, object, string or time types.
+ARRAY_DTYPE_KINDS = "biufc"
+#: Counts, sizes and dimensions must fit a signed 64-bit integer (numpy, HDF5 and the readers use one).
+MAX_COUNT = 2**63 - 1
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class ManifestError(ValueError):
@@ -95,33 +104,57 @@ class Field:
 
     @staticmethod
     def from_json(name: str, data: Any, where: str) -> "Field":
+        """Validate one entry of the manifest's ``fields``; :class:`ManifestError` naming it otherwise."""
         if not isinstance(data, dict):
             raise ManifestError(f"{where}: field {name!r} must be an object, got {type(data).__name__}")
         kind = data.get("kind")
         if kind == "bytes":
             encoding = data.get("encoding", "raw")
-            if encoding not in BYTES_ENCODINGS:
+            if not isinstance(encoding, str) or encoding not in BYTES_ENCODINGS:
                 raise ManifestError(
                     f"{where}: field {name!r} has unknown encoding {encoding!r}; expected one of {BYTES_ENCODINGS}"
                 )
             return Field(kind="bytes", encoding=encoding)
         if kind == "array":
-            dtype = data.get("dtype")
-            try:
-                dtype = np.dtype(dtype).name
-            except TypeError as exc:
-                raise ManifestError(f"{where}: field {name!r} has unknown dtype {dtype!r}") from exc
-            if dtype == "object":
-                raise ManifestError(f"{where}: field {name!r} has dtype object, which is never stored")
-            shape = data.get("shape")
-            if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in shape):
-                raise ManifestError(f"{where}: field {name!r} needs a list of integers as its shape, got {shape!r}")
-            if any(s < 0 for s in shape[1:]) or (shape and shape[0] < -1):
-                raise ManifestError(
-                    f"{where}: field {name!r} has shape {shape}; only the first dimension may be -1 (variable)"
-                )
-            return Field(kind="array", dtype=dtype, shape=tuple(shape))
+            dtype = _parse_dtype(name, data.get("dtype"), where)
+            shape = _parse_shape(name, data.get("shape"), dtype, where)
+            return Field(kind="array", dtype=dtype.name, shape=shape)
         raise ManifestError(f"{where}: field {name!r} has unknown kind {kind!r}; expected one of {FIELD_KINDS}")
+
+
+def _parse_dtype(name: str, value: Any, where: str) -> np.dtype:
+    """A plain numeric or bool dtype from its name; structured, object, string and time dtypes are refused."""
+    if not isinstance(value, str):
+        raise ManifestError(f"{where}: field {name!r} needs a dtype name such as 'uint8' or 'float32', got {value!r}")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # numpy deprecates some aliases; the name is checked below anyway
+            dtype = np.dtype(value)
+    except Exception as exc:  # numpy's dtype parser raises TypeError, ValueError, SyntaxError...
+        raise ManifestError(f"{where}: field {name!r} has unknown dtype {value!r}") from exc
+    if dtype.fields is not None or dtype.subdtype is not None or dtype.kind not in ARRAY_DTYPE_KINDS:
+        raise ManifestError(
+            f"{where}: field {name!r} has dtype {value!r} ({dtype.name}); only bool, integer, float and complex "
+            "dtypes are stored (no structured, object, string or time dtypes)"
+        )
+    return dtype
+
+
+def _parse_shape(name: str, value: Any, dtype: np.dtype, where: str) -> tuple[int, ...]:
+    """A per-sample shape: non-negative dims that hold values, the first of which may be -1 (variable)."""
+    if not isinstance(value, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in value):
+        raise ManifestError(f"{where}: field {name!r} needs a list of integers as its shape, got {value!r}")
+    if len(value) > 32:  # numpy's limit on dimensions is 64; a sample of more than 32 is surely damage
+        raise ManifestError(f"{where}: field {name!r} has {len(value)} dimensions; at most 32 are allowed")
+    if any(s < 0 for s in value[1:]) or (value and value[0] < -1):
+        raise ManifestError(
+            f"{where}: field {name!r} has shape {value}; only the first dimension may be -1 (variable)"
+        )
+    if any(s == 0 for s in value):
+        raise ManifestError(f"{where}: field {name!r} has shape {value}, which holds no values")
+    if math.prod(abs(s) for s in value) * dtype.itemsize > MAX_COUNT:
+        raise ManifestError(f"{where}: field {name!r} has shape {value}, too large for one sample")
+    return tuple(value)
 
 
 @dataclass(frozen=True)
@@ -167,7 +200,8 @@ class Manifest:
         object.__setattr__(self, "shards", tuple(self.shards))
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
-        offsets = np.cumsum([0] + [s.num_samples for s in self.shards]).tolist()
+        # Python integers: numpy's cumsum would wrap around silently past 2**63.
+        offsets = list(itertools.accumulate((s.num_samples for s in self.shards), initial=0))
         object.__setattr__(self, "_offsets", offsets)
 
     @property
@@ -239,13 +273,27 @@ def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Ma
             f"'dali-pipes convert'? (a conversion that did not finish writes no manifest: run it again)"
         )
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
         raise ManifestError(f"{path}: not valid JSON ({exc}); the manifest is damaged, convert the dataset again") from exc
     manifest = parse_manifest(data, where=str(path))
     if check_paths:
         check_shard_paths(manifest, path.parent)
     return manifest
+
+
+def _refuse_constant(name: str) -> None:
+    # Python's json reads NaN and Infinity, which are not JSON and never written here.
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def _is_count(value: Any) -> bool:
+    """A JSON integer in ``0 .. 2**63 - 1`` (``true`` is not a count, though Python's bool is an int)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
+
+
+def _has_nul(value: str) -> bool:
+    return "\0" in value
 
 
 def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
@@ -272,8 +320,8 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         raise ManifestError(f"{where}: 'fields' must be a non-empty object")
     fields = {}
     for name, spec in raw_fields.items():
-        if not name or not isinstance(name, str) or "/" in name:
-            raise ManifestError(f"{where}: field name {name!r} is not allowed (empty or contains '/')")
+        if not isinstance(name, str) or not name or "/" in name or _has_nul(name) or name in (".", ".."):
+            raise ManifestError(f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)")
         fields[name] = Field.from_json(name, spec, where)
 
     classes = data.get("classes")
@@ -288,18 +336,23 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
     shards = tuple(_parse_shard(i, s, where) for i, s in enumerate(raw_shards))
     total = sum(s.num_samples for s in shards)
     declared = data.get("num_samples")
+    if not _is_count(declared):
+        raise ManifestError(f"{where}: num_samples is {declared!r}; expected a non-negative integer below 2**63")
     if declared != total:
         raise ManifestError(
             f"{where}: num_samples is {declared!r} but the shards hold {total} samples; the manifest is inconsistent"
         )
-    if len({s.path for s in shards}) != len(shards):
-        raise ManifestError(f"{where}: two shards name the same path")
+    files = [s.path for s in shards] + [s.index_path for s in shards if s.index_path is not None]
+    if len(set(files)) != len(files):
+        raise ManifestError(f"{where}: two shards (or a shard and an index) name the same path")
 
-    source = data.get("source") or {}
-    extra = data.get("extra") or {}
-    if not isinstance(source, dict) or not isinstance(extra, dict):
-        raise ManifestError(f"{where}: 'source' and 'extra' must be objects")
-    created_by = data.get("created_by") or ""
+    source = _optional_object(data, "source", where)
+    extra = _optional_object(data, "extra", where)
+    created_by = data.get("created_by")
+    if created_by is None:
+        created_by = ""
+    if not isinstance(created_by, str):
+        raise ManifestError(f"{where}: 'created_by' must be a string, got {created_by!r}")
     return Manifest(
         format=fmt,
         fields=fields,
@@ -307,30 +360,51 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         source=source,
         classes=classes,
         extra=extra,
-        created_by=str(created_by),
+        created_by=created_by,
         version=version,
     )
+
+
+def _optional_object(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    value = data.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where}: {key!r} must be an object or null, got {type(value).__name__}")
+    return value
 
 
 def _parse_shard(i: int, data: Any, where: str) -> Shard:
     if not isinstance(data, dict):
         raise ManifestError(f"{where}: shard {i} must be an object")
     path = data.get("path")
-    if not isinstance(path, str) or not path:
-        raise ManifestError(f"{where}: shard {i} has no path")
-    count = data.get("num_samples")
-    size = data.get("bytes")
-    for name, value in (("num_samples", count), ("bytes", size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ManifestError(f"{where}: shard {i} ({path}) has {name} {value!r}; expected a non-negative integer")
+    if not isinstance(path, str) or not path or _has_nul(path):
+        raise ManifestError(f"{where}: shard {i} has no valid path (a non-empty string without NUL), got {path!r}")
+    for name in ("num_samples", "bytes"):
+        value = data.get(name)
+        if not _is_count(value):
+            raise ManifestError(
+                f"{where}: shard {i} ({path}) has {name} {value!r}; expected a non-negative integer below 2**63"
+            )
     digest = data.get("sha256")
-    if not isinstance(digest, str) or len(digest) != 64:
-        raise ManifestError(f"{where}: shard {i} ({path}) has no valid sha256")
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        raise ManifestError(f"{where}: shard {i} ({path}) has no valid sha256 (64 lowercase hex digits)")
     index_path = data.get("index_path")
     index_sha = data.get("index_sha256")
-    if index_path is not None and not isinstance(index_path, str):
-        raise ManifestError(f"{where}: shard {i} ({path}) has a non-string index_path")
-    return Shard(path=path, num_samples=count, bytes=size, sha256=digest, index_path=index_path, index_sha256=index_sha)
+    if index_path is not None and (not isinstance(index_path, str) or not index_path or _has_nul(index_path)):
+        raise ManifestError(f"{where}: shard {i} ({path}) has index_path {index_path!r}; expected a file name or null")
+    if (index_path is None) != (index_sha is None):
+        raise ManifestError(f"{where}: shard {i} ({path}) needs both index_path and index_sha256, or neither")
+    if index_sha is not None and (not isinstance(index_sha, str) or not _SHA256.fullmatch(index_sha)):
+        raise ManifestError(f"{where}: shard {i} ({path}) has no valid index_sha256 (64 lowercase hex digits)")
+    return Shard(
+        path=path,
+        num_samples=data["num_samples"],
+        bytes=data["bytes"],
+        sha256=digest,
+        index_path=index_path,
+        index_sha256=index_sha,
+    )
 
 
 def check_shard_paths(manifest: Manifest, root: str | os.PathLike) -> None:
@@ -352,8 +426,13 @@ def resolve_inside(root: str | os.PathLike, rel: str) -> Path:
             f"{root / MANIFEST_NAME}: shard path {rel!r} leaves the dataset folder; shard paths must be relative "
             "and stay inside it"
         )
-    resolved = (root / pure).resolve()
-    if resolved != root and root not in resolved.parents:
+    try:
+        resolved = (root / pure).resolve()
+    except (OSError, ValueError) as exc:  # a symlink loop, a name too long, a NUL byte
+        raise ManifestError(f"{root / MANIFEST_NAME}: shard path {rel!r} cannot be resolved ({exc})") from exc
+    if resolved == root:
+        raise ManifestError(f"{root / MANIFEST_NAME}: shard path {rel!r} names the dataset folder itself, not a file in it")
+    if root not in resolved.parents:
         raise ManifestError(
             f"{root / MANIFEST_NAME}: shard path {rel!r} resolves to {resolved}, outside the dataset folder "
             "(a symlink out?); copy the shard into the dataset folder"

@@ -74,7 +74,9 @@ KEPT = {
     "deep16.png": lambda: _encode(_deep16(), "PNG"),
     "rgba.png": lambda: _encode(_pixels().convert("RGBA"), "PNG"),
     "palette.png": lambda: _encode(_pixels().convert("P"), "PNG"),
-    "png-named.jpg": lambda: _encode(_pixels(), "PNG"),  # wrong extension: the content decides
+    # Wrong extensions: the content decides, both ways.
+    "png-named.jpg": lambda: _encode(_pixels(), "PNG"),
+    "jpeg-named.png": lambda: _encode(_pixels(), "JPEG"),
     "good.jpg": lambda: _encode(_pixels(), "JPEG"),
 }
 # Left out: name -> (bytes, words the reason must contain).
@@ -120,6 +122,8 @@ def test_each_awkward_image_is_kept_unchanged_and_decodes_to_rgb_through_dali(co
     names = sorted(stored)
     for name in names:
         assert stored[name] == (root / "only" / name).read_bytes(), f"{name} was changed on the way in"
+    # The misnamed files are kept as what they are, not as what their names say.
+    assert stored["png-named.jpg"].startswith(b"\x89PNG") and stored["jpeg-named.png"].startswith(b"\xff\xd8")
 
     # The decoder the loader uses, on the CPU, against Pillow's RGB conversion of the same bytes.
     batch = [np.frombuffer(stored[name], np.uint8) for name in names]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
@@ -80,6 +81,7 @@ class Cluster:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self.proc.stdout.close()
 
 
 @pytest.fixture
@@ -130,6 +132,95 @@ def test_dask_conversion_survives_a_killed_worker_and_equals_a_local_run(images,
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
     # The nanny replaced the killed worker: the cluster is whole again, with a new process.
     assert pids[victim] not in cluster.worker_pids().values()
+
+
+# --on-error fail on the cluster. The driver runs in its own process (it imports distributed), with
+# a source that takes 0.1 s a sample and logs each load: its class lives in __main__, so Dask
+# ships it to the workers by value.
+_FAIL_DRIVER = """
+import json, sys, time
+from pathlib import Path
+from converters.base import SampleError
+from converters.runner import convert
+from converters.sources import ImageFolderSource
+
+address, root, out, log = sys.argv[1:5]
+
+class SlowLoggedSource(ImageFolderSource):
+    def load(self, item):
+        with open(log, "a") as f:
+            f.write(Path(item.name).name + "\\n")
+        time.sleep(0.1)
+        return super().load(item)
+
+started = time.monotonic()
+try:
+    convert(SlowLoggedSource(root), out, format="lmdb", samples_per_shard=int(sys.argv[5]), on_error="fail",
+            engine="dask", scheduler=address, progress=False)
+except SampleError as exc:
+    print(json.dumps({"input": exc.name, "seconds": time.monotonic() - started}))
+else:
+    print(json.dumps({"input": None}))
+"""
+
+
+@pytest.fixture(scope="module")
+def images_with_a_bad_one(tmp_path_factory) -> Path:
+    """60 images, and at the fourth place a file that is not an image (shard 0 of 20-sample shards fails there)."""
+    root = make_imagefolder(tmp_path_factory.mktemp("bad") / "images", 60, size=(64, 48), classes=1)
+    (cls,) = [p for p in root.iterdir() if p.is_dir()]
+    (cls / "img_000002z.jpg").write_text("this is not an image\n")
+    return root
+
+
+def _loaded(log: Path) -> list[str]:
+    return log.read_text().splitlines() if log.exists() else []
+
+
+@pytest.mark.timeout(300)
+@needs_dask
+def test_dask_on_error_fail_stops_the_running_shards_and_leaves_nothing(images_with_a_bad_one, tmp_path, cluster):
+    per_shard = 20  # 2 s a shard at 0.1 s a sample; three shards, two workers
+    out = tmp_path / "out"
+    out.mkdir()  # the user's empty folder: it stays, and must stay empty
+    log = tmp_path / "loaded.txt"
+    proc = subprocess.run(
+        [sys.executable, "-c", _FAIL_DRIVER, cluster.address, images_with_a_bad_one, out, log, str(per_shard)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["input"] is not None and result["input"].endswith("img_000002z.jpg"), result
+
+    # The job's output is gone, and nothing still runs that could write it again: what a running
+    # shard would have written (in 2 s) does not appear, and no more samples are loaded.
+    loaded = _loaded(log)
+    time.sleep(2.5)
+    assert sorted(p.name for p in out.iterdir()) == [], "the failed job left files behind, or a task wrote on"
+    assert _loaded(log) == loaded, "a shard task kept running after the job failed"
+    # The shards running when shard 0 failed gave up within a few samples (a worker freed by the
+    # failure may start a pending shard before the news arrives; that one stops at once too).
+    order = sorted(p.name for p in images_with_a_bad_one.glob("*/*"))
+    per = collections.Counter(order.index(name) // per_shard for name in loaded)
+    assert per[0] == 4, per  # up to and including the bad input
+    assert all(count < per_shard // 2 for count in per.values()), f"samples loaded per shard: {per}"
+    assert sum(per.values()) < per_shard, f"samples loaded per shard: {per}"
+
+
+@needs_dask
+@pytest.mark.timeout(300)
+def test_dask_on_error_fail_on_the_cli_is_one_line_naming_the_input(images_with_a_bad_one, tmp_path, cluster):
+    out = tmp_path / "out"
+    args = ["convert", "imagefolder", images_with_a_bad_one, out, "--no-progress", "--on-error", "fail"]
+    proc = run_cli(*args, "--engine", "dask", "--scheduler", cluster.address, "--samples-per-shard", "10", check=False)
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("dali-pipes: error:")]
+    assert len(lines) == 1 and "img_000002z.jpg" in lines[0] and "nothing was kept" in lines[0], proc.stderr
+    assert not out.exists(), f"half-written output left behind: {list(out.iterdir())}"
 
 
 @pytest.mark.parametrize(

@@ -2,14 +2,18 @@
 re-run after space is freed finishes with the same bytes as an uninterrupted run.
 
 The full disk is a file-size limit (``RLIMIT_FSIZE``, with ``SIGXFSZ`` ignored so that a
-write fails with ``EFBIG`` instead of killing the process): no root, no loop device.
-Only TFRecord is covered: on a failed write LMDB reports a bare ``EIO`` and h5py can
-crash the process (see the README's table of faults).
+write fails with ``EFBIG`` instead of killing the process): no root, no loop device, and
+the writers see what a full disk gives them. LMDB turns the short write into a bare
+``EIO`` (``mdb_txn_commit: Input/output error``) and HDF5, left alone, crashes the process
+when it closes such a file; both are covered here for real, with every format.
+
+A worker process that crashes (a real ``SIGSEGV``) is reported by the shard it was writing.
 """
 
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +23,7 @@ import pytest
 from PIL import Image
 
 from converters.synth import make_imagefolder
+from dali_pipes.manifest import FORMATS
 from dali_pipes.verify import verify_dataset
 
 from test_convert import CLI, run_cli, shard_digests  # noqa: E402 - shared helpers
@@ -46,13 +51,16 @@ def images(tmp_path_factory) -> Path:
     return root
 
 
-def test_full_disk_mid_job_is_a_clear_error_and_a_rerun_completes(images, tmp_path):
-    args = ["convert", "imagefolder", images, "--format", "tfrecord", "--samples-per-shard", "10", "--workers", "1", "--no-progress"]
+@pytest.mark.parametrize(("fmt", "workers"), [(fmt, 1) for fmt in FORMATS] + [("hdf5", 2), ("lmdb", 2)])
+def test_full_disk_mid_job_is_a_clear_error_and_a_rerun_completes(images, tmp_path, fmt, workers):
+    args = ["convert", "imagefolder", images, "--format", fmt, "--samples-per-shard", "10", "--workers", workers, "--no-progress"]
     reference = tmp_path / "reference"
     run_cli(*args[:3], reference, *args[3:])
-    assert max(p.stat().st_size for p in reference.glob("shard-*")) > LIMIT > sum(
-        p.stat().st_size for p in reference.glob("shard-0000[01].*")
-    ), "the test data no longer fills the limit in the third shard only"
+    sizes = {p.name: p.stat().st_size for p in reference.glob("shard-*")}
+    first_two = sorted(name for name in sizes if name.startswith(("shard-00000.", "shard-00001.")))
+    assert max(sizes.values()) > LIMIT > max(sizes[name] for name in first_two), (
+        "the test data no longer fills the limit in the third shard only"
+    )
 
     out = tmp_path / "out"
     full = subprocess.run(
@@ -61,20 +69,27 @@ def test_full_disk_mid_job_is_a_clear_error_and_a_rerun_completes(images, tmp_pa
         text=True,
         timeout=300,
     )
-    assert full.returncode != 0
+    assert full.returncode == 2, f"not a clean exit ({full.returncode}):\n{full.stderr}"
     lines = full.stderr.strip().splitlines()
     assert len(lines) == 1, f"expected one line of error, got:\n{full.stderr}"
-    assert "shard-00002.tfrecord" in lines[0] and "disk full" in lines[0]
+    suffix = {"lmdb": ".lmdb", "hdf5": ".h5", "tfrecord": ".tfrecord"}[fmt]
+    assert lines[0].startswith(f"dali-pipes: error: {out / f'shard-00002{suffix}'}: disk full while writing this shard")
+    # Which limit was hit, and what the output folder has left.
+    assert "file-size limit (ulimit -f) of 200.0 KB" in lines[0] and f"free on {out}" in lines[0]
     # Nothing looks complete: no manifest, and of the failed shard not even its temporary file.
     assert not (out / "index.json").exists()
-    assert sorted(p.name for p in out.glob("shard-*")) == sorted(
-        ["shard-00000.tfrecord", "shard-00000.tfrecord.idx", "shard-00001.tfrecord", "shard-00001.tfrecord.idx"]
-    )
-    assert len(list((out / ".dali-pipes-job").glob("shard-*.json"))) == 2
+    assert not list(out.glob("shard-00002*")) and not list(out.glob("*.tmp*"))
+    # Every shard recorded as done is whole (with two workers, the other shard may have been abandoned).
+    records = sorted(p.stem for p in (out / ".dali-pipes-job").glob("shard-*.json"))
+    assert records and set(records) <= {"shard-00000", "shard-00001"}
+    assert sorted(p.name for p in out.glob("shard-*")) == [name for name in first_two if name.split(".")[0] in records]
+    for name in first_two:
+        if (out / name).exists():
+            assert (out / name).read_bytes() == (reference / name).read_bytes()
 
     # Space freed: the same command continues and ends where an uninterrupted run does.
     rerun = run_cli(*args[:3], out, *args[3:])
-    assert "2 shard(s) kept from an earlier run" in rerun.stdout
+    assert f"{len(records)} shard(s) kept from an earlier run" in rerun.stdout
     assert shard_digests(out) == shard_digests(reference)
     assert (out / "index.json").read_bytes() == (reference / "index.json").read_bytes()
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
@@ -109,3 +124,49 @@ def test_a_write_failing_with_enospc_names_the_shard_and_keeps_nothing_of_it(ima
     assert not (out / "index.json").exists()
     assert not list(out.glob("shard-00002*")), "nothing of the shard that failed may be left"
     assert len(list((out / ".dali-pipes-job").glob("shard-*.json"))) == 2
+
+
+# A source whose worker crashes for real (a segmentation fault, as h5py did on a full disk)
+# while a flag file exists; spawned workers import it from this folder.
+CRASH_ON = "img_000009z.jpg"  # sorts between the 10th and 11th image
+
+
+@pytest.fixture(scope="module")
+def crash_images(tmp_path_factory) -> Path:
+    """Two shards of 10: the first item of shard 1 is the one whose loading crashes the worker."""
+    root = make_imagefolder(tmp_path_factory.mktemp("crash") / "images", 19, size=(64, 48), classes=1)
+    (cls,) = [p for p in root.iterdir() if p.is_dir()]
+    shutil.copyfile(min(cls.iterdir()), cls / CRASH_ON)
+    names = sorted(p.name for p in cls.iterdir())
+    assert names.index(CRASH_ON) == 10, names
+    return root
+
+
+def test_a_worker_that_crashes_is_named_by_its_shard_and_a_rerun_completes(crash_images, tmp_path):
+    from crashing_source import CrashingSource
+
+    from converters.base import ConversionError
+    from converters.runner import convert
+    from converters.sources import ImageFolderSource
+
+    reference = tmp_path / "reference"
+    convert(ImageFolderSource(crash_images), reference, format="hdf5", samples_per_shard=10, workers=2, progress=False)
+
+    flag = tmp_path / "crash-now"
+    flag.touch()
+    out = tmp_path / "out"
+    source = CrashingSource(crash_images, crash_on=CRASH_ON, flag=str(flag))
+    with pytest.raises(ConversionError) as failure:
+        convert(source, out, format="hdf5", samples_per_shard=10, workers=2, progress=False)
+    message = str(failure.value)
+    assert "\n" not in message
+    assert message.startswith(f"{out / 'shard-00001.h5'}: the worker writing this shard died (signal SIGSEGV"), message
+    assert "run the same command again" in message
+    assert not (out / "index.json").exists() and not list(out.glob("*.tmp*"))
+
+    flag.unlink()  # the cause is gone: the same job resumes and completes
+    result = convert(source, out, format="hdf5", samples_per_shard=10, workers=2, progress=False)
+    assert result.num_samples == 20
+    assert shard_digests(out) == shard_digests(reference)
+    assert (out / "index.json").read_bytes() == (reference / "index.json").read_bytes()
+    assert verify_dataset(out, progress=False).ok

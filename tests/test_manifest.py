@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 
+import numpy as np
 import pytest
 
 from dali_pipes.manifest import (
@@ -66,7 +67,9 @@ def _data(**changes):
         ({"version": "1"}, "version must be an integer"),
         ({"format": "zip"}, "unknown format"),
         ({"num_samples": 6}, "inconsistent"),
-        ({"num_samples": -5}, "inconsistent"),
+        ({"num_samples": -5}, "num_samples is -5; expected a non-negative integer"),
+        ({"num_samples": True}, "num_samples is True"),
+        ({"num_samples": 5.0}, "num_samples is 5.0"),
         ({"fields": {}}, "non-empty"),
         ({"fields": {"x": {"kind": "array", "dtype": "float32", "shape": [3, -1]}}}, "only the first dimension"),
         ({"fields": {"x": {"kind": "array", "dtype": "nonsense", "shape": []}}}, "unknown dtype"),
@@ -119,3 +122,113 @@ def test_symlink_out_of_the_folder_is_refused(tmp_path):
     write_manifest(dataset, _manifest())
     with pytest.raises(ManifestError, match="outside the dataset folder"):
         load_manifest(dataset)
+
+
+def _one_shard(**shard) -> dict:
+    """A valid manifest's JSON with one shard of one sample; ``shard`` overrides that shard's entries."""
+    data = _manifest(shards=(Shard("shard-00000.lmdb", 1, 100, SHA),)).to_json()
+    data["shards"][0].update(shard)
+    return data
+
+
+@pytest.mark.parametrize(
+    "dtype", ["i4,i4", "[('a','i4')]", "(2,)i4", "O", "object", "S5", "U3", "V8", "M8[s]", "m8", 5, None, ["i4"]]
+)
+def test_structured_object_string_and_time_dtypes_are_refused_naming_the_field(dtype):
+    data = _data(fields={"feat": {"kind": "array", "dtype": dtype, "shape": [3]}})
+    with pytest.raises(ManifestError, match=r"field 'feat'.*dtype"):
+        parse_manifest(data)
+
+
+@pytest.mark.parametrize("dtype", ["bool", "uint8", "int16", "uint64", "float16", "float32", "float64", "complex64", "<i4"])
+def test_plain_numeric_dtypes_are_accepted(dtype):
+    manifest = parse_manifest(_data(fields={"feat": {"kind": "array", "dtype": dtype, "shape": [-1, 2]}}))
+    assert manifest.fields["feat"].dtype == np.dtype(dtype).name
+
+
+@pytest.mark.parametrize(
+    ("shape", "message"),
+    [
+        ([-2], "only the first dimension may be -1"),
+        ([3, -1], "only the first dimension may be -1"),
+        ([0], "holds no values"),
+        ([-1, 0], "holds no values"),
+        ([2**62, 2**62], "too large"),
+        ([True], "list of integers"),
+        ([1.0], "list of integers"),
+        ("3", "list of integers"),
+        ([1] * 33, "at most 32"),
+    ],
+)
+def test_bad_shapes_are_refused_naming_the_field(shape, message):
+    data = _data(fields={"feat": {"kind": "array", "dtype": "float32", "shape": shape}})
+    with pytest.raises(ManifestError, match=rf"field 'feat'.*{message}"):
+        parse_manifest(data)
+
+
+@pytest.mark.parametrize("count", [2**63, 2**64, True, False, 1.0, "1", None, -1])
+def test_shard_counts_must_be_integers_below_2_63_naming_the_shard(count):
+    data = _one_shard(num_samples=count)
+    data["num_samples"] = count
+    with pytest.raises(ManifestError, match=r"shard 0 \(shard-00000\.lmdb\) has num_samples"):
+        parse_manifest(data)
+    with pytest.raises(ManifestError, match=r"shard 0 \(shard-00000\.lmdb\) has bytes"):
+        parse_manifest(_one_shard(bytes=count))
+
+
+def test_true_is_not_a_count_even_where_it_equals_one():
+    data = _one_shard()
+    assert data["num_samples"] == 1
+    data["num_samples"] = True  # True == 1 in Python
+    with pytest.raises(ManifestError, match="num_samples is True"):
+        parse_manifest(data)
+
+
+def test_counts_that_add_up_past_2_63_are_refused():
+    data = _data()
+    for shard in data["shards"]:
+        shard["num_samples"] = 2**62
+    data["num_samples"] = 3 * 2**62
+    with pytest.raises(ManifestError, match="num_samples"):
+        parse_manifest(data)
+
+
+@pytest.mark.parametrize(
+    ("shard", "message"),
+    [
+        ({"sha256": "AB" * 32}, "sha256"),
+        ({"sha256": "zz" * 32}, "sha256"),
+        ({"path": "a\0b"}, "no valid path"),
+        ({"path": ""}, "no valid path"),
+        ({"index_path": "shard-00000.lmdb.idx"}, "both index_path and index_sha256"),
+        ({"index_sha256": SHA}, "both index_path and index_sha256"),
+        ({"index_path": "x.idx", "index_sha256": "nope"}, "index_sha256"),
+        ({"index_path": "shard-00000.lmdb", "index_sha256": SHA}, "same path"),
+    ],
+)
+def test_bad_shard_entries_are_refused_naming_the_shard(shard, message):
+    with pytest.raises(ManifestError, match=message):
+        parse_manifest(_one_shard(**shard))
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"source": ["train"]}, "'source' must be an object"),
+        ({"extra": 3}, "'extra' must be an object"),
+        ({"created_by": ["me"]}, "'created_by' must be a string"),
+        ({"fields": {"..": {"kind": "bytes", "encoding": "raw"}}}, "field name '..'"),
+        ({"fields": {"a\0": {"kind": "bytes", "encoding": "raw"}}}, "field name"),
+        ({"fields": {"x": {"kind": "bytes", "encoding": ["image"]}}}, "unknown encoding"),
+    ],
+)
+def test_other_malformed_entries_are_refused(changes, message):
+    with pytest.raises(ManifestError, match=message):
+        parse_manifest(_data(**changes))
+
+
+def test_a_shard_path_naming_the_folder_itself_is_refused(tmp_path):
+    data = _one_shard(path=".")
+    (tmp_path / "index.json").write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match="names the dataset folder itself"):
+        load_manifest(tmp_path)

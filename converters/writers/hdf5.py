@@ -16,6 +16,10 @@ Fixed-shape arrays go straight into resizable chunked datasets, in whole chunks.
 
 The file is reproducible: fixed library version bounds, no timestamps
 (``track_times=False``), and the same sequence of writes for the same samples.
+
+HDF5 writes through a :class:`~converters.writers._h5file.GuardedFile`, not a
+path: a full disk then ends the shard with an ``OSError`` (``ENOSPC``/``EFBIG``)
+instead of leaving HDF5 in a state that crashes the process on close.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import h5py
 import numpy as np
 
 from converters.base import Sample, ShardWriter
+from converters.writers._h5file import GuardedFile
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.manifest import Field
 from dali_pipes.stores.hdf5 import (
@@ -59,11 +64,20 @@ class Hdf5ShardWriter(ShardWriter):
     def __init__(self, path: str | os.PathLike, fields: Mapping[str, Field]) -> None:
         super().__init__(path, fields)
         check_fields(self.fields, str(self.path))
-        self._file: h5py.File | None = h5py.File(self.path, "w", libver=LIBVER)
+        self._io = GuardedFile(self.path)
+        self._file: h5py.File | None = None
         self._spools: dict[str, tempfile.SpooledTemporaryFile] = {}
         self._offsets: dict[str, list[int]] = {}
         self._buffers: dict[str, list[np.ndarray]] = {}
         self._flush_rows: dict[str, int] = {}
+        try:
+            self._file = h5py.File(self._io, "w", libver=LIBVER)
+            self._create_datasets()
+        except BaseException:
+            self.abort()
+            raise
+
+    def _create_datasets(self) -> None:
         for name, field in self.fields.items():
             if is_ragged(field):
                 self._spools[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, dir=self.path.parent)
@@ -83,6 +97,7 @@ class Hdf5ShardWriter(ShardWriter):
                 # Flush whole chunks only, so no chunk is written twice.
                 row_bytes = data_dtype(field).itemsize * math.prod(shape)
                 self._flush_rows[name] = rows * max(1, FLUSH_BYTES // (rows * row_bytes))
+        self._check_io()
 
     def write(self, sample: Sample) -> None:
         """Append one sample."""
@@ -99,7 +114,14 @@ class Hdf5ShardWriter(ShardWriter):
                 self._buffers[name].append(value)
                 if len(self._buffers[name]) >= self._flush_rows[name]:
                     self._flush(name)
+        self._check_io()
         self.num_samples += 1
+
+    def _check_io(self) -> None:
+        """Raise the first failed write (disk full): nothing more may be written to a file missing bytes."""
+        error = self._io.error
+        if error is not None:
+            raise OSError(error.errno, error.strerror, str(self.path)) from error
 
     def _flush(self, name: str) -> None:
         rows = self._buffers[name]
@@ -129,6 +151,7 @@ class Hdf5ShardWriter(ShardWriter):
             if n == 0:
                 raise OSError(f"{self.path}: the spool of field {name!r} ended at row {done} of {ds.shape[0]}")
             ds[done : done + n] = np.frombuffer(block, dtype=dtype).reshape((n, *rest))
+            self._check_io()
             done += n
         spool.close()
         self._file.create_dataset(offsets_path(name), data=offsets, track_times=False)
@@ -146,12 +169,10 @@ class Hdf5ShardWriter(ShardWriter):
             self._file.attrs[key] = value
         self._file.close()
         self._file = None
+        self._check_io()  # the last metadata went out at close
         # h5py's close flushes HDF5's buffers but does not fsync.
-        fd = os.open(self.path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        self._io.fsync()
+        self._io.close()
 
     def abort(self) -> None:
         """Close the file and drop the spools; the runner removes the shard."""
@@ -159,5 +180,7 @@ class Hdf5ShardWriter(ShardWriter):
             spool.close()
         self._spools.clear()
         if self._file is not None:
+            # Safe even after a failed write: HDF5 never saw the failure (see GuardedFile).
             self._file.close()
             self._file = None
+        self._io.close()

@@ -9,10 +9,18 @@ The file is reproducible: the same samples give the same bytes, because the
 commit points depend only on the data, pages are zero-initialised
 (``meminit``), and no lock file or reader table exists (``lock=False``; the
 writer is the only user of the file until it is renamed into place).
+
+A full disk: LMDB writes a transaction's pages with ``pwrite`` and turns a short
+write, which is what a full disk or a file-size limit gives, into ``EIO``
+(``mdb_txn_commit: Input/output error``). So when a commit fails, the writer asks
+the file system whether the file can still grow by the batch's size
+(``posix_fallocate``), and raises the ``OSError`` that says why not (``ENOSPC``,
+``EDQUOT``, ``EFBIG``); a failure with room to spare stays LMDB's own error.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 from typing import Mapping
@@ -32,6 +40,9 @@ DEFAULT_MAP_SIZE = 64 << 20
 #: A batch is committed once it holds this many bytes of values or this many samples.
 COMMIT_BYTES = 64 << 20
 COMMIT_SAMPLES = 1024
+
+#: errno values that mean "no room for these bytes": a full disk, a full quota, or a file-size limit.
+NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class LmdbShardWriter(ShardWriter):
@@ -87,6 +98,8 @@ class LmdbShardWriter(ShardWriter):
                 size = self._env.info()["map_size"] * 2
                 log.debug("%s: LMDB map full, growing it to %d bytes", self.path, size)
                 self._env.set_mapsize(size)
+            except lmdb.Error as exc:
+                raise self._explain(exc, self._pending_bytes) from exc
         self._pending.clear()
         self._pending_bytes = 0
         self._pending_samples = 0
@@ -97,7 +110,10 @@ class LmdbShardWriter(ShardWriter):
             return
         self._pending.append((LEN_KEY, str(self.num_samples).encode()))
         self._commit()
-        self._env.sync(True)
+        try:
+            self._env.sync(True)
+        except lmdb.Error as exc:
+            raise self._explain(exc, 0) from exc
         self._env.close()
         self._env = None
 
@@ -106,3 +122,32 @@ class LmdbShardWriter(ShardWriter):
         if self._env is not None:
             self._env.close()
             self._env = None
+
+    def _explain(self, exc: lmdb.Error, needed: int) -> Exception:
+        """The error to raise for a failed commit or sync: an ``OSError`` when the file cannot grow, else ``exc``."""
+        # At least one page: after a short write even that no longer fits on a full disk.
+        room = no_room(self.path, max(needed, 1 << 16))
+        if room is None:
+            return exc
+        return OSError(room.errno, f"{room.strerror} (LMDB reported: {exc})", str(self.path))
+
+
+def no_room(path: str | os.PathLike, needed: int) -> OSError | None:
+    """Whether the file at ``path`` can grow by ``needed`` bytes now.
+
+    Returns the ``OSError`` (``ENOSPC``, ``EDQUOT`` or ``EFBIG``) that says why not,
+    or ``None`` when it can or when the file system cannot tell. The file is
+    extended (by ``posix_fallocate``) when there is room: call this only on a file
+    that is being discarded.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return None
+    try:
+        os.posix_fallocate(fd, os.fstat(fd).st_size, needed)
+    except OSError as exc:
+        return exc if exc.errno in NO_ROOM else None
+    finally:
+        os.close(fd)
+    return None
