@@ -277,7 +277,9 @@ def _stop_dask_run(client: Any, run_id: str, prefix: str, futures: list[Any]) ->
         if not running:
             return
         if time.monotonic() > deadline:
-            log.warning("Dask tasks %s still run after %.0f s; they may write into the output", running, DASK_STOP_TIMEOUT)
+            log.warning(
+                "Dask tasks %s still run after %.0f s; they may write into the output", running, DASK_STOP_TIMEOUT
+            )
             return
         time.sleep(0.1)
 

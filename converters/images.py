@@ -152,12 +152,15 @@ def _decode(data: bytes, name: str, *, draft_to: tuple[int, int], max_pixels: in
     info = ImageInfo(format=fmt, width=width, height=height, mode=image.mode)
     try:
         if fmt not in SUPPORTED_FORMATS:
-            raise SampleError(name, f"unsupported image format {fmt} (the loader decodes {', '.join(sorted(SUPPORTED_FORMATS))})")
+            raise SampleError(
+                name, f"unsupported image format {fmt} (the loader decodes {', '.join(sorted(SUPPORTED_FORMATS))})"
+            )
         if width < 1 or height < 1:
             raise SampleError(name, f"{fmt} image has an empty size {width}x{height}")
         if width * height > max_pixels:
             raise SampleError(
-                name, f"{fmt} image is {width}x{height} pixels, more than the limit of {max_pixels} (decompression bomb guard)"
+                name,
+                f"{fmt} image is {width}x{height} pixels, more than the limit of {max_pixels} (decompression bomb guard)",
             )
         if fmt == "JPEG":
             image.draft(None, draft_to)

@@ -117,7 +117,9 @@ def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:
     offsets: dict[str, np.ndarray] = {}
     with open_file(path) as f:
         if f.attrs.get("num_samples") != num_samples:
-            raise ConversionError(f"{path}: holds {f.attrs.get('num_samples')} samples, the manifest says {num_samples}")
+            raise ConversionError(
+                f"{path}: holds {f.attrs.get('num_samples')} samples, the manifest says {num_samples}"
+            )
         for name, field in manifest.fields.items():
             key = data_path(name, field)
             if key not in f:
@@ -141,7 +143,9 @@ def _merged_offsets(name: str, shards: list[_ShardInfo]) -> np.ndarray:
 def _create_target(f: h5py.File, name: str, field: Field, total_rows: int) -> h5py.Dataset:
     rest = row_shape(field)
     if is_ragged(field):
-        return f.create_dataset(data_path(name, field), shape=(total_rows, *rest), dtype=data_dtype(field), track_times=False)
+        return f.create_dataset(
+            data_path(name, field), shape=(total_rows, *rest), dtype=data_dtype(field), track_times=False
+        )
     return f.create_dataset(
         name,
         shape=(total_rows, *rest),
@@ -155,7 +159,8 @@ def _write_physical(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], 
     row_bytes = {n: data_dtype(fl).itemsize * math.prod(row_shape(fl)) for n, fl in manifest.fields.items()}
     total_bytes = sum(s.rows[n] * row_bytes[n] for s in shards for n in manifest.fields)
     targets = {
-        name: _create_target(f, name, field, sum(s.rows[name] for s in shards)) for name, field in manifest.fields.items()
+        name: _create_target(f, name, field, sum(s.rows[name] for s in shards))
+        for name, field in manifest.fields.items()
     }
     with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"merge {label}", disable=None) as bar:
         base = dict.fromkeys(manifest.fields, 0)

@@ -24,7 +24,18 @@ AUTO_SHARD_MIN = 32 * MB
 AUTO_SHARD_TARGET_COUNT = 16
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "k": 1000, "m": MB, "g": GB, "t": 1000 * GB, "ki": 1024, "mi": 1024**2, "gi": 1024**3, "ti": 1024**4}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000,
+    "m": MB,
+    "g": GB,
+    "t": 1000 * GB,
+    "ki": 1024,
+    "mi": 1024**2,
+    "gi": 1024**3,
+    "ti": 1024**4,
+}
 
 
 @dataclass(frozen=True)

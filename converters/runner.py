@@ -193,7 +193,9 @@ def _finished_dataset(out: Path, digest: str) -> Manifest | None:
     try:
         manifest = load_manifest(out)
     except ManifestError as exc:
-        raise ConversionError(f"{out} already holds a dataset whose manifest cannot be read ({exc}); choose another output folder") from exc
+        raise ConversionError(
+            f"{out} already holds a dataset whose manifest cannot be read ({exc}); choose another output folder"
+        ) from exc
     if manifest.source.get("job") != digest:
         raise ConversionError(
             f"{out} already holds a different dataset; choose another output folder or delete this one"
@@ -357,7 +359,9 @@ class _Stopped(Exception):
 def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, results, total) -> None:
     """Write the shards of ``todo`` with ``engine`` (or in this process when there is one worker or shard)."""
     done_before = sum(results[n]["num_samples"] + len(results[n]["errors"]) for n in results)
-    bar = tqdm(total=total, initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05)
+    bar = tqdm(
+        total=total, initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05
+    )
     try:
         if isinstance(engine, LocalEngine) and (engine.workers == 1 or len(todo) <= 1):
             _init_worker(None, None)
@@ -367,7 +371,10 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
             return
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
         where = out.absolute()
-        tasks = [(plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], where, on_error)) for plan in todo]
+        tasks = [
+            (plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], where, on_error))
+            for plan in todo
+        ]
         try:
             for number, record in engine.run(tasks, bar.update):
                 results[number] = record

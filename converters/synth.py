@@ -148,8 +148,9 @@ def _write_chunk(task: tuple[tuple[str, tuple[int, int], int, int, int], int, in
 def _class_style(seed: int, c: int) -> _ClassStyle:
     rng = np.random.default_rng([seed, 0, c])
     base_hue = (c * 0.618034) % 1.0  # golden-ratio steps: neighbouring classes get distant hues
-    hues = np.stack([_hsv(base_hue + rng.uniform(-0.08, 0.08), rng.uniform(0.3, 0.8), rng.uniform(0.35, 0.9))
-                     for _ in range(3)])
+    hues = np.stack(
+        [_hsv(base_hue + rng.uniform(-0.08, 0.08), rng.uniform(0.3, 0.8), rng.uniform(0.35, 0.9)) for _ in range(3)]
+    )
     return _ClassStyle(
         hues=hues,
         shape=("ellipse", "polygon", "rect", "stripes")[c % 4],
@@ -266,7 +267,9 @@ def _render(rng: np.random.Generator, style: _ClassStyle, width: int, height: in
     return Image.fromarray(np.clip(image, 0, 255, out=image).astype(np.uint8))
 
 
-def _draw_shape(draw: ImageDraw.ImageDraw, rng: np.random.Generator, fill: int, kind: str, width: int, height: int) -> None:
+def _draw_shape(
+    draw: ImageDraw.ImageDraw, rng: np.random.Generator, fill: int, kind: str, width: int, height: int
+) -> None:
     cx, cy = rng.uniform(0.1, 0.9) * width, rng.uniform(0.1, 0.9) * height
     r = rng.uniform(0.08, 0.3) * min(width, height)
     if kind == "ellipse":
@@ -286,5 +289,12 @@ def _draw_shape(draw: ImageDraw.ImageDraw, rng: np.random.Generator, fill: int, 
         dx, dy = np.cos(d), np.sin(d)
         nx, ny = -dy * half, dx * half
         far = 2 * max(width, height)
-        draw.polygon([(cx - dx * far + nx, cy - dy * far + ny), (cx + dx * far + nx, cy + dy * far + ny),
-                      (cx + dx * far - nx, cy + dy * far - ny), (cx - dx * far - nx, cy - dy * far - ny)], fill=fill)
+        draw.polygon(
+            [
+                (cx - dx * far + nx, cy - dy * far + ny),
+                (cx + dx * far + nx, cy + dy * far + ny),
+                (cx + dx * far - nx, cy + dy * far - ny),
+                (cx - dx * far - nx, cy - dy * far - ny),
+            ],
+            fill=fill,
+        )

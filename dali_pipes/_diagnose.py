@@ -51,8 +51,9 @@ def _decoder_pipeline():
     from nvidia.dali import fn, types
     from nvidia.dali.pipeline import Pipeline
 
-    pipe = Pipeline(batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1, exec_async=False,
-                    exec_pipelined=False)
+    pipe = Pipeline(
+        batch_size=1, num_threads=1, device_id=None, prefetch_queue_depth=1, exec_async=False, exec_pipelined=False
+    )
     with pipe:
         encoded = fn.external_source(name="encoded", dtype=types.UINT8, ndim=1)
         pipe.set_outputs(fn.decoders.image(encoded, device="cpu", output_type=types.RGB))

@@ -44,7 +44,10 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     try:
         return handler(args)
     except SampleError as exc:
-        print(f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such inputs out)", file=sys.stderr)
+        print(
+            f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such inputs out)",
+            file=sys.stderr,
+        )
     except (ConversionError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"dali-pipes: error: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -118,7 +121,9 @@ def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_
     size = p.add_mutually_exclusive_group()
     size.add_argument("--samples-per-shard", type=int, metavar="N", help="samples in each shard")
     size.add_argument(
-        "--shard-size", metavar="SIZE", help="input bytes per shard, like 1GB or 512MB (default: 1GB, less for small sets)"
+        "--shard-size",
+        metavar="SIZE",
+        help="input bytes per shard, like 1GB or 512MB (default: 1GB, less for small sets)",
     )
     p.add_argument("--workers", type=int, metavar="K", help="writer processes (default: all cores)")
     p.add_argument(
@@ -127,11 +132,20 @@ def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_
         default="local",
         help="where shards are written: local processes, or a Dask cluster (needs dali-pipes[dask]) (default: local)",
     )
-    p.add_argument("--scheduler", metavar="ADDRESS", help="the Dask scheduler, e.g. tcp://10.0.0.1:8786 (with --engine dask)")
-    p.add_argument("--on-error", choices=("skip", "fail"), default="skip", help="bad inputs: leave out and list (skip) or stop (fail)")
+    p.add_argument(
+        "--scheduler", metavar="ADDRESS", help="the Dask scheduler, e.g. tcp://10.0.0.1:8786 (with --engine dask)"
+    )
+    p.add_argument(
+        "--on-error",
+        choices=("skip", "fail"),
+        default="skip",
+        help="bad inputs: leave out and list (skip) or stop (fail)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     if images:
-        p.add_argument("--max-size", type=int, metavar="PX", help="resize images whose longest side is larger (re-encodes as JPEG)")
+        p.add_argument(
+            "--max-size", type=int, metavar="PX", help="resize images whose longest side is larger (re-encodes as JPEG)"
+        )
         p.add_argument("--quality", type=int, default=90, metavar="Q", help="JPEG quality when resizing (default: 90)")
 
 
@@ -287,7 +301,13 @@ def _synth(args) -> int:
     if args.num < 1 or args.classes < 1:
         raise ValueError("--num and --classes must be at least 1")
     out = make_imagefolder(
-        args.out, args.num, size=parse_size(args.size), classes=args.classes, seed=args.seed, quality=args.quality, workers=args.workers
+        args.out,
+        args.num,
+        size=parse_size(args.size),
+        classes=args.classes,
+        seed=args.seed,
+        quality=args.quality,
+        workers=args.workers,
     )
     print(f"{out}: {args.num} images in {args.classes} class folders")
     return 0
@@ -297,7 +317,9 @@ def _add_bench_convert(commands) -> None:
     p = commands.add_parser(
         "bench-convert", help="conversion throughput of each format against a plain file copy, side by side"
     )
-    p.add_argument("images", type=Path, nargs="?", help="an image folder (default: a synthetic one in a temporary folder)")
+    p.add_argument(
+        "images", type=Path, nargs="?", help="an image folder (default: a synthetic one in a temporary folder)"
+    )
     p.add_argument("--num", type=int, default=1000, help="synthetic images when no folder is given (default: 1000)")
     p.add_argument("--workers", type=int, default=2, help="writer processes (default: 2)")
     p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all)")
@@ -327,7 +349,9 @@ def _add_demo(commands) -> None:
     p.add_argument("--workdir", type=Path, help="where the files go (default: a new temporary folder)")
     p.add_argument("--num-images", type=int, default=512, help="synthetic images (default: 512)")
     p.add_argument("--batches", type=int, default=200, help="timed batches of the DALI loader (default: 200)")
-    p.add_argument("--baseline-batches", type=int, default=40, help="timed batches of the DataLoader baseline (default: 40)")
+    p.add_argument(
+        "--baseline-batches", type=int, default=40, help="timed batches of the DataLoader baseline (default: 40)"
+    )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     p.set_defaults(handler=_demo)
@@ -355,7 +379,9 @@ def _demo(args) -> int:
 def _add_show(commands) -> None:
     from dali_pipes.show import PIPELINES
 
-    p = commands.add_parser("show", help="a PNG grid of augmented samples with their labels (and boxes), to check by eye")
+    p = commands.add_parser(
+        "show", help="a PNG grid of augmented samples with their labels (and boxes), to check by eye"
+    )
     p.add_argument("dataset", type=Path, help="a dataset folder written by 'dali-pipes convert'")
     p.add_argument("--pipeline", choices=PIPELINES, default="train", help="which augmentation (default: train)")
     p.add_argument("--out", type=Path, default=Path("grid.png"), metavar="OUT.png", help="(default: grid.png)")
@@ -369,8 +395,9 @@ def _add_show(commands) -> None:
 def _show(args) -> int:
     from dali_pipes.show import show
 
-    path = show(args.dataset, args.out, pipeline=args.pipeline, num=args.num, seed=args.seed, size=args.size,
-                device=args.device)
+    path = show(
+        args.dataset, args.out, pipeline=args.pipeline, num=args.num, seed=args.seed, size=args.size, device=args.device
+    )
     print(f"{path}: {args.num} {args.pipeline} samples of {args.dataset}")
     return 0
 
@@ -382,18 +409,32 @@ def _add_bench(commands) -> None:
     from dali_pipes.bench.suites import SUITES
 
     p = commands.add_parser(
-        "bench", help="images/s of this package's loader against the DataLoader baselines, DALI's file reader and decode-only"
+        "bench",
+        help="images/s of this package's loader against the DataLoader baselines, DALI's file reader and decode-only",
     )
     p.add_argument("dataset", type=Path, help="a dataset folder written by 'dali-pipes convert'")
     p.add_argument("--suite", choices=SUITES, default="main", help="which comparison (default: main)")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
-    p.add_argument("--quick", action="store_true", help="tiny timing windows: checks that every row runs, figures are noise")
+    p.add_argument(
+        "--quick", action="store_true", help="tiny timing windows: checks that every row runs, figures are noise"
+    )
     p.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size of every row (default: 64)")
-    p.add_argument("--images", type=Path, metavar="DIR", help="the original image folder (default: the manifest's source)")
-    p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32",
-                   help="output dtype of the DALI rows (default: float32, as the baselines)")
+    p.add_argument(
+        "--images", type=Path, metavar="DIR", help="the original image folder (default: the manifest's source)"
+    )
+    p.add_argument(
+        "--settings",
+        type=Path,
+        metavar="FILE",
+        help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "float16"),
+        default="float32",
+        help="output dtype of the DALI rows (default: float32, as the baselines)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
 
@@ -431,17 +472,28 @@ def _bench(args) -> int:
         print(f"figures: {write_json(report, args.json)}")
     if args.plot is not None:
         plot = write_plot(report, args.plot)
-        print(f"plot: {plot}" if plot else 'plot: skipped, matplotlib does not import (pip install "dali-pipes[bench]")')
+        print(
+            f"plot: {plot}" if plot else 'plot: skipped, matplotlib does not import (pip install "dali-pipes[bench]")'
+        )
     return EXIT_FAILED if report.failed else 0
 
 
 def _add_tune(commands) -> None:
-    p = commands.add_parser("tune", help="search num_threads, py_num_workers, prefetch (and hw_decoder_load) for the fastest loader")
+    p = commands.add_parser(
+        "tune", help="search num_threads, py_num_workers, prefetch (and hw_decoder_load) for the fastest loader"
+    )
     p.add_argument("dataset", type=Path)
-    p.add_argument("--out", type=Path, default=Path("dali-pipes-settings.json"), metavar="FILE",
-                   help="where to save the settings (default: dali-pipes-settings.json)")
+    p.add_argument(
+        "--out",
+        type=Path,
+        default=Path("dali-pipes-settings.json"),
+        metavar="FILE",
+        help="where to save the settings (default: dali-pipes-settings.json)",
+    )
     p.add_argument("--quick", action="store_true", help="a few short trials: checks that tuning runs")
-    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="the batch size you train with (default: 64)")
+    p.add_argument(
+        "--batch-size", type=int, default=64, metavar="B", help="the batch size you train with (default: 64)"
+    )
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the pipeline")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -452,8 +504,14 @@ def _tune(args) -> int:
     from dali_pipes.bench.tune import format_tune, save_settings, tune
 
     with _quiet_loaders(args):
-        result = tune(args.dataset, batch_size=args.batch_size, quick=args.quick, device=args.device, dtype=args.dtype,
-                      progress=not args.no_progress)
+        result = tune(
+            args.dataset,
+            batch_size=args.batch_size,
+            quick=args.quick,
+            device=args.device,
+            dtype=args.dtype,
+            progress=not args.no_progress,
+        )
     print(format_tune(result, save_settings(result, args.out)))
     return 0
 
@@ -465,7 +523,9 @@ def _add_doctor(commands) -> None:
     p.add_argument("dataset", type=Path)
     p.add_argument("--model", choices=MODELS, default="resnet50", help="the model to train (default: resnet50)")
     p.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: 64)")
-    p.add_argument("--steps", type=int, default=30, metavar="N", help="timed training steps per measurement (default: 30)")
+    p.add_argument(
+        "--steps", type=int, default=30, metavar="N", help="timed training steps per measurement (default: 30)"
+    )
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"), help="where the loader runs")
     p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune'")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures and the verdict here")
@@ -480,8 +540,16 @@ def _doctor(args) -> int:
     from dali_pipes.bench.doctor import format_doctor, run_doctor
 
     with _quiet_loaders(args):
-        report = run_doctor(args.dataset, model=args.model, batch_size=args.batch_size, steps=args.steps,
-                            quick=args.quick, device=args.device, settings=args.settings, progress=not args.no_progress)
+        report = run_doctor(
+            args.dataset,
+            model=args.model,
+            batch_size=args.batch_size,
+            steps=args.steps,
+            quick=args.quick,
+            device=args.device,
+            settings=args.settings,
+            progress=not args.no_progress,
+        )
     print(format_doctor(report))
     if args.json is not None:
         args.json.parent.mkdir(parents=True, exist_ok=True)

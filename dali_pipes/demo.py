@@ -86,7 +86,9 @@ def run_demo(
     log.info("baseline DataLoader(num_workers=%d) with PIL: %d batches", cores, baseline_batches)
     _, baseline_rate = _throughput(cycle(baseline), baseline_batches, key=0)
 
-    grid = write_grid(first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes)
+    grid = write_grid(
+        first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes
+    )
     return DemoReport(workdir, images, dataset, grid, loader.device, cores, batch_size, dali_rate, baseline_rate)
 
 

@@ -58,7 +58,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"classes   {len(classes)}: {shown}")
     source = summary["source"]
     lines.append("source    " + ", ".join(f"{k}={v}" for k, v in source.items()))
-    lines.append(f"left out  {summary['inputs_left_out']} input(s)" + (f" (see {ERRORS_NAME})" if summary["inputs_left_out"] else ""))
+    lines.append(
+        f"left out  {summary['inputs_left_out']} input(s)"
+        + (f" (see {ERRORS_NAME})" if summary["inputs_left_out"] else "")
+    )
     lines.append("shards")
     for shard in summary["shards"][:_SHOWN_SHARDS]:
         index = f" + {shard['index_path']}" if shard["index_path"] else ""

@@ -358,14 +358,21 @@ class DALILoader:
         """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
         if not isinstance(state, Mapping):
             raise ValueError(f"load_state_dict expects the dict from state_dict(), got {type(state).__name__}")
-        missing = [k for k in ("version", "epoch", "samples_consumed", "num_samples", "seed", "shuffle", "last_batch")
-                   if k not in state]
+        missing = [
+            k
+            for k in ("version", "epoch", "samples_consumed", "num_samples", "seed", "shuffle", "last_batch")
+            if k not in state
+        ]
         if missing:
             raise ValueError(f"loader state is missing {missing}; pass the dict that DALILoader.state_dict() returned")
         if state["version"] != _STATE_VERSION:
             raise ValueError(f"loader state version {state['version']!r} is not {_STATE_VERSION}")
-        for key, mine in (("num_samples", len(self.store)), ("seed", self.seed), ("shuffle", self.shuffle),
-                          ("last_batch", self.last_batch)):
+        for key, mine in (
+            ("num_samples", len(self.store)),
+            ("seed", self.seed),
+            ("shuffle", self.shuffle),
+            ("last_batch", self.last_batch),
+        ):
             if state[key] != mine:
                 raise ValueError(
                     f"{self.store.root}: the saved loader state has {key}={state[key]!r} but this loader has "
@@ -433,8 +440,9 @@ class DALILoader:
             else:
                 self._position = (
                     current.epoch,
-                    samples_consumed(n, self.batch_size, self.world.world_size, current.handed, self.last_batch,
-                                     current.start),
+                    samples_consumed(
+                        n, self.batch_size, self.world.world_size, current.handed, self.last_batch, current.start
+                    ),
                 )
             yield batch
         # Collect DALI's end of epoch now, so that the next pass can reset at once.

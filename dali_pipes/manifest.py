@@ -147,9 +147,7 @@ def _parse_shape(name: str, value: Any, dtype: np.dtype, where: str) -> tuple[in
     if len(value) > 32:  # numpy's limit on dimensions is 64; a sample of more than 32 is surely damage
         raise ManifestError(f"{where}: field {name!r} has {len(value)} dimensions; at most 32 are allowed")
     if any(s < 0 for s in value[1:]) or (value and value[0] < -1):
-        raise ManifestError(
-            f"{where}: field {name!r} has shape {value}; only the first dimension may be -1 (variable)"
-        )
+        raise ManifestError(f"{where}: field {name!r} has shape {value}; only the first dimension may be -1 (variable)")
     if any(s == 0 for s in value):
         raise ManifestError(f"{where}: field {name!r} has shape {value}, which holds no values")
     if math.prod(abs(s) for s in value) * dtype.itemsize > MAX_COUNT:
@@ -275,7 +273,9 @@ def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Ma
     try:
         data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError
-        raise ManifestError(f"{path}: not valid JSON ({exc}); the manifest is damaged, convert the dataset again") from exc
+        raise ManifestError(
+            f"{path}: not valid JSON ({exc}); the manifest is damaged, convert the dataset again"
+        ) from exc
     manifest = parse_manifest(data, where=str(path))
     if check_paths:
         check_shard_paths(manifest, path.parent)
@@ -321,7 +321,9 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
     fields = {}
     for name, spec in raw_fields.items():
         if not isinstance(name, str) or not name or "/" in name or _has_nul(name) or name in (".", ".."):
-            raise ManifestError(f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)")
+            raise ManifestError(
+                f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)"
+            )
         fields[name] = Field.from_json(name, spec, where)
 
     classes = data.get("classes")
@@ -431,7 +433,9 @@ def resolve_inside(root: str | os.PathLike, rel: str) -> Path:
     except (OSError, ValueError) as exc:  # a symlink loop, a name too long, a NUL byte
         raise ManifestError(f"{root / MANIFEST_NAME}: shard path {rel!r} cannot be resolved ({exc})") from exc
     if resolved == root:
-        raise ManifestError(f"{root / MANIFEST_NAME}: shard path {rel!r} names the dataset folder itself, not a file in it")
+        raise ManifestError(
+            f"{root / MANIFEST_NAME}: shard path {rel!r} names the dataset folder itself, not a file in it"
+        )
     if root not in resolved.parents:
         raise ManifestError(
             f"{root / MANIFEST_NAME}: shard path {rel!r} resolves to {resolved}, outside the dataset folder "
@@ -445,4 +449,4 @@ def human_bytes(n: float) -> str:
     if n < 1000:
         return f"{int(n)} B"
     exp = min(int(math.log(n, 1000)), 4)
-    return f"{n / 1000 ** exp:.1f} {'KMGT'[exp - 1]}B"
+    return f"{n / 1000**exp:.1f} {'KMGT'[exp - 1]}B"

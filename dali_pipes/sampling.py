@@ -131,9 +131,7 @@ def num_batches(
     ``ceil((num_samples - start) / (batch_size * world_size))`` with ``"pad"``,
     the floor with ``"drop"``.
     """
-    n, batch_size, world_size, last_batch, start = _check_common(
-        num_samples, batch_size, world_size, last_batch, start
-    )
+    n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
     full, tail_per_rank = _layout(n - start, batch_size, world_size, last_batch)
     return full + (1 if tail_per_rank else 0)
 
@@ -146,9 +144,7 @@ def samples_per_rank(
     start: int = 0,
 ) -> int:
     """Samples each rank reads for the rest of an epoch: the length of :func:`rank_indices`."""
-    n, batch_size, world_size, last_batch, start = _check_common(
-        num_samples, batch_size, world_size, last_batch, start
-    )
+    n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
     full, tail_per_rank = _layout(n - start, batch_size, world_size, last_batch)
     return full * batch_size + tail_per_rank
 
@@ -168,9 +164,7 @@ def samples_consumed(
     ``"drop"``, taking every batch also completes the epoch: the dropped tail is
     never read, so the result is ``num_samples``.
     """
-    n, batch_size, world_size, last_batch, start = _check_common(
-        num_samples, batch_size, world_size, last_batch, start
-    )
+    n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
     total = num_batches(n, batch_size, world_size, last_batch, start)
     batches = _int("batches", batches, 0)
     if batches > total:
@@ -198,9 +192,7 @@ def rank_indices(
     long where only the last batch may be shorter than ``batch_size``. See the
     module docstring for the rules.
     """
-    n, batch_size, world_size, last_batch, start = _check_common(
-        num_samples, batch_size, world_size, last_batch, start
-    )
+    n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
     world = World(rank, world_size)
     order = epoch_order(n, epoch, seed, shuffle)
     rest = order[start:]

@@ -26,7 +26,14 @@ CAPTION = 14
 BOX_WIDTH = 2
 # Saturated colours that stand out against photos; box k of class c takes PALETTE[c % len].
 PALETTE: tuple[tuple[int, int, int], ...] = (
-    (255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255), (0, 255, 255), (255, 128, 0), (128, 0, 255),
+    (255, 0, 0),
+    (0, 255, 0),
+    (0, 0, 255),
+    (255, 255, 0),
+    (255, 0, 255),
+    (0, 255, 255),
+    (255, 128, 0),
+    (128, 0, 255),
 )
 
 

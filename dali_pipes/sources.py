@@ -175,8 +175,9 @@ class StoreSource:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Workers compute their own plan and map the control block themselves; never ship either.
-        state.update(_dali_epoch=-1, _indices=np.empty(0, dtype=np.int64), _is_pad=np.empty(0, dtype=bool),
-                     _values=None)
+        state.update(
+            _dali_epoch=-1, _indices=np.empty(0, dtype=np.int64), _is_pad=np.empty(0, dtype=bool), _values=None
+        )
         return state
 
     def indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
@@ -244,7 +245,11 @@ def _forget_foreign_exception_reducers() -> None:
     import copyreg
 
     for cls, reducer in list(copyreg.dispatch_table.items()):
-        if isinstance(cls, type) and issubclass(cls, BaseException) and getattr(reducer, "__module__", "").startswith("tblib"):
+        if (
+            isinstance(cls, type)
+            and issubclass(cls, BaseException)
+            and getattr(reducer, "__module__", "").startswith("tblib")
+        ):
             del copyreg.dispatch_table[cls]
 
 

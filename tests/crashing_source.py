@@ -24,8 +24,6 @@ class CrashingSource(ImageFolderSource):
 
     def load(self, item: Item) -> Sample:
         if Path(item.name).name == self.crash_on and os.path.exists(self.flag):
-            resource.setrlimit(
-                resource.RLIMIT_CORE, (0, 0)
-            )  # no core file in the working folder
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file in the working folder
             ctypes.string_at(0)  # a read of address 0: a real segmentation fault
         return super().load(item)

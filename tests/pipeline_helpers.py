@@ -21,8 +21,9 @@ def run_spec_batch(
     through ``@pipeline_def(enable_conditionals=True)``: the two ways the loader may use.
     """
     labels = [np.array(10 + i, dtype=np.int64) for i in range(len(data))]
-    kwargs = dict(batch_size=len(data), num_threads=2, device_id=0 if device == "gpu" else None, seed=seed,
-                  prefetch_queue_depth=1)
+    kwargs = dict(
+        batch_size=len(data), num_threads=2, device_id=0 if device == "gpu" else None, seed=seed, prefetch_queue_depth=1
+    )
 
     def graph():
         image = fn.external_source(source=lambda: data, batch=True)

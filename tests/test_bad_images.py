@@ -130,7 +130,9 @@ def test_each_awkward_image_is_kept_unchanged_and_decodes_to_rgb_through_dali(co
 
     @pipeline_def(batch_size=len(names), num_threads=1, device_id=None)
     def decode():
-        return fn.decoders.image(fn.external_source(source=lambda: batch, batch=True), device="cpu", output_type=types.RGB)
+        return fn.decoders.image(
+            fn.external_source(source=lambda: batch, batch=True), device="cpu", output_type=types.RGB
+        )
 
     pipe = decode()
     pipe.build()
@@ -148,8 +150,16 @@ def test_the_loader_delivers_every_kept_image_as_three_channels(converted):
 
     _, out = converted
     seen = []
-    with DALILoader(out, ClassificationVal(size=32, resize=36), batch_size=1, shuffle=False, last_batch="drop",
-                    py_num_workers=0, device="cpu", with_index=True) as loader:
+    with DALILoader(
+        out,
+        ClassificationVal(size=32, resize=36),
+        batch_size=1,
+        shuffle=False,
+        last_batch="drop",
+        py_num_workers=0,
+        device="cpu",
+        with_index=True,
+    ) as loader:
         for batch in loader:
             assert tuple(batch["image"].shape) == (1, 3, 32, 32)
             assert bool(batch["image"].isfinite().all())

@@ -70,9 +70,22 @@ def bench_cli(dataset, tmp_path_factory):
     """The main bench, run once through the real console script with --json and --plot."""
     out = tmp_path_factory.mktemp("bench-out")
     proc = subprocess.run(
-        [str(CLI), "bench", str(dataset), "--quick", "--batch-size", str(BATCH), "--no-progress",
-         "--json", str(out / "bench.json"), "--plot", str(out / "bench.png")],
-        capture_output=True, text=True, timeout=600,
+        [
+            str(CLI),
+            "bench",
+            str(dataset),
+            "--quick",
+            "--batch-size",
+            str(BATCH),
+            "--no-progress",
+            "--json",
+            str(out / "bench.json"),
+            "--plot",
+            str(out / "bench.png"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, f"dali-pipes bench failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
     return proc, out
@@ -96,8 +109,14 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
             assert spread["min"] <= row["images_per_s"] <= spread["max"] and spread["relative"] >= 0, row
             assert len(spread["windows"]) == report["context"]["timing"]["repeats"]
     # What must be measured on any machine, and what is skipped exactly when it cannot run here.
-    for name in ("dali-pipes cpu", "DataLoader+PIL shards", "DataLoader+PIL files", "DALI readers.file cpu",
-                 "decode-ceiling (full)", "decode-ceiling (reduced)"):
+    for name in (
+        "dali-pipes cpu",
+        "DataLoader+PIL shards",
+        "DataLoader+PIL files",
+        "DALI readers.file cpu",
+        "decode-ceiling (full)",
+        "decode-ceiling (reduced)",
+    ):
         assert rows[name]["images_per_s"] is not None, rows[name]
     for name in ("dali-pipes gpu", "DALI readers.file gpu"):
         assert (rows[name]["skipped"] is None) == _cuda(), rows[name]
@@ -227,7 +246,12 @@ def test_load_settings_refuses_what_it_cannot_use(tmp_path):
         path.write_text(json.dumps(data))
         return path
 
-    good = {"kind": SETTINGS_KIND, "version": 1, "loader": {"num_threads": 2, "prefetch": 3}, "decoder": {"hw_decoder_load": 0.9}}
+    good = {
+        "kind": SETTINGS_KIND,
+        "version": 1,
+        "loader": {"num_threads": 2, "prefetch": 3},
+        "decoder": {"hw_decoder_load": 0.9},
+    }
     assert load_settings(write(good)) == {"num_threads": 2, "prefetch": 3}
     assert apply_settings(ClassificationTrain(), write(good)).decoder.hw_decoder_load == 0.9
     for bad, message in [
@@ -339,7 +363,9 @@ def test_the_image_folder_is_found_or_its_absence_explained(dataset, tmp_path):
     assert root is not None and root.is_dir() and reason is None
     _, reason = find_image_folder(dataset, replace(manifest, source={"kind": "list"}), None)
     assert "'list' source" in reason and "--images" in reason
-    _, reason = find_image_folder(dataset, replace(manifest, source={"kind": "imagefolder", "root": str(tmp_path / "gone")}), None)
+    _, reason = find_image_folder(
+        dataset, replace(manifest, source={"kind": "imagefolder", "root": str(tmp_path / "gone")}), None
+    )
     assert "not there any more" in reason
     _, reason = find_image_folder(dataset, manifest, tmp_path / "nope")
     assert "is not a folder" in reason

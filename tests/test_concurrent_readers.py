@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from dali_pipes import DALILoader
+
 from loader_helpers import TinySpec, read_every_sample, sample_digests, write_dataset
 
 FORMATS = ("lmdb", "hdf5", "tfrecord")

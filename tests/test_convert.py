@@ -24,13 +24,17 @@ CLI = [str(Path(sys.executable).with_name("dali-pipes"))]
 def run_cli(*args, check=True):
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
     if check and proc.returncode != 0:
-        raise AssertionError(f"dali-pipes {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        raise AssertionError(
+            f"dali-pipes {' '.join(map(str, args))} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}"
+        )
     return proc
 
 
 def shard_digests(out: Path) -> dict[str, str]:
     manifest = load_manifest(out)
-    return {s.path: s.sha256 for s in manifest.shards} | {s.index_path: s.index_sha256 for s in manifest.shards if s.index_path}
+    return {s.path: s.sha256 for s in manifest.shards} | {
+        s.index_path: s.index_sha256 for s in manifest.shards if s.index_path
+    }
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -84,8 +88,22 @@ def test_coco_reads_back_boxes_and_categories(coco_mini, tmp_path, fmt):
 
 
 def test_output_is_the_same_bytes_whatever_the_worker_count(imagenet_mini, tmp_path):
-    one = convert(ImageFolderSource(imagenet_mini), tmp_path / "one", format="hdf5", samples_per_shard=7, workers=1, progress=False)
-    convert(ImageFolderSource(imagenet_mini), tmp_path / "two", format="hdf5", samples_per_shard=7, workers=2, progress=False)
+    one = convert(
+        ImageFolderSource(imagenet_mini),
+        tmp_path / "one",
+        format="hdf5",
+        samples_per_shard=7,
+        workers=1,
+        progress=False,
+    )
+    convert(
+        ImageFolderSource(imagenet_mini),
+        tmp_path / "two",
+        format="hdf5",
+        samples_per_shard=7,
+        workers=2,
+        progress=False,
+    )
     assert len(one.manifest.shards) == 7
     assert shard_digests(tmp_path / "one") == shard_digests(tmp_path / "two")
     assert (tmp_path / "one" / "index.json").read_bytes() == (tmp_path / "two" / "index.json").read_bytes()
@@ -122,7 +140,19 @@ def test_on_error_fail_names_the_input_and_leaves_nothing(imagenet_mini, tmp_pat
     root = tmp_path / "in"
     _bad_image_folder(imagenet_mini, root)
     out = tmp_path / "out"
-    proc = run_cli("convert", "imagefolder", root, out, "--on-error", "fail", "--workers", "2", "--samples-per-shard", "2", check=False)
+    proc = run_cli(
+        "convert",
+        "imagefolder",
+        root,
+        out,
+        "--on-error",
+        "fail",
+        "--workers",
+        "2",
+        "--samples-per-shard",
+        "2",
+        check=False,
+    )
     assert proc.returncode != 0
     assert "Traceback" not in proc.stderr
     assert any(name in proc.stderr for name in ("truncated.jpg", "empty.jpg", "notes.jpg")), proc.stderr
@@ -172,14 +202,26 @@ def test_rerun_of_a_finished_job_is_a_no_op_and_another_job_is_refused(imagenet_
 
 def test_inspect_and_verify_cli(imagenet_mini, tmp_path):
     out = tmp_path / "out"
-    run_cli("convert", "imagefolder", imagenet_mini, out, "--format", "tfrecord", "--samples-per-shard", "20", "--no-progress")
+    run_cli(
+        "convert",
+        "imagefolder",
+        imagenet_mini,
+        out,
+        "--format",
+        "tfrecord",
+        "--samples-per-shard",
+        "20",
+        "--no-progress",
+    )
     summary = json.loads(run_cli("inspect", out, "--json").stdout)
     assert summary["num_samples"] == 47 and summary["num_shards"] == 3 and summary["format"] == "tfrecord"
     assert summary["fields"]["image"] == {"kind": "bytes", "encoding": "image"}
     assert summary["classes"] == sorted(p.name for p in imagenet_mini.iterdir() if p.is_dir())
     text = run_cli("inspect", out).stdout
     assert "47 in 3 shard(s)" in text and "shard-00000.tfrecord.idx" in text
-    assert "3 shard(s), 47 samples read, 47 images decoded" in run_cli("verify", out, "--decode", "--no-progress").stdout
+    assert (
+        "3 shard(s), 47 samples read, 47 images decoded" in run_cli("verify", out, "--decode", "--no-progress").stdout
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete", "swap_index"])

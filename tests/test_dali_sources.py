@@ -13,6 +13,7 @@ import pytest
 from dali_pipes import open_store
 from dali_pipes.sampling import World, rank_indices
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
+
 from loader_helpers import write_dataset
 
 N = 11
@@ -81,20 +82,39 @@ def test_stale_and_cancelled_epochs_stop(store):
 def test_without_index_and_output_types(store):
     control = EpochControl()
     control.publish(0, 0, 0)
-    source = StoreSource(store, ("label",), batch_size=2, world=World(), seed=0, shuffle=False, last_batch="pad",
-                         control=control, with_index=False)
+    source = StoreSource(
+        store,
+        ("label",),
+        batch_size=2,
+        world=World(),
+        seed=0,
+        shuffle=False,
+        last_batch="pad",
+        control=control,
+        with_index=False,
+    )
     assert len(source(info(0))) == 2
     from nvidia.dali import types
 
-    assert dali_output_types(store, ("image", "label")) == ([types.UINT8, types.INT64, types.BOOL, types.INT64],
-                                                           [1, 0, 0, 0])
+    assert dali_output_types(store, ("image", "label")) == (
+        [types.UINT8, types.INT64, types.BOOL, types.INT64],
+        [1, 0, 0, 0],
+    )
     assert dali_output_types(store, ("label",), with_index=False) == ([types.INT64, types.BOOL], [0, 0])
 
 
 def test_missing_field_is_named(store):
     with pytest.raises(ValueError, match="no field 'boxes'"):
-        StoreSource(store, ("boxes",), batch_size=2, world=World(), seed=0, shuffle=False, last_batch="pad",
-                    control=EpochControl())
+        StoreSource(
+            store,
+            ("boxes",),
+            batch_size=2,
+            world=World(),
+            seed=0,
+            shuffle=False,
+            last_batch="pad",
+            control=EpochControl(),
+        )
 
 
 def _read_in_child(source, queue):

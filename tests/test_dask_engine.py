@@ -56,7 +56,11 @@ class Cluster:
 
     def __init__(self) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", _CLUSTER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+            [sys.executable, "-c", _CLUSTER],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
         )
         first = self._read()
         self.address: str = first["address"]
@@ -106,7 +110,13 @@ def test_dask_conversion_survives_a_killed_worker_and_equals_a_local_run(images,
 
     out = tmp_path / "dask"
     proc = subprocess.Popen(
-        [*CLI, *map(str, ["convert", "imagefolder", images, out, "--engine", "dask", "--scheduler", cluster.address, *common])],
+        [
+            *CLI,
+            *map(
+                str,
+                ["convert", "imagefolder", images, out, "--engine", "dask", "--scheduler", cluster.address, *common],
+            ),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -241,9 +251,21 @@ def test_engine_options_are_checked_with_one_line_errors(images, tmp_path, args,
 
 def test_dask_engine_without_dask_installed_says_how_to_install(images, tmp_path):
     # `import distributed` raises ImportError when its sys.modules entry is None.
-    code = "import sys; sys.modules['distributed'] = None; from dali_pipes.cli import main; sys.exit(main(sys.argv[1:]))"
+    code = (
+        "import sys; sys.modules['distributed'] = None; from dali_pipes.cli import main; sys.exit(main(sys.argv[1:]))"
+    )
     out = tmp_path / "out"
-    args = ["convert", "imagefolder", images, out, "--no-progress", "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9"]
+    args = [
+        "convert",
+        "imagefolder",
+        images,
+        out,
+        "--no-progress",
+        "--engine",
+        "dask",
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+    ]
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "pip install 'dali-pipes[dask]'" in proc.stderr
@@ -253,7 +275,17 @@ def test_dask_engine_without_dask_installed_says_how_to_install(images, tmp_path
 @needs_dask
 def test_unreachable_scheduler_is_a_clear_error(images, tmp_path):
     out = tmp_path / "out"
-    args = ["convert", "imagefolder", images, out, "--no-progress", "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9"]
+    args = [
+        "convert",
+        "imagefolder",
+        images,
+        out,
+        "--no-progress",
+        "--engine",
+        "dask",
+        "--scheduler",
+        "tcp://127.0.0.1:9",
+    ]
     # Nothing listens on port 9; Dask's connect timeout (an environment setting) makes it give up soon.
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"}
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)

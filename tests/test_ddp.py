@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 
 from dali_pipes import DALILoader
 from dali_pipes.sampling import epoch_order, num_batches, rank_indices
+
 from loader_helpers import TinySpec, ddp_worker, write_dataset
 
 N = 23
@@ -31,8 +32,13 @@ def free_port() -> int:
 
 def run_job(world_size, dataset, out_dir, **options):
     options.setdefault("batch_size", BATCH)
-    mp.start_processes(ddp_worker, args=(world_size, free_port(), str(dataset), str(out_dir), options),
-                       nprocs=world_size, join=True, start_method="spawn")
+    mp.start_processes(
+        ddp_worker,
+        args=(world_size, free_port(), str(dataset), str(out_dir), options),
+        nprocs=world_size,
+        join=True,
+        start_method="spawn",
+    )
     return [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(world_size)]
 
 
@@ -77,8 +83,16 @@ def test_ranks_cover_each_epoch_exactly_once(dataset, tmp_path, world_size, work
     assert states[0]["epoch"] == 2 and states[0]["samples_consumed"] == len(taken) == 2 * BATCH * world_size
     new_world = 5 - world_size  # 2 -> 3 and 3 -> 2
     loaders = [
-        DALILoader(dataset, TinySpec(), batch_size=BATCH, rank=r, world_size=new_world, device="cpu",
-                   with_index=True, py_num_workers=1)
+        DALILoader(
+            dataset,
+            TinySpec(),
+            batch_size=BATCH,
+            rank=r,
+            world_size=new_world,
+            device="cpu",
+            with_index=True,
+            py_num_workers=1,
+        )
         for r in range(new_world)
     ]
     for loader in loaders:

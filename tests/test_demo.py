@@ -12,8 +12,23 @@ from test_convert import run_cli  # noqa: E402 - shared helper
 
 def test_demo_runs_end_to_end_and_writes_a_real_grid(tmp_path):
     work = tmp_path / "demo"
-    proc = run_cli("demo", "--workdir", work, "--num-images", "48", "--batches", "4", "--baseline-batches", "2", "--batch-size", "8")
-    rates = {name: float(value) for name, value in re.findall(r"^(DALILoader|DataLoader)\s+([\d.]+) images/s", proc.stdout, re.M)}
+    proc = run_cli(
+        "demo",
+        "--workdir",
+        work,
+        "--num-images",
+        "48",
+        "--batches",
+        "4",
+        "--baseline-batches",
+        "2",
+        "--batch-size",
+        "8",
+    )
+    rates = {
+        name: float(value)
+        for name, value in re.findall(r"^(DALILoader|DataLoader)\s+([\d.]+) images/s", proc.stdout, re.M)
+    }
     assert set(rates) == {"DALILoader", "DataLoader"} and all(v > 0 for v in rates.values()), proc.stdout
     assert (work / "shards" / "index.json").exists()
     grid = np.asarray(Image.open(work / "augmented.png").convert("RGB"))

@@ -96,12 +96,22 @@ def rectangles(tmp_path_factory) -> Path:
             x, y = cx + 12 + rng.integers(0, 148 - 12 - w + 1), cy + 12 + rng.integers(0, 108 - 12 - h + 1)
             category = int(rng.integers(1, 5))
             pixels[y : y + h, x : x + w] = COLOURS[category]
-            annotations.append({"id": len(annotations) + 1, "image_id": i, "category_id": category, "iscrowd": 0,
-                                "bbox": [int(x), int(y), int(w), int(h)]})
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": i,
+                    "category_id": category,
+                    "iscrowd": 0,
+                    "bbox": [int(x), int(y), int(w), int(h)],
+                }
+            )
         Image.fromarray(pixels).save(root / "images" / f"rect-{i}.png")
         images.append({"id": i, "file_name": f"rect-{i}.png", "width": 320, "height": 240})
-    data = {"images": images, "annotations": annotations,
-            "categories": [{"id": k, "name": f"colour-{k}"} for k in COLOURS]}
+    data = {
+        "images": images,
+        "annotations": annotations,
+        "categories": [{"id": k, "name": f"colour-{k}"} for k in COLOURS],
+    }
     (root / "instances.json").write_text(json.dumps(data))
     return convert_coco(root / "images", root / "instances.json", root / "lmdb")
 
@@ -120,15 +130,16 @@ def expected_targets(data: dict, contiguous: bool = True) -> dict[int, tuple[np.
         if box[2] > box[0] and box[3] > box[1]:
             out[ann["image_id"]][0].append(box)
             out[ann["image_id"]][1].append(ids.index(ann["category_id"]) if contiguous else ann["category_id"])
-    return {k: (np.array(b, dtype=np.float64).reshape(-1, 4), l) for k, (b, l) in out.items()}
+    return {k: (np.array(b, dtype=np.float64).reshape(-1, 4), labels) for k, (b, labels) in out.items()}
 
 
 def run(path: Path, spec: PipelineSpec, *, epochs: int = 1, batch_size: int = 16, seed: int = 0) -> list[dict]:
     """Every batch of ``epochs`` epochs, in dataset order, as numpy, read in this process."""
     spec = spec.bind(load_manifest(path))
     batches = []
-    with DALILoader(path, spec, batch_size=batch_size, shuffle=False, seed=seed, device="cpu", py_num_workers=0,
-                    with_index=True) as loader:
+    with DALILoader(
+        path, spec, batch_size=batch_size, shuffle=False, seed=seed, device="cpu", py_num_workers=0, with_index=True
+    ) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
             batches.extend({k: v.numpy() for k, v in batch.items()} for batch in loader)
@@ -405,9 +416,26 @@ def test_gpu_graph_matches_the_cpu_graph(coco_lmdb):
 def test_example_trains_one_epoch_on_cpu(coco_lmdb):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "dali_pipes.examples.train_detection", str(coco_lmdb), "--epochs", "1",
-         "--batch-size", "16", "--size", "96", "--max-size", "128", "--workers", "0"],
-        capture_output=True, text=True, timeout=300, env=env,
+        [
+            sys.executable,
+            "-m",
+            "dali_pipes.examples.train_detection",
+            str(coco_lmdb),
+            "--epochs",
+            "1",
+            "--batch-size",
+            "16",
+            "--size",
+            "96",
+            "--max-size",
+            "128",
+            "--workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = re.search(r"epoch 0: (\d+) images, loss ([0-9.]+)", proc.stdout)
@@ -418,8 +446,13 @@ def test_example_targets_use_counts_valid_sizes_and_padding():
     from dali_pipes.examples.train_detection import IGNORE, grid_targets
 
     batch = {
-        "boxes": torch.tensor([[[0.0, 0.0, 20.0, 20.0], [40.0, 8.0, 60.0, 24.0]], [[0.0, 0.0, 0.0, 0.0]] * 2,
-                               [[0.0, 0.0, 32.0, 32.0], [0.0, 0.0, 0.0, 0.0]]]),
+        "boxes": torch.tensor(
+            [
+                [[0.0, 0.0, 20.0, 20.0], [40.0, 8.0, 60.0, 24.0]],
+                [[0.0, 0.0, 0.0, 0.0]] * 2,
+                [[0.0, 0.0, 32.0, 32.0], [0.0, 0.0, 0.0, 0.0]],
+            ]
+        ),
         "labels": torch.tensor([[1, 0], [-1, -1], [2, -1]]),
         "num_boxes": torch.tensor([2, 0, 1]),
         "image_size": torch.tensor([[64, 64], [32, 48], [64, 64]]),

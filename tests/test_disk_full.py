@@ -53,7 +53,18 @@ def images(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize(("fmt", "workers"), [(fmt, 1) for fmt in FORMATS] + [("hdf5", 2), ("lmdb", 2)])
 def test_full_disk_mid_job_is_a_clear_error_and_a_rerun_completes(images, tmp_path, fmt, workers):
-    args = ["convert", "imagefolder", images, "--format", fmt, "--samples-per-shard", "10", "--workers", workers, "--no-progress"]
+    args = [
+        "convert",
+        "imagefolder",
+        images,
+        "--format",
+        fmt,
+        "--samples-per-shard",
+        "10",
+        "--workers",
+        workers,
+        "--no-progress",
+    ]
     reference = tmp_path / "reference"
     run_cli(*args[:3], reference, *args[3:])
     sizes = {p.name: p.stat().st_size for p in reference.glob("shard-*")}
@@ -143,11 +154,11 @@ def crash_images(tmp_path_factory) -> Path:
 
 
 def test_a_worker_that_crashes_is_named_by_its_shard_and_a_rerun_completes(crash_images, tmp_path):
-    from crashing_source import CrashingSource
-
     from converters.base import ConversionError
     from converters.runner import convert
     from converters.sources import ImageFolderSource
+
+    from crashing_source import CrashingSource
 
     reference = tmp_path / "reference"
     convert(ImageFolderSource(crash_images), reference, format="hdf5", samples_per_shard=10, workers=2, progress=False)

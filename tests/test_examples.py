@@ -30,7 +30,10 @@ def _torchrun(*args: str) -> str:
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [str(torchrun), "--standalone", "--nproc_per_node=2", "-m", "dali_pipes.examples.train_imagenet", *args],
-        capture_output=True, text=True, timeout=240, env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc.stdout
@@ -63,10 +66,27 @@ def test_multi_node_torchrun_two_nodes_on_loopback(tiny_dataset):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     nodes = [
         subprocess.Popen(
-            [str(torchrun), "--nnodes=2", "--nproc_per_node=1", f"--node_rank={rank}", "--master_addr=127.0.0.1",
-             f"--master_port={port}", "-m", "dali_pipes.examples.train_imagenet", str(tiny_dataset),
-             "--epochs", "1", "--batch-size", "8", "--size", "32"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                str(torchrun),
+                "--nnodes=2",
+                "--nproc_per_node=1",
+                f"--node_rank={rank}",
+                "--master_addr=127.0.0.1",
+                f"--master_port={port}",
+                "-m",
+                "dali_pipes.examples.train_imagenet",
+                str(tiny_dataset),
+                "--epochs",
+                "1",
+                "--batch-size",
+                "8",
+                "--size",
+                "32",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
         for rank in (0, 1)
     ]

@@ -209,8 +209,15 @@ def test_gpu_batches_are_on_the_gpu_and_equal(arrays):
     path = root / "lmdb"
     mean8, std8 = np.linspace(-1, 1, 8), np.linspace(0.5, 2, 8)
     spec = Features(fields=FIELDS, normalize={"emb": (mean8, std8)}, dtype={"mix": "float16"})
-    with DALILoader(path, spec.bind(load_manifest(path)), batch_size=BATCH, shuffle=False, device="gpu",
-                    with_index=True, py_num_workers=1) as it:
+    with DALILoader(
+        path,
+        spec.bind(load_manifest(path)),
+        batch_size=BATCH,
+        shuffle=False,
+        device="gpu",
+        with_index=True,
+        py_num_workers=1,
+    ) as it:
         batches = list(it)
     assert len(batches) == math.ceil(N / BATCH)
     for batch in batches:
@@ -219,5 +226,6 @@ def test_gpu_batches_are_on_the_gpu_and_equal(arrays):
         assert batch["mix"].dtype == torch.float16
         np.testing.assert_array_equal(batch["mix"].cpu().numpy(), data["mix"][index].astype(np.float16))
         np.testing.assert_array_equal(batch["target"].cpu().numpy(), data["target"][index])
-        np.testing.assert_allclose(batch["emb"].cpu().numpy(), (data["emb"][index].astype(np.float64) - mean8) / std8,
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(
+            batch["emb"].cpu().numpy(), (data["emb"][index].astype(np.float64) - mean8) / std8, rtol=1e-5, atol=1e-5
+        )

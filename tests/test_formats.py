@@ -22,8 +22,7 @@ from hypothesis import strategies as st
 
 from converters.writers import WRITERS, LmdbShardWriter, writer_class
 from dali_pipes.manifest import Field
-from dali_pipes.stores import StoreError, open_store, reader_class
-from dali_pipes.stores import tfexample
+from dali_pipes.stores import StoreError, open_store, reader_class, tfexample
 
 FORMATS = ["lmdb", "hdf5", "tfrecord"]
 
@@ -348,7 +347,15 @@ def test_tfrecord_is_read_by_an_independent_reader_with_valid_crcs(samples, tmp_
     assert pos == len(raw) and len(records) == len(samples)
     assert index.read_text() == "".join(f"{o} {s}\n" for o, s in records)  # what tfrecord2idx writes
 
-    description = {"image": "byte", "key": "byte", "label": "int", "boxes": "float", "f32": "float", "i32": "int", "f16": "byte"}
+    description = {
+        "image": "byte",
+        "key": "byte",
+        "label": "int",
+        "boxes": "float",
+        "f32": "float",
+        "i32": "int",
+        "f16": "byte",
+    }
     parsed = list(example_loader(str(path), str(index), description, shard=(0, 1)))
     assert len(parsed) == len(samples)
     for got, want in zip(parsed, samples):
@@ -441,7 +448,11 @@ def test_damaged_example_is_a_store_error_or_a_valid_sample(data, photo_bytes):
 
 def test_malformed_examples_are_store_errors():
     fields = {"f": Field.array("float32", (-1,)), "b": Field.image(), "i": Field.array("int64", ())}
-    good = {"f": ("float_list", np.ones(2, np.float32)), "b": ("bytes_list", [b"x"]), "i": ("int64_list", np.array([5]))}
+    good = {
+        "f": ("float_list", np.ones(2, np.float32)),
+        "b": ("bytes_list", [b"x"]),
+        "i": ("int64_list", np.array([5])),
+    }
     assert tfexample.decode_sample(fields, tfexample.encode_example(good), "ok")["i"] == 5
     # Example{features{feature{key: "f", value{float_list: 3 packed bytes}}}}, by hand
     float_of_3_bytes = b"\x0a\x0e\x0a\x0c\x0a\x01f\x12\x07\x12\x05\x0a\x03abc"
@@ -453,7 +464,12 @@ def test_malformed_examples_are_store_errors():
         (tfexample.encode_example({**good, "b": ("bytes_list", [b"x", b"y"])}), "2 byte strings"),
         (tfexample.encode_example({k: v for k, v in good.items() if k != "b"}), "no feature 'b'"),
         (tfexample.encode_example({**good, "i": ("float_list", np.ones(1, np.float32))}), "is a float_list"),
-        (tfexample.encode_example({**good, "f": ("float_list", np.ones(0, np.float32)), "i": ("int64_list", np.array([1, 2]))}), "'i' holds 2"),
+        (
+            tfexample.encode_example(
+                {**good, "f": ("float_list", np.ones(0, np.float32)), "i": ("int64_list", np.array([1, 2]))}
+            ),
+            "'i' holds 2",
+        ),
         (name_not_utf8, "not UTF-8"),
         (b"\x0b", "wire type 3"),
     ]

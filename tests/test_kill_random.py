@@ -17,12 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_convert import CLI, run_cli, shard_digests  # shared helpers
 
 from converters.synth import make_imagefolder
 from dali_pipes._fileio import sha256_file
 from dali_pipes.manifest import FORMATS, load_manifest
 from dali_pipes.verify import verify_dataset
+
+from test_convert import CLI, run_cli, shard_digests  # shared helpers
 
 pytestmark = pytest.mark.slow
 
@@ -51,17 +52,10 @@ def _check_nothing_incomplete_looks_done(out: Path, reference: dict[str, str]) -
         return
     for record_file in (out / ".dali-pipes-job").glob("shard-*.json"):
         record = json.loads(record_file.read_text())
-        assert record["sha256"] == reference[record["path"]], (
-            f"{record_file.name} records a shard that differs"
-        )
-        assert sha256_file(out / record["path"]) == record["sha256"], (
-            f"{record['path']} is not what its record says"
-        )
+        assert record["sha256"] == reference[record["path"]], f"{record_file.name} records a shard that differs"
+        assert sha256_file(out / record["path"]) == record["sha256"], f"{record['path']} is not what its record says"
         if record["index_path"]:
-            assert (
-                sha256_file(out / record["index_path"])
-                == reference[record["index_path"]]
-            )
+            assert sha256_file(out / record["index_path"]) == reference[record["index_path"]]
 
 
 def _kill_group(pid: int) -> None:
@@ -106,13 +100,9 @@ def test_random_kills_then_a_rerun_give_the_uninterrupted_bytes(images, tmp_path
         except subprocess.TimeoutExpired:
             _kill_group(proc.pid)
             proc.communicate()
-            mid_job += (
-                proc.returncode == -signal.SIGKILL and not (out / "index.json").exists()
-            )
+            mid_job += proc.returncode == -signal.SIGKILL and not (out / "index.json").exists()
         else:
-            assert proc.returncode == 0, (
-                f"an unkilled run failed ({proc.returncode}):\n{stderr.decode()}"
-            )
+            assert proc.returncode == 0, f"an unkilled run failed ({proc.returncode}):\n{stderr.decode()}"
             _kill_group(proc.pid)  # any worker left behind (there should be none)
         _check_nothing_incomplete_looks_done(out, expected)
     # Most kills landed before the end, or this test showed little.
@@ -121,7 +111,5 @@ def test_random_kills_then_a_rerun_give_the_uninterrupted_bytes(images, tmp_path
     run_cli("convert", "imagefolder", images, out, *args)
     assert shard_digests(out) == expected
     assert (out / "index.json").read_bytes() == (reference / "index.json").read_bytes()
-    assert sorted(p.name for p in out.iterdir()) == sorted(
-        p.name for p in reference.iterdir()
-    )
+    assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in reference.iterdir())
     assert verify_dataset(out, progress=False).ok

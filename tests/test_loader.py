@@ -17,6 +17,7 @@ import torch
 
 from dali_pipes import DALILoader, LoaderError, ManifestError, StoreError
 from dali_pipes.sampling import epoch_order, num_batches, rank_indices
+
 from loader_helpers import SIZE, TinySpec, batch_rows, grey_level, write_dataset
 
 N = 23  # not a multiple of any batch or world size used below
@@ -229,7 +230,12 @@ def test_state_dict_round_trip_and_mismatches(dataset):
     loader = make(dataset, seed=1)
     state = loader.state_dict()
     assert state == {
-        "version": 1, "epoch": 0, "samples_consumed": 0, "num_samples": N, "seed": 1, "shuffle": True,
+        "version": 1,
+        "epoch": 0,
+        "samples_consumed": 0,
+        "num_samples": N,
+        "seed": 1,
+        "shuffle": True,
         "last_batch": "pad",
     }
     loader.load_state_dict({**state, "epoch": 4, "samples_consumed": 5})
@@ -339,8 +345,13 @@ def test_gpu_pipeline(dataset):
 def test_gpu_classification_spec(dataset):
     from dali_pipes.pipelines import ClassificationTrain
 
-    loader = make(dataset, spec=ClassificationTrain(size=32, dtype="float16"), device="gpu", py_num_workers=1,
-                  py_start_method="spawn")
+    loader = make(
+        dataset,
+        spec=ClassificationTrain(size=32, dtype="float16"),
+        device="gpu",
+        py_num_workers=1,
+        py_start_method="spawn",
+    )
     batch = next(iter(loader))
     assert batch["image"].is_cuda and batch["image"].shape == (4, 3, 32, 32) and batch["image"].dtype == torch.float16
 

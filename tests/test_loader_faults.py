@@ -42,6 +42,7 @@ import torch.multiprocessing as mp
 
 from dali_pipes import DALILoader, LoaderError, StoreError
 from dali_pipes.loader import ShardReadError, WorkerDiedError
+
 from loader_helpers import DAMAGES, TinySpec, damage_shard, ddp_worker, shard_name, write_dataset
 
 FORMATS = ("lmdb", "hdf5", "tfrecord")

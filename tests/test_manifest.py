@@ -25,7 +25,11 @@ def _manifest(**overrides) -> Manifest:
     values = dict(
         format="lmdb",
         fields={"image": Field.image(), "label": Field.array("int64", ()), "boxes": Field.array("float32", (-1, 4))},
-        shards=(Shard("shard-00000.lmdb", 3, 100, SHA), Shard("shard-00001.lmdb", 0, 10, SHA), Shard("shard-00002.lmdb", 2, 50, SHA)),
+        shards=(
+            Shard("shard-00000.lmdb", 3, 100, SHA),
+            Shard("shard-00001.lmdb", 0, 10, SHA),
+            Shard("shard-00002.lmdb", 2, 50, SHA),
+        ),
         source={"kind": "imagefolder", "root": "train"},
         classes=("cat", "dog"),
     )
@@ -140,7 +144,9 @@ def test_structured_object_string_and_time_dtypes_are_refused_naming_the_field(d
         parse_manifest(data)
 
 
-@pytest.mark.parametrize("dtype", ["bool", "uint8", "int16", "uint64", "float16", "float32", "float64", "complex64", "<i4"])
+@pytest.mark.parametrize(
+    "dtype", ["bool", "uint8", "int16", "uint64", "float16", "float32", "float64", "complex64", "<i4"]
+)
 def test_plain_numeric_dtypes_are_accepted(dtype):
     manifest = parse_manifest(_data(fields={"feat": {"kind": "array", "dtype": dtype, "shape": [-1, 2]}}))
     assert manifest.fields["feat"].dtype == np.dtype(dtype).name

@@ -14,6 +14,7 @@ import os
 import pytest
 
 from dali_pipes import DALILoader
+
 from loader_helpers import TinySpec, write_dataset
 
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -35,14 +35,43 @@ def test_feature_recipe_through_the_cli_and_a_virtual_merge(tmp_path):
     np.save(tmp_path / "emb.npy", emb)
     np.save(tmp_path / "label.npy", label.astype(np.int64))
 
-    _run(CLI, "convert", "arrays", "emb.npy", "label.npy", "shards", "--format", "hdf5", "--samples-per-shard", "30",
-         "--workers", "1", "--no-progress", cwd=tmp_path)
+    _run(
+        CLI,
+        "convert",
+        "arrays",
+        "emb.npy",
+        "label.npy",
+        "shards",
+        "--format",
+        "hdf5",
+        "--samples-per-shard",
+        "30",
+        "--workers",
+        "1",
+        "--no-progress",
+        cwd=tmp_path,
+    )
     _run(CLI, "merge", "shards", "merged.h5", "--virtual", cwd=tmp_path)
     with h5py.File(tmp_path / "merged.h5", "r") as f:
         assert f["emb"].is_virtual  # the features were not copied
 
-    out = _run(sys.executable, "-m", "dali_pipes.examples.train_features", "merged.h5", "--input", "emb",
-               "--target", "label", "--epochs", "3", "--batch-size", "16", "--workers", "0", cwd=tmp_path)
+    out = _run(
+        sys.executable,
+        "-m",
+        "dali_pipes.examples.train_features",
+        "merged.h5",
+        "--input",
+        "emb",
+        "--target",
+        "label",
+        "--epochs",
+        "3",
+        "--batch-size",
+        "16",
+        "--workers",
+        "0",
+        cwd=tmp_path,
+    )
     epochs = re.findall(r"^epoch (\d+): (\d+) samples, loss ([\d.]+)", out, re.M)
     assert [(int(e), int(s)) for e, s, _ in epochs] == [(0, n), (1, n), (2, n)], out
     losses = [float(loss) for _, _, loss in epochs]
@@ -66,8 +95,23 @@ def test_lightning_example_trains_one_step_per_loader_batch(images, tmp_path):
         expected = len(loader)
     assert expected == 7  # 50 samples, the last batch padded
 
-    out = _run(sys.executable, "-m", "dali_pipes.examples.lightning_module", images, "--max-epochs", "1",
-               "--batch-size", str(batch), "--size", "32", "--device", "cpu", "--workers", "0", cwd=tmp_path)
+    out = _run(
+        sys.executable,
+        "-m",
+        "dali_pipes.examples.lightning_module",
+        images,
+        "--max-epochs",
+        "1",
+        "--batch-size",
+        str(batch),
+        "--size",
+        "32",
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        cwd=tmp_path,
+    )
     found = re.search(r"^trained (\d+) steps over (\d+) epoch\(s\); metrics (.*)$", out, re.M)
     assert found, out
     assert (int(found[1]), int(found[2])) == (expected, 1), out
@@ -77,8 +121,25 @@ def test_lightning_example_trains_one_step_per_loader_batch(images, tmp_path):
 def test_lightning_ddp_splits_each_epoch_between_the_processes(images, tmp_path):
     pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
     # Two CPU processes (gloo), started by Lightning itself: each reads its half of every global batch of 16.
-    out = _run(sys.executable, "-m", "dali_pipes.examples.lightning_module", images, "--max-epochs", "1", "--devices", "2",
-               "--batch-size", "8", "--size", "32", "--device", "cpu", "--workers", "0", cwd=tmp_path)
+    out = _run(
+        sys.executable,
+        "-m",
+        "dali_pipes.examples.lightning_module",
+        images,
+        "--max-epochs",
+        "1",
+        "--devices",
+        "2",
+        "--batch-size",
+        "8",
+        "--size",
+        "32",
+        "--device",
+        "cpu",
+        "--workers",
+        "0",
+        cwd=tmp_path,
+    )
     found = re.search(r"^trained (\d+) steps over (\d+) epoch", out, re.M)
     assert found and (int(found[1]), int(found[2])) == (4, 1), out  # ceil(50 / (8 * 2)), not the 7 of one process
 
@@ -88,8 +149,9 @@ def test_epoch_loader_forwards_a_new_epoch_only(images):
     from dali_pipes import ClassificationVal, DALILoader
     from dali_pipes.examples.lightning_module import EpochLoader
 
-    with DALILoader(images, ClassificationVal(size=32, resize=36), batch_size=8, py_num_workers=0, device="cpu",
-                    with_index=True) as loader:
+    with DALILoader(
+        images, ClassificationVal(size=32, resize=36), batch_size=8, py_num_workers=0, device="cpu", with_index=True
+    ) as loader:
         wrapped = EpochLoader(loader)
         assert wrapped.sampler.set_epoch is not None and len(wrapped) == 7
         wrapped.set_epoch(3)

@@ -30,7 +30,9 @@ TINY = {
 
 def _outputs(path: Path) -> list[int]:
     cells = json.loads(path.read_text())["cells"]
-    return [i for i, c in enumerate(cells) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))]
+    return [
+        i for i, c in enumerate(cells) if c["cell_type"] == "code" and (c.get("outputs") or c.get("execution_count"))
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -45,13 +47,19 @@ def test_notebook_is_committed_without_outputs(name):
 def test_notebook_runs_on_tiny_data(name, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
-    for key, value in {**TINY, "DALI_PIPES_NB_WORKDIR": str(tmp_path / "work"), "CUDA_VISIBLE_DEVICES": "",
-                       "OMP_NUM_THREADS": "1"}.items():
+    for key, value in {
+        **TINY,
+        "DALI_PIPES_NB_WORKDIR": str(tmp_path / "work"),
+        "CUDA_VISIBLE_DEVICES": "",
+        "OMP_NUM_THREADS": "1",
+    }.items():
         monkeypatch.setenv(key, value)
     # The kernel's own inline backend draws the figures into the outputs; a backend forced from outside would not.
     monkeypatch.delenv("MPLBACKEND", raising=False)
     book = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = nbclient.NotebookClient(book, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}})
+    client = nbclient.NotebookClient(
+        book, timeout=240, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
     client.execute()  # raises CellExecutionError, with the cell and its traceback, on the first failing cell
 
     outputs = [out for cell in book.cells if cell.cell_type == "code" for out in cell.outputs]

@@ -28,6 +28,7 @@ from dali_pipes.pipelines import (
     DecoderHints,
     PipelineSpec,
 )
+
 from pipeline_helpers import run_spec_batch  # noqa: E402 - shared test helper
 
 # ITU-R BT.601 luma, the Y of the YIQ space in which DALI's color_twist rotates hue.
@@ -158,8 +159,18 @@ def test_public_names():
     import dali_pipes.pipelines as pipelines
 
     assert sorted(pipelines.__all__) == sorted(
-        ["ClassificationTrain", "ClassificationVal", "ColorJitter", "DecoderHints", "Detection", "DetectionVal",
-         "Features", "IMAGENET_MEAN", "IMAGENET_STD", "PipelineSpec"]
+        [
+            "ClassificationTrain",
+            "ClassificationVal",
+            "ColorJitter",
+            "DecoderHints",
+            "Detection",
+            "DetectionVal",
+            "Features",
+            "IMAGENET_MEAN",
+            "IMAGENET_STD",
+            "PipelineSpec",
+        ]
     )
     assert all(hasattr(pipelines, name) for name in pipelines.__all__)
 

@@ -16,8 +16,16 @@ import pytest
 from nvidia.dali.tensors import TensorListGPU
 from PIL import Image
 
-from dali_pipes.pipelines import IMAGENET_MEAN, IMAGENET_STD, ClassificationTrain, ClassificationVal, ColorJitter
-from dali_pipes.pipelines import DecoderHints, PipelineSpec
+from dali_pipes.pipelines import (
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    ClassificationTrain,
+    ClassificationVal,
+    ColorJitter,
+    DecoderHints,
+    PipelineSpec,
+)
+
 from pipeline_helpers import run_spec_batch  # noqa: E402 - shared test helper
 
 
@@ -136,7 +144,9 @@ def test_brightness_jitter_in_range_on_gpu(photos):
     plain, _, _, _ = run_spec(ClassificationTrain(jitter=None, **fixed), photos, device="gpu", seed=11)
     bright, _, _, _ = run_spec(
         ClassificationTrain(jitter=ColorJitter(brightness=0.4, contrast=0, saturation=0, hue=0), **fixed),
-        photos, device="gpu", seed=11,
+        photos,
+        device="gpu",
+        seed=11,
     )
     factors = []
     for a, b in zip(plain, bright):

@@ -39,7 +39,9 @@ def test_auto_size_is_bounded_and_plans_are_reproducible():
     assert plan_shards(_items(sizes)) == plan_shards(_items(sizes))
 
 
-@pytest.mark.parametrize("text, value", [("1GB", 10**9), ("512MB", 512 * 10**6), ("1.5G", 15 * 10**8), ("2KiB", 2048), ("4096", 4096)])
+@pytest.mark.parametrize(
+    "text, value", [("1GB", 10**9), ("512MB", 512 * 10**6), ("1.5G", 15 * 10**8), ("2KiB", 2048), ("4096", 4096)]
+)
 def test_parse_size(text, value):
     assert parse_size(text) == value
 

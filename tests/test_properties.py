@@ -45,7 +45,9 @@ fields = st.one_of(
     st.sampled_from(BYTES_ENCODINGS).map(lambda e: Field(kind="bytes", encoding=e)),
     st.builds(
         Field.array,
-        st.sampled_from(["uint8", "int8", "int16", "int32", "int64", "uint64", "float16", "float32", "float64", "complex64", "bool"]),
+        st.sampled_from(
+            ["uint8", "int8", "int16", "int32", "int64", "uint64", "float16", "float32", "float64", "complex64", "bool"]
+        ),
         st.one_of(st.just(-1), dims).flatmap(lambda first: st.lists(dims, max_size=2).map(lambda rest: (first, *rest)))
         | st.just(()),
     ),
@@ -53,7 +55,9 @@ fields = st.one_of(
 hexdigests = st.text("0123456789abcdef", min_size=64, max_size=64)
 # Shard file names as the runner writes them, and odder ones that are still plain names in the folder.
 # (None ends in ".idx", so no shard is named like another one's index.)
-shard_paths = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,11}", fullmatch=True).filter(lambda p: not p.endswith(".idx"))
+shard_paths = st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,11}", fullmatch=True).filter(
+    lambda p: not p.endswith(".idx")
+)
 
 
 @st.composite
@@ -110,12 +114,62 @@ def test_valid_manifests_round_trip_through_json(manifest):
 # Values a damaged or hostile manifest may hold where a count, dtype, shape, path or name belongs.
 nasty = st.sampled_from(
     [
-        True, False, None, 0, -1, 1.0, 1.5, 2**63 - 1, 2**63, -(2**63), 2**64, 10**30, "", "0", "1", ".", "..",
-        "/", "/etc/passwd", "../x", "a\0b", "\0", "i4,i4", "[('a','i4')]", "(2,)i4", "O", "object", "S5", "U3",
-        "V8", "M8[s]", "m8", "void", "float16", "uint8", "int64", "float128", [], {}, [0], [-1], [-2], [1, -1],
-        [0, 4], [2**62, 2**62], [True], [1.0], ["3"], {"kind": "array"}, {"kind": "bytes", "encoding": 1},
-        {"kind": "array", "dtype": "i4,i4", "shape": []}, {"kind": "array", "dtype": "float32", "shape": [-1, 0]},
-        "ab" * 32, "AB" * 32, "zz" * 32, "ab" * 31,
+        True,
+        False,
+        None,
+        0,
+        -1,
+        1.0,
+        1.5,
+        2**63 - 1,
+        2**63,
+        -(2**63),
+        2**64,
+        10**30,
+        "",
+        "0",
+        "1",
+        ".",
+        "..",
+        "/",
+        "/etc/passwd",
+        "../x",
+        "a\0b",
+        "\0",
+        "i4,i4",
+        "[('a','i4')]",
+        "(2,)i4",
+        "O",
+        "object",
+        "S5",
+        "U3",
+        "V8",
+        "M8[s]",
+        "m8",
+        "void",
+        "float16",
+        "uint8",
+        "int64",
+        "float128",
+        [],
+        {},
+        [0],
+        [-1],
+        [-2],
+        [1, -1],
+        [0, 4],
+        [2**62, 2**62],
+        [True],
+        [1.0],
+        ["3"],
+        {"kind": "array"},
+        {"kind": "bytes", "encoding": 1},
+        {"kind": "array", "dtype": "i4,i4", "shape": []},
+        {"kind": "array", "dtype": "float32", "shape": [-1, 0]},
+        "ab" * 32,
+        "AB" * 32,
+        "zz" * 32,
+        "ab" * 31,
     ]
 )
 
@@ -180,7 +234,9 @@ def _check_consistent(manifest: Manifest) -> None:
             dtype = np.dtype(field.dtype)
             assert dtype.kind in ARRAY_DTYPE_KINDS and dtype.fields is None and dtype.subdtype is None
             assert all(type(d) is int for d in field.shape)
-            assert all(d > 0 for d in field.shape[1:]) and (not field.shape or field.shape[0] == -1 or field.shape[0] > 0)
+            assert all(d > 0 for d in field.shape[1:]) and (
+                not field.shape or field.shape[0] == -1 or field.shape[0] > 0
+            )
             assert math.prod(abs(d) for d in field.shape) * dtype.itemsize <= MAX_COUNT
         else:
             assert field.encoding in BYTES_ENCODINGS

@@ -8,9 +8,25 @@ import sys
 import dali_pipes
 
 EXPECTED = {
-    "DALILoader", "LoaderError", "Manifest", "ManifestError", "Store", "StoreError", "World", "__version__",
-    "epoch_order", "load_manifest", "num_batches", "open_store", "rank_indices",
-    "ClassificationTrain", "ClassificationVal", "ColorJitter", "Detection", "DetectionVal", "Features",
+    "DALILoader",
+    "LoaderError",
+    "Manifest",
+    "ManifestError",
+    "Store",
+    "StoreError",
+    "World",
+    "__version__",
+    "epoch_order",
+    "load_manifest",
+    "num_batches",
+    "open_store",
+    "rank_indices",
+    "ClassificationTrain",
+    "ClassificationVal",
+    "ColorJitter",
+    "Detection",
+    "DetectionVal",
+    "Features",
 }
 
 

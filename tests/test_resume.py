@@ -32,7 +32,9 @@ def _records(out: Path) -> int:
 
 def _kill_after_shards(args, out: Path, shards: int) -> None:
     """Start a conversion and SIGKILL it (with its workers) once ``shards`` shards are recorded."""
-    proc = subprocess.Popen([*CLI, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CLI, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 120
     try:
         while _records(out) < shards:
@@ -60,7 +62,9 @@ def test_killed_conversion_resumes_to_identical_output(small_images, tmp_path, f
     assert done_at_kill < NUM_IMAGES // PER_SHARD
 
     # A second kill, then the re-run finishes; worker counts differ on purpose.
-    _kill_after_shards(["convert", "imagefolder", small_images, out, "--workers", "1", *common], out, shards=done_at_kill + 2)
+    _kill_after_shards(
+        ["convert", "imagefolder", small_images, out, "--workers", "1", *common], out, shards=done_at_kill + 2
+    )
     proc = run_cli("convert", "imagefolder", small_images, out, "--workers", "2", *common)
     assert "kept from an earlier run" in proc.stdout
 

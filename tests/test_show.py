@@ -12,6 +12,7 @@ from converters.runner import convert
 from converters.sources import CocoSource, ImageFolderSource
 from converters.synth import make_imagefolder
 from dali_pipes.show import BOX_WIDTH, CAPTION, box_color, write_grid
+
 from test_convert import run_cli  # noqa: E402 - shared helper
 
 
@@ -26,20 +27,29 @@ def classification(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory, coco_mini) -> Path:
     out = tmp_path_factory.mktemp("show-coco") / "shards"
-    convert(CocoSource(coco_mini / "images", coco_mini / "instances.json"), out, format="lmdb", workers=1, progress=False)
+    convert(
+        CocoSource(coco_mini / "images", coco_mini / "instances.json"), out, format="lmdb", workers=1, progress=False
+    )
     return out
 
 
 def _tiles(grid: np.ndarray, n: int, columns: int, size: int) -> list[np.ndarray]:
     step = size + CAPTION
-    return [grid[(i // columns) * step + CAPTION : (i // columns) * step + step, (i % columns) * size : (i % columns + 1) * size]
-            for i in range(n)]
+    return [
+        grid[
+            (i // columns) * step + CAPTION : (i // columns) * step + step,
+            (i % columns) * size : (i % columns + 1) * size,
+        ]
+        for i in range(n)
+    ]
 
 
 @pytest.mark.parametrize("pipeline", ["train", "val"])
 def test_show_classification_grid_has_the_tile_layout_and_real_pixels(classification, tmp_path, pipeline):
     out = tmp_path / "grid.png"
-    proc = run_cli("show", classification, "--pipeline", pipeline, "--out", out, "--num", "6", "--size", "64", "--device", "cpu")
+    proc = run_cli(
+        "show", classification, "--pipeline", pipeline, "--out", out, "--num", "6", "--size", "64", "--device", "cpu"
+    )
     assert str(out) in proc.stdout
     grid = np.asarray(Image.open(out).convert("RGB"))
     # 6 tiles in rows of 4: 2 rows, each a caption strip over a 64 px tile.
@@ -61,8 +71,9 @@ def test_show_coco_draws_the_boxes(coco, tmp_path):
     from dali_pipes import DALILoader
     from dali_pipes.show import make_spec
 
-    with DALILoader(coco, make_spec("detection-val", size=128), batch_size=4, shuffle=True, seed=0, device="cpu",
-                    py_num_workers=0) as loader:
+    with DALILoader(
+        coco, make_spec("detection-val", size=128), batch_size=4, shuffle=True, seed=0, device="cpu", py_num_workers=0
+    ) as loader:
         batch = next(iter(loader))
     counts = batch["num_boxes"].numpy()
     checked = 0

@@ -50,7 +50,12 @@ def _decoded(data: bytes) -> Image.Image:
 
 
 def test_registry_names_every_source():
-    assert SOURCES == {"imagefolder": ImageFolderSource, "list": ListFileSource, "coco": CocoSource, "arrays": ArraysSource}
+    assert SOURCES == {
+        "imagefolder": ImageFolderSource,
+        "list": ListFileSource,
+        "coco": CocoSource,
+        "arrays": ArraysSource,
+    }
     assert all(cls.kind == kind for kind, cls in SOURCES.items())
 
 
@@ -64,8 +69,11 @@ def test_imagefolder_reads_imagenet_mini(imagenet_mini, photos):
     assert len(items) == len(photos) == 47
     assert source.classes() == expected_classes
     assert list(source.fields()) == ["image", "label", "key"]
-    assert source.describe() == {"kind": "imagefolder", "root": str(imagenet_mini),
-                                 "image_options": {"max_size": None, "quality": 90}}
+    assert source.describe() == {
+        "kind": "imagefolder",
+        "root": str(imagenet_mini),
+        "image_options": {"max_size": None, "quality": 90},
+    }
     keys = []
     for item in items:
         sample = source.load(item)
@@ -152,17 +160,15 @@ def test_list_file_with_keys_labels_relative_and_absolute_paths(tmp_path, photos
     shutil.copy(photos[0], tmp_path / "imgs" / "a.jpg")
     shutil.copy(photos[1], tmp_path / "imgs" / "b.jpg")
     listing = tmp_path / "train.scp"
-    listing.write_text(
-        "# key path label\n"
-        "\n"
-        f"utt1 imgs/a.jpg 3\n"
-        f"  utt2\timgs/b.jpg   -1  \n"
-        f"utt3 {photos[2]} 7\n"
-    )
+    listing.write_text(f"# key path label\n\nutt1 imgs/a.jpg 3\n  utt2\timgs/b.jpg   -1  \nutt3 {photos[2]} 7\n")
     source = ListFileSource(listing)
     assert list(source.fields()) == ["image", "label", "key"]
     items = source.items()
-    assert [i.name for i in items] == [str(tmp_path / "imgs" / "a.jpg"), str(tmp_path / "imgs" / "b.jpg"), str(photos[2])]
+    assert [i.name for i in items] == [
+        str(tmp_path / "imgs" / "a.jpg"),
+        str(tmp_path / "imgs" / "b.jpg"),
+        str(photos[2]),
+    ]
     samples = [source.load(i) for i in items]
     assert [s["key"] for s in samples] == [b"utt1", b"utt2", b"utt3"]
     assert [int(s["label"]) for s in samples] == [3, -1, 7]
@@ -273,8 +279,9 @@ def test_coco_mini_boxes_categories_and_bytes(coco_mini):
     assert len(items) == len(images) == 61
     categories = sorted(data["categories"], key=lambda c: c["id"])
     assert source.classes() == [c["name"] for c in categories]
-    assert source.extra() == {"categories": [{"id": c["id"], "name": c["name"], "supercategory": c["supercategory"]}
-                                             for c in categories]}
+    assert source.extra() == {
+        "categories": [{"id": c["id"], "name": c["name"], "supercategory": c["supercategory"]} for c in categories]
+    }
     fields = source.fields()
     assert fields["boxes"].shape == (-1, 4) and fields["boxes"].dtype == "float32"
     pngs = 0
@@ -328,13 +335,16 @@ def _broken(data: dict, how: str) -> dict:
     return data
 
 
-@pytest.mark.parametrize("how, what", [
-    ("unknown image", "image id 9999"),
-    ("negative box", "bbox"),
-    ("short box", "bbox"),
-    ("unknown category", "category_id 77"),
-    ("duplicate image", "appears twice"),
-])
+@pytest.mark.parametrize(
+    "how, what",
+    [
+        ("unknown image", "image id 9999"),
+        ("negative box", "bbox"),
+        ("short box", "bbox"),
+        ("unknown category", "category_id 77"),
+        ("duplicate image", "appears twice"),
+    ],
+)
 def test_coco_bad_annotations_are_refused(tmp_path, how, what, coco_mini):
     data = _broken(_coco_json(coco_mini), how)
     path = tmp_path / "instances.json"

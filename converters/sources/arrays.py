@@ -96,9 +96,7 @@ class ArraysSource(Source):
         return self._plan
 
     def fields(self) -> dict[str, Field]:
-        return {
-            name: Field.array(parts[0].dtype, parts[0].sample_shape) for name, parts in self._fields_plan().items()
-        }
+        return {name: Field.array(parts[0].dtype, parts[0].sample_shape) for name, parts in self._fields_plan().items()}
 
     def __len__(self) -> int:
         plan = self._fields_plan()
@@ -107,7 +105,9 @@ class ArraysSource(Source):
     def items(self) -> list[Item]:
         """One item per row; ``Item.data`` is the row index."""
         plan = self._fields_plan()
-        size = sum(p.dtype.itemsize * int(np.prod(p.sample_shape, dtype=np.int64)) for p in (v[0] for v in plan.values()))
+        size = sum(
+            p.dtype.itemsize * int(np.prod(p.sample_shape, dtype=np.int64)) for p in (v[0] for v in plan.values())
+        )
         return [Item(name=f"sample {i}", size=size, data=i) for i in range(len(self))]
 
     # -- loading (workers) ------------------------------------------------------------------------
@@ -125,7 +125,9 @@ class ArraysSource(Source):
             try:
                 row = self._array(part)[index - offsets[k]]
             except (OSError, ValueError, KeyError, zipfile.BadZipFile) as exc:
-                raise SampleError(item.name, f"field {name!r}: cannot read row {index - offsets[k]} of {part.where} ({exc})") from None
+                raise SampleError(
+                    item.name, f"field {name!r}: cannot read row {index - offsets[k]} of {part.where} ({exc})"
+                ) from None
             # A copy in native byte order: the manifest's dtype names carry no byte order.
             sample[name] = np.array(row, dtype=part.dtype.newbyteorder("="), copy=True)
         return sample
@@ -178,7 +180,9 @@ def _plan(files: list[str], selected: list[str] | None) -> dict[str, list[_Part]
     counts = {name: sum(p.count for p in parts) for name, parts in found.items()}
     if len(set(counts.values())) > 1:
         listing = ", ".join(f"{n!r}: {c}" for n, c in counts.items())
-        raise ConversionError(f"arrays: fields have different sample counts ({listing}); every field needs one row per sample")
+        raise ConversionError(
+            f"arrays: fields have different sample counts ({listing}); every field needs one row per sample"
+        )
     if not next(iter(counts.values())):
         raise ConversionError(f"arrays: {', '.join(files)} hold 0 samples; there is nothing to convert")
     return found
@@ -298,10 +302,14 @@ def _open_npz_member(part: _Part) -> np.ndarray:
                 offset, dtype, shape, fortran = _npy_header(raw, part.where)
             if not shape[0]:
                 return np.empty(shape, dtype)  # np.memmap refuses a zero-length map
-            return np.memmap(part.file, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C")
+            return np.memmap(
+                part.file, dtype=dtype, mode="r", offset=offset, shape=shape, order="F" if fortran else "C"
+            )
         log.info(
             "%s: member %r is compressed; each worker decompresses it once into memory (%.1f MB)",
-            part.file, part.member, info.file_size / 1e6,
+            part.file,
+            part.member,
+            info.file_size / 1e6,
         )
         with archive.open(info) as f:
             return np.lib.format.read_array(f, allow_pickle=False)

@@ -55,7 +55,9 @@ class CocoSource(Source):
     def _coco(self) -> "_Coco":
         if self._parsed is None:
             if not Path(self.images_dir).is_dir():
-                raise ConversionError(f"{self.images_dir}: no such image folder; give the folder the JSON's file_names are in")
+                raise ConversionError(
+                    f"{self.images_dir}: no such image folder; give the folder the JSON's file_names are in"
+                )
             self._parsed = _parse(Path(self.annotations_json))
         return self._parsed
 
@@ -105,8 +107,13 @@ class CocoSource(Source):
                 f"(first: {coco.images[0]['file_name']}); give the folder the file_names are relative to"
             )
         if missing:
-            log.warning("%s: %d of %d images named in %s are missing; they will be reported as errors",
-                        self.images_dir, missing, len(items), self.annotations_json)
+            log.warning(
+                "%s: %d of %d images named in %s are missing; they will be reported as errors",
+                self.images_dir,
+                missing,
+                len(items),
+                self.annotations_json,
+            )
         return items
 
     def load(self, item: Item) -> Sample:
@@ -122,8 +129,12 @@ class CocoSource(Source):
         }
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "images_dir": self.images_dir, "annotations_json": self.annotations_json,
-                "image_options": self.image_options.to_json()}
+        return {
+            "kind": self.kind,
+            "images_dir": self.images_dir,
+            "annotations_json": self.annotations_json,
+            "image_options": self.image_options.to_json(),
+        }
 
 
 class _Coco:
@@ -204,7 +215,9 @@ def _category(path: Path, i: int, entry: Any) -> dict[str, Any]:
     return {"id": entry["id"], "name": entry["name"], "supercategory": entry.get("supercategory")}
 
 
-def _annotation(path: Path, i: int, ann: Any, image_ids: set[int], category_ids: set[int]) -> tuple[int, list, int, int]:
+def _annotation(
+    path: Path, i: int, ann: Any, image_ids: set[int], category_ids: set[int]
+) -> tuple[int, list, int, int]:
     if not isinstance(ann, dict):
         raise ConversionError(f"{path}: annotations[{i}] is not an object")
     where = f"{path}: annotations[{i}] (id {ann.get('id')!r})"

@@ -118,8 +118,12 @@ class ListFileSource(Source):
                 f"{entries[0].line}); relative paths are read from the list file's folder"
             )
         if missing:
-            log.warning("%s: %d of %d listed files do not exist; they will be reported as errors",
-                        self.list_file, missing, len(entries))
+            log.warning(
+                "%s: %d of %d listed files do not exist; they will be reported as errors",
+                self.list_file,
+                missing,
+                len(entries),
+            )
         return items
 
     def load(self, item: Item) -> Sample:
@@ -132,8 +136,12 @@ class ListFileSource(Source):
 
     def describe(self) -> dict[str, Any]:
         columns = " ".join(self.columns) if self.columns else None
-        return {"kind": self.kind, "list_file": self.list_file, "columns": columns,
-                "image_options": self.image_options.to_json()}
+        return {
+            "kind": self.kind,
+            "list_file": self.list_file,
+            "columns": columns,
+            "image_options": self.image_options.to_json(),
+        }
 
 
 def _layout(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:

@@ -51,7 +51,9 @@ class LmdbShardWriter(ShardWriter):
     format = "lmdb"
     suffix = ".lmdb"
 
-    def __init__(self, path: str | os.PathLike, fields: Mapping[str, Field], *, map_size: int = DEFAULT_MAP_SIZE) -> None:
+    def __init__(
+        self, path: str | os.PathLike, fields: Mapping[str, Field], *, map_size: int = DEFAULT_MAP_SIZE
+    ) -> None:
         super().__init__(path, fields)
         check_fields(self.fields, str(self.path))
         # Keys within a sample must ascend for MDB_APPEND: fields in byte order of their names.

@@ -88,7 +88,9 @@ class PilTrainTransform:
 
     def _jitter(self, image: Image.Image, rng: random.Random) -> Image.Image:
         steps = [
-            lambda im: ImageEnhance.Brightness(im).enhance(rng.uniform(max(0, 1 - self.brightness), 1 + self.brightness)),
+            lambda im: ImageEnhance.Brightness(im).enhance(
+                rng.uniform(max(0, 1 - self.brightness), 1 + self.brightness)
+            ),
             lambda im: ImageEnhance.Contrast(im).enhance(rng.uniform(max(0, 1 - self.contrast), 1 + self.contrast)),
             lambda im: ImageEnhance.Color(im).enhance(rng.uniform(max(0, 1 - self.saturation), 1 + self.saturation)),
             lambda im: _shift_hue(im, rng.uniform(-self.hue, self.hue)),
@@ -176,7 +178,9 @@ class StoreImageDataset(_AugmentedDataset):
 class FileImageDataset(_AugmentedDataset):
     """A map-style dataset over the original image files (what a training script reads today)."""
 
-    def __init__(self, files: Sequence[tuple[Path, int]], transform: TrainTransform = PilTrainTransform(), seed: int = 0) -> None:
+    def __init__(
+        self, files: Sequence[tuple[Path, int]], transform: TrainTransform = PilTrainTransform(), seed: int = 0
+    ) -> None:
         super().__init__(transform, seed)
         self.files = list(files)
 

@@ -49,7 +49,9 @@ def _load(dataset: str, count: int, crop: tuple[int, tuple[float, float], tuple[
     ready.wait(_READY_TIMEOUT)
 
 
-def reduction(image_size: tuple[int, int], crop: tuple[int, tuple[float, float], tuple[float, float]], seed: int) -> int:
+def reduction(
+    image_size: tuple[int, int], crop: tuple[int, tuple[float, float], tuple[float, float]], seed: int
+) -> int:
     """The DCT scale divisor (1, 2, 4 or 8) a random-resized crop of an image of ``image_size`` allows."""
     from dali_pipes.bench.baselines import random_resized_crop_box
 

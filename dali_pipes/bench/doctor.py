@@ -74,7 +74,9 @@ def _train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
 
 
 @contextlib.contextmanager
-def model_stream(model: Any, optimizer: Any, *, batch_size: int, size: int, num_classes: int, device: str) -> Iterator[Iterator[int]]:
+def model_stream(
+    model: Any, optimizer: Any, *, batch_size: int, size: int, num_classes: int, device: str
+) -> Iterator[Iterator[int]]:
     """Training steps on one synthetic batch already on ``device``: the model's own speed."""
     import torch
 
@@ -142,28 +144,63 @@ def run_doctor(
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
     # A model's first steps are slow (allocator, oneDNN/cuDNN algorithm choice): warm up on time too.
-    plan = TimingPlan(warmup_batches=3 if quick else 5, repeats=3, min_batches=max(1, steps // 3), min_seconds=0.0,
-                      warmup_seconds=0.5 if quick else 3.0)
+    plan = TimingPlan(
+        warmup_batches=3 if quick else 5,
+        repeats=3,
+        min_batches=max(1, steps // 3),
+        min_seconds=0.0,
+        warmup_seconds=0.5 if quick else 3.0,
+    )
     in_flight = 2 * inputs.loader_settings["prefetch"] + 1
 
     @contextlib.contextmanager
     def loader_factory():
-        loader = DALILoader(inputs.dataset, inputs.spec, batch_size=batch_size, shuffle=True, seed=0,
-                            device=loader_device, **inputs.loader_settings)
+        loader = DALILoader(
+            inputs.dataset,
+            inputs.spec,
+            batch_size=batch_size,
+            shuffle=True,
+            seed=0,
+            device=loader_device,
+            **inputs.loader_settings,
+        )
         try:
             yield loader
         finally:
             loader.close()
 
     jobs = [
-        Job("loader", lambda: dali_loader_stream(inputs.dataset, inputs.spec, batch_size=batch_size, device=loader_device,
-                                                 target=target, settings=inputs.loader_settings),
-            f"DALILoader alone on {loader_device}, batches delivered to {target.device}", in_flight=in_flight),
-        Job("model", lambda: model_stream(net, optimizer, batch_size=batch_size, size=inputs.spec.size,
-                                          num_classes=num_classes, device=target.device),
-            f"{model} forward + backward + SGD step on a synthetic batch already on {target.device}"),
-        Job("combined", lambda: combined_stream(loader_factory, net, optimizer, target),
-            f"DALILoader feeding {model} training steps", in_flight=in_flight),
+        Job(
+            "loader",
+            lambda: dali_loader_stream(
+                inputs.dataset,
+                inputs.spec,
+                batch_size=batch_size,
+                device=loader_device,
+                target=target,
+                settings=inputs.loader_settings,
+            ),
+            f"DALILoader alone on {loader_device}, batches delivered to {target.device}",
+            in_flight=in_flight,
+        ),
+        Job(
+            "model",
+            lambda: model_stream(
+                net,
+                optimizer,
+                batch_size=batch_size,
+                size=inputs.spec.size,
+                num_classes=num_classes,
+                device=target.device,
+            ),
+            f"{model} forward + backward + SGD step on a synthetic batch already on {target.device}",
+        ),
+        Job(
+            "combined",
+            lambda: combined_stream(loader_factory, net, optimizer, target),
+            f"DALILoader feeding {model} training steps",
+            in_flight=in_flight,
+        ),
     ]
     rows = []
     for job in tqdm(jobs, desc="doctor", unit="measurement", disable=not progress, leave=False):
@@ -171,13 +208,25 @@ def run_doctor(
         rows.append(measure(job, plan, target))
     loader_row, model_row, combined_row = rows
     data_bound, verdict, advice, figures = diagnose(
-        loader_row.images_per_s, model_row.images_per_s, combined_row.images_per_s,
-        loader_device=loader_device, cuda=target.is_cuda, cores=inputs.cores, tuned=settings is not None,
+        loader_row.images_per_s,
+        model_row.images_per_s,
+        combined_row.images_per_s,
+        loader_device=loader_device,
+        cuda=target.is_cuda,
+        cores=inputs.cores,
+        tuned=settings is not None,
     )
-    context = {**inputs.describe(), "loader_device": loader_device, "model_device": target.device, "steps": steps,
-               "quick": quick, "num_classes": num_classes}
-    return DoctorReport(model, loader_row, model_row, combined_row, data_bound, verdict, advice, context,
-                        machine_description(), figures)
+    context = {
+        **inputs.describe(),
+        "loader_device": loader_device,
+        "model_device": target.device,
+        "steps": steps,
+        "quick": quick,
+        "num_classes": num_classes,
+    }
+    return DoctorReport(
+        model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
+    )
 
 
 def diagnose(
@@ -192,7 +241,12 @@ def diagnose(
 ) -> tuple[bool | None, str, str, dict[str, Any]]:
     """``(data_bound, verdict, advice, figures)`` from the three images/s (``None``: not measured)."""
     if not (loader and model and combined):
-        return None, "not enough measurements for a verdict (see the failed rows)", "fix the failed measurement first", {}
+        return (
+            None,
+            "not enough measurements for a verdict (see the failed rows)",
+            "fix the failed measurement first",
+            {},
+        )
     figures = {
         "loader_over_model": loader / model,
         "combined_over_model": combined / model,
@@ -224,7 +278,8 @@ def diagnose(
             f"{cores} CPU cores."
         )
         advice = (
-            "device='gpu' to take decoding off the CPU" if loader_device == "cpu" and cuda
+            "device='gpu' to take decoding off the CPU"
+            if loader_device == "cpu" and cuda
             else "num_threads: give DALI fewer threads than cores so that the training step keeps some" + tune
         )
         return False, verdict, advice, figures

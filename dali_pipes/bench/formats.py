@@ -15,8 +15,14 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-_SUFFIXES = ((b"\xff\xd8\xff", ".jpg"), (b"\x89PNG", ".png"), (b"BM", ".bmp"), (b"RIFF", ".webp"), (b"II*\x00", ".tif"),
-             (b"MM\x00*", ".tif"))
+_SUFFIXES = (
+    (b"\xff\xd8\xff", ".jpg"),
+    (b"\x89PNG", ".png"),
+    (b"BM", ".bmp"),
+    (b"RIFF", ".webp"),
+    (b"II*\x00", ".tif"),
+    (b"MM\x00*", ".tif"),
+)
 
 
 @dataclass

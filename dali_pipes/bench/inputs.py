@@ -54,7 +54,12 @@ class BenchInputs:
                 "flip": spec.flip,
                 "color_jitter": None
                 if jitter is None
-                else {"brightness": jitter.brightness, "contrast": jitter.contrast, "saturation": jitter.saturation, "hue": jitter.hue},
+                else {
+                    "brightness": jitter.brightness,
+                    "contrast": jitter.contrast,
+                    "saturation": jitter.saturation,
+                    "hue": jitter.hue,
+                },
                 "normalize": {"mean": list(spec.mean), "std": list(spec.std)},
                 "dtype": spec.dtype,
             },
@@ -113,7 +118,9 @@ def bench_inputs(
             if len(files) != manifest.num_samples:
                 log.warning(
                     "%s holds %d images but the dataset %d samples; the file rows read the folder as it is now",
-                    root, len(files), manifest.num_samples,
+                    root,
+                    len(files),
+                    manifest.num_samples,
                 )
     return BenchInputs(dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings)
 

@@ -29,7 +29,9 @@ def build_model(name: str, num_classes: int = 1000) -> nn.Module:
     return builders[name](num_classes)
 
 
-def _conv_bn(cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act: nn.Module | None = None) -> nn.Sequential:
+def _conv_bn(
+    cin: int, cout: int, kernel: int, stride: int = 1, groups: int = 1, act: nn.Module | None = None
+) -> nn.Sequential:
     layers: list[nn.Module] = [
         nn.Conv2d(cin, cout, kernel, stride, kernel // 2, groups=groups, bias=False),
         nn.BatchNorm2d(cout),
@@ -110,7 +112,10 @@ class InvertedResidual(nn.Module):
         layers: list[nn.Module] = []
         if expand != 1:
             layers.append(_conv_bn(cin, hidden, 1, act=nn.ReLU6(inplace=True)))
-        layers += [_conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6(inplace=True)), _conv_bn(hidden, cout, 1)]
+        layers += [
+            _conv_bn(hidden, hidden, 3, stride, groups=hidden, act=nn.ReLU6(inplace=True)),
+            _conv_bn(hidden, cout, 1),
+        ]
         self.body = nn.Sequential(*layers)
         self.residual = stride == 1 and cin == cout
 
@@ -121,7 +126,15 @@ class InvertedResidual(nn.Module):
 class MobileNetV2(nn.Module):
     """MobileNetV2 (width 1.0), torchvision's layer settings."""
 
-    SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1))
+    SETTINGS = (
+        (1, 16, 1, 1),
+        (6, 24, 2, 2),
+        (6, 32, 3, 2),
+        (6, 64, 4, 2),
+        (6, 96, 3, 1),
+        (6, 160, 3, 2),
+        (6, 320, 1, 1),
+    )
 
     def __init__(self, num_classes: int) -> None:
         super().__init__()

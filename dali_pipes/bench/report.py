@@ -137,8 +137,13 @@ def _label(row: Row) -> str:
     return f"{row.name} [{params}]" if params else row.name
 
 
-_FACTS = (("dataset", "{}"), ("num_samples", "{} samples"), ("batch_size", "batch {}"), ("cores", "{} cores"),
-          ("target_device", "delivered to {}"))
+_FACTS = (
+    ("dataset", "{}"),
+    ("num_samples", "{} samples"),
+    ("batch_size", "batch {}"),
+    ("cores", "{} cores"),
+    ("target_device", "delivered to {}"),
+)
 
 
 def format_table(report: BenchReport) -> str:
@@ -154,7 +159,9 @@ def format_table(report: BenchReport) -> str:
         f"torch {m.get('torch')}, DALI {m.get('dali')}"
     )
     width = max([len(_label(row)) for row in report.rows] + [3])
-    lines.append(f"{'row':<{width}} {'images/s':>10} {'spread':>8} {'x ref':>7}" + "".join(f" {c:>10}" for c in report.columns))
+    lines.append(
+        f"{'row':<{width}} {'images/s':>10} {'spread':>8} {'x ref':>7}" + "".join(f" {c:>10}" for c in report.columns)
+    )
     for row in report.rows:
         label = _label(row)
         if row.timing is not None:
@@ -203,7 +210,9 @@ def write_plot(report: BenchReport, path: str | os.PathLike) -> Path | None:
     high = [(row.timing.high - row.timing.median) if row.timing else 0.0 for row in rows]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(rows) + 1.6))
     positions = range(len(rows))
-    colors = ["#76b900" if row.name.lower().startswith("dali") else "#4c72b0" for row in rows]  # DALI rows in NVIDIA green
+    colors = [
+        "#76b900" if row.name.lower().startswith("dali") else "#4c72b0" for row in rows
+    ]  # DALI rows in NVIDIA green
     ax.barh(positions, values, xerr=[low, high], color=colors, capsize=3)
     for y, row in zip(positions, rows):
         if row.timing is None:

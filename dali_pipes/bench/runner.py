@@ -48,8 +48,13 @@ class TimingPlan:
     warmup_seconds: float = 1.0
 
     def __post_init__(self) -> None:
-        if (self.warmup_batches < 0 or self.repeats < 1 or self.min_batches < 1 or self.min_seconds < 0
-                or self.warmup_seconds < 0):
+        if (
+            self.warmup_batches < 0
+            or self.repeats < 1
+            or self.min_batches < 1
+            or self.min_seconds < 0
+            or self.warmup_seconds < 0
+        ):
             raise ValueError(
                 f"timing plan needs warmup_batches >= 0, repeats >= 1, min_batches >= 1 and min_seconds >= 0, got {self}"
             )
@@ -245,7 +250,9 @@ class Job:
     in_flight: int = 0
 
 
-def run_jobs(jobs: Sequence[Job], plan: TimingPlan, target: Target, *, progress: bool = True, title: str = "bench") -> list[Row]:
+def run_jobs(
+    jobs: Sequence[Job], plan: TimingPlan, target: Target, *, progress: bool = True, title: str = "bench"
+) -> list[Row]:
     """Measure every job in turn (with a progress bar); see :func:`measure`."""
     from tqdm import tqdm
 

@@ -43,7 +43,9 @@ def dali_loader_stream(
 
     if device == "gpu":
         require_cuda()
-    loader = DALILoader(dataset, spec, batch_size=batch_size, shuffle=True, seed=0, device=device, **dict(settings or {}))
+    loader = DALILoader(
+        dataset, spec, batch_size=batch_size, shuffle=True, seed=0, device=device, **dict(settings or {})
+    )
     try:
         yield delivered(((batch["image"], batch["label"]) for batch in cycle(loader)), target)
     finally:

@@ -91,7 +91,9 @@ def _report(suite: str, title: str, inputs: BenchInputs, rows: list, **kwargs: A
 # --- row factories ---------------------------------------------------------------------------
 
 
-def _dali_job(name: str, inputs: BenchInputs, device: str, target: Target, dataset: Path | None = None, **params: Any) -> Job:
+def _dali_job(
+    name: str, inputs: BenchInputs, device: str, target: Target, dataset: Path | None = None, **params: Any
+) -> Job:
     from dali_pipes.bench.streams import dali_loader_stream
 
     factory = functools.partial(
@@ -106,8 +108,13 @@ def _dali_job(name: str, inputs: BenchInputs, device: str, target: Target, datas
     where = "the GPU (mixed decoder)" if device == "gpu" else "the CPU"
     # DALI's pipeline queue plus the parallel source's own queue of the same depth.
     in_flight = 2 * inputs.loader_settings.get("prefetch", 2) + 1
-    return Job(name, factory, f"DALILoader over the shards, decode and augment on {where}",
-               {**inputs.loader_settings, **params}, in_flight=in_flight)
+    return Job(
+        name,
+        factory,
+        f"DALILoader over the shards, decode and augment on {where}",
+        {**inputs.loader_settings, **params},
+        in_flight=in_flight,
+    )
 
 
 def _dataloader_job(
@@ -132,7 +139,9 @@ def _files(inputs: BenchInputs) -> tuple:
     return inputs.files
 
 
-def _anchor_job(name: str, inputs: BenchInputs, device: str, target: Target, files: Callable[[], tuple] | None = None, **params: Any) -> Job:
+def _anchor_job(
+    name: str, inputs: BenchInputs, device: str, target: Target, files: Callable[[], tuple] | None = None, **params: Any
+) -> Job:
     from dali_pipes.bench.anchor import file_reader_stream
     from dali_pipes.bench.streams import require_cuda
 
@@ -148,9 +157,13 @@ def _anchor_job(name: str, inputs: BenchInputs, device: str, target: Target, fil
             target=target,
         )
 
-    return Job(name, factory, f"DALI fn.readers.file over the original files, the same graph on the {device.upper()}",
-               {"num_threads": inputs.loader_settings.get("num_threads", inputs.cores), **params},
-               in_flight=2 + 1)  # DALI's default prefetch_queue_depth
+    return Job(
+        name,
+        factory,
+        f"DALI fn.readers.file over the original files, the same graph on the {device.upper()}",
+        {"num_threads": inputs.loader_settings.get("num_threads", inputs.cores), **params},
+        in_flight=2 + 1,
+    )  # DALI's default prefetch_queue_depth
 
 
 def _pil(inputs: BenchInputs):
@@ -185,30 +198,66 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
     jobs = [
         _dali_job("dali-pipes gpu", inputs, "gpu", target),
         _dali_job("dali-pipes cpu", inputs, "cpu", target),
-        _dataloader_job(BASELINE, _store_dataset(inputs, lambda: _pil(inputs)), inputs, target,
-                        "DataLoader, PIL decode + torchvision-style PIL/numpy transforms, over the shards"),
-        _dataloader_job("DataLoader+PIL files", _file_dataset(files, lambda: _pil(inputs)), inputs, target,
-                        "the same, over the original image files"),
-        _dataloader_job("DataLoader+torchvision shards", _store_dataset(inputs, lambda: TorchvisionTrainTransform(spec)),
-                        inputs, target, "DataLoader, PIL decode + torchvision transforms, over the shards"),
-        _dataloader_job("DataLoader+Albumentations shards", _store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
-                        inputs, target, "DataLoader, OpenCV decode + Albumentations transforms, over the shards"),
+        _dataloader_job(
+            BASELINE,
+            _store_dataset(inputs, lambda: _pil(inputs)),
+            inputs,
+            target,
+            "DataLoader, PIL decode + torchvision-style PIL/numpy transforms, over the shards",
+        ),
+        _dataloader_job(
+            "DataLoader+PIL files",
+            _file_dataset(files, lambda: _pil(inputs)),
+            inputs,
+            target,
+            "the same, over the original image files",
+        ),
+        _dataloader_job(
+            "DataLoader+torchvision shards",
+            _store_dataset(inputs, lambda: TorchvisionTrainTransform(spec)),
+            inputs,
+            target,
+            "DataLoader, PIL decode + torchvision transforms, over the shards",
+        ),
+        _dataloader_job(
+            "DataLoader+Albumentations shards",
+            _store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
+            inputs,
+            target,
+            "DataLoader, OpenCV decode + Albumentations transforms, over the shards",
+        ),
         _anchor_job("DALI readers.file gpu", inputs, "gpu", target),
         _anchor_job("DALI readers.file cpu", inputs, "cpu", target),
-        Job("decode-ceiling (full)", functools.partial(decode, mode="full"),
-            "PIL decode only of the same JPEGs, one process per core", {"processes": cores}, in_flight=2 * cores),
-        Job("decode-ceiling (reduced)", functools.partial(decode, mode="reduced"),
-            "PIL decode only, with draft() to the smallest DCT scale the crop allows", {"processes": cores},
-            in_flight=2 * cores),
+        Job(
+            "decode-ceiling (full)",
+            functools.partial(decode, mode="full"),
+            "PIL decode only of the same JPEGs, one process per core",
+            {"processes": cores},
+            in_flight=2 * cores,
+        ),
+        Job(
+            "decode-ceiling (reduced)",
+            functools.partial(decode, mode="reduced"),
+            "PIL decode only, with draft() to the smallest DCT scale the crop allows",
+            {"processes": cores},
+            in_flight=2 * cores,
+        ),
     ]
-    report = _report("main", "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
-                     inputs, run_jobs(jobs, plan, target, progress=progress, title="bench"), reference=BASELINE)
+    report = _report(
+        "main",
+        "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
+        inputs,
+        run_jobs(jobs, plan, target, progress=progress, title="bench"),
+        reference=BASELINE,
+    )
     report.summary = _main_summary(report)
     reduced = report.row("decode-ceiling (reduced)")
     if reduced is not None and reduced.timing is not None:
         fraction = reducible_fraction(str(inputs.dataset), spec)
         reduced.extra["reducible_fraction"] = fraction
-        report.notes.append(f"decode-ceiling (reduced): {fraction:.0%} of the crops allow a reduced-scale decode on these images")
+        report.notes.append(
+            f"decode-ceiling (reduced): {fraction:.0%} of the crops allow a reduced-scale decode on these images"
+        )
     return report
 
 
@@ -223,19 +272,29 @@ def _main_summary(report: BenchReport) -> dict[str, Any]:
 
     summary: dict[str, Any] = {
         "dali-pipes cpu / DataLoader+PIL shards": {
-            "value": ratio("dali-pipes cpu", BASELINE), "unit": "x", "target": "at least 1.5x, aiming at 2.5x"},
+            "value": ratio("dali-pipes cpu", BASELINE),
+            "unit": "x",
+            "target": "at least 1.5x, aiming at 2.5x",
+        },
         "dali-pipes cpu / decode-ceiling (full)": {
-            "value": ratio("dali-pipes cpu", "decode-ceiling (full)"), "unit": "x", "target": "aiming at 1.0x"},
+            "value": ratio("dali-pipes cpu", "decode-ceiling (full)"),
+            "unit": "x",
+            "target": "aiming at 1.0x",
+        },
     }
     gpu = report.row("dali-pipes gpu")
     if gpu is not None and gpu.images_per_s is not None:
         summary["dali-pipes gpu"] = {
-            "value": gpu.images_per_s, "unit": " images/s",
-            "target": "one H200, 16 cores, float16: at least 12,000, aiming at 20,000"}
+            "value": gpu.images_per_s,
+            "unit": " images/s",
+            "target": "one H200, 16 cores, float16: at least 12,000, aiming at 20,000",
+        }
     return summary
 
 
-def albumentations_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def albumentations_suite(
+    inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool
+) -> BenchReport:
     """Albumentations against torchvision-style PIL transforms (and torchvision), in one process and on every core."""
     from dali_pipes.bench.backends import AlbumentationsTrainTransform, TorchvisionTrainTransform
 
@@ -250,9 +309,14 @@ def albumentations_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, 
         for workers in sorted({0, inputs.cores})
         for name, make, description in backends
     ]
-    return _report("albumentations", "augmentation libraries in a DataLoader over the shards", inputs,
-                   run_jobs(jobs, plan, target, progress=progress, title="albumentations"),
-                   reference="PIL (torchvision-style)", reference_match=("num_workers",))
+    return _report(
+        "albumentations",
+        "augmentation libraries in a DataLoader over the shards",
+        inputs,
+        run_jobs(jobs, plan, target, progress=progress, title="albumentations"),
+        reference="PIL (torchvision-style)",
+        reference_match=("num_workers",),
+    )
 
 
 def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
@@ -263,8 +327,13 @@ def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quic
     jobs = []
     for count in counts:
         for job in (
-            _dataloader_job("DataLoader+PIL cpu", _store_dataset(inputs, lambda: _pil(inputs)), inputs, target,
-                            "DataLoader + PIL over the shards, workers started in the timing"),
+            _dataloader_job(
+                "DataLoader+PIL cpu",
+                _store_dataset(inputs, lambda: _pil(inputs)),
+                inputs,
+                target,
+                "DataLoader + PIL over the shards, workers started in the timing",
+            ),
             _dali_job("dali-pipes cpu", inputs, "cpu", target),
             _dali_job("dali-pipes gpu", inputs, "gpu", target),
         ):
@@ -276,8 +345,15 @@ def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quic
     for row in rows:
         if row.images_per_s:
             row.extra["seconds"] = row.params["images"] / row.images_per_s
-    report = _report("cpu-vs-gpu", "CPU against GPU augmentation: N images from a cold start (build + workers included)",
-                     inputs, rows, reference="DataLoader+PIL cpu", reference_match=("images",), columns=("seconds",))
+    report = _report(
+        "cpu-vs-gpu",
+        "CPU against GPU augmentation: N images from a cold start (build + workers included)",
+        inputs,
+        rows,
+        reference="DataLoader+PIL cpu",
+        reference_match=("images",),
+        columns=("seconds",),
+    )
     report.notes.append(f"each row: median of {repeats} cold runs; seconds for N = images / (images/s)")
     return report
 
@@ -289,13 +365,25 @@ def workers_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     batch_sizes = sorted({max(1, b // 2), b}) if quick else sorted({s for s in (16, 32, 64, 128, 256) if s <= n} | {b})
     settings = [(w, b) for w in worker_counts] + [(cores, s) for s in batch_sizes if s != b]
     jobs = [
-        _dataloader_job(BASELINE, _store_dataset(inputs, lambda: _pil(inputs)), inputs, target,
-                        "DataLoader + PIL over the shards", num_workers=w, batch_size=s)
+        _dataloader_job(
+            BASELINE,
+            _store_dataset(inputs, lambda: _pil(inputs)),
+            inputs,
+            target,
+            "DataLoader + PIL over the shards",
+            num_workers=w,
+            batch_size=s,
+        )
         for w, s in settings
     ]
-    return _report("workers", "DataLoader num_workers and batch size sweeps (PIL over the shards)", inputs,
-                   run_jobs(jobs, plan, target, progress=progress, title="workers"), reference=BASELINE,
-                   reference_label=f"{BASELINE} [num_workers=0 batch_size={b}]")
+    return _report(
+        "workers",
+        "DataLoader num_workers and batch size sweeps (PIL over the shards)",
+        inputs,
+        run_jobs(jobs, plan, target, progress=progress, title="workers"),
+        reference=BASELINE,
+        reference_label=f"{BASELINE} [num_workers=0 batch_size={b}]",
+    )
 
 
 def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
@@ -315,26 +403,52 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
         b = inputs.batch_size
         files = lambda: copies.files  # noqa: E731 - a factory, as the row helpers take
         jobs = [
-            Job("files", functools.partial(file_read_stream, copies.files, batch_size=b),
-                "read the encoded bytes only, one process", {"reader": "read-only"}),
+            Job(
+                "files",
+                functools.partial(file_read_stream, copies.files, batch_size=b),
+                "read the encoded bytes only, one process",
+                {"reader": "read-only"},
+            ),
             _anchor_job("files", inputs, device, target, files=files, reader=f"dali {device}"),
-            _dataloader_job("files", _file_dataset(files, lambda: _pil(inputs)), inputs, target,
-                            "DataLoader + PIL", reader="DataLoader+PIL"),
+            _dataloader_job(
+                "files",
+                _file_dataset(files, lambda: _pil(inputs)),
+                inputs,
+                target,
+                "DataLoader + PIL",
+                reader="DataLoader+PIL",
+            ),
         ]
         for fmt, dataset in copies.datasets.items():
             jobs += [
-                Job(fmt, functools.partial(store_read_stream, dataset, batch_size=b),
-                    "read the encoded bytes only, one process", {"reader": "read-only"}),
+                Job(
+                    fmt,
+                    functools.partial(store_read_stream, dataset, batch_size=b),
+                    "read the encoded bytes only, one process",
+                    {"reader": "read-only"},
+                ),
                 _dali_job(fmt, inputs, device, target, dataset=dataset, reader=f"dali {device}"),
-                _dataloader_job(fmt, _store_dataset(inputs, lambda: _pil(inputs), dataset), inputs, target,
-                                "DataLoader + PIL", reader="DataLoader+PIL"),
+                _dataloader_job(
+                    fmt,
+                    _store_dataset(inputs, lambda: _pil(inputs), dataset),
+                    inputs,
+                    target,
+                    "DataLoader + PIL",
+                    reader="DataLoader+PIL",
+                ),
             ]
         for job in jobs:  # the table groups by reader; the loader settings are in the context
             job.params = {"reader": job.params["reader"]}
         rows = run_jobs(jobs, plan, target, progress=progress, title="formats")
         size = copies.bytes
-    report = _report("formats", f"storage formats at equal content ({copies.count} images, {size / 1e6:.1f} MB)",
-                     inputs, rows, reference="files", reference_match=("reader",))
+    report = _report(
+        "formats",
+        f"storage formats at equal content ({copies.count} images, {size / 1e6:.1f} MB)",
+        inputs,
+        rows,
+        reference="files",
+        reference_match=("reader",),
+    )
     report.context["formats_images"] = copies.count
     report.notes.append("files through DALI: fn.readers.file (the dali-pipes loader reads shards only)")
     return report

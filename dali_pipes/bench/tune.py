@@ -153,10 +153,13 @@ def tune(
             spec = dataclasses.replace(spec, decoder=dataclasses.replace(spec.decoder, hw_decoder_load=load))
 
         def factory():
-            return dali_loader_stream(inputs.dataset, spec, batch_size=batch_size, device=device, target=target,
-                                      settings=settings)
+            return dali_loader_stream(
+                inputs.dataset, spec, batch_size=batch_size, device=device, target=target, settings=settings
+            )
 
-        bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in settings.items()) + (f" hw={load}" if load is not None else ""))
+        bar.set_postfix_str(
+            " ".join(f"{k}={v}" for k, v in settings.items()) + (f" hw={load}" if load is not None else "")
+        )
         row = measure(Job("tune", factory, in_flight=2 * settings["prefetch"] + 1), plan, target)
         trial.images_per_s = row.images_per_s
         trial.spread = row.timing.spread if row.timing else None
@@ -204,13 +207,17 @@ def _read(path: str | os.PathLike) -> dict[str, Any]:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path}: no such settings file; write one with 'dali-pipes tune DATASET --out {path}'") from None
+        raise FileNotFoundError(
+            f"{path}: no such settings file; write one with 'dali-pipes tune DATASET --out {path}'"
+        ) from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path}: not a JSON settings file ({exc})") from exc
     if not isinstance(data, dict) or data.get("kind") != SETTINGS_KIND:
         raise ValueError(f"{path}: not a dali-pipes settings file (kind should be {SETTINGS_KIND!r})")
     if data.get("version") != SETTINGS_VERSION:
-        raise ValueError(f"{path}: settings version {data.get('version')!r}; this dali-pipes reads version {SETTINGS_VERSION}")
+        raise ValueError(
+            f"{path}: settings version {data.get('version')!r}; this dali-pipes reads version {SETTINGS_VERSION}"
+        )
     return data
 
 
@@ -247,13 +254,19 @@ def apply_settings(spec: Any, path: str | os.PathLike) -> Any:
 
 def format_tune(result: TuneResult, saved: Path | None = None) -> str:
     """What ``dali-pipes tune`` prints: every trial, then the best and how much it gains."""
-    lines = [f"tuning {result.context['dataset']} on {result.context['device']}, batch {result.context['batch_size']}, "
-             f"{result.context['cores']} cores"]
+    lines = [
+        f"tuning {result.context['dataset']} on {result.context['device']}, batch {result.context['batch_size']}, "
+        f"{result.context['cores']} cores"
+    ]
     for trial in result.trials:
         setting = " ".join(f"{k}={v}" for k, v in trial.settings.items())
         if trial.hw_decoder_load is not None:
             setting += f" hw_decoder_load={trial.hw_decoder_load}"
-        figure = f"{trial.images_per_s:10.1f} images/s ±{100 * (trial.spread or 0):.0f}%" if trial.images_per_s else f"failed: {trial.error}"
+        figure = (
+            f"{trial.images_per_s:10.1f} images/s ±{100 * (trial.spread or 0):.0f}%"
+            if trial.images_per_s
+            else f"failed: {trial.error}"
+        )
         mark = "  <- best" if trial is result.best else ""
         lines.append(f"  {setting:<58} {figure}{mark}")
     best = " ".join(f"{k}={v}" for k, v in result.best.settings.items())
@@ -263,5 +276,7 @@ def format_tune(result: TuneResult, saved: Path | None = None) -> str:
     lines.append(f"fastest: {best}: {result.best.images_per_s:.1f} images/s{gain}")
     lines.extend(result.notes)
     if saved is not None:
-        lines.append(f"saved to {saved}; use it with DALILoader(path, spec, batch_size=..., **load_settings({str(saved)!r}))")
+        lines.append(
+            f"saved to {saved}; use it with DALILoader(path, spec, batch_size=..., **load_settings({str(saved)!r}))"
+        )
     return "\n".join(lines)

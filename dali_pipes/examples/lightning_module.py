@@ -63,8 +63,17 @@ class DALIDataModule(L.LightningDataModule):
     (``device="auto"``: this process's GPU when there is one).
     """
 
-    def __init__(self, train_dataset: str, val_dataset: str | None = None, *, batch_size: int = 64, size: int = 224,
-                 seed: int = 0, device: str = "auto", workers: int | None = None) -> None:
+    def __init__(
+        self,
+        train_dataset: str,
+        val_dataset: str | None = None,
+        *,
+        batch_size: int = 64,
+        size: int = 224,
+        seed: int = 0,
+        device: str = "auto",
+        workers: int | None = None,
+    ) -> None:
         super().__init__()
         self.train_dataset = train_dataset
         self.val_dataset = val_dataset or train_dataset
@@ -77,8 +86,19 @@ class DALIDataModule(L.LightningDataModule):
         # Without a trainer (a loader built by hand) the loader reads torch.distributed / the environment itself.
         rank = self.trainer.global_rank if self.trainer is not None else None
         world = self.trainer.world_size if self.trainer is not None else None
-        return EpochLoader(DALILoader(path, spec, batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
-                                      device=self.device, rank=rank, world_size=world, py_num_workers=self.workers))
+        return EpochLoader(
+            DALILoader(
+                path,
+                spec,
+                batch_size=self.batch_size,
+                shuffle=shuffle,
+                seed=self.seed,
+                device=self.device,
+                rank=rank,
+                world_size=world,
+                py_num_workers=self.workers,
+            )
+        )
 
     def setup(self, stage: str) -> None:
         """Build this process's loaders (Lightning calls this on every process, after DDP has started)."""
@@ -158,13 +178,27 @@ def main(argv=None) -> TinyClassifier:
     """Train; returns the trained module."""
     args = parse_args(argv)
     L.seed_everything(args.seed, verbose=False)
-    data = DALIDataModule(args.dataset, args.val_dataset, batch_size=args.batch_size, size=args.size, seed=args.seed,
-                          device=args.device, workers=args.workers)
+    data = DALIDataModule(
+        args.dataset,
+        args.val_dataset,
+        batch_size=args.batch_size,
+        size=args.size,
+        seed=args.seed,
+        device=args.device,
+        workers=args.workers,
+    )
     # The model is built before Lightning calls setup(): take the class count from the manifest.
     model = TinyClassifier(len(load_manifest(args.dataset).classes or ()) or 1000)
-    trainer = L.Trainer(max_epochs=args.max_epochs, devices=args.devices, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-                        default_root_dir=os.getcwd())
+    trainer = L.Trainer(
+        max_epochs=args.max_epochs,
+        devices=args.devices,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        default_root_dir=os.getcwd(),
+    )
     trainer.fit(model, datamodule=data)
     if trainer.is_global_zero:
         metrics = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items()}

@@ -118,8 +118,9 @@ def main(argv=None) -> float:
     args = parse_args(argv)
     # bind() reads the category ids from the manifest: label k is the k-th smallest COCO id.
     spec = Detection(size=args.size, max_size=args.max_size).bind(load_manifest(args.dataset))
-    loader = DALILoader(args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device,
-                        py_num_workers=args.workers)
+    loader = DALILoader(
+        args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device, py_num_workers=args.workers
+    )
     torch.manual_seed(args.seed)
     model = TinyDetector(spec.num_classes)
     optimizer = None
@@ -140,8 +141,11 @@ def main(argv=None) -> float:
             samples += real
         mean_loss = total / max(samples, 1)
         elapsed = time.perf_counter() - start
-        print(f"epoch {epoch}: {samples} images, loss {mean_loss:.4f}, {samples / elapsed:.1f} images/s "
-              f"on {loader.device}", flush=True)
+        print(
+            f"epoch {epoch}: {samples} images, loss {mean_loss:.4f}, {samples / elapsed:.1f} images/s "
+            f"on {loader.device}",
+            flush=True,
+        )
     loader.close()
     return mean_loss
 

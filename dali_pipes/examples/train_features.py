@@ -62,13 +62,17 @@ def main(argv=None) -> float:
     # Cast the input to float32 inside the pipeline (on the GPU when there is one): the store keeps
     # the features in whatever dtype they were saved in, float16 halving the bytes read.
     spec = Features(fields=(args.input, args.target), dtype={args.input: "float32"})
-    loader = DALILoader(args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device,
-                        py_num_workers=args.workers)
+    loader = DALILoader(
+        args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device, py_num_workers=args.workers
+    )
     fields = loader.store.manifest.fields
     in_features = math.prod(fields[args.input].shape or (1,))
     classify = np.dtype(fields[args.target].dtype).kind in "iub"
-    outputs = (args.num_classes or count_classes(args.dataset, args.target)) if classify else math.prod(
-        fields[args.target].shape or (1,))
+    outputs = (
+        (args.num_classes or count_classes(args.dataset, args.target))
+        if classify
+        else math.prod(fields[args.target].shape or (1,))
+    )
 
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Flatten(), nn.Linear(in_features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, outputs))
@@ -95,8 +99,11 @@ def main(argv=None) -> float:
             total += float((losses.detach() * real).sum())
             samples += int(real.sum())
         mean_loss = total / max(samples, 1)
-        print(f"epoch {epoch}: {samples} samples, loss {mean_loss:.4f}, "
-              f"{samples / (time.perf_counter() - start):.1f} samples/s on {loader.device}", flush=True)
+        print(
+            f"epoch {epoch}: {samples} samples, loss {mean_loss:.4f}, "
+            f"{samples / (time.perf_counter() - start):.1f} samples/s on {loader.device}",
+            flush=True,
+        )
     loader.close()
     return mean_loss
 

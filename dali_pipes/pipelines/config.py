@@ -102,7 +102,12 @@ class DecoderHints:
         if not 0.0 <= load <= 1.0:
             raise ValueError(f"DecoderHints.hw_decoder_load must be in [0, 1], got {load}")
         object.__setattr__(self, "hw_decoder_load", load)
-        for name in ("device_memory_padding", "host_memory_padding", "preallocate_width_hint", "preallocate_height_hint"):
+        for name in (
+            "device_memory_padding",
+            "host_memory_padding",
+            "preallocate_width_hint",
+            "preallocate_height_hint",
+        ):
             value = getattr(self, name)
             if not _is_int(value) or value < 0:
                 raise ValueError(f"DecoderHints.{name} must be an integer >= 0, got {value!r}")

@@ -325,9 +325,7 @@ class Detection(_DetectionOutput):
         mirror = ops.mirror_flag(self.flip)
         if not (isinstance(mirror, int) and mirror == 0):
             boxes = fn.bb_flip(boxes, ltrb=True, horizontal=mirror)
-        return self._finish_detection(
-            images, image_hw, boxes, labels, device=device, mirror=mirror, jitter=self.jitter
-        )
+        return self._finish_detection(images, image_hw, boxes, labels, device=device, mirror=mirror, jitter=self.jitter)
 
 
 @dataclass(frozen=True, kw_only=True)

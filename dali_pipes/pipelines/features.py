@@ -24,9 +24,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence, Union
 
+import numpy as np
 import nvidia.dali.fn as fn
 import nvidia.dali.types as types
-import numpy as np
 from nvidia.dali.data_node import DataNode
 
 from dali_pipes.manifest import Manifest
@@ -91,9 +91,7 @@ class Features:
         dtypes = _pairs("dtype", self.dtype, fields)
         for name, value in dtypes:
             if value not in FEATURE_DTYPES:
-                raise ValueError(
-                    f"Features.dtype[{name!r}] must be one of {', '.join(FEATURE_DTYPES)}; got {value!r}"
-                )
+                raise ValueError(f"Features.dtype[{name!r}] must be one of {', '.join(FEATURE_DTYPES)}; got {value!r}")
         object.__setattr__(self, "dtype", tuple(dtypes))
 
     @property
@@ -115,9 +113,7 @@ class Features:
         for name in self.fields:
             spec = manifest.fields.get(name)
             if spec is None:
-                raise ValueError(
-                    f"Features: the dataset has no field {name!r} (fields: {', '.join(manifest.fields)})"
-                )
+                raise ValueError(f"Features: the dataset has no field {name!r} (fields: {', '.join(manifest.fields)})")
             if spec.kind != "array":
                 raise ValueError(f"Features: field {name!r} holds bytes ({spec.encoding}), not an array")
             if spec.variable_length:

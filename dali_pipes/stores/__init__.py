@@ -27,6 +27,7 @@ def reader_class(fmt: str) -> type[ShardReader]:
     module_name, _, class_name = READERS[fmt].partition(":")
     return getattr(importlib.import_module(module_name), class_name)
 
+
 __all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS", "reader_class"]
 
 

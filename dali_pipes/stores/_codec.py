@@ -29,12 +29,16 @@ def check_field(name: str, field: Field, where: str) -> None:
         return
     dtype = np.dtype(field.dtype)
     if dtype.kind not in ARRAY_KINDS:
-        raise ValueError(f"{where}: field {name!r} has dtype {dtype.name}; only bool, integer, float and complex arrays are stored")
+        raise ValueError(
+            f"{where}: field {name!r} has dtype {dtype.name}; only bool, integer, float and complex arrays are stored"
+        )
     if not field.variable_length and math.prod(field.shape) == 0:
         raise ValueError(f"{where}: field {name!r} has shape {field.shape}, which holds no values")
     if field.variable_length and math.prod(field.shape[1:]) == 0:
         # The first dimension is recovered from the byte count: a row of zero bytes hides it.
-        raise ValueError(f"{where}: field {name!r} has shape {field.shape}: a variable-length field needs non-empty rows")
+        raise ValueError(
+            f"{where}: field {name!r} has shape {field.shape}: a variable-length field needs non-empty rows"
+        )
 
 
 def little_endian(dtype: np.dtype) -> np.dtype:
@@ -74,7 +78,9 @@ def sample_shape(count: int, name: str, field: Field, where: str) -> tuple[int, 
         row = math.prod(shape[1:])
         rows, rem = divmod(count, row)
         if rem:
-            raise StoreError(f"{where}: field {name!r} holds {count} elements, not a whole number of rows of {shape[1:]}")
+            raise StoreError(
+                f"{where}: field {name!r} holds {count} elements, not a whole number of rows of {shape[1:]}"
+            )
         return (rows, *shape[1:])
     if count != math.prod(shape):
         raise StoreError(f"{where}: field {name!r} holds {count} elements; its shape {shape} needs {math.prod(shape)}")

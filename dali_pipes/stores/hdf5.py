@@ -153,8 +153,10 @@ def merged_manifest(path: str | os.PathLike) -> Manifest:
         text = f.attrs.get(MANIFEST_ATTR)
         count = f.attrs.get("num_samples")
     if text is None:
-        raise ManifestError(f"{path}: not a merged dali-pipes HDF5 file (no '{MANIFEST_ATTR}' attribute); "
-                            "open the dataset folder instead, or write one with 'dali-pipes merge'")
+        raise ManifestError(
+            f"{path}: not a merged dali-pipes HDF5 file (no '{MANIFEST_ATTR}' attribute); "
+            "open the dataset folder instead, or write one with 'dali-pipes merge'"
+        )
     try:
         manifest = parse_manifest(json.loads(text), where=str(path))
     except json.JSONDecodeError as exc:
@@ -197,10 +199,17 @@ class Hdf5ShardReader(ShardReader):
                 raise StoreError(f"{self.path}: field {name!r} has no dataset {key!r}")
             ds = f[key]
             if ds.shape[1:] != row_shape(field):
-                raise StoreError(f"{self.path}: dataset {key!r} has rows of shape {ds.shape[1:]}, expected {row_shape(field)}")
+                raise StoreError(
+                    f"{self.path}: dataset {key!r} has rows of shape {ds.shape[1:]}, expected {row_shape(field)}"
+                )
             if is_ragged(field):
                 offs = np.asarray(f[offsets_path(name)][()], dtype=np.int64)
-                if offs.shape != (self.num_samples + 1,) or offs[0] != 0 or offs[-1] != ds.shape[0] or np.any(np.diff(offs) < 0):
+                if (
+                    offs.shape != (self.num_samples + 1,)
+                    or offs[0] != 0
+                    or offs[-1] != ds.shape[0]
+                    or np.any(np.diff(offs) < 0)
+                ):
                     raise StoreError(f"{self.path}: offsets of field {name!r} do not match its data (damaged shard)")
                 offsets[name] = offs
             elif ds.shape[0] != self.num_samples:
