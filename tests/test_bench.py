@@ -152,7 +152,7 @@ def test_bench_plot_is_drawn(bench_cli):
 # --- the suites ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats"])
+@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages"])
 def test_each_suite_runs_and_returns_its_table(dataset, suite):
     from dali_pipes.bench.report import format_table
     from dali_pipes.bench.suites import run_bench
@@ -177,6 +177,18 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
     if suite == "formats":
         assert {row.name for row in report.rows} == {"files", "lmdb", "hdf5", "tfrecord"}
         assert {row.params["reader"] for row in report.rows} >= {"read-only", "DataLoader+PIL"}
+    if suite == "stages":
+        cpu = [row for row in report.rows if row.params["device"] == "cpu"]
+        assert [row.name for row in cpu] == [
+            "read shards",
+            "+ decode random crop",
+            "+ resize",
+            "+ colour jitter",
+            "+ flip, normalise, cast, layout",
+        ]
+        assert all("ms_per_image_added" in row.extra for row in cpu)
+        # Reading alone outpaces reading and decoding: the prefixes really differ in work.
+        assert cpu[0].images_per_s > cpu[1].images_per_s
     if suite == "workers":
         assert {row.params["num_workers"] for row in report.rows} >= {0}
     if suite == "cpu-vs-gpu":
@@ -379,3 +391,34 @@ def test_bench_errors_are_one_line(dataset, tmp_path, capsys):
     assert err.startswith("dali-pipes: error:") and "index.json" in err and len(err.strip().splitlines()) == 1
     assert main(["bench", str(dataset), "--batch-size", "100"]) == 2
     assert "less than one batch of 100" in capsys.readouterr().err
+
+
+def test_step_costs_are_differences_of_time_per_image():
+    from dali_pipes.bench.stages import step_costs
+
+    assert step_costs([1000.0, 500.0, 250.0]) == [1.0, 1.0, 2.0]
+    # A row next to an unmeasured one has no cost.
+    assert step_costs([1000.0, None, 250.0, 200.0]) == [1.0, None, None, 1.0]
+
+
+def test_graph_prefixes_run_the_training_steps_in_order(dataset):
+    """The last prefix is the whole spec; earlier ones hand out 1x1 crops of their images."""
+    from dali_pipes import ClassificationTrain, DALILoader
+    from dali_pipes.bench.stages import GraphPrefix
+
+    spec = ClassificationTrain(size=32)
+    steps = len(spec.image_stages(device="cpu"))
+    shapes = []
+    for k in range(steps + 1):
+        loader = DALILoader(dataset, GraphPrefix(spec, k), batch_size=BATCH, device="cpu", seed=3, shuffle=False)
+        shapes.append(tuple(next(iter(loader))["image"].shape))
+        loader.close()
+    assert shapes[0] == (BATCH, 1)  # the encoded lengths
+    assert all(shape == (BATCH, 1, 1, 3) for shape in shapes[1:-1])
+    assert shapes[-1] == (BATCH, 3, 32, 32)
+    whole = DALILoader(dataset, spec, batch_size=BATCH, device="cpu", seed=3, shuffle=False)
+    last = DALILoader(dataset, GraphPrefix(spec, steps), batch_size=BATCH, device="cpu", seed=3, shuffle=False)
+    # Same seed, same operators in the same order: the whole prefix is the spec itself.
+    assert (next(iter(whole))["image"] == next(iter(last))["image"]).all()
+    whole.close()
+    last.close()

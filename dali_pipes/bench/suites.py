@@ -10,7 +10,10 @@
   start-up included (what a short job sees);
 - ``workers``: the ``DataLoader`` baseline over ``num_workers`` and batch sizes;
 - ``formats``: the same images as files, LMDB, HDF5 and TFRecord (converted into
-  a temporary folder), read raw, through DALI and through the ``DataLoader``.
+  a temporary folder), read raw, through DALI and through the ``DataLoader``;
+- ``stages``: this package's loader with growing prefixes of the training graph
+  (read, decode, resize, jitter, normalise), on the CPU and the GPU, and what
+  each step adds per image (see :mod:`dali_pipes.bench.stages`).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, run_jobs, 
 
 log = logging.getLogger(__name__)
 
-SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats")
+SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages")
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
@@ -454,10 +457,49 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     return report
 
 
+def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """The loader with the first k steps of the training graph, for every k, on the GPU and the CPU."""
+    import dataclasses
+
+    from dali_pipes.bench.stages import GraphPrefix, stage_names, step_costs
+
+    if not hasattr(inputs.spec, "image_stages"):
+        raise ValueError(f"the stages suite needs a spec with image_stages(); {type(inputs.spec).__name__} has none")
+    names = stage_names(inputs.spec)
+    jobs = []
+    for device in ("gpu", "cpu"):
+        for steps, name in enumerate(names):
+            job = _dali_job(name, dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, steps)), device, target)
+            job.params["device"] = device  # the table's and the JSON's way to tell the two devices apart
+            jobs.append(job)
+    rows = run_jobs(jobs, plan, target, progress=progress, title="bench stages")
+    for device in ("gpu", "cpu"):
+        mine = [row for row in rows if row.params.get("device") == device]
+        for row, cost in zip(mine, step_costs([row.images_per_s for row in mine])):
+            if cost is not None:
+                row.extra["ms_per_image_added"] = round(cost, 3)
+    report = _report(
+        "stages",
+        "what each step of the training graph costs: the loader with its first k steps",
+        inputs,
+        rows,
+        reference=names[-1],
+        reference_match=("device",),
+        reference_label="whole graph",
+        columns=("ms_per_image_added",),
+    )
+    report.notes.append(
+        "ms_per_image_added: wall time per image this row adds to the row above it (same device); "
+        "rows before the last hand out 1x1 crops, so they differ only by the work of their steps"
+    )
+    return report
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "albumentations": albumentations_suite,
     "cpu-vs-gpu": cpu_vs_gpu_suite,
     "workers": workers_suite,
     "formats": formats_suite,
+    "stages": stages_suite,
 }

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from nvidia.dali.data_node import DataNode
 
@@ -28,6 +28,9 @@ from dali_pipes.pipelines.config import (
 )
 
 _FIELDS = ("image", "label")
+
+#: One step of a graph: the image node in, the image node out.
+ImageStage = Callable[[DataNode], DataNode]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,19 +128,58 @@ class ClassificationTrain(_ImageOutput):
         """True with ``auto_augment``: DALI's auto_aug selects operations with ``if``."""
         return self.auto_augment is not None
 
+    def image_stages(self, *, device: str) -> list[tuple[str, ImageStage]]:
+        """The training graph as named steps, each taking and returning the image node.
+
+        :meth:`build` applies them all in order; ``dali-pipes bench --suite stages``
+        times growing prefixes of them to show what each step costs. The random
+        numbers of a step are drawn when the step is applied, so applying the list
+        in order adds DALI operators in the same order as :meth:`build`.
+        """
+        stages: list[tuple[str, ImageStage]] = [
+            (
+                "decode random crop",
+                lambda images: ops.decode_random_crop(
+                    images, device=device, area=self.scale, aspect_ratio=self.ratio, hints=self.decoder
+                ),
+            ),
+            ("resize", lambda images: ops.resize_to(images, device=device, size=self.size)),
+        ]
+        if self.auto_augment is not None:
+            policy = self.auto_augment
+            stages.append((policy, lambda images: ops.auto_augment(images, policy, size=self.size)))
+        if self.jitter is not None:
+            jitter = self.jitter
+            # After the resize: the jitter then touches size*size pixels, not the crop's.
+            stages.append(
+                (
+                    "colour jitter",
+                    lambda images: ops.color_jitter(images, jitter, device=device, output_dtype=self.dtype),
+                )
+            )
+        # uint8 NHWC output with nothing to flip needs no final operator at all.
+        if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=int(self.flip > 0), crop=None):
+            stages.append(("flip, normalise, cast, layout", lambda images: self._normalize(images, device=device)))
+        return stages
+
+    def _normalize(self, images: DataNode, *, device: str) -> DataNode:
+        return ops.normalize(
+            images,
+            device=device,
+            mean=self.mean,
+            std=self.std,
+            dtype=self.dtype,
+            layout=self.layout,
+            mirror=ops.mirror_flag(self.flip),
+        )
+
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the training graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
-        images = ops.decode_random_crop(
-            inputs["image"], device=device, area=self.scale, aspect_ratio=self.ratio, hints=self.decoder
-        )
-        images = ops.resize_to(images, device=device, size=self.size)
-        if self.auto_augment is not None:
-            images = ops.auto_augment(images, self.auto_augment, size=self.size)
-        if self.jitter is not None:
-            # After the resize: the jitter then touches size*size pixels, not the crop's.
-            images = ops.color_jitter(images, self.jitter, device=device, output_dtype=self.dtype)
-        return self._finish(images, inputs, device=device, mirror=ops.mirror_flag(self.flip))
+        images = inputs["image"]
+        for _, stage in self.image_stages(device=device):
+            images = stage(images)
+        return {"image": images, "label": label_output(inputs["label"], device)}
 
 
 @dataclass(frozen=True, kw_only=True)

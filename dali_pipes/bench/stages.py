@@ -1,0 +1,79 @@
+"""Growing prefixes of the training graph, to see what each step of it costs.
+
+``dali-pipes bench DATASET --suite stages`` runs the :class:`~dali_pipes.DALILoader`
+over the shards with the first *k* steps of the training spec's graph
+(:meth:`~dali_pipes.ClassificationTrain.image_stages`) for every *k*: reading the
+shards only, then decoding the random crop, then resizing, and so on up to the
+whole graph. Every prefix but the last hands out a 1x1 crop of its images (or the
+encoded sizes, for the read-only row), so the rows differ by the work of the
+steps and not by the size of what is copied out; the last row is the real
+output. The difference of two neighbouring rows' time per image is what the
+step between them costs: find the bottleneck before optimising.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nvidia.dali import fn
+from nvidia.dali.data_node import DataNode
+
+from dali_pipes.pipelines.base import check_build_call, label_output
+
+#: Name of the row that reads the shards and decodes nothing.
+READ_ONLY = "read shards"
+
+
+@dataclass(frozen=True)
+class GraphPrefix:
+    """A pipeline spec running the first ``steps`` of ``spec.image_stages`` (0: none, read only)."""
+
+    spec: Any
+    steps: int
+
+    @property
+    def required_fields(self) -> tuple[str, ...]:
+        return tuple(self.spec.required_fields)
+
+    @property
+    def needs_conditionals(self) -> bool:
+        return bool(self.spec.needs_conditionals)
+
+    def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
+        """The prefix's graph; its ``image`` output is small unless the prefix is the whole graph."""
+        check_build_call(self, inputs, device)
+        stages = self.spec.image_stages(device=device)
+        images = inputs["image"]
+        for _, stage in stages[: self.steps]:
+            images = stage(images)
+        if self.steps == 0:
+            # The encoded bytes' lengths: the store was read and nothing decoded.
+            images = images.shape()
+        elif self.steps < len(stages):
+            # Every operator before it still runs on the whole image; only the copy out is small.
+            images = fn.crop(images, device=device, crop=[1, 1])
+        return {"image": images, "label": label_output(inputs["label"], device)}
+
+
+def stage_names(spec: Any, device: str = "cpu") -> list[str]:
+    """The row names: the read-only row, then ``"+ step"`` for every step of ``spec``'s graph."""
+    return [READ_ONLY] + [f"+ {name}" for name, _ in spec.image_stages(device=device)]
+
+
+def step_costs(rates: list[float | None]) -> list[float | None]:
+    """Milliseconds of wall time per image that each row adds to the one before it.
+
+    ``rates`` are the rows' images per second in order; the first row's cost is
+    its own time per image; a row next to an unmeasured one gets ``None``.
+    """
+    costs: list[float | None] = []
+    previous: float | None = 0.0
+    for rate in rates:
+        if rate is None or rate <= 0 or previous is None:
+            costs.append(None)
+        else:
+            costs.append(1000.0 / rate - previous)
+        previous = None if rate is None or rate <= 0 else 1000.0 / rate
+    return costs
