@@ -692,6 +692,12 @@ def _close_worker_pool(pool: Any, caller: _Caller | None = None) -> None:
     # (no parallel source, or a DALI that renamed it) DALI's own clean-up remains.
     if caller is not None:
         caller.close()
+        if caller.abandoned:
+            # A call stuck on a dead worker holds the pool's task-queue lock, which
+            # pool.close() would wait for; the workers were SIGKILLed already. The stuck
+            # call keeps its pipeline's memory until the process exits (see the README's Limits).
+            logger.warning("DALILoader: not closing DALI's worker pool, a call into it is stuck on a dead worker")
+            return
     if pool is not None:
         pool.close()
 
@@ -779,6 +785,8 @@ class _Caller:
     """
 
     def __init__(self, name: str) -> None:
+        #: True once a call was given up on (``check`` raised while it ran); it may never return.
+        self.abandoned = False
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, args=(self._tasks,), name=name, daemon=True)
         self._thread.start()
@@ -798,7 +806,11 @@ class _Caller:
         task = _Task(call)
         self._tasks.put(task)
         while not task.done.wait(interval):
-            check()  # raises to abandon a call that cannot finish
+            try:
+                check()  # raises to abandon a call that cannot finish
+            except BaseException:
+                self.abandoned = True
+                raise
         if task.error is not None:
             error, task.error = task.error, None
             raise error
@@ -820,6 +832,10 @@ def _on_stream_of_this_thread(call: Callable[[], _T], device_id: int | None) -> 
     stream = torch.cuda.current_stream(device_id)
 
     def on_stream() -> _T:
+        # The current device is per thread too. Without this the helper thread stays on
+        # device 0, and leaving the stream context would switch back to it, creating a
+        # CUDA context on GPU 0 in every rank whose device is another one.
+        torch.cuda.set_device(stream.device)
         with torch.cuda.stream(stream):
             return call()
 
