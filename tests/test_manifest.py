@@ -238,3 +238,21 @@ def test_a_shard_path_naming_the_folder_itself_is_refused(tmp_path):
     (tmp_path / "index.json").write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="names the dataset folder itself"):
         load_manifest(tmp_path)
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "tfrecord"])
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"x": Field.array("float32", (1,) * 33)}, "33 dimensions"),
+        ({"a\0b": Field.image()}, "not allowed"),
+        ({"..": Field.image()}, "not allowed"),
+        ({"x": Field.array("float32", (0, 3))}, "holds no values"),
+    ],
+)
+def test_writers_refuse_before_writing_what_the_manifest_would_refuse_after(tmp_path, fmt, fields, message):
+    from converters.writers import writer_class
+
+    with pytest.raises(ValueError, match=message):
+        writer_class(fmt)(tmp_path / "shard", fields)
+    assert list(tmp_path.iterdir()) == []

@@ -11,7 +11,7 @@ from typing import Mapping, Union
 
 import numpy as np
 
-from dali_pipes.manifest import Field
+from dali_pipes.manifest import Field, ManifestError
 from dali_pipes.stores._codec import check_field
 
 Value = Union[bytes, np.ndarray]
@@ -22,9 +22,14 @@ def check_fields(fields: Mapping[str, Field], where: str) -> None:
     if not fields:
         raise ValueError(f"{where}: a shard needs at least one field")
     for name, field in fields.items():
-        if not name or "/" in name or name in (".", ".."):
-            raise ValueError(f"{where}: field name {name!r} is not allowed (empty, '.', '..' or contains '/')")
+        if not name or "/" in name or "\0" in name or name in (".", ".."):
+            raise ValueError(f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)")
         check_field(name, field, where)
+        try:
+            # What the manifest parser would refuse at the end of the job is refused before it starts.
+            Field.from_json(name, field.to_json(), where)
+        except ManifestError as exc:
+            raise ValueError(str(exc)) from None
 
 
 def normalize_sample(fields: Mapping[str, Field], sample: Mapping[str, object], where: str) -> dict[str, Value]:

@@ -179,8 +179,10 @@ class Hdf5ShardWriter(ShardWriter):
         for spool in self._spools.values():
             spool.close()
         self._spools.clear()
-        if self._file is not None:
-            # Safe even after a failed write: HDF5 never saw the failure (see GuardedFile).
-            self._file.close()
-            self._file = None
-        self._io.close()
+        try:
+            if self._file is not None:
+                # Safe even after a failed write: HDF5 never saw the failure (see GuardedFile).
+                self._file.close()
+                self._file = None
+        finally:
+            self._io.close()  # the descriptor, whatever HDF5 did
