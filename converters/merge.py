@@ -23,11 +23,16 @@ Layout of the merged file, for a user of plain h5py::
     /<ragged field>/data     all samples' values back to back (uint8 for bytes fields)
     /<ragged field>/offsets  int64 (N + 1,): sample i is data[offsets[i]:offsets[i + 1]]
 
-The output is written under a temporary name in its folder and renamed when complete.
+The output is written under a temporary name in its folder, fsynced, and renamed when
+complete. HDF5 writes it through :class:`~converters.writers._h5file.GuardedFile`, as
+the shard writer does, so a full disk (or a file-size limit) ends the merge with one
+line naming the output and the free space, and leaves neither the output nor the
+temporary file, instead of crashing the process inside HDF5.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import math
@@ -40,6 +45,8 @@ import numpy as np
 from tqdm import tqdm
 
 from converters.base import ConversionError
+from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
+from converters.writers._h5file import GuardedFile
 from dali_pipes._fileio import fsync_dir
 from dali_pipes.manifest import Field, Manifest, load_manifest, resolve_inside
 from dali_pipes.stores.hdf5 import (
@@ -93,23 +100,61 @@ def merge_hdf5(dataset_dir: str | os.PathLike, out_h5: str | os.PathLike, *, vir
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        with h5py.File(tmp, "w", libver=LIBVER) as f:
-            if virtual:
-                _write_virtual(f, manifest, shards, out.parent.resolve())
-            else:
-                _write_physical(f, manifest, shards, out.name)
-            for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
-                f.attrs[key] = value
-            f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
-            f.attrs["virtual"] = virtual
-        with open(tmp, "rb") as fh:
-            os.fsync(fh.fileno())
+        _write_merged(tmp, manifest, shards, out, virtual)
         os.replace(tmp, out)
+    except BaseException as exc:
+        if is_disk_full(exc):
+            kind = "virtual merge" if virtual else "merge"
+            todo = "Raise the limit" if disk_full_errno(exc) == errno.EFBIG else "Free space"
+            if not virtual:
+                todo += " (or merge with --virtual, which copies no data)"
+            raise ConversionError(
+                f"{out}: disk full while writing the {kind} of {dataset_dir} ({disk_full_why(exc)}; "
+                f"{free_space(out.parent)}); nothing of it was kept. {todo} and run the same command again"
+            ) from exc
+        raise
     finally:
         tmp.unlink(missing_ok=True)
     fsync_dir(out.parent)
     log.info("merged %d shards of %s into %s (%s)", len(shards), dataset_dir, out, "virtual" if virtual else "physical")
     return out
+
+
+def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: Path, virtual: bool) -> None:
+    """Write the whole merged file at ``tmp``, fsynced; raise the ``OSError`` of a write that failed.
+
+    HDF5 writes through a :class:`~converters.writers._h5file.GuardedFile`, not a
+    path, as the shard writer does: given a path, HDF5 that meets a full disk is left
+    unable to close the file and often crashes the process (a segmentation fault).
+    The guarded file hides a failed write from HDF5, so the file always closes; the
+    failure is raised here instead, and the caller removes the useless file.
+    """
+    guarded = GuardedFile(tmp)
+    try:
+        with h5py.File(guarded, "w", libver=LIBVER) as f:
+            if virtual:
+                _write_virtual(f, manifest, shards, out.parent.resolve())
+            else:
+                _write_physical(f, manifest, shards, out.name, guarded)
+            for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
+                f.attrs[key] = value
+            f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
+            f.attrs["virtual"] = virtual
+        _check_io(guarded)  # the metadata went out when the file closed
+        guarded.fsync()  # h5py's close flushes HDF5's buffers but does not fsync
+    except Exception:
+        # After a hidden failed write HDF5 may trip over the missing bytes in its own way:
+        # the failed write is the cause to report.
+        _check_io(guarded)
+        raise
+    finally:
+        guarded.close()
+
+
+def _check_io(guarded: GuardedFile) -> None:
+    """Raise the first failed write: what HDF5 believes it wrote since is not in the file."""
+    if guarded.error is not None:
+        raise OSError(guarded.error.errno, guarded.error.strerror, guarded.path) from guarded.error
 
 
 def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:
@@ -155,7 +200,9 @@ def _create_target(f: h5py.File, name: str, field: Field, total_rows: int) -> h5
     )
 
 
-def _write_physical(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], label: str) -> None:
+def _write_physical(
+    f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], label: str, guarded: GuardedFile
+) -> None:
     row_bytes = {n: data_dtype(fl).itemsize * math.prod(row_shape(fl)) for n, fl in manifest.fields.items()}
     total_bytes = sum(s.rows[n] * row_bytes[n] for s in shards for n in manifest.fields)
     targets = {
@@ -176,6 +223,7 @@ def _write_physical(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], 
                     for start in range(0, shard.rows[name], step):
                         stop = min(start + step, shard.rows[name])
                         targets[name][base[name] + start : base[name] + stop] = source[start:stop]
+                        _check_io(guarded)  # stop copying into a file that is missing bytes
                         bar.update((stop - start) * row_bytes[name])
                     base[name] += shard.rows[name]
     for name, field in manifest.fields.items():

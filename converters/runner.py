@@ -34,16 +34,16 @@ import hashlib
 import json
 import logging
 import os
-import resource
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from tqdm import tqdm
 
 from converters.base import ConversionError, Item, SampleError, Source
+from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.engines import LocalEngine, WorkerDied, make_engine
 from converters.planner import ShardPlan, plan_shards
 from converters.writers import writer_class
@@ -56,7 +56,6 @@ from dali_pipes.manifest import (
     Manifest,
     ManifestError,
     Shard,
-    human_bytes,
     load_manifest,
     write_manifest,
 )
@@ -176,10 +175,21 @@ def convert(
 # --- the job and its output folder -------------------------------------------------------
 
 
+#: Bumped whenever a writer's bytes change for the same input (2: HDF5 written through
+#: GuardedFile). It is part of the job digest, so a job started by another version is
+#: refused instead of resumed into a mix of old and new shards.
+SHARD_LAYOUT_VERSION = 2
+
+
 def _job_digest(source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan]) -> str:
     """A hash of everything that determines the output bytes, to recognise the same job on a re-run."""
     digest = hashlib.sha256()
-    header = {"format": fmt, "source": source.describe(), "shards": [[p.start, p.stop] for p in plans]}
+    header = {
+        "format": fmt,
+        "source": source.describe(),
+        "shards": [[p.start, p.stop] for p in plans],
+        "layout": SHARD_LAYOUT_VERSION,
+    }
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for item in items:
         digest.update(f"{item.name}\0{item.size}\n".encode())
@@ -213,8 +223,8 @@ def _claim_output(out: Path, digest: str, source: Source, fmt: str, created: boo
             previous = {}
         if previous.get("digest") != digest:
             raise ConversionError(
-                f"{out} holds an unfinished conversion of a different input or with other options; "
-                "re-run that command to finish it, or choose another output folder"
+                f"{out} holds an unfinished conversion of a different input, with other options or by "
+                "another version of dali-pipes; re-run that command to finish it, or choose another output folder"
             )
         return
     others = [p.name for p in out.iterdir() if p.name not in (JOB_DIR, LOCK_NAME)]
@@ -458,7 +468,7 @@ def write_shard(
                 log.debug("closing the abandoned %s failed too: %s", tmp.name, abort_exc)
         for leftover in out.glob(f"{glob.escape(tmp.name)}*"):  # the shard and its sidecar index
             leftover.unlink(missing_ok=True)
-        if _is_disk_full(exc):
+        if is_disk_full(exc):
             raise ConversionError(disk_full_message(final, out, exc)) from exc
         raise
     _report(unreported, on_progress)
@@ -504,66 +514,10 @@ def _report(count: int, on_progress) -> None:
         _progress_queue.put(count)
 
 
-#: errno values that mean "no room for these bytes": a full disk, a full quota, or a file-size limit.
-_DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-
-
-def _errors(exc: BaseException) -> Iterator[BaseException]:
-    """``exc`` and the errors that caused it, outermost first."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
-
-
-def _disk_full_errno(exc: BaseException) -> int | None:
-    """The errno of a write refused for want of space in ``exc`` or its causes, else ``None``.
-
-    Writers wrap OS errors differently (HDF5 and LMDB raise their own types), so besides
-    ``errno`` the message is checked for the system's words for these errors.
-    """
-    for current in _errors(exc):
-        if isinstance(current, OSError) and current.errno in _DISK_FULL:
-            return current.errno
-    for current in _errors(exc):
-        for code in _DISK_FULL:
-            if os.strerror(code) in str(current):
-                return code
-    return None
-
-
-def _is_disk_full(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what caused it) is a write refused for want of space."""
-    return _disk_full_errno(exc) is not None
-
-
-def free_space(folder: Path) -> str:
-    """``'1.2 GB free on FOLDER'`` (space an unprivileged user may use), or a note that it is unknown."""
-    try:
-        stats = os.statvfs(folder)
-    except OSError as exc:
-        return f"free space on {folder} unknown ({exc.strerror})"
-    return f"{human_bytes(stats.f_bavail * stats.f_frsize)} free on {folder}"
-
-
 def disk_full_message(final: Path, out: Path, exc: BaseException) -> str:
     """One line for a shard that ran out of space: which shard, why (disk, quota or file-size limit), what is free."""
-    code = _disk_full_errno(exc)
-    if code == errno.EFBIG:
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
-        why = (
-            f"the file-size limit (ulimit -f) of {human_bytes(limit)} was reached"
-            if limit != resource.RLIM_INFINITY
-            else "the file system's largest file size was reached"
-        )
-        todo = "raise the limit (or use smaller shards)"
-    elif code == errno.EDQUOT:
-        why, todo = "the disk quota is used up", "free space"
-    else:
-        why, todo = "no space left on the device", "free space"
+    todo = "raise the limit (or use smaller shards)" if disk_full_errno(exc) == errno.EFBIG else "free space"
     return (
-        f"{final}: disk full while writing this shard ({why}; {free_space(out)}); nothing of it was kept. "
-        f"The finished shards are kept: {todo} and run the same command again to continue"
+        f"{final}: disk full while writing this shard ({disk_full_why(exc)}; {free_space(out)}); nothing of it was "
+        f"kept. The finished shards are kept: {todo} and run the same command again to continue"
     )

@@ -137,6 +137,46 @@ def test_a_write_failing_with_enospc_names_the_shard_and_keeps_nothing_of_it(ima
     assert len(list((out / ".dali-pipes-job").glob("shard-*.json"))) == 2
 
 
+def test_an_unfinished_job_resumes_only_with_the_same_options_and_shard_layout(images, tmp_path, monkeypatch):
+    """Resuming must never mix shards of two jobs: other options or another writer layout are refused."""
+    import errno
+
+    from converters import runner
+    from converters.base import ConversionError
+    from converters.sources import ImageFolderSource
+
+    real = runner.writer_class("hdf5")
+
+    class FillsUp(real):  # type: ignore[misc, valid-type]
+        written = 0
+
+        def write(self, sample):
+            FillsUp.written += 1
+            if FillsUp.written == 25:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().write(sample)
+
+    out = tmp_path / "out"
+    options = dict(format="hdf5", samples_per_shard=10, workers=1, progress=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "writer_class", lambda name: FillsUp)
+        with pytest.raises(ConversionError, match="disk full"):
+            runner.convert(ImageFolderSource(images), out, **options)
+    kept = sorted(p.name for p in out.glob("shard-*"))
+    assert len(kept) == 2
+
+    with pytest.raises(ConversionError, match="unfinished conversion .* other options or by another version"):
+        runner.convert(ImageFolderSource(images), out, **{**options, "samples_per_shard": 7})
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "SHARD_LAYOUT_VERSION", runner.SHARD_LAYOUT_VERSION + 1)
+        with pytest.raises(ConversionError, match="another version of dali-pipes"):
+            runner.convert(ImageFolderSource(images), out, **options)
+    assert sorted(p.name for p in out.glob("shard-*")) == kept, "a refused re-run must not touch the job"
+
+    result = runner.convert(ImageFolderSource(images), out, **options)
+    assert result.manifest.num_samples == 30 and verify_dataset(out, progress=False).ok
+
+
 # A source whose worker crashes for real (a segmentation fault, as h5py did on a full disk)
 # while a flag file exists; spawned workers import it from this folder.
 CRASH_ON = "img_000009z.jpg"  # sorts between the 10th and 11th image

@@ -426,6 +426,39 @@ def test_example_codec_matches_protobuf(ints, floats, blobs, name):
     assert decoded[name][1].tolist() == ints and decoded["b"][1] == blobs
 
 
+def test_decoded_arrays_are_writable_copies_that_do_not_hold_the_record():
+    """The decoder parses views of the record and copies each value once: what it returns is the copy.
+
+    A float list is a view of the record until that copy; an array returned as a view would be
+    read-only, in little-endian order whatever the machine, and would keep the whole record alive.
+    """
+    fields = {
+        "f": Field.array("float32", (2, 4096)),
+        "i": Field.array("int64", (-1,)),
+        "i16": Field.array("int16", (5,)),
+        "h": Field.array("float16", (3,)),
+        "b": Field.image(),
+    }
+    rng = np.random.default_rng(3)
+    sample = {
+        "f": rng.standard_normal((2, 4096)).astype(np.float32),
+        "i": rng.integers(-(2**40), 2**40, 100),
+        "i16": np.arange(-2, 3, dtype=np.int16),
+        "h": np.array([0.5, -1, 2], np.float16),
+        "b": b"\xff\xd8" + bytes(range(256)),
+    }
+    data = bytearray(tfexample.encode_sample(fields, sample))
+    got = tfexample.decode_sample(fields, memoryview(data), "copies")
+    assert got["b"] == sample["b"] and type(got["b"]) is bytes
+    for name in ("f", "i", "i16", "h"):
+        value = got[name]
+        assert value.dtype == sample[name].dtype and value.tobytes() == sample[name].tobytes(), name
+        assert value.flags.writeable and value.dtype.isnative, name
+        assert not np.shares_memory(value, np.frombuffer(data, np.uint8)), name
+    data[:] = bytes(len(data))  # the record's buffer reused for the next read
+    assert got["f"].tobytes() == sample["f"].tobytes()
+
+
 @settings(max_examples=100, deadline=None)
 @given(data=st.data())
 def test_damaged_example_is_a_store_error_or_a_valid_sample(data, photo_bytes):

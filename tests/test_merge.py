@@ -1,8 +1,11 @@
-"""HDF5 merge: physical and virtual files read back sample for sample, by h5py and by open_store."""
+"""HDF5 merge: physical and virtual files read back sample for sample, by h5py and by open_store;
+a full disk while merging is a one-line error that leaves nothing behind."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import h5py
@@ -13,6 +16,17 @@ from converters.base import ConversionError
 from converters.merge import merge_hdf5
 from dali_pipes.manifest import Field
 from dali_pipes.stores import StoreError, open_store
+
+from test_convert import CLI, run_cli  # noqa: E402 - shared helpers
+
+#: ``python -c LIMITED BYTES COMMAND...`` runs COMMAND under a file-size limit with SIGXFSZ ignored, so
+#: that a write past it fails with EFBIG as on a full disk (as in test_disk_full.py).
+LIMITED = (
+    "import os, resource, signal, sys\n"
+    "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+    "resource.setrlimit(resource.RLIMIT_FSIZE, (int(sys.argv[1]), int(sys.argv[1])))\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 FIELDS = {
     "image": Field.image(),
@@ -134,3 +148,32 @@ def test_open_store_refuses_an_h5_file_that_is_not_a_merge(dataset):
 
     with pytest.raises(ManifestError, match="not a merged"):
         open_store(dataset / "shard-00000.h5")
+
+
+@pytest.mark.parametrize(("virtual", "limit"), [(False, 1_000_000), (True, 4096)])
+def test_a_full_disk_while_merging_is_one_line_and_leaves_nothing(dataset, samples, tmp_path, virtual, limit):
+    """The full disk is a real file-size limit (RLIMIT_FSIZE, SIGXFSZ ignored): writes fail with EFBIG.
+
+    Given a path, HDF5 meeting it printed a traceback from h5py's close (physical) or
+    crashed with a segmentation fault (virtual); through the guarded file it is one line.
+    """
+    out = tmp_path / "merged.h5"
+    args = ["merge", *(["--virtual"] if virtual else []), dataset, out]
+    full = subprocess.run(
+        [sys.executable, "-c", LIMITED, str(limit), *CLI, *map(str, args)], capture_output=True, text=True, timeout=120
+    )
+    assert full.returncode == 2, f"not a clean exit ({full.returncode}):\n{full.stderr}"
+    lines = full.stderr.strip().splitlines()
+    assert len(lines) == 1, f"expected one line of error, got:\n{full.stderr}"
+    kind = "virtual merge" if virtual else "merge"
+    assert lines[0].startswith(f"dali-pipes: error: {out}: disk full while writing the {kind} of {dataset} ("), lines[0]
+    assert "the file-size limit (ulimit -f) of " in lines[0] and f"free on {tmp_path});" in lines[0], lines[0]
+    assert "run the same command again" in lines[0]
+    # Neither the merged file nor its temporary is left.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+
+    run_cli(*args)  # the limit gone, the same command succeeds
+    assert out.stat().st_size > limit, "the merged file no longer exceeds the limit: the test proves nothing"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "merged.h5"]
+    check_plain_h5py(out, samples)
+    check_store(out, samples)

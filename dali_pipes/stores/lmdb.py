@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import dataclass
 
 import lmdb
 
@@ -59,6 +60,26 @@ def open_env(path: str | os.PathLike) -> lmdb.Environment:
     return env
 
 
+@dataclass
+class _OpenShard:
+    """A shard's environment in this process, with what guards its memory map.
+
+    ``fd`` is a descriptor of the very file LMDB mapped (checked by device and
+    inode), ``size`` that file's size when the environment was opened and its
+    pages checked (:func:`open_env`).
+    """
+
+    env: lmdb.Environment
+    fd: int
+    size: int
+    pid: int
+    users: int = 1
+
+    def close(self) -> None:
+        self.env.close()
+        os.close(self.fd)
+
+
 class _SharedEnvs:
     """One read-only environment per shard file per process, shared by every reader of that file.
 
@@ -71,14 +92,14 @@ class _SharedEnvs:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._envs: dict[tuple[int, int], list] = {}  # file id -> [pid, env, users]
+        self._envs: dict[tuple[int, int], _OpenShard] = {}  # file id (device, inode) -> its environment
         os.register_at_fork(after_in_child=self._reset_lock)
 
     def _reset_lock(self) -> None:
         self._lock = threading.Lock()  # another thread may have held it at the fork
 
-    def acquire(self, path: str | os.PathLike) -> tuple[tuple[int, int], lmdb.Environment]:
-        """The environment of the shard at ``path`` (opened if needed) and the key to release it with."""
+    def acquire(self, path: str | os.PathLike) -> tuple[tuple[int, int], _OpenShard]:
+        """The open shard at ``path`` (opened if needed) and the key to release it with."""
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -86,27 +107,52 @@ class _SharedEnvs:
         key = (st.st_dev, st.st_ino)
         with self._lock:
             entry = self._envs.get(key)
-            if entry is not None and entry[0] == os.getpid():
-                entry[2] += 1
-                return key, entry[1]
+            if entry is not None and entry.pid == os.getpid():
+                entry.users += 1
+                return key, entry
             if entry is not None:
-                # The parent's environment, copied by fork: close this process's copy of the map.
-                entry[1].close()
+                # The parent's, copied by fork: close this process's copies of the map and descriptor.
+                entry.close()
                 del self._envs[key]
-            env = open_env(path)
-            self._envs[key] = [os.getpid(), env, 1]
-            return key, env
+            entry = _open_shard(path, key)
+            self._envs[key] = entry
+            return key, entry
 
-    def release(self, key: tuple[int, int], env: lmdb.Environment) -> None:
-        """One user fewer of ``env``; the last one closes it."""
+    def release(self, key: tuple[int, int], entry: _OpenShard) -> None:
+        """One user fewer of ``entry``; the last one closes it."""
         with self._lock:
-            entry = self._envs.get(key)
-            if entry is None or entry[1] is not env or entry[0] != os.getpid():
+            if self._envs.get(key) is not entry or entry.pid != os.getpid():
                 return
-            entry[2] -= 1
-            if entry[2] == 0:
+            entry.users -= 1
+            if entry.users == 0:
                 del self._envs[key]
-                env.close()
+                entry.close()
+
+
+def _open_shard(path: str | os.PathLike, key: tuple[int, int]) -> _OpenShard:
+    """Open the environment of the file ``key`` names, with a descriptor of that file kept beside it."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: LMDB shard file is missing") from None
+    try:
+        env = open_env(path)
+        try:
+            st = os.fstat(fd)
+            # The map must be of the file the descriptor watches: refuse one renamed into place meanwhile.
+            if (st.st_dev, st.st_ino) != key or os.stat(path).st_ino != st.st_ino:
+                raise StoreError(f"{path}: LMDB shard file was replaced while it was being opened; open it again")
+            # open_env checked the size by path; this size is the reads' baseline, so check it again.
+            needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
+            if st.st_size < needed:
+                raise StoreError(f"{path}: LMDB shard is truncated ({st.st_size} bytes, its pages need {needed})")
+        except BaseException:
+            env.close()
+            raise
+    except BaseException:
+        os.close(fd)
+        raise
+    return _OpenShard(env=env, fd=fd, size=st.st_size, pid=os.getpid())
 
 
 _ENVS = _SharedEnvs()
@@ -118,9 +164,9 @@ class LmdbShardReader(ShardReader):
     format = "lmdb"
 
     def _open(self) -> None:
-        key, env = _ENVS.acquire(self.path)
+        key, shard = _ENVS.acquire(self.path)
         try:
-            with env.begin() as txn:
+            with shard.env.begin() as txn:
                 stored = txn.get(LEN_KEY)
             if stored is None or stored != str(self.num_samples).encode():
                 raise StoreError(
@@ -128,23 +174,42 @@ class LmdbShardReader(ShardReader):
                     f"samples, the manifest says {self.num_samples}"
                 )
         except lmdb.Error as exc:
-            _ENVS.release(key, env)
+            _ENVS.release(key, shard)
             raise StoreError(f"{self.path}: cannot read the LMDB shard's sample count ({exc})") from exc
         except StoreError:
-            _ENVS.release(key, env)
+            _ENVS.release(key, shard)
             raise
-        self._h_env, self._h_key = env, key
+        self._h_shard, self._h_key = shard, key
 
     def _close_handles(self) -> None:
-        env = self.__dict__.pop("_h_env", None)
+        shard = self.__dict__.pop("_h_shard", None)
         key = self.__dict__.pop("_h_key", None)
-        if env is not None:
-            _ENVS.release(key, env)
+        if shard is not None:
+            _ENVS.release(key, shard)
 
     def _forget_handles(self) -> None:
         # After fork the environment is the parent's; the shared table replaces it on the next open.
-        self.__dict__.pop("_h_env", None)
+        self.__dict__.pop("_h_shard", None)
         self.__dict__.pop("_h_key", None)
+
+    def _check_not_shrunk(self, shard: _OpenShard, where: str) -> None:
+        """Refuse to touch the map of a file that became shorter than it was when it was mapped.
+
+        LMDB reads records straight from its memory map: a page past the end of a
+        file truncated while it is open is not an error but SIGBUS, which kills this
+        process (or a DALI worker) with nothing said. One fstat per read, about a
+        microsecond, catches a truncation that happened before this read started.
+        It narrows the race but cannot close it: a truncation between this check and
+        the copy out of the map below still ends in SIGBUS. Only rewriting shards by
+        renaming a new file into place, never in place, is safe while they are read.
+        """
+        size = os.fstat(shard.fd).st_size
+        if size < shard.size:
+            raise StoreError(
+                f"{where}: the LMDB shard shrank from {shard.size} to {size} bytes while it was open "
+                "(truncated or rewritten in place); not read, since reading past its new end would kill "
+                "the process (SIGBUS)"
+            )
 
     def read(self, index: int) -> SampleDict:
         """The fields of local sample ``index``; :class:`StoreError` if a record is missing or damaged."""
@@ -152,10 +217,12 @@ class LmdbShardReader(ShardReader):
             raise IndexError(f"{self.path}: record {index} out of range ({self.num_samples} samples)")
         self._ensure_open()
         where = f"{self.path}: record {index}"
+        shard = self._h_shard
+        self._check_not_shrunk(shard, where)
         sample: SampleDict = {}
         try:
             # buffers=True: values are views into the map, copied exactly once below.
-            with self._h_env.begin(buffers=True) as txn:
+            with shard.env.begin(buffers=True) as txn:
                 for name, field in self.fields.items():
                     value = txn.get(sample_key(index, name))
                     if value is None:

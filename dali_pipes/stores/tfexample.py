@@ -70,8 +70,8 @@ FeatureValue = Union[list, np.ndarray]
 # --------------------------------------------------------------------------- framing
 
 
-def masked_crc32c(data: bytes) -> int:
-    """TFRecord's masked CRC32C of ``data``."""
+def masked_crc32c(data: bytes | np.ndarray) -> int:
+    """TFRecord's masked CRC32C of ``data`` (bytes, or a contiguous uint8 array)."""
     crc = google_crc32c.value(data)
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & _U32
 
@@ -87,11 +87,13 @@ def frame_footer(data: bytes) -> bytes:
     return struct.pack("<I", masked_crc32c(data))
 
 
-def unframe(record: bytes, where: str) -> bytes:
+def unframe(record: bytes, where: str) -> memoryview:
     """The data of one whole record (header, data, footer), with both CRCs checked.
 
-    Raises :class:`StoreError` naming ``where`` when the record is short, its
-    length field disagrees with its size, or a CRC does not match.
+    Returns a view of ``record``'s data bytes, not a copy (the decoder copies each
+    value once, into what it returns). Raises :class:`StoreError` naming ``where``
+    when the record is short, its length field disagrees with its size, or a CRC
+    does not match.
     """
     if len(record) < HEADER_SIZE + FOOTER_SIZE:
         raise StoreError(f"{where}: record is {len(record)} bytes, shorter than a TFRecord frame (truncated file?)")
@@ -104,11 +106,11 @@ def unframe(record: bytes, where: str) -> bytes:
             f"{where}: record length is {length} bytes but its index entry gives "
             f"{len(record) - HEADER_SIZE - FOOTER_SIZE} (truncated file or stale .idx)"
         )
-    data = record[HEADER_SIZE : HEADER_SIZE + length]
     (data_crc,) = struct.unpack_from("<I", record, HEADER_SIZE + length)
-    if masked_crc32c(data) != data_crc:
+    # google_crc32c takes a numpy view but not a memoryview: either way, no copy of the data.
+    if masked_crc32c(np.frombuffer(record, np.uint8, count=length, offset=HEADER_SIZE)) != data_crc:
         raise StoreError(f"{where}: data CRC mismatch (the record is damaged)")
-    return data
+    return memoryview(record)[HEADER_SIZE : HEADER_SIZE + length]
 
 
 def index_line(offset: int, size: int) -> str:
@@ -170,8 +172,12 @@ def encode_varints(values: np.ndarray) -> bytes:
     return groups[k < nbytes[:, None]].tobytes()
 
 
-def decode_varints(buf: bytes, where: str) -> np.ndarray:
-    """Packed protobuf varints -> int64 array (inverse of :func:`encode_varints`)."""
+def decode_varints(buf: bytes | memoryview, where: str) -> np.ndarray:
+    """Packed protobuf varints -> int64 array (inverse of :func:`encode_varints`).
+
+    Vectorised by byte position within a varint (at most 10 passes over the values),
+    so the temporaries are the size of the values, not eight bytes per input byte.
+    """
     if len(buf) < _SMALL:
         out, pos = [], 0
         while pos < len(buf):
@@ -182,13 +188,20 @@ def decode_varints(buf: bytes, where: str) -> np.ndarray:
     ends = np.flatnonzero(b < 0x80)
     if ends.size == 0 or ends[-1] != b.size - 1:
         raise StoreError(f"{where}: packed int64 list ends inside a varint (damaged record)")
-    starts = np.concatenate(([0], ends[:-1] + 1))
+    if ends.size == b.size:  # every value below 128 (labels, small counts): one byte each
+        return b.astype(np.int64)
+    starts = np.empty_like(ends)
+    starts[0] = 0
+    starts[1:] = ends[:-1] + 1
     lengths = ends - starts + 1
-    if lengths.max() > 10:
+    longest = int(lengths.max())
+    if longest > 10:
         raise StoreError(f"{where}: varint longer than 10 bytes (damaged record)")
-    position = np.arange(b.size) - np.repeat(starts, lengths)
-    parts = (b & 0x7F).astype(np.uint64) << (position.astype(np.uint64) * np.uint64(7))
-    return np.bitwise_or.reduceat(parts, starts).view(np.int64)
+    values = (b[starts] & 0x7F).astype(np.uint64)
+    for k in range(1, longest):
+        longer = np.flatnonzero(lengths > k)
+        values[longer] |= (b[starts[longer] + k] & 0x7F).astype(np.uint64) << np.uint64(7 * k)
+    return values.view(np.int64)
 
 
 def _len_field(number: int, parts: list[bytes], size: int) -> tuple[list[bytes], int]:
@@ -261,12 +274,29 @@ def _fields(buf: bytes, start: int, end: int, where: str):
             raise StoreError(f"{where}: unsupported protobuf wire type {wire} (not a tf.train.Example?)")
 
 
-def decode_example(buf: bytes, where: str) -> dict[str, tuple[str, FeatureValue]]:
+def decode_example(buf: bytes | memoryview, where: str) -> dict[str, tuple[str, FeatureValue]]:
     """Parse a serialized ``tf.train.Example`` into ``{name: (kind, value)}``.
 
     ``bytes_list`` values are lists of ``bytes``; ``float_list`` values float32
-    arrays; ``int64_list`` values int64 arrays. Raises :class:`StoreError` naming
-    ``where`` for anything that is not a well-formed Example.
+    arrays; ``int64_list`` values int64 arrays, all independent of ``buf``. Raises
+    :class:`StoreError` naming ``where`` for anything that is not a well-formed Example.
+    """
+    out: dict[str, tuple[str, FeatureValue]] = {}
+    for name, (kind, value) in _decode_example(memoryview(buf), where).items():
+        if kind == BYTES_LIST:
+            out[name] = (kind, [bytes(item) for item in value])
+        else:
+            # A float list may be a little-endian view of buf: a native copy of its own.
+            out[name] = (kind, np.array(value, dtype=np.float32 if kind == FLOAT_LIST else np.int64))
+    return out
+
+
+def _decode_example(buf: memoryview, where: str) -> dict[str, tuple[str, FeatureValue]]:
+    """:func:`decode_example` without its copies: values may be views of ``buf``.
+
+    ``bytes_list`` items are memoryviews and a packed ``float_list`` is a read-only
+    little-endian view, so that :func:`decode_sample` copies each value exactly once,
+    into the array (or bytes) it returns.
     """
     out: dict[str, tuple[str, FeatureValue]] = {}
     for number, wire, features in _fields(buf, 0, len(buf), where):
@@ -279,7 +309,7 @@ def decode_example(buf: bytes, where: str) -> dict[str, tuple[str, FeatureValue]
             for knumber, kwire, span in _fields(buf, *entry, where):
                 if knumber == 1 and kwire == 2:
                     try:
-                        name = buf[span[0] : span[1]].decode("utf-8")
+                        name = str(buf[span[0] : span[1]], "utf-8")
                     except UnicodeDecodeError as exc:
                         raise StoreError(f"{where}: a feature name is not UTF-8 (damaged record)") from exc
                 elif knumber == 2 and kwire == 2:
@@ -290,7 +320,7 @@ def decode_example(buf: bytes, where: str) -> dict[str, tuple[str, FeatureValue]
     return out
 
 
-def _decode_feature(buf: bytes, span: tuple[int, int] | None, where: str) -> tuple[str, FeatureValue]:
+def _decode_feature(buf: memoryview, span: tuple[int, int] | None, where: str) -> tuple[str, FeatureValue]:
     kind = None
     items: list = []
     if span is not None:
@@ -307,14 +337,21 @@ def _decode_feature(buf: bytes, span: tuple[int, int] | None, where: str) -> tup
     if kind == FLOAT_LIST:
         if any(w == 2 and (v[1] - v[0]) % 4 for w, v in items):
             raise StoreError(f"{where}: packed float list is not a whole number of floats (damaged record)")
-        chunks = [np.frombuffer(buf[v[0] : v[1]], dtype="<f4") for w, v in items if w in (2, 5)]
-        return kind, np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+        # Views of buf, no copy; a writer packs the list into one item, which is then returned as it is.
+        chunks = [
+            np.frombuffer(buf, dtype="<f4", count=(v[1] - v[0]) // 4, offset=v[0]) for w, v in items if w in (2, 5)
+        ]
+        if len(chunks) == 1:
+            return kind, chunks[0]
+        return kind, np.concatenate(chunks) if chunks else np.zeros(0, "<f4")
     chunks = []
     for w, v in items:
         if w == 2:
             chunks.append(decode_varints(buf[v[0] : v[1]], where))
         elif w == 0:
             chunks.append(np.array([v], dtype=np.uint64).view(np.int64))
+    if len(chunks) == 1:
+        return kind, chunks[0]
     return kind, np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
 
 
@@ -348,9 +385,14 @@ def encode_sample(fields: Mapping[str, Field], sample: Mapping[str, object]) -> 
     return encode_example(features)
 
 
-def decode_sample(fields: Mapping[str, Field], data: bytes, where: str) -> SampleDict:
-    """A serialized Example -> the sample's fields (bytes, or arrays of the declared dtype and shape)."""
-    features = decode_example(data, where)
+def decode_sample(fields: Mapping[str, Field], data: bytes | memoryview, where: str) -> SampleDict:
+    """A serialized Example -> the sample's fields (bytes, or arrays of the declared dtype and shape).
+
+    Each value is copied once, from ``data`` into what is returned (writable, native
+    byte order, independent of ``data``); integer lists, decoded into a new array
+    anyway, are cast only when the field's dtype is not int64.
+    """
+    features = _decode_example(memoryview(data), where)
     sample: SampleDict = {}
     for name, field in fields.items():
         if name not in features:
@@ -362,7 +404,9 @@ def decode_sample(fields: Mapping[str, Field], data: bytes, where: str) -> Sampl
         if kind == BYTES_LIST:
             if len(value) != 1:
                 raise StoreError(f"{where}: feature {name!r} holds {len(value)} byte strings, expected 1")
-            sample[name] = value[0] if field.kind == "bytes" else array_from_bytes(value[0], name, field, where)
+            sample[name] = bytes(value[0]) if field.kind == "bytes" else array_from_bytes(value[0], name, field, where)
+        elif kind == FLOAT_LIST:
+            sample[name] = reshape(value.astype(field.dtype), name, field, where)  # the one copy out of data
         else:
-            sample[name] = reshape(np.asarray(value).astype(field.dtype), name, field, where)
+            sample[name] = reshape(value.astype(field.dtype, copy=False), name, field, where)
     return sample
