@@ -107,28 +107,32 @@ def test_full_disk_mid_job_is_a_clear_error_and_a_rerun_completes(images, tmp_pa
     assert verify_dataset(out, progress=False).ok
 
 
+def writer_filling_the_disk_at(writer: type, sample: int) -> type:
+    """``writer`` whose ``write`` fails with ``ENOSPC`` at the ``sample``-th sample of the job (counted from 1)."""
+    import errno
+
+    class FillsUp(writer):  # type: ignore[misc, valid-type]
+        written = 0
+
+        def write(self, item):
+            FillsUp.written += 1
+            if FillsUp.written == sample:
+                raise OSError(errno.ENOSPC, "No space left on device")
+            super().write(item)
+
+    return FillsUp
+
+
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "tfrecord"])
 def test_a_write_failing_with_enospc_names_the_shard_and_keeps_nothing_of_it(images, tmp_path, monkeypatch, fmt):
-    import errno
 
     from converters import runner
     from converters.base import ConversionError
     from converters.sources import ImageFolderSource
 
-    real = runner.writer_class(fmt)
-
-    class FillsUp(real):  # type: ignore[misc, valid-type]
-        """The disk fills at the 25th sample: in the third shard, after two were written."""
-
-        written = 0
-
-        def write(self, sample):
-            FillsUp.written += 1
-            if FillsUp.written == 25:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            super().write(sample)
-
-    monkeypatch.setattr(runner, "writer_class", lambda name: FillsUp)
+    # The disk fills at the 25th sample: in the third shard, after two were written.
+    fills_up = writer_filling_the_disk_at(runner.writer_class(fmt), 25)
+    monkeypatch.setattr(runner, "writer_class", lambda name: fills_up)
     out = tmp_path / "out"
     with pytest.raises(ConversionError, match=r"shard-00002\.\S+: disk full"):
         runner.convert(ImageFolderSource(images), out, format=fmt, samples_per_shard=10, workers=1, progress=False)
@@ -139,27 +143,16 @@ def test_a_write_failing_with_enospc_names_the_shard_and_keeps_nothing_of_it(ima
 
 def test_an_unfinished_job_resumes_only_with_the_same_options_and_shard_layout(images, tmp_path, monkeypatch):
     """Resuming must never mix shards of two jobs: other options or another writer layout are refused."""
-    import errno
 
     from converters import runner
     from converters.base import ConversionError
     from converters.sources import ImageFolderSource
 
-    real = runner.writer_class("hdf5")
-
-    class FillsUp(real):  # type: ignore[misc, valid-type]
-        written = 0
-
-        def write(self, sample):
-            FillsUp.written += 1
-            if FillsUp.written == 25:
-                raise OSError(errno.ENOSPC, "No space left on device")
-            super().write(sample)
-
+    fills_up = writer_filling_the_disk_at(runner.writer_class("hdf5"), 25)
     out = tmp_path / "out"
     options = dict(format="hdf5", samples_per_shard=10, workers=1, progress=False)
     with monkeypatch.context() as patch:
-        patch.setattr(runner, "writer_class", lambda name: FillsUp)
+        patch.setattr(runner, "writer_class", lambda name: fills_up)
         with pytest.raises(ConversionError, match="disk full"):
             runner.convert(ImageFolderSource(images), out, **options)
     kept = sorted(p.name for p in out.glob("shard-*"))
