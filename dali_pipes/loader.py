@@ -20,16 +20,10 @@ missing, truncated or swapped (:class:`ShardReadError`, also a
 :class:`~dali_pipes.stores.StoreError`), an image DALI cannot decode, or a
 Python worker process that died (:class:`WorkerDiedError`).
 
-A dead worker needs watching from outside DALI: DALI 2.4's worker pool notices
-the death (its observer thread terminates the other workers), but a training
-thread that is then putting tasks on the shared queue waits for ever on a
-semaphore the dead worker never releases (``ShmQueue.put`` -> ``Condition.notify``
-waits for the sleeper it woke; checked with a SIGKILLed worker). So with
-``py_num_workers > 0`` the loader checks the workers before each call into DALI,
-and makes that call in one helper thread while the training thread waits on it
-with a timeout, checking the workers again every :data:`WATCH_INTERVAL`
-seconds. A call stuck on a dead worker is abandoned in its (daemon) thread and
-the training thread raises :class:`WorkerDiedError` instead of hanging.
+A dead worker needs watching from outside DALI, or the training thread can
+wait for ever on it: with ``py_num_workers > 0`` every call into DALI goes
+through :mod:`dali_pipes._workers`, which checks the workers every
+:data:`WATCH_INTERVAL` seconds and gives up on the call when one died.
 """
 
 from __future__ import annotations
@@ -38,14 +32,12 @@ import gc
 import logging
 import multiprocessing.util
 import os
-import queue
-import signal
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
+from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.stores import Store, StoreError, open_store
@@ -60,11 +52,6 @@ __all__ = ["WATCH_INTERVAL", "DALILoader", "LoaderError", "ShardReadError", "Wor
 #: Outputs the loader adds to those of the pipeline spec.
 RESERVED_OUTPUTS = ("is_pad", "index")
 _STATE_VERSION = 1
-#: Seconds between checks of the worker processes while a call into DALI is under way.
-#: A check is one ``waitpid(WNOHANG)`` per worker; the interval only bounds how
-#: long a dead worker can go unnoticed while the training thread waits on DALI.
-WATCH_INTERVAL = 0.2
-
 _T = TypeVar("_T")
 
 
@@ -200,16 +187,16 @@ class DALILoader:
             py_start_method = "spawn" if _cuda_initialized() else "fork"
         self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
         self._device_id = device_id
-        self._workers = _Workers(self._pipe)
+        self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
-        self._caller = _Caller(f"dali-pipes-loader-{self.world.rank}") if self._workers.processes else None
+        self._caller = Caller(f"dali-pipes-loader-{self.world.rank}") if self._workers.processes else None
         self._iterator = self._make_iterator()
         # DALI stops its Python workers only when the pipeline is garbage collected or
         # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
         # joins its children *before* that, so live workers would hang its exit; this
         # finalizer runs first (exitpriority >= 0), and also when the loader is dropped.
         self._stop_workers = multiprocessing.util.Finalize(
-            self, _close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
+            self, close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
         )
 
         self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
@@ -485,7 +472,7 @@ class DALILoader:
 
         check()
         if self.device == "gpu":
-            call = _on_stream_of_this_thread(call, self._device_id)
+            call = on_stream_of_this_thread(call, self._device_id)
         return self._caller.call(call, check, WATCH_INTERVAL)
 
     def _worker_died_message(self, dead: str, current: _Pass | None) -> str:
@@ -687,162 +674,6 @@ def _store_error_in(exc: BaseException) -> StoreError | None:
             return error
         todo += [error.__cause__, error.__context__]
     return None
-
-
-def _close_worker_pool(pool: Any, caller: _Caller | None = None) -> None:
-    # ``Pipeline._py_pool`` is DALI's private attribute (DALI 1.x-2.x); without it
-    # (no parallel source, or a DALI that renamed it) DALI's own clean-up remains.
-    if caller is not None:
-        caller.close()
-        if caller.pool_lost:
-            # After a worker died, pool.close() can wait for ever: on the task queue's lock
-            # that a call stuck on the dead worker holds, or on the dead worker's own locks
-            # (seen once in ~100 runs of the dead-worker tests). The workers were SIGKILLed
-            # already; a stuck call keeps its pipeline's memory until the process exits.
-            logger.warning("DALILoader: a worker died, so DALI's worker pool is not closed (it could hang)")
-            return
-    if pool is not None:
-        pool.close()
-
-
-class _Workers:
-    """DALI's Python worker processes of one pipeline, and whether one of them died.
-
-    Reads DALI's private ``Pipeline._py_pool.pool._processes`` (the
-    ``multiprocessing.Process`` objects, DALI 1.x-2.x); where a DALI version
-    lacks it, nothing is watched and DALI's own behaviour remains.
-    """
-
-    def __init__(self, pipe: Any) -> None:
-        pool = getattr(pipe, "_py_pool", None)
-        processes = getattr(getattr(pool, "pool", None), "_processes", None)
-        self.processes: list[Any] = list(processes or [])
-        if pool is not None and not self.processes:
-            logger.warning("DALILoader: cannot find DALI's worker processes; a dead worker may hang the loader")
-
-    @property
-    def pids(self) -> list[int]:
-        """The workers' process ids."""
-        return [proc.pid for proc in self.processes]
-
-    def dead(self) -> str | None:
-        """Which worker died and how, or ``None`` while every worker is alive."""
-        exited = []
-        for number, proc in enumerate(self.processes):
-            try:
-                code = proc.exitcode  # waitpid(WNOHANG) on our own child: cheap, never blocks
-            except (AssertionError, ValueError, OSError):  # not this process's child, or closed
-                continue
-            if code is not None:
-                exited.append((number, proc.pid, code))
-        if not exited:
-            return None
-        # Once one worker exits, DALI's observer terminates the others (SIGTERM): name the first one.
-        number, pid, code = min(exited, key=lambda e: e[2] == -signal.SIGTERM)
-        if code < 0:
-            try:
-                how = f"was killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f"was killed by signal {-code}"
-            if code == -signal.SIGKILL:
-                how += " (usually the kernel's out-of-memory killer or the job scheduler: check dmesg)"
-        else:
-            how = f"exited with status {code}"
-        return f"DALI's Python worker process {pid} (worker {number} of {len(self.processes)}) {how}"
-
-    def kill_all(self) -> None:
-        """SIGKILL the workers still running and reap them (only after one died: the pool is lost)."""
-        for proc in self.processes:
-            try:
-                if proc.exitcode is None:
-                    proc.kill()
-                    proc.join(5)
-            except (AssertionError, ValueError, OSError):
-                continue
-
-
-class _Task:
-    """One call handed to a :class:`_Caller`, with its outcome."""
-
-    def __init__(self, call: Callable[[], Any]) -> None:
-        self.call = call
-        self.done = threading.Event()
-        self.value: Any = None
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            self.value = self.call()
-        except BaseException as exc:  # noqa: BLE001 - handed back to the waiting thread as is
-            self.error = exc
-        finally:
-            self.done.set()
-
-
-class _Caller:
-    """Runs calls in one daemon thread while the calling thread waits and checks on the workers.
-
-    One thread for every call keeps DALI's calls in order, as if made directly.
-    A daemon thread, so that a call stuck on a dead worker's lock never blocks
-    the interpreter's exit; after such a failure the loader makes no more calls.
-    """
-
-    def __init__(self, name: str) -> None:
-        #: True once a worker died: a call given up on may never return, and the pool must not be waited on.
-        self.pool_lost = False
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, args=(self._tasks,), name=name, daemon=True)
-        self._thread.start()
-
-    @staticmethod
-    def _serve(tasks: queue.SimpleQueue) -> None:
-        # A static method with the queue as argument: the thread must not keep the caller alive.
-        while True:
-            task = tasks.get()
-            if task is None:
-                return
-            task.run()
-            del task
-
-    def call(self, call: Callable[[], _T], check: Callable[[], None], interval: float) -> _T:
-        """``call()`` in the helper thread; ``check()`` every ``interval`` seconds until it returns."""
-        task = _Task(call)
-        self._tasks.put(task)
-        while not task.done.wait(interval):
-            try:
-                check()  # raises to abandon a call that cannot finish
-            except BaseException:
-                self.pool_lost = True
-                raise
-        if task.error is not None:
-            error, task.error = task.error, None
-            raise error
-        return task.value
-
-    def close(self) -> None:
-        """Let the thread end once it finishes its current call."""
-        self._tasks.put(None)
-
-
-def _on_stream_of_this_thread(call: Callable[[], _T], device_id: int | None) -> Callable[[], _T]:
-    """``call`` made to run on the CUDA stream that is current in *this* thread.
-
-    ``DALIGenericIterator`` copies its outputs on torch's current stream, which is
-    per thread; the helper thread must use the training thread's.
-    """
-    import torch
-
-    stream = torch.cuda.current_stream(device_id)
-
-    def on_stream() -> _T:
-        # The current device is per thread too. Without this the helper thread stays on
-        # device 0, and leaving the stream context would switch back to it, creating a
-        # CUDA context on GPU 0 in every rank whose device is another one.
-        torch.cuda.set_device(stream.device)
-        with torch.cuda.stream(stream):
-            return call()
-
-    return on_stream
 
 
 def _pipeline_seed(seed: int, rank: int) -> int:
