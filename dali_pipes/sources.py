@@ -128,6 +128,8 @@ class StoreSource:
 
     Returns, for ``SampleInfo.idx_in_epoch = i``, the ``fields`` of this rank's
     ``i``-th sample (bytes fields as 1-D ``uint8`` arrays, array fields as stored),
+    read with :meth:`Store.read <dali_pipes.stores.Store.read>`, so the dataset's
+    other fields are never read,
     then ``is_pad`` (``bool``) and, with ``with_index``, ``index`` (``int64``, the
     global sample index).
     The rank's samples are padded by wrap-around to a whole number of batches,
@@ -221,7 +223,8 @@ class StoreSource:
             raise StopIteration
         index = int(self._indices[i])
         try:
-            sample = self.store[index]
+            # Only the fields the pipeline takes: the others are neither read nor decoded.
+            sample = self.store.read(index, self.fields)
         except StoreError:
             raise  # already names the dataset, shard and sample
         except Exception as exc:  # noqa: BLE001 - a worker error must name its sample

@@ -5,16 +5,21 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import struct
+from pathlib import Path
 from types import SimpleNamespace
 
+import h5py
 import numpy as np
 import pytest
 
-from dali_pipes import open_store
+from dali_pipes import StoreError, open_store
+from dali_pipes.manifest import Field
 from dali_pipes.sampling import World, rank_indices
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
+from dali_pipes.stores import tfexample
 
-from loader_helpers import write_dataset
+from loader_helpers import encode_jpeg, grey_level, write_dataset
 
 N = 11
 
@@ -161,4 +166,97 @@ def test_a_forked_child_never_deletes_the_owners_file():
     assert queue.get(timeout=60) is True
     child.join(60)
     assert os.path.exists(control.path)
+    control.close()
+
+
+# --- the source reads only the fields it returns ---------------------------------------------------
+
+#: ``ids``, a large int64 array, is in the dataset but not in the spec (what the source returns).
+WIDE_FIELDS = {"image": Field.image(), "label": Field.array("int64", ()), "ids": Field.array("int64", (512,))}
+DAMAGED = 6  # global sample whose stored ``ids`` is damaged: shard 1, record 2 (4 samples a shard)
+
+
+def wide_samples(n: int) -> list[dict]:
+    rng = np.random.default_rng(7)
+    return [
+        {
+            "image": encode_jpeg(grey_level(i)),
+            "label": np.array(i % 5, np.int64),
+            "ids": rng.integers(2**40, 2**50, 512),  # varints of 6 to 8 bytes in a TFRecord
+        }
+        for i in range(n)
+    ]
+
+
+def damage_unused_field(root: Path, fmt: str, sample: dict) -> None:
+    """Damage, on disk and in place, only the stored ``ids`` (the field the spec leaves out).
+
+    LMDB: the key of sample ``DAMAGED``'s ``ids`` is renamed (``.../ids`` -> ``.../idt``,
+    which sorts in the same place), so that record is missing. HDF5: a byte of the
+    ``ids`` dataset's object header is flipped, so its checksum fails and the field
+    cannot be opened, in any sample. TFRecord: the last varint of sample
+    ``DAMAGED``'s ``ids`` list is cut open, and the record's CRC rewritten to match,
+    so only decoding ``ids`` can notice. The file sizes do not change.
+    """
+    if fmt == "lmdb":
+        path = root / "shard-00001.lmdb"
+        raw = path.read_bytes()
+        key = b"0000000002/ids"
+        assert raw.count(key) >= 1
+        path.write_bytes(raw.replace(key, b"0000000002/idt"))
+    elif fmt == "hdf5":
+        path = root / "shard-00001.h5"
+        with h5py.File(path, "r") as f:
+            header = h5py.h5o.get_info(f["ids"].id).addr
+        raw = bytearray(path.read_bytes())
+        assert raw[header : header + 4] == b"OHDR"  # a version-2 object header, which has a checksum
+        raw[header + 20] ^= 0x40
+        path.write_bytes(bytes(raw))
+    else:
+        path = root / "shard-00001.tfrecord"
+        offset, size = map(int, (root / "shard-00001.tfrecord.idx").read_text().splitlines()[2].split())
+        raw = bytearray(path.read_bytes())
+        data_at, data_end = offset + tfexample.HEADER_SIZE, offset + size - tfexample.FOOTER_SIZE
+        packed = tfexample.encode_varints(sample["ids"])
+        at = raw.find(packed, data_at, data_end)
+        assert at > 0
+        raw[at + len(packed) - 1] |= 0x80  # the last value now runs past the list's end
+        raw[data_end : data_end + 4] = struct.pack("<I", tfexample.masked_crc32c(bytes(raw[data_at:data_end])))
+        path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "tfrecord"])
+def test_the_source_never_reads_the_fields_it_does_not_return(fmt, tmp_path, write_dataset):
+    """A field outside the spec may be damaged: the source, which never reads it, delivers every sample.
+
+    A full read of the same sample fails, so the damage is real and would reach
+    the loader if the source read every field.
+    """
+    n = 11
+    samples = wide_samples(n)
+    root = write_dataset(tmp_path / "ds", fmt, WIDE_FIELDS, samples, per_shard=4)
+    damage_unused_field(root, fmt, samples[DAMAGED])
+    store = open_store(root)
+    with pytest.raises(StoreError, match=rf"sample {DAMAGED} .*shard-00001.*'ids'"):
+        store[DAMAGED]
+    with pytest.raises(StoreError, match="'ids'"):
+        store.read(DAMAGED, ["ids"])
+
+    control = EpochControl()
+    control.publish(0, epoch=0, start=0)
+    source = StoreSource(
+        store,
+        ("image", "label"),
+        batch_size=4,
+        world=World(),
+        seed=0,
+        shuffle=False,
+        last_batch="pad",
+        control=control,
+    )
+    out = read_epoch(source, 0)
+    assert len(out) == 12  # 11 samples padded to 3 batches of 4
+    assert [int(index) for *_, index in out[:n]] == list(range(n))
+    for image, label, is_pad, index in out[:n]:
+        assert bytes(image) == samples[int(index)]["image"] and int(label) == int(index) % 5 and not is_pad
     control.close()

@@ -10,6 +10,7 @@ import hashlib
 import multiprocessing
 import os
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -198,6 +199,79 @@ def test_empty_shard_and_a_field_empty_in_every_sample(fmt, tmp_path):
     reader = reader_class(fmt)(path, fields, 3, index)
     for i in range(3):
         assert_same(reader.read(i), want[i])
+
+
+# --------------------------------------------------------------------------- reading some fields
+
+#: Field subsets read on their own: bytes, scalars, ragged, float16 bytes, reordered, none at all.
+SUBSETS = [("label",), ("image", "label"), ("boxes", "f16", "key"), ("mask", "image", "f64"), (), tuple(FIELDS)[::-1]]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_read_of_some_fields_returns_exactly_those_of_a_full_read(fmt, samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", fmt, FIELDS, samples, per_shard=4)
+    some, full = open_store(root), open_store(root)
+    for i in reversed(range(len(samples))):
+        for names in SUBSETS:  # `some` reads subsets only: a field's first read may well be in a subset
+            got = some.read(i, list(names))
+            assert list(got) == list(names), f"{fmt} sample {i}: {names}"  # those, in the order asked for
+            assert_same(got, {name: samples[i][name] for name in names}, f"{fmt} sample {i} {names}")
+        whole = full[i]
+        assert_same(whole, samples[i], f"{fmt} sample {i}")
+        assert_same(full.read(i, ("key", "u8")), {"key": whole["key"], "u8": whole["u8"]})
+    assert_same(some.read(-1, None), samples[-1])  # None: every field, as store[i]
+    assert_same(some.read(3, (name for name in ["i32", "i32"])), {"i32": samples[3]["i32"]})  # any iterable
+    # The shard readers take the same argument, with the shard's own indices.
+    reader = open_store(root).shard_readers[1]
+    assert_same(reader.read(1, ["u16", "boxes"]), {"u16": samples[5]["u16"], "boxes": samples[5]["boxes"]})
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_unknown_field_is_refused_naming_it_and_the_fields(fmt, samples, tmp_path, write_dataset):
+    root = write_dataset(tmp_path / "ds", fmt, FIELDS, samples, per_shard=4)
+    store = open_store(root)
+    fields = re.escape(str(sorted(FIELDS)))
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(root))}: the dataset has no field 'imgae' \(fields: {fields}\)$"
+    ):
+        store.read(0, ["label", "imgae"])
+    shard = root / f"shard-00000{WRITERS[fmt].suffix}"
+    with pytest.raises(
+        ValueError, match=rf"^{re.escape(str(shard))}: the dataset has no field 'nope' \(fields: {fields}\)$"
+    ):
+        store.shard_readers[0].read(0, ["nope"])
+    with pytest.raises(TypeError, match="not the string 'image'"):
+        store.read(0, "image")  # a string is iterable: it would ask for the fields 'i', 'm', ...
+    assert_same(store.read(0, ["image"]), {"image": samples[0]["image"]})  # and the store still reads
+
+
+def test_tfrecord_read_of_some_fields_still_checks_the_whole_record(samples, tmp_path, write_dataset):
+    """The CRC covers the whole record: damage in a feature not asked for is still caught."""
+    root = write_dataset(tmp_path / "ds", "tfrecord", FIELDS, samples, per_shard=20)
+    shard = root / "shard-00000.tfrecord"
+    raw = bytearray(shard.read_bytes())
+    at = raw.find(samples[4]["image"])
+    assert at > 0 and raw.find(samples[4]["image"], at + 1) < 0
+    raw[at + 100] ^= 0x40  # inside sample 4's image
+    shard.write_bytes(bytes(raw))
+    store = open_store(root)
+    with pytest.raises(StoreError, match=r"shard-00000\.tfrecord.*record 4.*data CRC"):
+        store.read(4, ["label"])
+    assert_same(store.read(5, ["label"]), {"label": samples[5]["label"]})
+
+
+def test_hdf5_checks_a_field_when_it_is_first_read(samples, tmp_path):
+    """A field's datasets are opened and checked on its first read; the other fields never are."""
+    path = tmp_path / "s.h5"
+    write_shard("hdf5", path, samples)
+    with h5py.File(path, "r+") as f:
+        del f["boxes/offsets"]  # the ragged field's offsets are gone
+    reader = reader_class("hdf5")(path, FIELDS, len(samples))
+    assert_same(reader.read(2, ["label", "image"]), {"label": samples[2]["label"], "image": samples[2]["image"]})
+    with pytest.raises(StoreError, match=r"s\.h5: field 'boxes' has no dataset 'boxes/offsets'"):
+        reader.read(2)
+    with pytest.raises(StoreError, match="'boxes' has no dataset"):
+        reader.read(2, ["boxes"])
 
 
 # --------------------------------------------------------------------------- what writers refuse

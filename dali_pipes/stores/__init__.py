@@ -9,10 +9,10 @@ from __future__ import annotations
 import importlib
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, select_fields
 
 #: Manifest ``format`` -> ``"module:class"`` of its one-shard reader, imported when first used.
 READERS: dict[str, str] = {
@@ -35,7 +35,8 @@ class Store:
     """A converted dataset read by global sample index.
 
     ``len(store)`` is the sample count, ``store[i]`` a dict of the sample's fields
-    (``bytes`` for bytes fields, numpy arrays for array fields), ``store.manifest``
+    (``bytes`` for bytes fields, numpy arrays for array fields),
+    ``store.read(i, fields)`` the same for some fields only, ``store.manifest``
     the validated manifest. Safe to pickle and to use after fork or spawn: each
     process opens its own read-only handles on first access.
     """
@@ -59,12 +60,27 @@ class Store:
         return self.manifest.num_samples
 
     def __getitem__(self, index: int) -> SampleDict:
+        return self.read(index)
+
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """Sample ``index`` (negative counts from the end), only ``fields`` of it if given.
+
+        The values are those of ``store[index]``, byte for byte, but the fields not
+        asked for are neither read nor decoded: an LMDB read fetches only their
+        keys, an HDF5 read only their datasets, and a TFRecord read, which must
+        read and CRC-check the whole record, decodes only their features.
+        ``ValueError`` names an unknown field and the dataset's fields;
+        :class:`StoreError` a damaged or missing shard.
+        """
+        if fields is not None:
+            # Checked here too, so that the message names the dataset rather than one shard.
+            fields = tuple(select_fields(self.manifest.fields, fields, str(self.root)))
         index = int(index)
         if index < 0:
             index += len(self)
         shard_no, local = self.manifest.locate(index)
         try:
-            return self._shards[shard_no].read(local)
+            return self._shards[shard_no].read(local, fields)
         except StoreError as exc:
             raise StoreError(
                 f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}, "

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Mapping, Union
+from typing import Any, Iterable, Mapping, Union
 
 import numpy as np
 
@@ -20,6 +20,27 @@ class StoreError(Exception):
 
     The message names the dataset, the shard and, where known, the sample.
     """
+
+
+def select_fields(fields: Mapping[str, Field], names: Iterable[str] | None, where: str) -> Mapping[str, Field]:
+    """The fields named by ``names``, in the order named (duplicates once); ``fields`` itself for ``None``.
+
+    Raises ``ValueError`` naming ``where``, the first unknown name and the fields
+    there are: an unknown name is the caller's mistake, not a damaged shard, so it
+    is not a :class:`StoreError`. A string is refused with ``TypeError``: it is
+    iterable, and ``"image"`` would otherwise ask for the fields ``i``, ``m``, ...
+    """
+    if names is None:
+        return fields
+    if isinstance(names, (str, bytes)):
+        raise TypeError(f"{where}: fields must be a sequence of field names, not the string {names!r}")
+    selected: dict[str, Field] = {}
+    for name in names:
+        field = fields.get(name)
+        if field is None:
+            raise ValueError(f"{where}: the dataset has no field {name!r} (fields: {sorted(fields)})")
+        selected[name] = field
+    return selected
 
 
 class ShardReader(ABC):
@@ -56,8 +77,19 @@ class ShardReader(ABC):
         return self.num_samples
 
     @abstractmethod
-    def read(self, index: int) -> SampleDict:
-        """The fields of local sample ``index`` (``0 <= index < len(self)``)."""
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """The fields of local sample ``index`` (``0 <= index < len(self)``).
+
+        ``fields``: the names to read (default: every field). Only those are read
+        and decoded, and only they are checked, so a damaged field that is not
+        asked for goes unnoticed (``dali-pipes verify`` reads every field; a
+        TFRecord read still checks the whole record's CRC). An unknown name
+        raises ``ValueError`` (see :func:`select_fields`).
+        """
+
+    def _selected(self, fields: Iterable[str] | None) -> Mapping[str, Field]:
+        """The fields a read asks for (see :func:`select_fields`)."""
+        return select_fields(self.fields, fields, str(self.path))
 
     @abstractmethod
     def _open(self) -> None:

@@ -11,10 +11,13 @@ Layout of a shard (and of a merged file, which is one big shard)::
 A *ragged* field is a ``bytes`` field (``data`` is uint8: the encoded images or
 text back to back) or an array field with a variable first dimension (``data``
 is ``(total_rows, *shape[1:])``, offsets count rows). Ragged ``data`` is one
-contiguous dataset, so reading a sample reads exactly its bytes; its offsets
-are read once when the shard is opened. Fixed arrays are chunked with about
-64 KiB per chunk (:func:`chunk_rows`): one sample per chunk for big samples,
-many for small ones such as labels.
+contiguous dataset, so reading a sample reads exactly its bytes. Fixed arrays
+are chunked with about 64 KiB per chunk (:func:`chunk_rows`): one sample per
+chunk for big samples, many for small ones such as labels.
+
+A reader opens and checks a field's datasets, and reads a ragged field's
+offsets, when that field is first read: a reader asked for some fields never
+touches the others (see :meth:`Hdf5ShardReader.read`).
 
 Reading a shard with plain h5py::
 
@@ -35,7 +38,7 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Mapping
+from typing import Iterable, Mapping
 
 import h5py
 import numpy as np
@@ -135,7 +138,13 @@ def check_virtual_sources(file: h5py.File, path: Path) -> None:
 
 
 def _datasets(group: h5py.Group):
-    for item in group.values():
+    for name in group:
+        try:
+            item = group[name]
+        except KeyError:
+            # An object HDF5 cannot open (a damaged header) is never read as zeros:
+            # reading its field fails, naming it. The other fields stay readable.
+            continue
         if isinstance(item, h5py.Group):
             yield from _datasets(item)
         else:
@@ -175,7 +184,7 @@ class Hdf5ShardReader(ShardReader):
     def _open(self) -> None:
         f = open_file(self.path)
         try:
-            self._h_data, self._h_offsets = self._check_layout(f)
+            self._check_file(f)
         except StoreError:
             f.close()
             raise
@@ -183,39 +192,62 @@ class Hdf5ShardReader(ShardReader):
             f.close()
             raise StoreError(f"{self.path}: damaged HDF5 shard ({exc})") from exc
         self._h_file = f
+        # Filled field by field on first use (see _dataset): a read of some fields
+        # never opens, checks or loads the offsets of the others.
+        self._h_data: dict[str, h5py.Dataset] = {}
+        self._h_offsets: dict[str, np.ndarray] = {}
 
-    def _check_layout(self, f: h5py.File) -> tuple[dict[str, h5py.Dataset], dict[str, np.ndarray]]:
+    def _check_file(self, f: h5py.File) -> None:
+        """The whole-file checks: the layout, the sample count and every virtual source."""
         if f.attrs.get("layout") != LAYOUT:
             raise StoreError(f"{self.path}: not a dali-pipes HDF5 shard (layout attribute {f.attrs.get('layout')!r})")
         count = f.attrs.get("num_samples")
         if count != self.num_samples:
             raise StoreError(f"{self.path}: HDF5 shard holds {count} samples, the manifest says {self.num_samples}")
+        # All datasets, not only those read: a missing source reads as zeros, never as an error.
         check_virtual_sources(f, self.path)
-        data: dict[str, h5py.Dataset] = {}
-        offsets: dict[str, np.ndarray] = {}
-        for name, field in self.fields.items():
-            key = data_path(name, field)
-            if key not in f:
-                raise StoreError(f"{self.path}: field {name!r} has no dataset {key!r}")
-            ds = f[key]
-            if ds.shape[1:] != row_shape(field):
-                raise StoreError(
-                    f"{self.path}: dataset {key!r} has rows of shape {ds.shape[1:]}, expected {row_shape(field)}"
-                )
-            if is_ragged(field):
-                offs = np.asarray(f[offsets_path(name)][()], dtype=np.int64)
-                if (
-                    offs.shape != (self.num_samples + 1,)
-                    or offs[0] != 0
-                    or offs[-1] != ds.shape[0]
-                    or np.any(np.diff(offs) < 0)
-                ):
-                    raise StoreError(f"{self.path}: offsets of field {name!r} do not match its data (damaged shard)")
-                offsets[name] = offs
-            elif ds.shape[0] != self.num_samples:
+
+    def _dataset(self, name: str, field: Field) -> h5py.Dataset:
+        """The checked dataset of field ``name`` (and its offsets, for a ragged field), opened once."""
+        ds = self._h_data.get(name)
+        if ds is not None:
+            return ds
+        try:
+            ds, offsets = self._check_field(self._h_file, name, field)
+        except (OSError, KeyError, ValueError, TypeError) as exc:
+            raise StoreError(f"{self.path}: damaged HDF5 shard, field {name!r} ({exc})") from exc
+        if offsets is not None:
+            self._h_offsets[name] = offsets
+        self._h_data[name] = ds
+        return ds
+
+    def _check_field(self, f: h5py.File, name: str, field: Field) -> tuple[h5py.Dataset, np.ndarray | None]:
+        """A field's dataset and (ragged fields) offsets, checked against the manifest and the sample count."""
+        key = data_path(name, field)
+        if key not in f:
+            raise StoreError(f"{self.path}: field {name!r} has no dataset {key!r}")
+        ds = f[key]  # not f.get(key), which answers None for an object it cannot open (damaged header)
+        if not isinstance(ds, h5py.Dataset):
+            raise StoreError(f"{self.path}: field {name!r} has no dataset {key!r} (a group is in its place)")
+        if ds.shape[1:] != row_shape(field):
+            raise StoreError(
+                f"{self.path}: dataset {key!r} has rows of shape {ds.shape[1:]}, expected {row_shape(field)}"
+            )
+        if not is_ragged(field):
+            if ds.shape[0] != self.num_samples:
                 raise StoreError(f"{self.path}: dataset {key!r} has {ds.shape[0]} rows, expected {self.num_samples}")
-            data[name] = ds
-        return data, offsets
+            return ds, None
+        if offsets_path(name) not in f:
+            raise StoreError(f"{self.path}: field {name!r} has no dataset {offsets_path(name)!r}")
+        offs = np.asarray(f[offsets_path(name)][()], dtype=np.int64)
+        if (
+            offs.shape != (self.num_samples + 1,)
+            or offs[0] != 0
+            or offs[-1] != ds.shape[0]
+            or np.any(np.diff(offs) < 0)
+        ):
+            raise StoreError(f"{self.path}: offsets of field {name!r} do not match its data (damaged shard)")
+        return ds, offs
 
     def _close_handles(self) -> None:
         for attr in ("_h_data", "_h_offsets"):
@@ -224,14 +256,19 @@ class Hdf5ShardReader(ShardReader):
         if f is not None:
             f.close()
 
-    def read(self, index: int) -> SampleDict:
-        """The fields of local sample ``index``; :class:`StoreError` if the file cannot be read."""
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """The fields of local sample ``index`` (only ``fields`` if given).
+
+        Each field is its own dataset, so the fields not asked for are never read.
+        Raises :class:`StoreError` if the file, or a dataset asked for, cannot be read.
+        """
+        selected = self._selected(fields)
         if not 0 <= index < self.num_samples:
             raise IndexError(f"{self.path}: record {index} out of range ({self.num_samples} samples)")
         self._ensure_open()
         sample: SampleDict = {}
-        for name, field in self.fields.items():
-            ds = self._h_data[name]
+        for name, field in selected.items():
+            ds = self._dataset(name, field)
             try:
                 if is_ragged(field):
                     start, stop = self._h_offsets[name][index : index + 2]

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from typing import Iterable
 
 import lmdb
 
@@ -211,8 +212,13 @@ class LmdbShardReader(ShardReader):
                 "the process (SIGBUS)"
             )
 
-    def read(self, index: int) -> SampleDict:
-        """The fields of local sample ``index``; :class:`StoreError` if a record is missing or damaged."""
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """The fields of local sample ``index`` (only ``fields`` if given).
+
+        Each field is its own key, so the fields not asked for are never looked up.
+        Raises :class:`StoreError` if a record asked for is missing or damaged.
+        """
+        selected = self._selected(fields)
         if not 0 <= index < self.num_samples:
             raise IndexError(f"{self.path}: record {index} out of range ({self.num_samples} samples)")
         self._ensure_open()
@@ -223,7 +229,7 @@ class LmdbShardReader(ShardReader):
         try:
             # buffers=True: values are views into the map, copied exactly once below.
             with shard.env.begin(buffers=True) as txn:
-                for name, field in self.fields.items():
+                for name, field in selected.items():
                     value = txn.get(sample_key(index, name))
                     if value is None:
                         raise StoreError(f"{where}: field {name!r} is missing (key {sample_key(index, name)!r})")

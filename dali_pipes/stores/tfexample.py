@@ -295,10 +295,23 @@ def _decode_example(buf: memoryview, where: str) -> dict[str, tuple[str, Feature
     """:func:`decode_example` without its copies: values may be views of ``buf``.
 
     ``bytes_list`` items are memoryviews and a packed ``float_list`` is a read-only
-    little-endian view, so that :func:`decode_sample` copies each value exactly once,
-    into the array (or bytes) it returns.
+    little-endian view (see :func:`_decode_feature`); :func:`decode_example` copies them.
     """
-    out: dict[str, tuple[str, FeatureValue]] = {}
+    return {
+        name: _decode_feature(buf, span, f"{where}, feature {name!r}")
+        for name, span in _feature_spans(buf, where).items()
+    }
+
+
+def _feature_spans(buf: memoryview, where: str) -> dict[str, tuple[int, int] | None]:
+    """Each feature's name -> the span of its undecoded ``Feature`` message in ``buf`` (``None``: no value).
+
+    Walks only the Example's map entries, a few varints and the name each: the
+    lists inside are not parsed, so a caller decodes only the features it wants
+    (:func:`_decode_feature`). A name given twice keeps its last entry, as a
+    protobuf map does.
+    """
+    spans: dict[str, tuple[int, int] | None] = {}
     for number, wire, features in _fields(buf, 0, len(buf), where):
         if number != 1 or wire != 2:
             continue
@@ -316,11 +329,13 @@ def _decode_example(buf: memoryview, where: str) -> dict[str, tuple[str, Feature
                     feature = span
             if name is None:
                 raise StoreError(f"{where}: an Example feature has no name (damaged record)")
-            out[name] = _decode_feature(buf, feature, f"{where}, feature {name!r}")
-    return out
+            spans[name] = feature
+    return spans
 
 
 def _decode_feature(buf: memoryview, span: tuple[int, int] | None, where: str) -> tuple[str, FeatureValue]:
+    # Values stay views of buf (a float list, bytes items), so that decode_sample
+    # copies each value exactly once, into the array (or bytes) it returns.
     kind = None
     items: list = []
     if span is not None:
@@ -386,18 +401,22 @@ def encode_sample(fields: Mapping[str, Field], sample: Mapping[str, object]) -> 
 
 
 def decode_sample(fields: Mapping[str, Field], data: bytes | memoryview, where: str) -> SampleDict:
-    """A serialized Example -> the sample's fields (bytes, or arrays of the declared dtype and shape).
+    """A serialized Example -> the ``fields`` of the sample (bytes, or arrays of the declared dtype and shape).
 
-    Each value is copied once, from ``data`` into what is returned (writable, native
-    byte order, independent of ``data``); integer lists, decoded into a new array
-    anyway, are cast only when the field's dtype is not int64.
+    Only the features named in ``fields`` are decoded: the others are skipped
+    over, neither parsed, varint-decoded, checked nor copied (so a subset of the
+    fields costs the walk over the Example's entries plus the decoding of that
+    subset). Each value is copied once, from ``data`` into what is returned
+    (writable, native byte order, independent of ``data``); integer lists,
+    decoded into a new array anyway, are cast only when the field's dtype is not int64.
     """
-    features = _decode_example(memoryview(data), where)
+    buf = memoryview(data)
+    spans = _feature_spans(buf, where)
     sample: SampleDict = {}
     for name, field in fields.items():
-        if name not in features:
-            raise StoreError(f"{where}: the Example has no feature {name!r} (features: {sorted(features)})")
-        kind, value = features[name]
+        if name not in spans:
+            raise StoreError(f"{where}: the Example has no feature {name!r} (features: {sorted(spans)})")
+        kind, value = _decode_feature(buf, spans[name], f"{where}, feature {name!r}")
         expected = feature_kind(field)
         if kind != expected:
             raise StoreError(f"{where}: feature {name!r} is a {kind}, expected a {expected}")

@@ -2,7 +2,9 @@
 
 Each read seeks to the record the index names, checks the length and data CRCs
 (cheap next to decoding an image, and the only integrity check TFRecord has),
-and decodes the ``tf.train.Example`` (:mod:`dali_pipes.stores.tfexample`).
+and decodes the ``tf.train.Example`` (:mod:`dali_pipes.stores.tfexample`). A read
+of some fields still reads and checks the whole record (the CRC covers all of
+it), but decodes only the features of those fields.
 Without an index the reader builds one by walking the record headers once.
 """
 
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
+from typing import Iterable
 
 import numpy as np
 
@@ -80,8 +83,14 @@ class TFRecordShardReader(ShardReader):
         if fd is not None:
             os.close(fd)
 
-    def read(self, index: int) -> SampleDict:
-        """The fields of local sample ``index``; :class:`StoreError` on a short read, bad CRC or bad Example."""
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """The fields of local sample ``index`` (only ``fields`` if given).
+
+        The whole record is read and CRC-checked either way; only the features of
+        the fields asked for are decoded. Raises :class:`StoreError` on a short
+        read, a bad CRC or a bad Example.
+        """
+        selected = self._selected(fields)
         if not 0 <= index < self.num_samples:
             raise IndexError(f"{self.path}: record {index} out of range ({self.num_samples} samples)")
         self._ensure_open()
@@ -93,4 +102,4 @@ class TFRecordShardReader(ShardReader):
             raise StoreError(f"{where}: read failed ({exc})") from exc
         if len(record) != size:
             raise StoreError(f"{where}: got {len(record)} of {size} bytes (truncated file)")
-        return decode_sample(self.fields, unframe(record, where), where)
+        return decode_sample(selected, unframe(record, where), where)
