@@ -47,8 +47,9 @@ def run_epochs(loader: DALILoader, epochs: int, measure) -> list[int]:
     return out
 
 
-def growth_after_warmup(values: list[int]) -> int:
-    return max(values[WARMUP:]) - values[WARMUP - 1]
+def growth_after_warmup(values: list[int], warmup: int = WARMUP) -> int:
+    """How far RSS rose after epoch ``warmup`` above its value at that epoch."""
+    return max(values[warmup:]) - values[warmup - 1]
 
 
 @pytest.mark.timeout(120)
@@ -79,13 +80,15 @@ def test_host_memory_plateaus_over_20_epochs(tmp_path, workers):
 def test_host_memory_plateaus_over_200_epochs_of_larger_images(tmp_path, workers):
     # Closer to training: 224 x 224 JPEGs, batches of 16, 200 epochs; a leak of one batch an
     # epoch (16 x 16 x 16 x 3 bytes out, but 16 x 224 x 224 x 3 = 2.4 MiB decoded) would add
-    # hundreds of MiB. Allowed: 16 MiB after the warm-up (the allocator's arenas on 2 workers).
+    # hundreds of MiB. Allowed: 16 MiB after a warm-up of 20 epochs. Measured with 0 workers:
+    # 328 MiB after epoch 1, 353 MiB by epoch 20 (DALI's buffers and the allocator reaching
+    # their high-water marks, later than with tiny images), then within 3 MiB up to epoch 200.
     path = write_dataset(tmp_path / "ds", 64, samples_per_shard=16, image_shape=(224, 224))
     loader = DALILoader(path, TinySpec(), batch_size=16, device="cpu", with_index=True, py_num_workers=workers)
     values = run_epochs(loader, 200, lambda: host_rss(loader))
     loader.close()
-    grew = growth_after_warmup(values)
-    assert grew < 16 * MiB, f"RSS grew {grew / MiB:.1f} MiB after epoch {WARMUP}"
+    grew = growth_after_warmup(values, warmup=20)
+    assert grew < 16 * MiB, f"RSS grew {grew / MiB:.1f} MiB after epoch 20: {[v // MiB for v in values[::20]]} MiB"
 
 
 @pytest.mark.gpu
