@@ -75,17 +75,23 @@ class _ImageOutput:
         """Normalise, cast and lay out the uint8 HWC ``images``; pair them with the label."""
         # uint8 NHWC output with nothing to flip or crop needs no final operator at all.
         if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=mirror, crop=crop):
-            images = ops.normalize(
-                images,
-                device=device,
-                mean=self.mean,
-                std=self.std,
-                dtype=self.dtype,
-                layout=self.layout,
-                mirror=mirror,
-                crop=crop,
-            )
+            images = self._normalize(images, device=device, mirror=mirror, crop=crop)
         return {"image": images, "label": label_output(inputs["label"], device)}
+
+    def _normalize(
+        self, images: DataNode, *, device: str, mirror: DataNode | int = 0, crop: int | None = None
+    ) -> DataNode:
+        """This spec's ``crop_mirror_normalize``: its mean, std, dtype and layout."""
+        return ops.normalize(
+            images,
+            device=device,
+            mean=self.mean,
+            std=self.std,
+            dtype=self.dtype,
+            layout=self.layout,
+            mirror=mirror,
+            crop=crop,
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -159,19 +165,13 @@ class ClassificationTrain(_ImageOutput):
             )
         # uint8 NHWC output with nothing to flip needs no final operator at all.
         if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=int(self.flip > 0), crop=None):
-            stages.append(("flip, normalise, cast, layout", lambda images: self._normalize(images, device=device)))
+            stages.append(
+                (
+                    "flip, normalise, cast, layout",
+                    lambda images: self._normalize(images, device=device, mirror=ops.mirror_flag(self.flip)),
+                )
+            )
         return stages
-
-    def _normalize(self, images: DataNode, *, device: str) -> DataNode:
-        return ops.normalize(
-            images,
-            device=device,
-            mean=self.mean,
-            std=self.std,
-            dtype=self.dtype,
-            layout=self.layout,
-            mirror=ops.mirror_flag(self.flip),
-        )
 
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the training graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""
