@@ -144,7 +144,7 @@ def convert(
     out.mkdir(parents=True, exist_ok=True)
     job_dir = out / JOB_DIR
     with OutputLock(out):
-        _claim_output(out, digest, source, format, created)
+        _claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
         suffix = writer_class(format).suffix
         _remove_temporaries(out)
         results = {p.number: r for p in plans if (r := _done_record(out, p, suffix)) is not None}
@@ -176,8 +176,9 @@ def convert(
 
 
 #: Bumped whenever a writer's bytes change for the same input (2: HDF5 written through
-#: GuardedFile). It is part of the job digest, so a job started by another version is
-#: refused instead of resumed into a mix of old and new shards.
+#: GuardedFile). It is part of an unfinished job's record, so a job started by another
+#: version is refused instead of resumed into a mix of old and new shards; a dataset that
+#: another version finished is still recognised as complete (it is a valid dataset).
 SHARD_LAYOUT_VERSION = 2
 
 
@@ -188,7 +189,6 @@ def _job_digest(source: Source, fmt: str, items: Sequence[Item], plans: Sequence
         "format": fmt,
         "source": source.describe(),
         "shards": [[p.start, p.stop] for p in plans],
-        "layout": SHARD_LAYOUT_VERSION,
     }
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for item in items:

@@ -168,6 +168,10 @@ def test_an_unfinished_job_resumes_only_with_the_same_options_and_shard_layout(i
 
     result = runner.convert(ImageFolderSource(images), out, **options)
     assert result.manifest.num_samples == 30 and verify_dataset(out, progress=False).ok
+    # A dataset another version finished is a valid dataset: recognised as complete, not refused.
+    with monkeypatch.context() as patch:
+        patch.setattr(runner, "SHARD_LAYOUT_VERSION", runner.SHARD_LAYOUT_VERSION + 1)
+        assert runner.convert(ImageFolderSource(images), out, **options).already_complete
 
 
 # A source whose worker crashes for real (a segmentation fault, as h5py did on a full disk)

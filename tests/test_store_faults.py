@@ -48,6 +48,18 @@ def truncate_to_meta_pages(path: Path) -> None:
     os.truncate(path, 2 * os.sysconf("SC_PAGE_SIZE"))  # LMDB's page size is the system's
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "tfrecord"])
+def test_running_out_of_file_descriptors_says_so_and_not_re_convert(tmp_path, fmt):
+    """Every shard read stays open; past ``ulimit -n`` the error must name the limit, not damage."""
+    dataset = write_dataset(tmp_path / "many", 120, fmt=fmt, samples_per_shard=1)
+    outcome = run_child("child_read_all_under_a_descriptor_limit", str(dataset), "60")
+    assert outcome["error"] == "StoreError", outcome
+    assert "too many open files" in outcome["message"] and "ulimit -n" in outcome["message"], outcome
+    assert "re-convert the damaged shard" not in outcome["message"], outcome
+    assert 0 < outcome["read"] < 120, outcome  # it failed part way, at the limit
+
+
 # --- run in the child process --------------------------------------------------------------------
 
 
@@ -117,3 +129,26 @@ def test_a_loader_without_workers_reading_an_lmdb_shard_truncated_while_open_rai
     assert "dali-pipes verify" in message and "re-convert" in message
     # Only batches read before the truncation (DALI prefetches a few) came out, in order.
     assert outcome["seen"] == list(range(len(outcome["seen"]))) and len(outcome["seen"]) < N
+
+
+def child_read_all_under_a_descriptor_limit(dataset: str, spare: str) -> None:
+    """Allow ``spare`` more descriptors than are open now, read every sample; print how far it got."""
+    import resource
+
+    from dali_pipes import StoreError, open_store
+
+    store = open_store(dataset)
+    in_use = len(os.listdir("/proc/self/fd"))
+    resource.setrlimit(resource.RLIMIT_NOFILE, (in_use + int(spare), resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    read = 0
+    try:
+        for i in range(len(store)):
+            store[i]
+            read += 1
+    except StoreError as exc:
+        print(json.dumps({"error": "StoreError", "message": str(exc), "read": read}))
+        return
+    except Exception as exc:  # noqa: BLE001 - the test reports whatever else it was
+        print(json.dumps({"error": type(exc).__name__, "message": str(exc), "read": read}))
+        return
+    print(json.dumps({"error": None, "message": "", "read": read}))

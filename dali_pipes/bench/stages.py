@@ -7,8 +7,10 @@ shards only, then decoding the random crop, then resizing, and so on up to the
 whole graph. Every prefix but the last hands out a 1x1 crop of its images (or the
 encoded sizes, for the read-only row), so the rows differ by the work of the
 steps and not by the size of what is copied out; the last row is the real
-output. The difference of two neighbouring rows' time per image is what the
-step between them costs: find the bottleneck before optimising.
+output, and also pays for copying it out. The difference of two neighbouring
+rows' time per image is the step's *marginal* cost: work that overlaps the
+slowest part of the pipeline (Python reads, DALI's threads, the GPU) shows as
+about zero. Find the bottleneck before optimising.
 """
 
 from __future__ import annotations

@@ -87,7 +87,7 @@ def store_read_stream(dataset: str | os.PathLike, *, batch_size: int) -> Iterato
             rng.shuffle(order)
             for start in range(0, len(order) - batch_size + 1, batch_size):
                 for index in order[start : start + batch_size]:
-                    store[index]["image"]
+                    store.read(index, ("image",))  # the image alone, as the loader's source reads it
                 yield batch_size
 
     try:

@@ -489,8 +489,10 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         columns=("ms_per_image_added",),
     )
     report.notes.append(
-        "ms_per_image_added: wall time per image this row adds to the row above it (same device); "
-        "rows before the last hand out 1x1 crops, so they differ only by the work of their steps"
+        "ms_per_image_added: wall time per image this row adds to the row above it (same device). "
+        "Rows before the last hand out 1x1 crops; the last also pays for copying whole images out. "
+        "Work that overlaps the slowest step (Python reads, DALI threads, the GPU) shows as about 0, "
+        "or below 0 within the spread: these are marginal costs, not each step's time alone"
     )
     return report
 

@@ -6,6 +6,7 @@ manifest's ``format`` field through :data:`READERS`.
 
 from __future__ import annotations
 
+import errno
 import importlib
 import os
 from pathlib import Path
@@ -80,11 +81,22 @@ class Store:
             index += len(self)
         shard_no, local = self.manifest.locate(index)
         try:
-            return self._shards[shard_no].read(local, fields)
+            shard = self._shards[shard_no]
+            # A reader written before ``fields`` existed takes the index alone.
+            return shard.read(local) if fields is None else shard.read(local, fields)
         except StoreError as exc:
             raise StoreError(
                 f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}, "
                 f"record {local}): {exc}. Run 'dali-pipes verify {self.root}' and re-convert the damaged shard."
+            ) from exc
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            # Not damage: every shard read stays open (two descriptors for LMDB, one otherwise).
+            raise StoreError(
+                f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}): too many open files "
+                f"({exc.strerror}). A process keeps every shard it has read open: two descriptors per LMDB shard, "
+                "one per HDF5 or TFRecord shard. Raise the limit (ulimit -n) or convert into fewer, larger shards."
             ) from exc
 
     def __iter__(self) -> Iterator[SampleDict]:

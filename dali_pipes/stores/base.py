@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -20,6 +21,20 @@ class StoreError(Exception):
 
     The message names the dataset, the shard and, where known, the sample.
     """
+
+
+def out_of_descriptors(exc: BaseException) -> OSError | None:
+    """``exc`` as an ``EMFILE`` ``OSError`` when it says the process ran out of file descriptors.
+
+    Running out of descriptors is not damage: the readers re-raise it as it is, so
+    that the message says to raise ``ulimit -n`` and not to re-convert a shard.
+    h5py and py-lmdb report it in their message only, without an errno.
+    """
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        return exc
+    if os.strerror(errno.EMFILE) in str(exc) or os.strerror(errno.ENFILE) in str(exc):
+        return OSError(errno.EMFILE, os.strerror(errno.EMFILE))
+    return None
 
 
 def select_fields(fields: Mapping[str, Field], names: Iterable[str] | None, where: str) -> Mapping[str, Field]:

@@ -29,7 +29,7 @@ from typing import Iterable
 import lmdb
 
 from dali_pipes.stores._codec import array_from_bytes
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors
 
 #: Key of the sample-count record (sorts after every sample key).
 LEN_KEY = b"__len__"
@@ -52,6 +52,9 @@ def open_env(path: str | os.PathLike) -> lmdb.Environment:
     try:
         env = lmdb.open(os.fspath(path), subdir=False, readonly=True, lock=False, readahead=False, max_dbs=0)
     except lmdb.Error as exc:
+        exhausted = out_of_descriptors(exc)
+        if exhausted is not None:
+            raise exhausted from exc
         raise StoreError(f"{path}: cannot open LMDB shard ({exc})") from exc
     needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     size = os.path.getsize(path)
@@ -141,7 +144,8 @@ def _open_shard(path: str | os.PathLike, key: tuple[int, int]) -> _OpenShard:
         try:
             st = os.fstat(fd)
             # The map must be of the file the descriptor watches: refuse one renamed into place meanwhile.
-            if (st.st_dev, st.st_ino) != key or os.stat(path).st_ino != st.st_ino:
+            now = os.stat(path)
+            if (st.st_dev, st.st_ino) != key or (now.st_dev, now.st_ino) != key:
                 raise StoreError(f"{path}: LMDB shard file was replaced while it was being opened; open it again")
             # open_env checked the size by path; this size is the reads' baseline, so check it again.
             needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
