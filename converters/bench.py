@@ -16,7 +16,6 @@ the row's time (1.0 = as fast as copying).
 
 from __future__ import annotations
 
-import json
 import logging
 import multiprocessing as mp
 import os
@@ -32,6 +31,7 @@ from typing import Any, Sequence
 from converters.runner import convert
 from converters.sources import ImageFolderSource
 from dali_pipes import __version__
+from dali_pipes._fileio import atomic_write_json
 from dali_pipes.manifest import FORMATS
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ def run_conversion_benchmark(
         "rows": rows,
     }
     if json_out is not None:
-        Path(json_out).write_text(json.dumps(report, indent=1))
+        atomic_write_json(json_out, report)
     return report
 
 

@@ -1,10 +1,12 @@
-"""Small file helpers shared by writers and readers: atomic writes and hashing."""
+"""Small file helpers shared by writers, readers and reports: atomic writes and hashing."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
+from typing import Any
 
 _HASH_CHUNK = 8 << 20
 
@@ -27,6 +29,14 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
         if tmp.exists():
             tmp.unlink()
     fsync_dir(path.parent)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
+    """Write ``data`` as indented JSON at ``path`` (its folder made if needed), atomically; return the path."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, (json.dumps(data, indent=1) + "\n").encode())
+    return path
 
 
 def fsync_dir(folder: str | os.PathLike) -> None:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from dali_pipes._fileio import atomic_write_json
 from dali_pipes.manifest import FORMATS, ManifestError
 
 log = logging.getLogger("dali_pipes.cli")
@@ -535,7 +536,6 @@ def _add_doctor(commands) -> None:
 
 
 def _doctor(args) -> int:
-    import json
 
     from dali_pipes.bench.doctor import format_doctor, run_doctor
 
@@ -552,9 +552,7 @@ def _doctor(args) -> int:
         )
     print(format_doctor(report))
     if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report.to_json(), indent=1) + "\n")
-        print(f"figures: {args.json}")
+        print(f"figures: {atomic_write_json(args.json, report.to_json())}")
     return 0
 
 

@@ -8,13 +8,13 @@ machine description extends the conversion benchmark's
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dali_pipes._fileio import atomic_write_json
 from dali_pipes.bench.runner import Row
 
 log = logging.getLogger(__name__)
@@ -126,10 +126,7 @@ class BenchReport:
 
 def write_json(report: BenchReport, path: str | os.PathLike) -> Path:
     """Write every figure, the context and the machine as JSON."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(report.to_json(), indent=1) + "\n")
-    return path
+    return atomic_write_json(path, report.to_json())
 
 
 def _label(row: Row) -> str:

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dali_pipes._fileio import atomic_write_json
+
 log = logging.getLogger(__name__)
 
 SETTINGS_KIND = "dali-pipes-settings"
@@ -196,10 +198,7 @@ def _better(candidate: Trial, incumbent: Trial) -> bool:
 
 def save_settings(result: TuneResult, path: str | os.PathLike) -> Path:
     """Write the tuned settings file that :func:`load_settings` reads."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result.to_json(), indent=1) + "\n")
-    return path
+    return atomic_write_json(path, result.to_json())
 
 
 def _read(path: str | os.PathLike) -> dict[str, Any]:
