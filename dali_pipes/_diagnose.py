@@ -35,7 +35,7 @@ def first_undecodable(store: Store, fields: Sequence[str], indices: Iterable[int
         if index in seen:
             continue
         seen.add(index)
-        sample = store[index]
+        sample = store.read(index, image_fields)
         for name in image_fields:
             if pipe is None:
                 pipe = _decoder_pipeline()

@@ -6,14 +6,13 @@ manifest's ``format`` field through :data:`READERS`.
 
 from __future__ import annotations
 
-import errno
 import importlib
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, select_fields
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
 
 #: Manifest ``format`` -> ``"module:class"`` of its one-shard reader, imported when first used.
 READERS: dict[str, str] = {
@@ -84,19 +83,19 @@ class Store:
             shard = self._shards[shard_no]
             # A reader written before ``fields`` existed takes the index alone.
             return shard.read(local) if fields is None else shard.read(local, fields)
-        except StoreError as exc:
-            raise StoreError(
-                f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}, "
-                f"record {local}): {exc}. Run 'dali-pipes verify {self.root}' and re-convert the damaged shard."
-            ) from exc
-        except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+        except (StoreError, OSError) as exc:
+            where = f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}"
+            if out_of_descriptors(exc):
+                # Not damage: every shard read stays open (two descriptors for LMDB, one otherwise).
+                raise StoreError(
+                    f"{where}): too many open files. A process keeps every shard it has read open: two "
+                    "descriptors per LMDB shard, one per HDF5 or TFRecord shard. Raise the limit (ulimit -n) "
+                    "or convert into fewer, larger shards."
+                ) from exc
+            if not isinstance(exc, StoreError):
                 raise
-            # Not damage: every shard read stays open (two descriptors for LMDB, one otherwise).
             raise StoreError(
-                f"{self.root}: sample {index} (shard {self.manifest.shards[shard_no].path}): too many open files "
-                f"({exc.strerror}). A process keeps every shard it has read open: two descriptors per LMDB shard, "
-                "one per HDF5 or TFRecord shard. Raise the limit (ulimit -n) or convert into fewer, larger shards."
+                f"{where}, record {local}): {exc}. Run 'dali-pipes verify {self.root}' and re-convert the damaged shard."
             ) from exc
 
     def __iter__(self) -> Iterator[SampleDict]:

@@ -23,18 +23,24 @@ class StoreError(Exception):
     """
 
 
-def out_of_descriptors(exc: BaseException) -> OSError | None:
-    """``exc`` as an ``EMFILE`` ``OSError`` when it says the process ran out of file descriptors.
+def out_of_descriptors(exc: BaseException) -> bool:
+    """True when ``exc``, or an error that caused it, says the process ran out of file descriptors.
 
-    Running out of descriptors is not damage: the readers re-raise it as it is, so
-    that the message says to raise ``ulimit -n`` and not to re-convert a shard.
-    h5py and py-lmdb report it in their message only, without an errno.
+    Running out of descriptors is not damage: :class:`~dali_pipes.stores.Store`
+    then says to raise ``ulimit -n``, not to re-convert a shard. h5py and py-lmdb
+    report it in their message only, without an errno, and the readers wrap it in
+    a :class:`StoreError`, hence the walk down the causes.
     """
-    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-        return exc
-    if os.strerror(errno.EMFILE) in str(exc) or os.strerror(errno.ENFILE) in str(exc):
-        return OSError(errno.EMFILE, os.strerror(errno.EMFILE))
-    return None
+    messages = (os.strerror(errno.EMFILE), os.strerror(errno.ENFILE))
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+            return True
+        if any(message in str(exc) for message in messages):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 def select_fields(fields: Mapping[str, Field], names: Iterable[str] | None, where: str) -> Mapping[str, Field]:

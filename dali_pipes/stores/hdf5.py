@@ -44,7 +44,7 @@ import h5py
 import numpy as np
 
 from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
 
 LAYOUT = "dali-pipes-hdf5"
 LAYOUT_VERSION = 1
@@ -112,9 +112,6 @@ def open_file(path: str | os.PathLike) -> h5py.File:
     try:
         return h5py.File(path, "r")
     except OSError as exc:
-        exhausted = out_of_descriptors(exc)
-        if exhausted is not None:
-            raise exhausted from exc
         raise StoreError(f"{path}: cannot open HDF5 shard ({exc})") from exc
 
 

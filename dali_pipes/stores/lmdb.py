@@ -29,7 +29,7 @@ from typing import Iterable
 import lmdb
 
 from dali_pipes.stores._codec import array_from_bytes
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
 
 #: Key of the sample-count record (sorts after every sample key).
 LEN_KEY = b"__len__"
@@ -52,9 +52,6 @@ def open_env(path: str | os.PathLike) -> lmdb.Environment:
     try:
         env = lmdb.open(os.fspath(path), subdir=False, readonly=True, lock=False, readahead=False, max_dbs=0)
     except lmdb.Error as exc:
-        exhausted = out_of_descriptors(exc)
-        if exhausted is not None:
-            raise exhausted from exc
         raise StoreError(f"{path}: cannot open LMDB shard ({exc})") from exc
     needed = (env.info()["last_pgno"] + 1) * env.stat()["psize"]
     size = os.path.getsize(path)

@@ -16,7 +16,7 @@ from typing import Iterable
 
 import numpy as np
 
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors
+from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
 from dali_pipes.stores.tfexample import FOOTER_SIZE, HEADER_SIZE, decode_sample, masked_crc32c, parse_index, unframe
 
 
@@ -66,9 +66,6 @@ class TFRecordShardReader(ShardReader):
             except FileNotFoundError as exc:
                 raise StoreError(f"{self.index_path}: index file of TFRecord shard {self.path} is missing") from exc
             except (OSError, UnicodeDecodeError) as exc:
-                exhausted = out_of_descriptors(exc)
-                if exhausted is not None:
-                    raise exhausted from exc
                 raise StoreError(f"{self.index_path}: cannot read TFRecord index ({exc})") from exc
             index = parse_index(text, str(self.index_path))
         if len(index) != self.num_samples:
