@@ -188,6 +188,21 @@ def test_list_file_without_labels_has_no_label_field(tmp_path, photos):
     assert samples[1]["key"] == b"second"
 
 
+@pytest.mark.parametrize("labelled", [True, False])
+def test_a_list_source_sent_to_a_worker_does_not_parse_the_list_again(tmp_path, photos, labelled):
+    """Every shard task asks the source for its fields; a million-line list must not be re-read per shard."""
+    import pickle
+
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"k{i} {photos[0]}{' 3' if labelled else ''}\n" for i in range(3)))
+    source = ListFileSource(listing)
+    source.items()
+    fields = source.fields()
+    listing.unlink()  # a worker that parsed the list again would fail now
+    assert pickle.loads(pickle.dumps(source)).fields() == fields
+    assert ("label" in fields) == labelled
+
+
 def test_two_column_path_label_list_of_imagenet_mini(imagenet_mini):
     listing = imagenet_mini / "image_list.txt"
     lines = [line.split() for line in listing.read_text().splitlines() if line.strip()]

@@ -78,6 +78,7 @@ class ListFileSource(Source):
         self.image_options = image_options
         self.columns = _layout(columns)
         self._entries: list[_Entry] | None = None
+        self._labelled: bool | None = None  # kept when pickled: every shard task asks fields()
 
     def __getstate__(self) -> dict[str, Any]:
         # Workers only need Item.data; a parsed million-line list must not travel with every task.
@@ -91,7 +92,9 @@ class ListFileSource(Source):
         return self._entries
 
     def _has_labels(self) -> bool:
-        return self._parsed()[0].label is not None
+        if self._labelled is None:
+            self._labelled = self._parsed()[0].label is not None
+        return self._labelled
 
     def fields(self) -> dict[str, Field]:
         fields = {"image": Field.image()}
