@@ -140,21 +140,15 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
                 f.attrs[key] = value
             f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
             f.attrs["virtual"] = virtual
-        _check_io(guarded)  # the metadata went out when the file closed
+        guarded.check()  # the metadata went out when the file closed
         guarded.fsync()  # h5py's close flushes HDF5's buffers but does not fsync
     except Exception:
         # After a hidden failed write HDF5 may trip over the missing bytes in its own way:
         # the failed write is the cause to report.
-        _check_io(guarded)
+        guarded.check()
         raise
     finally:
         guarded.close()
-
-
-def _check_io(guarded: GuardedFile) -> None:
-    """Raise the first failed write: what HDF5 believes it wrote since is not in the file."""
-    if guarded.error is not None:
-        raise OSError(guarded.error.errno, guarded.error.strerror, guarded.path) from guarded.error
 
 
 def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:
@@ -223,7 +217,7 @@ def _write_physical(
                     for start in range(0, shard.rows[name], step):
                         stop = min(start + step, shard.rows[name])
                         targets[name][base[name] + start : base[name] + stop] = source[start:stop]
-                        _check_io(guarded)  # stop copying into a file that is missing bytes
+                        guarded.check()  # stop copying into a file that is missing bytes
                         bar.update((stop - start) * row_bytes[name])
                     base[name] += shard.rows[name]
     for name, field in manifest.fields.items():

@@ -31,6 +31,11 @@ class GuardedFile(io.RawIOBase):
         #: The first write (or truncate) that failed; ``None`` while every write reached the file.
         self.error: OSError | None = None
 
+    def check(self) -> None:
+        """Raise the first failed write: what HDF5 believes it wrote since then is not in the file."""
+        if self.error is not None:
+            raise OSError(self.error.errno, self.error.strerror, self.path) from self.error
+
     def readable(self) -> bool:
         return True
 

@@ -97,7 +97,7 @@ class Hdf5ShardWriter(ShardWriter):
                 # Flush whole chunks only, so no chunk is written twice.
                 row_bytes = data_dtype(field).itemsize * math.prod(shape)
                 self._flush_rows[name] = rows * max(1, FLUSH_BYTES // (rows * row_bytes))
-        self._check_io()
+        self._io.check()
 
     def write(self, sample: Sample) -> None:
         """Append one sample."""
@@ -114,14 +114,8 @@ class Hdf5ShardWriter(ShardWriter):
                 self._buffers[name].append(value)
                 if len(self._buffers[name]) >= self._flush_rows[name]:
                     self._flush(name)
-        self._check_io()
+        self._io.check()
         self.num_samples += 1
-
-    def _check_io(self) -> None:
-        """Raise the first failed write (disk full): nothing more may be written to a file missing bytes."""
-        error = self._io.error
-        if error is not None:
-            raise OSError(error.errno, error.strerror, str(self.path)) from error
 
     def _flush(self, name: str) -> None:
         rows = self._buffers[name]
@@ -151,7 +145,7 @@ class Hdf5ShardWriter(ShardWriter):
             if n == 0:
                 raise OSError(f"{self.path}: the spool of field {name!r} ended at row {done} of {ds.shape[0]}")
             ds[done : done + n] = np.frombuffer(block, dtype=dtype).reshape((n, *rest))
-            self._check_io()
+            self._io.check()
             done += n
         spool.close()
         self._file.create_dataset(offsets_path(name), data=offsets, track_times=False)
@@ -169,7 +163,7 @@ class Hdf5ShardWriter(ShardWriter):
             self._file.attrs[key] = value
         self._file.close()
         self._file = None
-        self._check_io()  # the last metadata went out at close
+        self._io.check()  # the last metadata went out at close
         # h5py's close flushes HDF5's buffers but does not fsync.
         self._io.fsync()
         self._io.close()

@@ -20,7 +20,6 @@ the file system whether the file can still grow by the batch's size
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 from typing import Mapping
@@ -28,6 +27,7 @@ from typing import Mapping
 import lmdb
 
 from converters.base import Sample, ShardWriter
+from converters.diskfull import DISK_FULL_ERRNOS
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.manifest import Field
 from dali_pipes.stores._codec import array_to_bytes
@@ -40,9 +40,6 @@ DEFAULT_MAP_SIZE = 64 << 20
 #: A batch is committed once it holds this many bytes of values or this many samples.
 COMMIT_BYTES = 64 << 20
 COMMIT_SAMPLES = 1024
-
-#: errno values that mean "no room for these bytes": a full disk, a full quota, or a file-size limit.
-NO_ROOM = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class LmdbShardWriter(ShardWriter):
@@ -149,7 +146,7 @@ def no_room(path: str | os.PathLike, needed: int) -> OSError | None:
     try:
         os.posix_fallocate(fd, os.fstat(fd).st_size, needed)
     except OSError as exc:
-        return exc if exc.errno in NO_ROOM else None
+        return exc if exc.errno in DISK_FULL_ERRNOS else None
     finally:
         os.close(fd)
     return None
