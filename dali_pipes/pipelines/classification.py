@@ -63,21 +63,6 @@ class _ImageOutput:
         """The dataset fields read: the encoded image and its integer label."""
         return _FIELDS
 
-    def _finish(
-        self,
-        images: DataNode,
-        inputs: Mapping[str, DataNode],
-        *,
-        device: str,
-        mirror: DataNode | int = 0,
-        crop: int | None = None,
-    ) -> dict[str, DataNode]:
-        """Normalise, cast and lay out the uint8 HWC ``images``; pair them with the label."""
-        # uint8 NHWC output with nothing to flip or crop needs no final operator at all.
-        if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=mirror, crop=crop):
-            images = self._normalize(images, device=device, mirror=mirror, crop=crop)
-        return {"image": images, "label": label_output(inputs["label"], device)}
-
     def _normalize(
         self, images: DataNode, *, device: str, mirror: DataNode | int = 0, crop: int | None = None
     ) -> DataNode:
@@ -213,4 +198,6 @@ class ClassificationVal(_ImageOutput):
         check_build_call(self, inputs, device)
         images = ops.decode(inputs["image"], device=device, hints=self.decoder)
         images = ops.resize_shorter(images, device=device, size=self.resize)
-        return self._finish(images, inputs, device=device, crop=self.size)
+        # The centre crop always needs the final operator, whatever the dtype and layout.
+        images = self._normalize(images, device=device, crop=self.size)
+        return {"image": images, "label": label_output(inputs["label"], device)}

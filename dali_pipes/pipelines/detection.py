@@ -253,9 +253,7 @@ class _DetectionOutput(_ImageOutput):
         # boxes times the output size are exact in continuous coordinates.
         boxes = boxes * fn.stack(out_hw[1], out_hw[0], out_hw[1], out_hw[0])
         if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=mirror, crop=None):
-            images = ops.normalize(
-                images, device=device, mean=self.mean, std=self.std, dtype=self.dtype, layout=self.layout, mirror=mirror
-            )
+            images = self._normalize(images, device=device, mirror=mirror)
         if not isinstance(self.size, tuple):
             images = fn.pad(images, device=device, axes=(1, 2) if self.layout == "NCHW" else (0, 1), fill_value=0.0)
         num_boxes = boxes.shape(dtype=types.INT64)[0]
@@ -317,7 +315,7 @@ class Detection(_DetectionOutput):
                 total_num_attempts=_SSD_TOTAL_ATTEMPTS,
                 quiet=True,
             )
-            images = _decode_slice(encoded, anchor, shape, device=device, decoder=self.decoder)
+            images = ops.decode_slice(encoded, anchor, shape, device=device, hints=self.decoder)
             # The window in pixels; shape is relative [w, h].
             image_hw = image_hw * fn.stack(shape[1], shape[0])
         else:
@@ -356,22 +354,6 @@ class DetectionVal(_DetectionOutput):
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-
-def _decode_slice(encoded: DataNode, anchor: DataNode, shape: DataNode, *, device: str, decoder: Any) -> DataNode:
-    """Decode only the window ``anchor``/``shape`` (relative ``[x, y]``/``[w, h]``) of each image."""
-    kwargs = decoder.as_kwargs() if device == "gpu" else {}
-    return fn.decoders.image_slice(
-        encoded,
-        anchor,
-        shape,
-        device="mixed" if device == "gpu" else "cpu",
-        output_type=types.RGB,
-        axis_names="WH",
-        normalized_anchor=True,
-        normalized_shape=True,
-        **kwargs,
-    )
 
 
 def _pad_rows(node: DataNode, fill: float) -> DataNode:

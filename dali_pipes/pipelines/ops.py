@@ -67,6 +67,21 @@ def decode_random_crop(
     )
 
 
+def decode_slice(encoded: DataNode, anchor: DataNode, shape: DataNode, *, device: str, hints: DecoderHints) -> DataNode:
+    """Decode only the window ``anchor``/``shape`` (relative ``[x, y]``/``[w, h]``) of each image."""
+    return fn.decoders.image_slice(
+        encoded,
+        anchor,
+        shape,
+        device=_decoder_device(device),
+        output_type=types.RGB,
+        axis_names="WH",
+        normalized_anchor=True,
+        normalized_shape=True,
+        **_decoder_kwargs(device, hints),
+    )
+
+
 def resize_to(images: DataNode, *, device: str, size: int) -> DataNode:
     """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking."""
     return fn.resize(images, device=device, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=True)
