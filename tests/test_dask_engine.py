@@ -245,7 +245,8 @@ def test_engine_options_are_checked_with_one_line_errors(images, tmp_path, args,
     out = tmp_path / "out"
     proc = run_cli("convert", "imagefolder", images, out, "--no-progress", *args, check=False)
     assert proc.returncode != 0
-    assert proc.stderr.strip().splitlines() == [f"dali-pipes: error: {proc.stderr.strip().split('error: ', 1)[1]}"]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dali-pipes: error: "), proc.stderr
     assert message in proc.stderr
     assert not out.exists(), "a refused job must not create its output folder"
 
@@ -295,12 +296,11 @@ def test_unreachable_scheduler_is_a_clear_error(images, tmp_path):
     assert not (out / "index.json").exists()
 
 
+@needs_dask
 @pytest.mark.timeout(180)
 def test_the_loader_works_in_a_process_that_imported_dask(images, tmp_path):
     # distributed installs tblib's exception pickling process-wide; the loader's forked
     # workers must still end their epochs (StopIteration crosses to DALI pickled).
-    if importlib.util.find_spec("distributed") is None:
-        pytest.skip("dask[distributed] is not installed")
     shards = tmp_path / "shards"
     run_cli("convert", "imagefolder", images, shards, "--no-progress")
     code = f"""
