@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 from dali_pipes.bench.runner import Skipped, Target, delivered
+from dali_pipes.bench.streams import require_cuda
 
 
 @contextlib.contextmanager
@@ -32,8 +33,8 @@ def file_reader_stream(
     from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
 
-    if device == "gpu" and not torch.cuda.is_available():
-        raise Skipped("no CUDA device here (torch.cuda.is_available() is False)")
+    if device == "gpu":
+        require_cuda()
     if not files:
         raise Skipped("no image files")
     paths = [os.fspath(path) for path, _ in files]

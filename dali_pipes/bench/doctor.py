@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
+from dali_pipes.bench.streams import dali_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -151,7 +152,7 @@ def run_doctor(
         min_seconds=0.0,
         warmup_seconds=0.5 if quick else 3.0,
     )
-    in_flight = 2 * inputs.loader_settings["prefetch"] + 1
+    in_flight = dali_in_flight(inputs.loader_settings)
 
     @contextlib.contextmanager
     def loader_factory():

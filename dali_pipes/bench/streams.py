@@ -28,6 +28,12 @@ def require_cuda() -> None:
         raise Skipped("no CUDA device here (torch.cuda.is_available() is False)")
 
 
+def dali_in_flight(settings: Mapping[str, int]) -> int:
+    """Batches a ``DALILoader`` holds ready ahead of its consumer: DALI's pipeline queue,
+    the parallel source's own queue of the same depth, and the one being handed over."""
+    return 2 * settings.get("prefetch", 2) + 1
+
+
 @contextlib.contextmanager
 def dali_loader_stream(
     dataset: str | os.PathLike,

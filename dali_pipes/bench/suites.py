@@ -28,6 +28,7 @@ from typing import Any, Callable
 from dali_pipes.bench.inputs import BenchInputs, bench_inputs
 from dali_pipes.bench.report import BenchReport, machine_description
 from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, run_jobs, warm_page_cache
+from dali_pipes.bench.streams import dali_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -109,8 +110,7 @@ def _dali_job(
         settings=inputs.loader_settings,
     )
     where = "the GPU (mixed decoder)" if device == "gpu" else "the CPU"
-    # DALI's pipeline queue plus the parallel source's own queue of the same depth.
-    in_flight = 2 * inputs.loader_settings.get("prefetch", 2) + 1
+    in_flight = dali_in_flight(inputs.loader_settings)
     return Job(
         name,
         factory,
@@ -146,11 +146,8 @@ def _anchor_job(
     name: str, inputs: BenchInputs, device: str, target: Target, files: Callable[[], tuple] | None = None, **params: Any
 ) -> Job:
     from dali_pipes.bench.anchor import file_reader_stream
-    from dali_pipes.bench.streams import require_cuda
 
     def factory():
-        if device == "gpu":
-            require_cuda()
         return file_reader_stream(
             (files or functools.partial(_files, inputs))(),
             inputs.spec,

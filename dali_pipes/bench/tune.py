@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from dali_pipes._fileio import atomic_write_json
+from dali_pipes.bench.streams import dali_in_flight
 
 log = logging.getLogger(__name__)
 
@@ -162,7 +163,7 @@ def tune(
         bar.set_postfix_str(
             " ".join(f"{k}={v}" for k, v in settings.items()) + (f" hw={load}" if load is not None else "")
         )
-        row = measure(Job("tune", factory, in_flight=2 * settings["prefetch"] + 1), plan, target)
+        row = measure(Job("tune", factory, in_flight=dali_in_flight(settings)), plan, target)
         trial.images_per_s = row.images_per_s
         trial.spread = row.timing.spread if row.timing else None
         trial.error = row.error or row.skipped

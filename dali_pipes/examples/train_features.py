@@ -51,7 +51,7 @@ def count_classes(dataset: str, target: str) -> int:
     """Largest value of an integer target field + 1 (one pass over that field; pass --num-classes to skip it)."""
     store = open_store(dataset)
     try:
-        return int(max(int(np.max(store[i][target])) for i in range(len(store)))) + 1
+        return int(max(int(np.max(store.read(i, (target,))[target])) for i in range(len(store)))) + 1
     finally:
         store.close()
 
