@@ -129,7 +129,7 @@ class Caller:
     """
 
     def __init__(self, name: str) -> None:
-        #: True once a worker died: a call given up on may never return, and the pool must not be waited on.
+        #: Set by the loader once a worker died: a call given up on may never return, and the pool must not be waited on.
         self.pool_lost = False
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, args=(self._tasks,), name=name, daemon=True)
@@ -150,11 +150,7 @@ class Caller:
         task = _Task(call)
         self._tasks.put(task)
         while not task.done.wait(interval):
-            try:
-                check()  # raises to abandon a call that cannot finish
-            except BaseException:
-                self.pool_lost = True
-                raise
+            check()  # raises to abandon a call that cannot finish (the loader then sets pool_lost)
         if task.error is not None:
             error, task.error = task.error, None
             raise error

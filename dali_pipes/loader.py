@@ -202,7 +202,6 @@ class DALILoader:
         self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
         self._position = (0, 0)  # (epoch, global samples consumed) after the batches handed so far
         self._pending: tuple[int, int] | None = None  # set by set_epoch / load_state_dict
-        self._pending_is_resume = False
         self._pass: _Pass | None = None
         self._failure: str | None = None
         logger.info(
@@ -310,10 +309,9 @@ class DALILoader:
         ``for epoch in range(start, end): loader.set_epoch(epoch); ...`` resumes mid-epoch.
         """
         epoch = _check_int("epoch", epoch, 0)
-        if self._pending_is_resume and self._pending is not None and self._pending[0] == epoch:
-            return
-        self._pending = (epoch, 0)
-        self._pending_is_resume = False
+        # A pending pass of this epoch is either a restored one (keep its offset) or (epoch, 0) already.
+        if self._pending is None or self._pending[0] != epoch:
+            self._pending = (epoch, 0)
 
     def _next_pass(self) -> tuple[int, int]:
         if self._pending is not None:
@@ -372,7 +370,6 @@ class DALILoader:
         if consumed == len(self.store):
             epoch, consumed = epoch + 1, 0
         self._pending = (epoch, consumed)
-        self._pending_is_resume = True
 
     # --- iteration ----------------------------------------------------------------------------
 
@@ -383,7 +380,7 @@ class DALILoader:
             raise LoaderError(f"{self.store.root}: this loader failed earlier and cannot continue: {self._failure}")
         self._finish_pass()
         epoch, start = self._next_pass()
-        self._pending, self._pending_is_resume = None, False
+        self._pending = None
         batches = self._remaining_batches(start)
         per_rank = samples_per_rank(len(self.store), self.batch_size, self.world.world_size, self.last_batch, start)
         self._pass = current = _Pass(epoch, start, batches, samples=per_rank)
