@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import statistics
 
 import pytest
 
@@ -87,7 +88,10 @@ def test_host_memory_plateaus_over_200_epochs_of_larger_images(tmp_path, workers
     loader = DALILoader(path, TinySpec(), batch_size=16, device="cpu", with_index=True, py_num_workers=workers)
     values = run_epochs(loader, 200, lambda: host_rss(loader))
     loader.close()
-    grew = growth_after_warmup(values, warmup=20)
+    # Medians, not the maximum: with 2 workers the summed RSS swings by up to 20 MiB for an
+    # epoch or two and comes back (seen: 895, 918, 899 MiB at epochs 60, 80, 100); a leak
+    # moves the whole tail up and stays.
+    grew = statistics.median(values[-20:]) - statistics.median(values[20:40])
     assert grew < 16 * MiB, f"RSS grew {grew / MiB:.1f} MiB after epoch 20: {[v // MiB for v in values[::20]]} MiB"
 
 
