@@ -69,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(commands)
     _add_verify(commands)
     _add_merge(commands)
+    _add_stage(commands)
     _add_synth(commands)
     _add_bench_convert(commands)
     _add_demo(commands)
@@ -278,6 +279,30 @@ def _merge(args) -> int:
     path = merge_hdf5(args.dataset, args.merged, virtual=args.virtual)
     kind = "virtual" if args.virtual else "physical"
     print(f"{path}: {kind} merge of {args.dataset}")
+    return 0
+
+
+def _add_stage(commands) -> None:
+    p = commands.add_parser("stage", help="copy a dataset (or merged .h5) to a local disk or /dev/shm, resumably")
+    p.add_argument("dataset", type=Path, help="a dataset folder, or a merged .h5 file")
+    p.add_argument("dest", type=Path, help="the local folder to copy it into (e.g. /dev/shm/NAME)")
+    p.add_argument("--verify", action="store_true", help="re-hash the staged copy, also when it is reused")
+    p.add_argument("--workers", type=int, default=4, help="files copied at once (default: 4)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(handler=_stage)
+
+
+def _stage(args) -> int:
+    from dali_pipes.stage import stage_dataset
+
+    # A StageError is a ValueError: _run prints it as one line.
+    report = stage_dataset(
+        args.dataset, args.dest, verify=args.verify, workers=args.workers, progress=not args.no_progress
+    )
+    if report.reused:
+        print(f"{report.path}: already staged, reused" + (" (verified)" if args.verify else ""))
+    else:
+        print(f"{report.path}: staged, {len(report.copied)} file(s) copied, {len(report.kept)} already in place")
     return 0
 
 

@@ -1,0 +1,383 @@
+"""``dali-pipes stage``: copy a converted dataset to fast local storage, in parallel and resumably.
+
+A dataset on a network filesystem is re-read by every rank every epoch; a copy
+on a local SSD or a tmpfs (``/dev/shm``) is read at memory or disk speed. Staging:
+
+- copies every file the dataset needs (shards, TFRecord indexes, ``errors.jsonl``;
+  for a merged ``.h5`` file, the file and, for a virtual one, the shard files its
+  virtual datasets map, at the same relative paths so that they still resolve),
+  several files at a time, with a progress bar in bytes;
+- checks every copied shard's SHA-256 against the manifest while copying it
+  (the bytes are hashed as they are read, so the source is read once);
+- writes each file under a temporary name and renames it into place only when it
+  is whole and its hash matches, so a file at its final name is always complete;
+- writes the *completion marker* last: the dataset's ``index.json`` (byte for
+  byte the source's), or for a merged file a ``.NAME.staged.json`` record. Until
+  it is there, no reader takes ``DEST`` for a dataset;
+- is resumable: after a crash (even SIGKILL) a second run keeps the files already
+  in place whose hash still matches and copies the rest; a copy found complete
+  (its marker matches the source) is reused after a size check (``verify=True``
+  re-hashes it);
+- is serialised by a lock file in ``DEST``: of several processes staging the same
+  dataset on one node (the ranks of a DDP job), one copies and the others wait
+  for it and then reuse its copy. A process that dies holding the lock releases
+  it, and the next one resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+from dali_pipes._fileio import atomic_write_bytes, fsync_dir, sha256_file
+from dali_pipes.manifest import ERRORS_NAME, MANIFEST_NAME, ManifestError, human_bytes, load_manifest, resolve_inside
+
+log = logging.getLogger(__name__)
+
+#: The lock file that serialises stagers into one folder.
+LOCK_NAME = ".dali-pipes-stage.lock"
+#: Prefix of the temporary names of files being copied (removed by the next stager).
+TMP_PREFIX = ".dali-pipes-staging-"
+_CHUNK = 8 << 20
+
+
+class StageError(ValueError):
+    """A dataset that cannot be staged: a source that does not match its manifest, a full disk, a bad DEST."""
+
+
+@dataclass(frozen=True)
+class _Item:
+    """One file to stage: its path relative to DEST, its source, size and expected SHA-256 (if recorded)."""
+
+    rel: str
+    source: Path
+    bytes: int
+    sha256: str | None
+
+
+@dataclass
+class StageReport:
+    """What :func:`stage_dataset` did: where the copy is, and which files it copied or found in place."""
+
+    path: Path
+    copied: list[str] = field(default_factory=list)
+    kept: list[str] = field(default_factory=list)
+    reused: bool = False
+    bytes_copied: int = 0
+
+
+def stage_dataset(
+    dataset: str | os.PathLike,
+    dest: str | os.PathLike,
+    *,
+    verify: bool = False,
+    workers: int = 4,
+    progress: bool = True,
+) -> StageReport:
+    """Copy ``dataset`` (a dataset folder or a merged ``.h5`` file) into the folder ``dest``.
+
+    Returns a :class:`StageReport` whose ``path`` is what to open at ``dest``: the
+    folder itself, or the merged file in it. See the module docstring for the
+    guarantees. ``verify`` re-hashes a copy found complete (and every file kept
+    from an earlier run is re-hashed anyway). Raises :class:`StageError` or
+    :class:`~dali_pipes.manifest.ManifestError` naming the file at fault.
+    """
+    source = Path(dataset)
+    dest = Path(dest)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    items, marker, target = _plan(source, dest)
+    if dest.resolve() in {source.resolve(), source.resolve().parent}:
+        raise StageError(f"{dest}: is where {source} already is; stage into another folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    with _StageLock(dest, source):
+        report = StageReport(path=target)
+        marker_path, marker_bytes = marker
+        if _complete(dest, items, marker_path, marker_bytes):
+            report.reused = True
+            if verify:
+                _verify_all(dest, items, progress)
+            log.info("stage: %s is already staged at %s; reusing it", source, dest)
+            return report
+        _remove_stale(dest, marker_path)
+        todo = _keep_whole_files(dest, items, report, progress)
+        _check_free_space(dest, todo)
+        _copy_all(dest, todo, report, workers, progress)
+        if verify:
+            _verify_all(dest, [item for item in items if item.rel in report.copied], progress)
+        atomic_write_bytes(marker_path, marker_bytes)  # last: DEST is a dataset from now on
+    log.info(
+        "stage: %s -> %s: %d file(s) copied (%s), %d kept from an earlier run",
+        source,
+        dest,
+        len(report.copied),
+        human_bytes(report.bytes_copied),
+        len(report.kept),
+    )
+    return report
+
+
+# --- what to copy --------------------------------------------------------------------------------
+
+
+def _plan(source: Path, dest: Path) -> tuple[list[_Item], tuple[Path, bytes], Path]:
+    """The files to copy, the completion marker ``(path, bytes)`` and the path to open at ``dest``."""
+    if source.suffix in (".h5", ".hdf5") and source.is_file():
+        return _plan_merged(source, dest)
+    manifest = load_manifest(source)
+    items = []
+    for shard in manifest.shards:
+        items.append(_Item(shard.path, resolve_inside(source, shard.path), shard.bytes, shard.sha256))
+        if shard.index_path:
+            index = resolve_inside(source, shard.index_path)
+            items.append(_Item(shard.index_path, index, _size(index), shard.index_sha256))
+    errors = source / ERRORS_NAME
+    if errors.is_file():
+        items.append(_Item(ERRORS_NAME, errors, _size(errors), None))
+    marker = (dest / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
+    return items, marker, dest
+
+
+def _plan_merged(source: Path, dest: Path) -> tuple[list[_Item], tuple[Path, bytes], Path]:
+    """A merged file and (virtual merge) its source shards, at their paths relative to the merged file."""
+    from dali_pipes.stores.hdf5 import merged_manifest, open_file
+
+    merged_manifest(source)  # refuses a file that is not a merged dali-pipes file
+    items: list[_Item] = []
+    with open_file(source) as f:
+        sources = sorted(_virtual_source_files(f))
+        by_name = _original_shards(source, f)
+    for name in sources:
+        rel = Path(name)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise StageError(
+                f"{source}: its virtual datasets read {name}, outside the merged file's folder, so the staged "
+                "copy could not find it at the same relative path; stage the dataset folder instead, or merge "
+                "into a file inside the dataset folder's parent"
+            )
+        path = source.parent / rel
+        shard = by_name.get(rel.name)
+        expected = shard.sha256 if shard is not None and shard.bytes == _size(path) else None
+        items.append(_Item(rel.as_posix(), path, _size(path), expected))
+    items.append(_Item(source.name, source, _size(source), None))
+    # The merged file holds no hash of itself: the marker ties the copy to the source's size and time.
+    record = {
+        "source": str(source.resolve()),
+        "files": {item.rel: [item.bytes, item.sha256 or os.stat(item.source).st_mtime_ns] for item in items},
+    }
+    marker = (dest / f".{source.name}.staged.json", (json.dumps(record, indent=1) + "\n").encode())
+    return items, marker, dest / source.name
+
+
+def _original_shards(source: Path, f) -> dict:
+    """The dataset's own shards, by file name: a merged file's manifest attribute is its dataset's manifest."""
+    from dali_pipes.manifest import parse_manifest
+    from dali_pipes.stores.hdf5 import MANIFEST_ATTR
+
+    manifest = parse_manifest(json.loads(f.attrs[MANIFEST_ATTR]), where=str(source))
+    return {Path(s.path).name: s for s in manifest.shards}
+
+
+def _virtual_source_files(f) -> set[str]:
+    """The source file names of every virtual dataset in an open HDF5 file."""
+    import h5py
+
+    names: set[str] = set()
+
+    def visit(_name: str, obj) -> None:
+        if isinstance(obj, h5py.Dataset) and obj.is_virtual:
+            names.update(s.file_name for s in obj.virtual_sources() if s.file_name != ".")
+
+    f.visititems(visit)
+    return names
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        raise StageError(f"{path}: missing; the dataset is incomplete, so it cannot be staged") from None
+
+
+# --- reuse ---------------------------------------------------------------------------------------
+
+
+def _complete(dest: Path, items: list[_Item], marker_path: Path, marker_bytes: bytes) -> bool:
+    """True when ``dest`` holds a finished copy of this very source (marker equal, every size right)."""
+    try:
+        if marker_path.read_bytes() != marker_bytes:
+            return False
+    except FileNotFoundError:
+        return False
+    for item in items:
+        try:
+            if os.stat(dest / item.rel).st_size != item.bytes:
+                log.warning("stage: %s has the wrong size; staging again", dest / item.rel)
+                return False
+        except FileNotFoundError:
+            log.warning("stage: %s is missing from the staged copy; staging again", dest / item.rel)
+            return False
+    return True
+
+
+def _remove_stale(dest: Path, marker_path: Path) -> None:
+    """Drop the marker of an older copy and temporary files a killed stager left behind."""
+    marker_path.unlink(missing_ok=True)
+    for tmp in dest.rglob(f"{TMP_PREFIX}*"):
+        tmp.unlink(missing_ok=True)
+
+
+def _keep_whole_files(dest: Path, items: list[_Item], report: StageReport, progress: bool) -> list[_Item]:
+    """Keep files an earlier run put in place whose hash still matches; return the files left to copy."""
+    todo = []
+    present = [item for item in items if item.sha256 and _size_is(dest / item.rel, item.bytes)]
+    with tqdm(
+        total=sum(i.bytes for i in present),
+        unit="B",
+        unit_scale=True,
+        desc="check staged",
+        disable=not progress or not present,
+    ) as bar:
+        for item in items:
+            if item in present and sha256_file(dest / item.rel) == item.sha256:
+                report.kept.append(item.rel)
+            else:
+                todo.append(item)
+            bar.update(item.bytes if item in present else 0)
+    return todo
+
+
+def _size_is(path: Path, size: int) -> bool:
+    try:
+        return os.stat(path).st_size == size
+    except FileNotFoundError:
+        return False
+
+
+def _check_free_space(dest: Path, todo: list[_Item]) -> None:
+    need = sum(item.bytes for item in todo)
+    free = shutil.disk_usage(dest).free
+    if need > free:
+        raise StageError(
+            f"{dest}: staging needs {human_bytes(need)} more but only {human_bytes(free)} is free there; "
+            "free space, or stage to a larger disk (the dataset can also be read where it is)"
+        )
+
+
+# --- copying -------------------------------------------------------------------------------------
+
+
+def _copy_all(dest: Path, todo: list[_Item], report: StageReport, workers: int, progress: bool) -> None:
+    lock = threading.Lock()
+    total = sum(item.bytes for item in todo)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=not progress) as bar:
+
+        def copy(item: _Item) -> None:
+            _copy_one(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
+            with lock:
+                report.copied.append(item.rel)
+                report.bytes_copied += item.bytes
+
+        with ThreadPoolExecutor(max_workers=min(workers, max(1, len(todo)))) as pool:
+            for future in [pool.submit(copy, item) for item in todo]:
+                future.result()  # the first failure is raised; the pool still finishes the others
+
+
+def _locked(lock: threading.Lock, call, *args) -> None:
+    with lock:
+        call(*args)
+
+
+def _copy_one(item: _Item, target: Path, advance) -> None:
+    """Copy ``item`` to ``target`` through a temporary name, checking its size and hash before the rename."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f"{TMP_PREFIX}{target.name}-{os.getpid()}-{threading.get_ident()}")
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(item.source, "rb") as src, open(tmp, "wb") as out:
+            while chunk := src.read(_CHUNK):
+                digest.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+                advance(len(chunk))
+            out.flush()
+            os.fsync(out.fileno())
+        if size != item.bytes:
+            raise StageError(
+                f"{item.source}: is {size} bytes, the manifest says {item.bytes}: the source changed or is damaged; "
+                "run 'dali-pipes verify' on it"
+            )
+        if item.sha256 is not None and digest.hexdigest() != item.sha256:
+            raise StageError(
+                f"{item.source}: SHA-256 does not match the manifest: the source shard is damaged or was replaced; "
+                "run 'dali-pipes verify' on it and re-convert"
+            )
+        os.replace(tmp, target)
+    except OSError as exc:
+        raise StageError(f"{target}: cannot stage {item.source} ({exc})") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+    fsync_dir(target.parent)
+
+
+def _verify_all(dest: Path, items: list[_Item], progress: bool) -> None:
+    """Re-hash the staged files (against the manifest, or against the source where it records no hash)."""
+    with tqdm(
+        total=sum(i.bytes for i in items), unit="B", unit_scale=True, desc="verify staged", disable=not progress
+    ) as bar:
+        for item in items:
+            expected = item.sha256 or sha256_file(item.source)
+            if sha256_file(dest / item.rel) != expected:
+                raise StageError(
+                    f"{dest / item.rel}: the staged copy does not match "
+                    f"{'the manifest' if item.sha256 else item.source}; delete {dest} and stage again"
+                )
+            bar.update(item.bytes)
+
+
+# --- one stager at a time ------------------------------------------------------------------------
+
+
+class _StageLock:
+    """An exclusive ``flock`` on ``DEST/.dali-pipes-stage.lock``, logged when another process holds it."""
+
+    def __init__(self, dest: Path, source: Path) -> None:
+        self.path = dest / LOCK_NAME
+        self.source = source
+        self._fd: int | None = None
+
+    def __enter__(self) -> "_StageLock":
+        self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("stage: another process is staging into %s; waiting for it", self.path.parent)
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the lock
+            self._fd = None
+
+
+def staged_path(dataset: str | os.PathLike, dest: str | os.PathLike) -> Path:
+    """Where :func:`stage_dataset` puts ``dataset`` under ``dest`` (the folder, or the merged file in it)."""
+    source = Path(dataset)
+    if source.suffix in (".h5", ".hdf5") and source.is_file():
+        return Path(dest) / source.name
+    return Path(dest)
+
+
+__all__ = ["StageError", "StageReport", "stage_dataset", "staged_path", "ManifestError"]
