@@ -106,6 +106,13 @@ class DALILoader:
     ``dali-pipes tune``: its thread, worker and prefetch counts fill in the
     arguments left unset, and its decoder hints go to the spec.
 
+    ``stage_to`` copies the dataset to a local folder (a local disk, or a tmpfs such
+    as ``/dev/shm/NAME``) before the first epoch and reads it there: one process
+    per folder copies, the others on the node wait for it, and a complete copy
+    is reused (:mod:`dali_pipes.stage`). ``cache="ram"`` holds the shards this
+    rank reads in shared memory, within ``cache_bytes`` (default: half the free
+    memory), the rest read from disk (:mod:`dali_pipes.ramcache`).
+
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
     be shorter than ``batch_size``. :meth:`state_dict` records the epoch and the
@@ -130,6 +137,9 @@ class DALILoader:
         with_index: bool = False,
         py_start_method: str | None = None,
         settings: str | os.PathLike | None = None,
+        stage_to: str | os.PathLike | None = None,
+        cache: str | None = None,
+        cache_bytes: int | None = None,
     ) -> None:
         if settings is not None:
             # A file saved by `dali-pipes tune`: its values fill in what the caller left unset.
@@ -154,6 +164,17 @@ class DALILoader:
             raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {py_start_method!r}")
         if last_batch not in LAST_BATCH_POLICIES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+        if cache not in (None, "ram"):
+            raise ValueError(f"cache must be None or 'ram', got {cache!r}")
+        if cache_bytes is not None and cache != "ram":
+            raise ValueError("cache_bytes is the budget of cache='ram'; pass cache='ram' too")
+        #: What staging did (``stage_to``): the files copied, or that a staged copy was reused.
+        self.staged = None
+        if stage_to is not None:
+            from dali_pipes.stage import stage_dataset  # one process per DEST copies; the others wait and reuse
+
+            self.staged = stage_dataset(path, stage_to)
+            path = self.staged.path
         self.store: Store = open_store(path)
         pipeline = _bind(pipeline, self.store)
         self.pipeline = pipeline
@@ -168,6 +189,20 @@ class DALILoader:
         self.seed = int(seed)
         self.last_batch = last_batch
         self.with_index = bool(with_index)
+        #: The RAM cache (``cache="ram"``): the shards it holds, its budget. Made before the workers start.
+        self.cache = None
+        if cache == "ram":
+            from dali_pipes.ramcache import cache_for_loader
+
+            self.store, self.cache = cache_for_loader(
+                self.store,
+                cache_bytes,
+                world=self.world,
+                batch_size=self.batch_size,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                last_batch=last_batch,
+            )
         self._fields = fields
         self._prefetch = int(prefetch)
         self._control = EpochControl()
@@ -534,6 +569,8 @@ class DALILoader:
         self._pipe = None
         self._control.close()
         self.store.close()
+        if self.cache is not None:
+            self.cache.close()
 
     def __enter__(self) -> "DALILoader":
         return self

@@ -36,6 +36,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from tqdm import tqdm
 
@@ -56,7 +57,7 @@ class StageError(ValueError):
 
 
 @dataclass(frozen=True)
-class _Item:
+class StageItem:
     """One file to stage: its path relative to DEST, its source, size and expected SHA-256 (if recorded)."""
 
     rel: str
@@ -130,30 +131,30 @@ def stage_dataset(
 # --- what to copy --------------------------------------------------------------------------------
 
 
-def _plan(source: Path, dest: Path) -> tuple[list[_Item], tuple[Path, bytes], Path]:
+def _plan(source: Path, dest: Path) -> tuple[list[StageItem], tuple[Path, bytes], Path]:
     """The files to copy, the completion marker ``(path, bytes)`` and the path to open at ``dest``."""
     if source.suffix in (".h5", ".hdf5") and source.is_file():
         return _plan_merged(source, dest)
     manifest = load_manifest(source)
     items = []
     for shard in manifest.shards:
-        items.append(_Item(shard.path, resolve_inside(source, shard.path), shard.bytes, shard.sha256))
+        items.append(StageItem(shard.path, resolve_inside(source, shard.path), shard.bytes, shard.sha256))
         if shard.index_path:
             index = resolve_inside(source, shard.index_path)
-            items.append(_Item(shard.index_path, index, _size(index), shard.index_sha256))
+            items.append(StageItem(shard.index_path, index, _size(index), shard.index_sha256))
     errors = source / ERRORS_NAME
     if errors.is_file():
-        items.append(_Item(ERRORS_NAME, errors, _size(errors), None))
+        items.append(StageItem(ERRORS_NAME, errors, _size(errors), None))
     marker = (dest / MANIFEST_NAME, (source / MANIFEST_NAME).read_bytes())
     return items, marker, dest
 
 
-def _plan_merged(source: Path, dest: Path) -> tuple[list[_Item], tuple[Path, bytes], Path]:
+def _plan_merged(source: Path, dest: Path) -> tuple[list[StageItem], tuple[Path, bytes], Path]:
     """A merged file and (virtual merge) its source shards, at their paths relative to the merged file."""
     from dali_pipes.stores.hdf5 import merged_manifest, open_file
 
     merged_manifest(source)  # refuses a file that is not a merged dali-pipes file
-    items: list[_Item] = []
+    items: list[StageItem] = []
     with open_file(source) as f:
         sources = sorted(_virtual_source_files(f))
         by_name = _original_shards(source, f)
@@ -168,8 +169,8 @@ def _plan_merged(source: Path, dest: Path) -> tuple[list[_Item], tuple[Path, byt
         path = source.parent / rel
         shard = by_name.get(rel.name)
         expected = shard.sha256 if shard is not None and shard.bytes == _size(path) else None
-        items.append(_Item(rel.as_posix(), path, _size(path), expected))
-    items.append(_Item(source.name, source, _size(source), None))
+        items.append(StageItem(rel.as_posix(), path, _size(path), expected))
+    items.append(StageItem(source.name, source, _size(source), None))
     # The merged file holds no hash of itself: the marker ties the copy to the source's size and time.
     record = {
         "source": str(source.resolve()),
@@ -212,7 +213,7 @@ def _size(path: Path) -> int:
 # --- reuse ---------------------------------------------------------------------------------------
 
 
-def _complete(dest: Path, items: list[_Item], marker_path: Path, marker_bytes: bytes) -> bool:
+def _complete(dest: Path, items: list[StageItem], marker_path: Path, marker_bytes: bytes) -> bool:
     """True when ``dest`` holds a finished copy of this very source (marker equal, every size right)."""
     try:
         if marker_path.read_bytes() != marker_bytes:
@@ -237,7 +238,7 @@ def _remove_stale(dest: Path, marker_path: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _keep_whole_files(dest: Path, items: list[_Item], report: StageReport, progress: bool) -> list[_Item]:
+def _keep_whole_files(dest: Path, items: list[StageItem], report: StageReport, progress: bool) -> list[StageItem]:
     """Keep files an earlier run put in place whose hash still matches; return the files left to copy."""
     todo = []
     present = [item for item in items if item.sha256 and _size_is(dest / item.rel, item.bytes)]
@@ -264,7 +265,7 @@ def _size_is(path: Path, size: int) -> bool:
         return False
 
 
-def _check_free_space(dest: Path, todo: list[_Item]) -> None:
+def _check_free_space(dest: Path, todo: list[StageItem]) -> None:
     need = sum(item.bytes for item in todo)
     free = shutil.disk_usage(dest).free
     if need > free:
@@ -277,13 +278,13 @@ def _check_free_space(dest: Path, todo: list[_Item]) -> None:
 # --- copying -------------------------------------------------------------------------------------
 
 
-def _copy_all(dest: Path, todo: list[_Item], report: StageReport, workers: int, progress: bool) -> None:
+def _copy_all(dest: Path, todo: list[StageItem], report: StageReport, workers: int, progress: bool) -> None:
     lock = threading.Lock()
     total = sum(item.bytes for item in todo)
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=not progress) as bar:
 
-        def copy(item: _Item) -> None:
-            _copy_one(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
+        def copy(item: StageItem) -> None:
+            copy_checked(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
             with lock:
                 report.copied.append(item.rel)
                 report.bytes_copied += item.bytes
@@ -298,7 +299,7 @@ def _locked(lock: threading.Lock, call, *args) -> None:
         call(*args)
 
 
-def _copy_one(item: _Item, target: Path, advance) -> None:
+def copy_checked(item: StageItem, target: Path, advance: Callable[[int], None]) -> None:
     """Copy ``item`` to ``target`` through a temporary name, checking its size and hash before the rename."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f"{TMP_PREFIX}{target.name}-{os.getpid()}-{threading.get_ident()}")
@@ -331,7 +332,7 @@ def _copy_one(item: _Item, target: Path, advance) -> None:
     fsync_dir(target.parent)
 
 
-def _verify_all(dest: Path, items: list[_Item], progress: bool) -> None:
+def _verify_all(dest: Path, items: list[StageItem], progress: bool) -> None:
     """Re-hash the staged files (against the manifest, or against the source where it records no hash)."""
     with tqdm(
         total=sum(i.bytes for i in items), unit="B", unit_scale=True, desc="verify staged", disable=not progress

@@ -1,0 +1,271 @@
+"""``DALILoader(..., cache="ram")``: the shards a rank reads, held in shared memory within a budget.
+
+The shards this rank will read are copied, before DALI's worker processes
+start, into a private folder on a tmpfs (``/dev/shm``), and the loader's store
+reads those copies instead of the originals. A tmpfs file lives in the page
+cache once: the loader and every worker read (or, for LMDB, memory-map) the
+same pages, whether the workers were forked or spawned, so the memory is paid
+once per rank and not once per worker.
+
+The budget (``cache_bytes``) is never exceeded: shards are copied in order while
+the next one fits, and the rest are read from where they are. The budget is
+also capped by the free space of the tmpfs and by the memory the machine (or its
+cgroup) has available, so that caching ends in a disk fallback and never in an
+out-of-memory kill. The folder is removed when the loader closes or the process
+exits; one left by a process that was killed is removed by the next cache made
+on the machine.
+
+What is cached: with ``shuffle=True`` every rank reads from every shard, so all
+shards are candidates; without shuffling, only the shards holding this rank's
+samples. A merged HDF5 file made of virtual datasets is read from disk (its
+sources are found relative to its own folder).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+from tqdm import tqdm
+
+from dali_pipes.manifest import Manifest, human_bytes, resolve_inside
+from dali_pipes.stage import StageError, StageItem, copy_checked
+from dali_pipes.stores import Store
+
+log = logging.getLogger(__name__)
+
+#: ``cache=`` values :class:`~dali_pipes.DALILoader` accepts.
+CACHE_KINDS = (None, "ram")
+#: Prefix of the cache folders in the tmpfs: ``dali-pipes-cache-<pid>-<random>``.
+FOLDER_PREFIX = "dali-pipes-cache-"
+#: The share of the available memory a cache may take when no ``cache_bytes`` is given.
+DEFAULT_SHARE = 0.5
+_TMPFS = "/dev/shm"
+
+
+class CachedStore(Store):
+    """A :class:`~dali_pipes.stores.Store` whose shards in ``copies`` are read from their cached copies.
+
+    Messages still name the dataset; picklable like any store (the copies are
+    files, which a worker process opens by path).
+    """
+
+    def __init__(self, root: str | os.PathLike, manifest: Manifest, copies: dict[int, Path]) -> None:
+        super().__init__(root, manifest)
+        self.copies = dict(copies)
+        for number, path in self.copies.items():
+            original = self._shards[number]
+            self._shards[number] = type(original)(
+                path,
+                original.fields,
+                original.num_samples,
+                original.index_path,
+                expected_bytes=original.expected_bytes,
+            )
+
+
+@dataclass
+class RamCache:
+    """The cache folder of one loader: which shards it holds, and the budget it kept to."""
+
+    folder: Path
+    budget: int
+    copies: dict[int, Path] = field(default_factory=dict)
+    bytes: int = 0
+    on_disk: list[int] = field(default_factory=list)  # shards read from where they are
+
+    def __post_init__(self) -> None:
+        self._finalizer = weakref.finalize(self, _remove_folder, self.folder, os.getpid())
+
+    def close(self) -> None:
+        """Remove the cached copies (readers that still have them open keep their pages until they close)."""
+        self._finalizer()
+
+
+def cache_in_ram(
+    store: Store, shards: Iterable[int], *, cache_bytes: int | None = None, progress: bool = True
+) -> tuple[Store, RamCache]:
+    """Copy ``shards`` of ``store`` into a tmpfs folder within the budget; return the store reading them.
+
+    ``store`` is closed and replaced by a :class:`CachedStore` (also when nothing fits).
+    """
+    if cache_bytes is not None and (isinstance(cache_bytes, bool) or int(cache_bytes) < 0):
+        raise ValueError(f"cache_bytes must be a non-negative number of bytes, got {cache_bytes!r}")
+    _remove_orphans()
+    folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_tmpfs()))
+    cache = RamCache(folder, _budget(cache_bytes, folder))
+    manifest = store.manifest
+    wanted = [n for n in sorted(set(shards)) if not _is_virtual_merge(store, n)]
+    chosen, total = [], 0
+    for number in wanted:
+        size = manifest.shards[number].bytes
+        if total + size <= cache.budget:
+            chosen.append(number)
+            total += size
+    cache.on_disk = [n for n in range(len(manifest.shards)) if n not in chosen]
+    with tqdm(total=total, unit="B", unit_scale=True, desc="cache in RAM", disable=not progress or not chosen) as bar:
+        for number in chosen:
+            if not _copy_shard(store, number, cache, bar.update):
+                cache.on_disk = sorted(set(cache.on_disk) | (set(chosen) - set(cache.copies)))
+                break
+    root, manifest = store.root, store.manifest
+    store.close()
+    log.info(
+        "cache in RAM: %d of %d shard(s), %s of a %s budget, in %s; %d shard(s) read from disk",
+        len(cache.copies),
+        len(manifest.shards),
+        human_bytes(cache.bytes),
+        human_bytes(cache.budget),
+        folder,
+        len(cache.on_disk),
+    )
+    return CachedStore(root, manifest, cache.copies), cache
+
+
+def shards_for_rank(manifest: Manifest, indices: np.ndarray | None) -> list[int]:
+    """The shard numbers holding ``indices`` (every shard for ``None``: a shuffled rank reads them all)."""
+    if indices is None:
+        return list(range(len(manifest.shards)))
+    offsets = np.asarray(manifest.shard_offsets[1:], dtype=np.int64)
+    return sorted(set(np.searchsorted(offsets, np.asarray(indices, dtype=np.int64), side="right").tolist()))
+
+
+def _copy_shard(store: Store, number: int, cache: RamCache, advance) -> bool:
+    """Copy one shard (hash-checked) into the cache; ``False`` when the tmpfs filled up (the rest stays on disk)."""
+    shard = store.manifest.shards[number]
+    source = resolve_inside(store.root, shard.path)
+    target = cache.folder / f"{number:06d}-{source.name}"
+    try:
+        copy_checked(StageItem(shard.path, source, shard.bytes, shard.sha256 or None), target, advance)
+    except StageError as exc:
+        if not isinstance(exc.__cause__, OSError):
+            raise  # a damaged source shard: the same error reading it would give
+        log.warning("cache in RAM: %s; the remaining shards are read from disk", exc)
+        return False
+    cache.copies[number] = target
+    cache.bytes += shard.bytes
+    return True
+
+
+def _is_virtual_merge(store: Store, number: int) -> bool:
+    if store.manifest.format != "hdf5":
+        return False
+    from dali_pipes.stores.hdf5 import open_file
+
+    with open_file(resolve_inside(store.root, store.manifest.shards[number].path)) as f:
+        virtual = bool(f.attrs.get("virtual", False))
+    if virtual:
+        log.info("cache in RAM: %s is a virtual merge; read from its sources on disk", store.root)
+    return virtual
+
+
+def _budget(cache_bytes: int | None, folder: Path) -> int:
+    """The bytes the cache may take: ``cache_bytes`` (default: half the available memory), capped by what is free."""
+    room = min(shutil.disk_usage(folder).free, available_memory())
+    if cache_bytes is None:
+        return int(room * DEFAULT_SHARE)
+    if cache_bytes > room:
+        log.warning(
+            "cache in RAM: cache_bytes=%s is more than the %s of memory free; caching at most %s",
+            human_bytes(cache_bytes),
+            human_bytes(room),
+            human_bytes(room * DEFAULT_SHARE),
+        )
+        return int(room * DEFAULT_SHARE)
+    return int(cache_bytes)
+
+
+def available_memory() -> int:
+    """Bytes of memory this process may still use: ``MemAvailable``, or less if its cgroup's limit says so."""
+    available = _meminfo_available()
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        ("/sys/fs/cgroup/memory/memory.limit_in_bytes", "/sys/fs/cgroup/memory/memory.usage_in_bytes"),
+    ):
+        try:
+            limit = Path(limit_file).read_text().strip()
+            usage = int(Path(usage_file).read_text().strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit() and int(limit) < 1 << 60:
+            available = min(available, max(0, int(limit) - usage))
+        break
+    return available
+
+
+def _meminfo_available() -> int:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0  # unknown: cache nothing rather than risk the machine's memory
+
+
+def _tmpfs() -> str:
+    if os.path.isdir(_TMPFS) and os.access(_TMPFS, os.W_OK):
+        return _TMPFS
+    raise ValueError(
+        f"cache='ram' needs a writable tmpfs at {_TMPFS}, which this machine lacks; "
+        "leave cache unset (the OS page cache still keeps recently read shards in memory)"
+    )
+
+
+def _remove_folder(folder: Path, owner_pid: int) -> None:
+    # A forked worker inherits the finalizer; only the process that made the cache removes it.
+    if os.getpid() == owner_pid:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _remove_orphans() -> None:
+    """Remove cache folders of processes that no longer exist (a killed loader cannot clean up)."""
+    pattern = re.compile(rf"{re.escape(FOLDER_PREFIX)}(\d+)-")
+    try:
+        names = os.listdir(_TMPFS)
+    except OSError:
+        return
+    for name in names:
+        match = pattern.match(name)
+        if match and not _alive(int(match.group(1))):
+            log.info("cache in RAM: removing %s/%s, left by a process that ended", _TMPFS, name)
+            shutil.rmtree(Path(_TMPFS) / name, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def cache_for_loader(
+    store: Store,
+    cache_bytes: int | None,
+    *,
+    world,
+    batch_size: int,
+    seed: int,
+    shuffle: bool,
+    last_batch: str,
+) -> tuple[Store, RamCache]:
+    """:func:`cache_in_ram` of the shards this rank of a loader reads (all of them when shuffling)."""
+    from dali_pipes.sampling import rank_indices
+
+    indices = None
+    if not shuffle:  # the same samples every epoch: only their shards
+        indices, _ = rank_indices(
+            len(store), batch_size, world.rank, world.world_size, 0, seed, shuffle=False, last_batch=last_batch
+        )
+    return cache_in_ram(store, shards_for_rank(store.manifest, indices), cache_bytes=cache_bytes)

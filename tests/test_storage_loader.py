@@ -1,0 +1,167 @@
+"""``DALILoader(stage_to=...)`` and ``DALILoader(cache="ram")``: where the loader reads, and that it reads the same."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+from stage_helpers import staging_rank
+from test_ddp import free_port
+
+from dali_pipes import DALILoader
+from dali_pipes.manifest import MANIFEST_NAME
+from dali_pipes.ramcache import FOLDER_PREFIX, available_memory
+
+from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
+
+N = 23
+BATCH = 3
+
+
+def read_epochs(dataset, epochs=2, **kwargs):
+    """``(index, label, is_pad, grey)`` rows of ``epochs`` passes, and the loader (closed)."""
+    quiet_dali_logs()
+    kwargs.setdefault("py_num_workers", 1)
+    loader = DALILoader(dataset, TinySpec(), batch_size=BATCH, device="cpu", with_index=True, **kwargs)
+    try:
+        rows = [[row for batch in loader for row in batch_rows(batch)] for _ in range(epochs)]
+    finally:
+        loader.close()
+    return rows, loader
+
+
+@pytest.mark.timeout(120)
+def test_stage_to_reads_the_staged_copy_and_the_same_samples(tmp_path):
+    source = write_dataset(tmp_path / "src", N, fmt="hdf5")
+    expected, _ = read_epochs(source)
+    rows, loader = read_epochs(source, stage_to=tmp_path / "local")
+    assert loader.store.root == tmp_path / "local" and loader.staged.copied
+    assert rows == expected
+    _, second = read_epochs(source, epochs=1, stage_to=tmp_path / "local")
+    assert second.staged.reused and second.staged.copied == []
+
+
+@pytest.mark.timeout(240)
+def test_two_ddp_ranks_on_one_node_stage_once(tmp_path):
+    source = write_dataset(tmp_path / "src", N, fmt="lmdb")
+    dest = tmp_path / "node-local"
+    mp.start_processes(
+        staging_rank,
+        args=(2, free_port(), str(source), str(dest), str(tmp_path)),
+        nprocs=2,
+        join=True,
+        start_method="spawn",
+    )
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    shards = sorted(p.name for p in source.glob("shard-*"))
+    copied = [sorted(r["copied"]) for r in reports]
+    assert sorted(copied) == [[], shards]  # one rank copied every shard, the other copied nothing
+    assert [r["reused"] for r in reports].count(True) == 1
+    assert all(r["root"] == str(dest) for r in reports)
+    seen = sorted(i for r in reports for batch in r["indices"] for i in batch)
+    assert set(seen) == set(range(N))  # the job read the whole dataset, from the staged copy
+    assert (dest / MANIFEST_NAME).read_bytes() == (source / MANIFEST_NAME).read_bytes()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5", "tfrecord"])
+def test_ram_cache_gives_the_samples_read_from_disk(tmp_path, fmt):
+    source = write_dataset(tmp_path / "src", N, fmt=fmt)
+    expected, _ = read_epochs(source)
+    quiet_dali_logs()
+    loader = DALILoader(
+        source, TinySpec(), batch_size=BATCH, device="cpu", with_index=True, py_num_workers=1, cache="ram"
+    )
+    cache = loader.cache
+    assert sorted(cache.copies) == [0, 1, 2, 3] and cache.on_disk == []
+    assert cache.folder.parent == Path("/dev/shm")
+    rows = [[row for batch in loader for row in batch_rows(batch)] for _ in range(2)]
+    if fmt == "lmdb":  # the worker maps the cached copies, not the originals
+        maps = Path(f"/proc/{loader.worker_pids[0]}/maps").read_text()
+        assert str(cache.folder) in maps and str(source) not in maps
+    loader.close()
+    assert rows == expected
+    assert not cache.folder.exists()  # closing the loader frees the memory
+
+
+@pytest.mark.timeout(120)
+def test_ram_cache_keeps_to_its_budget_and_reads_the_rest_from_disk(tmp_path):
+    source = write_dataset(tmp_path / "src", N, fmt="lmdb")
+    sizes = [p.stat().st_size for p in sorted(source.glob("shard-*"))]
+    budget = sizes[0] + sizes[1] + sizes[2] // 2  # two shards and half of the third
+    expected, _ = read_epochs(source)
+    rows, loader = read_epochs(source, cache="ram", cache_bytes=budget)
+    assert sorted(loader.cache.copies) == [0, 1] and loader.cache.on_disk == [2, 3]
+    assert loader.cache.bytes == sizes[0] + sizes[1] <= budget
+    assert rows == expected
+
+
+@pytest.mark.timeout(120)
+def test_ram_cache_without_shuffle_holds_only_this_ranks_shards(tmp_path):
+    source = write_dataset(tmp_path / "src", 28, fmt="tfrecord", samples_per_shard=7)
+    quiet_dali_logs()
+    # 28 samples on 2 ranks, unshuffled: rank 0 reads samples 0-2, 6-8, ... (batches of 3 in turn)
+    loader = DALILoader(
+        source,
+        TinySpec(),
+        batch_size=BATCH,
+        device="cpu",
+        rank=1,
+        world_size=2,
+        shuffle=False,
+        py_num_workers=0,
+        with_index=True,
+        cache="ram",
+    )
+    try:
+        read = sorted({i for batch in loader for i in batch["index"].tolist()})
+        shards = sorted({i // 7 for i in read})
+        assert sorted(loader.cache.copies) == shards
+    finally:
+        loader.close()
+
+
+def test_a_budget_beyond_free_memory_is_capped(tmp_path, caplog):
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.stores import open_store
+
+    store, cache = cache_in_ram(open_store(source), [0, 1], cache_bytes=1 << 62, progress=False)
+    try:
+        assert cache.budget <= available_memory()
+        assert "caching at most" in caplog.text
+    finally:
+        store.close()
+        cache.close()
+
+
+def test_cache_folders_of_dead_processes_are_removed(tmp_path):
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    orphan = Path("/dev/shm") / f"{FOLDER_PREFIX}{int(dead.stdout)}-test"
+    orphan.mkdir()
+    (orphan / "shard").write_bytes(b"x" * 10)
+    mine = Path("/dev/shm") / f"{FOLDER_PREFIX}{os.getpid()}-test"
+    mine.mkdir()
+    try:
+        source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+        _, loader = read_epochs(source, epochs=1, cache="ram", py_num_workers=0)
+        assert not orphan.exists() and mine.exists()
+    finally:
+        for folder in (orphan, mine):
+            if folder.exists():
+                for f in folder.iterdir():
+                    f.unlink()
+                folder.rmdir()
+
+
+def test_bad_cache_arguments(tmp_path):
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    with pytest.raises(ValueError, match="cache must be None or 'ram'"):
+        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache="disk")
+    with pytest.raises(ValueError, match="pass cache='ram' too"):
+        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache_bytes=100)
