@@ -155,7 +155,7 @@ def test_bench_plot_is_drawn(bench_cli):
 # --- the suites ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages"])
+@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage"])
 def test_each_suite_runs_and_returns_its_table(dataset, suite):
     from dali_pipes.bench.report import format_table
     from dali_pipes.bench.suites import run_bench
@@ -196,6 +196,15 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         assert {row.params["num_workers"] for row in report.rows} >= {0}
     if suite == "cpu-vs-gpu":
         assert all(row.extra["seconds"] > 0 for row in measured)
+    if suite == "storage":
+        assert [(row.name, row.params["epoch"]) for row in report.rows] == [
+            (name, epoch) for name in ("original", "staged /dev/shm", "cache=ram") for epoch in (1, 2)
+        ]
+        shm = {row.name: row.extra["shm_MB"] for row in report.rows}
+        size = sum(p.stat().st_size for p in dataset.glob("shard-*")) / 1e6
+        # Staging holds the whole dataset in the tmpfs; the cache the shards (all: the rows shuffle).
+        assert shm["original"] == 0 and shm["staged /dev/shm"] >= round(size, 1) - 0.1
+        assert shm["cache=ram"] == pytest.approx(size, abs=0.1)
     assert len(names) == len(report.rows), "two rows measure the same thing"
 
 

@@ -13,7 +13,9 @@
   a temporary folder), read raw, through DALI and through the ``DataLoader``;
 - ``stages``: this package's loader with growing prefixes of the training graph
   (read, decode, resize, jitter, normalise), on the CPU and the GPU, and what
-  each step adds per image (see :mod:`dali_pipes.bench.stages`).
+  each step adds per image (see :mod:`dali_pipes.bench.stages`);
+- ``storage``: epoch 1 and 2 reading the dataset where it is, staged into
+  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from dali_pipes.bench.streams import dali_in_flight
 
 log = logging.getLogger(__name__)
 
-SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages")
+SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage")
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
@@ -494,6 +496,12 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
     return report
 
 
+def _storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.storage import storage_suite
+
+    return storage_suite(inputs, plan, target, quick, progress)
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "albumentations": albumentations_suite,
@@ -501,4 +509,5 @@ _SUITES: dict[str, Suite] = {
     "workers": workers_suite,
     "formats": formats_suite,
     "stages": stages_suite,
+    "storage": _storage_suite,
 }

@@ -1,0 +1,166 @@
+"""``dali-pipes bench DATASET --suite storage``: where the shards are read from, epoch 1 and epoch 2.
+
+Three ways to read the same dataset with the same loader settings:
+
+- ``original``: the dataset where it is;
+- ``staged /dev/shm``: staged into a tmpfs first (:mod:`dali_pipes.stage`); the
+  copy is part of epoch 1, as it is for a training job;
+- ``cache=ram``: ``DALILoader(cache="ram")`` (:mod:`dali_pipes.ramcache`); the
+  copy into memory is part of epoch 1 too.
+
+Every row runs the loader's read-only graph (the stages suite's "read shards"
+row: the shards are read and nothing is decoded), so that storage, not
+decoding, is what differs. Before each epoch 1 the dataset's pages are dropped
+from the OS page cache (``posix_fadvise(DONTNEED)``, no root needed), so epoch 1
+reads the disk; epoch 2 then shows what each way gives once the data is in
+memory (for ``original``: the page cache). A tmpfs source cannot be dropped:
+then epoch 1 reads memory as well. Memory used: ``shm_MB`` is what the row
+holds in the tmpfs; ``workers_pss_MB`` the proportional set size of the DALI
+worker processes (shared pages split between the processes that map them).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Iterable
+
+from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.report import BenchReport, machine_description
+from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
+
+log = logging.getLogger(__name__)
+
+ORIGINAL, STAGED, CACHED = "original", "staged /dev/shm", "cache=ram"
+MODES = {
+    ORIGINAL: "read where it is (epoch 1 from the disk, epoch 2 from the page cache)",
+    STAGED: "dali-pipes stage into /dev/shm first (the copy counts in epoch 1)",
+    CACHED: "DALILoader(cache='ram') (the copy into memory counts in epoch 1)",
+}
+_SHM = "/dev/shm"
+
+
+def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Epoch 1 and epoch 2 images/s of the read-only graph for each way to store the shards."""
+    from tqdm import tqdm
+
+    from dali_pipes.bench.stages import GraphPrefix
+
+    spec = GraphPrefix(inputs.spec, 0)
+    repeats = 1 if quick else min(plan.repeats, 3)
+    rows = []
+    with tqdm(list(MODES), desc="bench storage", unit="row", disable=not progress, leave=False) as bar:
+        for mode in bar:
+            bar.set_postfix_str(mode)
+            rows.extend(_measure_mode(mode, inputs, spec, repeats))
+    report = BenchReport(
+        "storage",
+        "where the shards are read from: epoch 1 (cold, copy included) and epoch 2, read-only graph",
+        rows,
+        inputs.describe(),
+        machine_description(),
+        reference=ORIGINAL,
+        reference_match=("epoch",),
+        columns=("shm_MB", "workers_pss_MB"),
+    )
+    report.notes.append(
+        f"each row: median of {repeats} runs of two epochs; epoch 1 starts with the dataset's pages dropped "
+        "from the page cache and includes staging or caching; the read-only graph decodes nothing (see the "
+        "stages suite's 'read shards' row)"
+    )
+    report.notes.append(
+        "shm_MB: memory held in /dev/shm by the row; workers_pss_MB: proportional set size of the DALI workers"
+    )
+    return report
+
+
+def _measure_mode(mode: str, inputs: BenchInputs, spec: Any, repeats: int) -> list[Row]:
+    """Two rows (epoch 1, epoch 2) for one way of storing the shards."""
+    rows = [Row(mode, MODES[mode], {"epoch": epoch}) for epoch in (1, 2)]
+    runs = []
+    try:
+        for _ in range(repeats):
+            runs.append(_two_epochs(mode, inputs, spec))
+    except Exception as exc:  # noqa: BLE001 - a failing row is shown, the others still run
+        log.warning("bench storage: %s failed", mode, exc_info=True)
+        for row in rows:
+            row.error = f"{type(exc).__name__}: {exc}"
+        return rows
+    for epoch, row in enumerate(rows):
+        values = tuple(images / seconds for images, seconds in (run["epochs"][epoch] for run in runs))
+        row.timing = Timing(
+            values, sum(run["epochs"][epoch][0] for run in runs), sum(run["epochs"][epoch][1] for run in runs)
+        )
+        for key in ("shm_MB", "workers_pss_MB"):
+            row.extra[key] = round(statistics.median(run[key] for run in runs), 1)
+    return rows
+
+
+def _two_epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
+    """Time a loader over two epochs, from a dropped page cache; the memory it held at the end."""
+    from dali_pipes.loader import DALILoader
+
+    drop_page_cache(p for p in Path(inputs.dataset).rglob("*") if p.is_file())
+    with contextlib.ExitStack() as stack:
+        start = time.perf_counter()
+        path, kwargs, shm = inputs.dataset, {}, 0
+        if mode == STAGED:
+            from dali_pipes.stage import stage_dataset
+
+            folder = tempfile.mkdtemp(prefix="dali-pipes-bench-stage-", dir=_SHM)
+            stack.callback(shutil.rmtree, folder, True)
+            staged = stage_dataset(inputs.dataset, folder, progress=False)
+            path, shm = staged.path, staged.bytes_copied
+        elif mode == CACHED:
+            kwargs = {"cache": "ram"}
+        loader = DALILoader(
+            path,
+            spec,
+            batch_size=inputs.batch_size,
+            shuffle=True,
+            seed=0,
+            device="cpu",
+            **inputs.loader_settings,
+            **kwargs,
+        )
+        stack.callback(loader.close)
+        first = _epoch(loader)
+        epochs = [(first, time.perf_counter() - start)]
+        start = time.perf_counter()
+        epochs.append((_epoch(loader), time.perf_counter() - start))
+        if loader.cache is not None:
+            shm = loader.cache.bytes
+        pss = sum(_pss(pid) for pid in loader.worker_pids)
+    return {"epochs": epochs, "shm_MB": shm / 1e6, "workers_pss_MB": pss / 1e6}
+
+
+def _epoch(loader: Any) -> int:
+    return sum(int(batch["label"].shape[0]) for batch in loader)
+
+
+def drop_page_cache(paths: Iterable[Path]) -> None:
+    """Ask the kernel to drop these files' clean pages from the page cache (a no-op on a tmpfs)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _pss(pid: int) -> int:
+    """Proportional set size of a process in bytes (0 if it cannot be read)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
