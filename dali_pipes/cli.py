@@ -286,7 +286,11 @@ def _add_stage(commands) -> None:
     p = commands.add_parser("stage", help="copy a dataset (or merged .h5) to a local disk or /dev/shm, resumably")
     p.add_argument("dataset", type=Path, help="a dataset folder, or a merged .h5 file")
     p.add_argument("dest", type=Path, help="the local folder to copy it into (e.g. /dev/shm/NAME)")
-    p.add_argument("--verify", action="store_true", help="re-hash the staged copy, also when it is reused")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-hash the staged copy, also when it is reused (a merged file, which records no hash, against its source)",
+    )
     p.add_argument("--workers", type=int, default=4, help="files copied at once (default: 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_stage)

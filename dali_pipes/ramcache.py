@@ -111,7 +111,9 @@ def cache_in_ram(
             chosen.append(number)
             total += size
     cache.on_disk = [n for n in range(len(manifest.shards)) if n not in chosen]
-    with tqdm(total=total, unit="B", unit_scale=True, desc="cache in RAM", disable=not progress or not chosen) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, desc="cache in RAM", disable=None if progress and chosen else True
+    ) as bar:
         for number in chosen:
             if not _copy_shard(store, number, cache, bar.update):
                 cache.on_disk = sorted(set(cache.on_disk) | (set(chosen) - set(cache.copies)))

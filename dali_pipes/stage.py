@@ -41,7 +41,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from dali_pipes._fileio import atomic_write_bytes, fsync_dir, sha256_file
-from dali_pipes.manifest import ERRORS_NAME, MANIFEST_NAME, ManifestError, human_bytes, load_manifest, resolve_inside
+from dali_pipes.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def stage_dataset(
     if dest.resolve() in {source.resolve(), source.resolve().parent}:
         raise StageError(f"{dest}: is where {source} already is; stage into another folder")
     dest.mkdir(parents=True, exist_ok=True)
-    with _StageLock(dest, source):
+    with _StageLock(dest):
         report = StageReport(path=target)
         marker_path, marker_bytes = marker
         if _complete(dest, items, marker_path, marker_bytes):
@@ -241,20 +241,20 @@ def _remove_stale(dest: Path, marker_path: Path) -> None:
 def _keep_whole_files(dest: Path, items: list[StageItem], report: StageReport, progress: bool) -> list[StageItem]:
     """Keep files an earlier run put in place whose hash still matches; return the files left to copy."""
     todo = []
-    present = [item for item in items if item.sha256 and _size_is(dest / item.rel, item.bytes)]
+    present = {item.rel for item in items if item.sha256 and _size_is(dest / item.rel, item.bytes)}
     with tqdm(
-        total=sum(i.bytes for i in present),
+        total=sum(i.bytes for i in items if i.rel in present),
         unit="B",
         unit_scale=True,
         desc="check staged",
-        disable=not progress or not present,
+        disable=None if progress and present else True,  # None: shown on a terminal only
     ) as bar:
         for item in items:
-            if item in present and sha256_file(dest / item.rel) == item.sha256:
+            if item.rel in present and sha256_file(dest / item.rel) == item.sha256:
                 report.kept.append(item.rel)
             else:
                 todo.append(item)
-            bar.update(item.bytes if item in present else 0)
+            bar.update(item.bytes if item.rel in present else 0)
     return todo
 
 
@@ -281,7 +281,9 @@ def _check_free_space(dest: Path, todo: list[StageItem]) -> None:
 def _copy_all(dest: Path, todo: list[StageItem], report: StageReport, workers: int, progress: bool) -> None:
     lock = threading.Lock()
     total = sum(item.bytes for item in todo)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=not progress) as bar:
+    if todo:
+        log.info("stage: copying %d file(s), %s, into %s", len(todo), human_bytes(total), dest)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=None if progress else True) as bar:
 
         def copy(item: StageItem) -> None:
             copy_checked(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
@@ -290,8 +292,14 @@ def _copy_all(dest: Path, todo: list[StageItem], report: StageReport, workers: i
                 report.bytes_copied += item.bytes
 
         with ThreadPoolExecutor(max_workers=min(workers, max(1, len(todo)))) as pool:
-            for future in [pool.submit(copy, item) for item in todo]:
-                future.result()  # the first failure is raised; the pool still finishes the others
+            futures = [pool.submit(copy, item) for item in todo]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:
+                # Start no other file; those under way finish (or fail) before the error is raised.
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
 
 
 def _locked(lock: threading.Lock, call, *args) -> None:
@@ -335,7 +343,11 @@ def copy_checked(item: StageItem, target: Path, advance: Callable[[int], None]) 
 def _verify_all(dest: Path, items: list[StageItem], progress: bool) -> None:
     """Re-hash the staged files (against the manifest, or against the source where it records no hash)."""
     with tqdm(
-        total=sum(i.bytes for i in items), unit="B", unit_scale=True, desc="verify staged", disable=not progress
+        total=sum(i.bytes for i in items),
+        unit="B",
+        unit_scale=True,
+        desc="verify staged",
+        disable=None if progress else True,
     ) as bar:
         for item in items:
             expected = item.sha256 or sha256_file(item.source)
@@ -353,9 +365,8 @@ def _verify_all(dest: Path, items: list[StageItem], progress: bool) -> None:
 class _StageLock:
     """An exclusive ``flock`` on ``DEST/.dali-pipes-stage.lock``, logged when another process holds it."""
 
-    def __init__(self, dest: Path, source: Path) -> None:
+    def __init__(self, dest: Path) -> None:
         self.path = dest / LOCK_NAME
-        self.source = source
         self._fd: int | None = None
 
     def __enter__(self) -> "_StageLock":
@@ -373,12 +384,4 @@ class _StageLock:
             self._fd = None
 
 
-def staged_path(dataset: str | os.PathLike, dest: str | os.PathLike) -> Path:
-    """Where :func:`stage_dataset` puts ``dataset`` under ``dest`` (the folder, or the merged file in it)."""
-    source = Path(dataset)
-    if source.suffix in (".h5", ".hdf5") and source.is_file():
-        return Path(dest) / source.name
-    return Path(dest)
-
-
-__all__ = ["StageError", "StageReport", "stage_dataset", "staged_path", "ManifestError"]
+__all__ = ["StageError", "StageItem", "StageReport", "copy_checked", "stage_dataset"]

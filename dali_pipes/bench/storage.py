@@ -44,6 +44,8 @@ MODES = {
     CACHED: "DALILoader(cache='ram') (the copy into memory counts in epoch 1)",
 }
 _SHM = "/dev/shm"
+#: Epochs timed after the first, each one window of the epoch=2 row (one epoch of a small set is short).
+LATER_EPOCHS = 3
 
 
 def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
@@ -53,7 +55,7 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     from dali_pipes.bench.stages import GraphPrefix
 
     spec = GraphPrefix(inputs.spec, 0)
-    repeats = 1 if quick else min(plan.repeats, 3)
+    repeats = 1 if quick else plan.repeats
     rows = []
     with tqdm(list(MODES), desc="bench storage", unit="row", disable=not progress, leave=False) as bar:
         for mode in bar:
@@ -70,9 +72,10 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
         columns=("shm_MB", "workers_pss_MB"),
     )
     report.notes.append(
-        f"each row: median of {repeats} runs of two epochs; epoch 1 starts with the dataset's pages dropped "
-        "from the page cache and includes staging or caching; the read-only graph decodes nothing (see the "
-        "stages suite's 'read shards' row)"
+        f"each row: median of {repeats} runs; epoch 1 starts with the dataset's pages dropped from the page "
+        "cache and includes staging or caching; epoch=2: epochs 2 to "
+        f"{1 + LATER_EPOCHS}, each one window; the read-only graph decodes nothing (see the stages suite's "
+        "'read shards' row)"
     )
     report.notes.append(
         "shm_MB: memory held in /dev/shm by the row; workers_pss_MB: proportional set size of the DALI workers"
@@ -86,24 +89,23 @@ def _measure_mode(mode: str, inputs: BenchInputs, spec: Any, repeats: int) -> li
     runs = []
     try:
         for _ in range(repeats):
-            runs.append(_two_epochs(mode, inputs, spec))
+            runs.append(_epochs(mode, inputs, spec))
     except Exception as exc:  # noqa: BLE001 - a failing row is shown, the others still run
         log.warning("bench storage: %s failed", mode, exc_info=True)
         for row in rows:
             row.error = f"{type(exc).__name__}: {exc}"
         return rows
-    for epoch, row in enumerate(rows):
-        values = tuple(images / seconds for images, seconds in (run["epochs"][epoch] for run in runs))
-        row.timing = Timing(
-            values, sum(run["epochs"][epoch][0] for run in runs), sum(run["epochs"][epoch][1] for run in runs)
-        )
+    for row, part in zip(rows, (slice(0, 1), slice(1, None))):
+        windows = [epoch for run in runs for epoch in run["epochs"][part]]
+        values = tuple(images / seconds for images, seconds in windows)
+        row.timing = Timing(values, sum(images for images, _ in windows), sum(seconds for _, seconds in windows))
         for key in ("shm_MB", "workers_pss_MB"):
             row.extra[key] = round(statistics.median(run[key] for run in runs), 1)
     return rows
 
 
-def _two_epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
-    """Time a loader over two epochs, from a dropped page cache; the memory it held at the end."""
+def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
+    """Time a loader's epoch 1 (from a dropped page cache) and later epochs; the memory it held at the end."""
     from dali_pipes.loader import DALILoader
 
     drop_page_cache(p for p in Path(inputs.dataset).rglob("*") if p.is_file())
@@ -132,8 +134,9 @@ def _two_epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
         stack.callback(loader.close)
         first = _epoch(loader)
         epochs = [(first, time.perf_counter() - start)]
-        start = time.perf_counter()
-        epochs.append((_epoch(loader), time.perf_counter() - start))
+        for _ in range(LATER_EPOCHS):
+            start = time.perf_counter()
+            epochs.append((_epoch(loader), time.perf_counter() - start))
         if loader.cache is not None:
             shm = loader.cache.bytes
         pss = sum(_pss(pid) for pid in loader.worker_pids)
