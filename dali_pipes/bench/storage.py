@@ -29,7 +29,7 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, machine_description
@@ -57,7 +57,10 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     spec = GraphPrefix(inputs.spec, 0)
     repeats = 1 if quick else plan.repeats
     rows = []
-    with tqdm(list(MODES), desc="bench storage", unit="row", disable=not progress, leave=False) as bar:
+    with (
+        _quiet("dali_pipes.stage", "dali_pipes.ramcache"),
+        tqdm(list(MODES), desc="bench storage", unit="row", disable=not progress, leave=False) as bar,
+    ):
         for mode in bar:
             bar.set_postfix_str(mode)
             rows.extend(_measure_mode(mode, inputs, spec, repeats))
@@ -141,6 +144,20 @@ def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
             shm = loader.cache.bytes
         pss = sum(_pss(pid) for pid in loader.worker_pids)
     return {"epochs": epochs, "shm_MB": shm / 1e6, "workers_pss_MB": pss / 1e6}
+
+
+@contextlib.contextmanager
+def _quiet(*names: str) -> Iterator[None]:
+    # Every run stages or caches again; a log line each would bury the table (as the loader's are).
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _epoch(loader: Any) -> int:
