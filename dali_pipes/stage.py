@@ -100,6 +100,8 @@ def stage_dataset(
     items, marker, target = _plan(source, dest)
     if dest.resolve() in {source.resolve(), source.resolve().parent}:
         raise StageError(f"{dest}: is where {source} already is; stage into another folder")
+    if dest.exists() and not dest.is_dir():
+        raise StageError(f"{dest}: is a file; stage into a folder (it is made if missing)")
     dest.mkdir(parents=True, exist_ok=True)
     with _StageLock(dest):
         report = StageReport(path=target)

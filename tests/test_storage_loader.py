@@ -165,3 +165,36 @@ def test_bad_cache_arguments(tmp_path):
         DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache="disk")
     with pytest.raises(ValueError, match="pass cache='ram' too"):
         DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache_bytes=100)
+
+
+FALLBACK_SCRIPT = """
+import resource, signal, sys
+from dali_pipes.ramcache import cache_in_ram
+from dali_pipes.stores import open_store
+sys.path.insert(0, sys.argv[3])
+from loader_helpers import sample_digests, _digest
+import hashlib
+
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit then fails with EFBIG
+limit = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+store, cache = cache_in_ram(open_store(sys.argv[1]), range(4), cache_bytes=1 << 30, progress=False)
+digests = [_digest(store[i], hashlib) for i in range(len(store))]
+print(sorted(cache.copies), cache.on_disk, list(cache.folder.iterdir()))
+print(digests == sample_digests(sys.argv[1]))
+"""
+
+
+def test_a_cache_copy_that_fails_to_write_falls_back_to_disk(tmp_path):
+    source = write_dataset(tmp_path / "src", N, fmt="tfrecord")
+    sizes = [p.stat().st_size for p in sorted(source.glob("shard-*.tfrecord"))]
+    # Files may not grow past the smallest shard (the last): the first shard's copy fails half-way.
+    proc = subprocess.run(
+        [sys.executable, "-c", FALLBACK_SCRIPT, str(source), str(sizes[-1]), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines() == ["[] [0, 1, 2, 3] []", "True"]
+    assert "the remaining shards are read from disk" in proc.stderr
