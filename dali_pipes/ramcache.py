@@ -12,8 +12,8 @@ the next one fits, and the rest are read from where they are. The budget is
 also capped by the free space of the tmpfs and by the memory the machine (or its
 cgroup) has available, so that caching ends in a disk fallback and never in an
 out-of-memory kill. The folder is removed when the loader closes or the process
-exits; one left by a process that was killed is removed by the next cache made
-on the machine.
+exits; one left by a process that was killed (its lock file is free) is removed
+by the next cache made on the machine.
 
 What is cached: with ``shuffle=True`` every rank reads from every shard, so all
 shards are candidates; without shuffling, only the shards holding this rank's
@@ -23,9 +23,9 @@ sources are found relative to its own folder).
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
-import re
 import shutil
 import tempfile
 import weakref
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 CACHE_KINDS = (None, "ram")
 #: Prefix of the cache folders in the tmpfs: ``dali-pipes-cache-<pid>-<random>``.
 FOLDER_PREFIX = "dali-pipes-cache-"
+#: The lock file its owner holds in each cache folder.
+OWNER_LOCK = ".owner.lock"
 #: The share of the available memory a cache may take when no ``cache_bytes`` is given.
 DEFAULT_SHARE = 0.5
 _TMPFS = "/dev/shm"
@@ -83,7 +85,10 @@ class RamCache:
     on_disk: list[int] = field(default_factory=list)  # shards read from where they are
 
     def __post_init__(self) -> None:
-        self._finalizer = weakref.finalize(self, _remove_folder, self.folder, os.getpid())
+        # Held for the cache's life: a folder whose lock can be taken belongs to a process that ended.
+        lock_fd = os.open(self.folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        self._finalizer = weakref.finalize(self, _remove_folder, self.folder, os.getpid(), lock_fd)
 
     def close(self) -> None:
         """Remove the cached copies (readers that still have them open keep their pages until they close)."""
@@ -222,34 +227,37 @@ def _tmpfs() -> str:
     )
 
 
-def _remove_folder(folder: Path, owner_pid: int) -> None:
+def _remove_folder(folder: Path, owner_pid: int, lock_fd: int) -> None:
     # A forked worker inherits the finalizer; only the process that made the cache removes it.
     if os.getpid() == owner_pid:
         shutil.rmtree(folder, ignore_errors=True)
+        os.close(lock_fd)
 
 
 def _remove_orphans() -> None:
-    """Remove cache folders of processes that no longer exist (a killed loader cannot clean up)."""
-    pattern = re.compile(rf"{re.escape(FOLDER_PREFIX)}(\d+)-")
+    """Remove cache folders whose owner ended without cleaning up (killed): their lock is free.
+
+    A lock rather than a process id: a process in another PID namespace sharing
+    ``/dev/shm`` (a container with ``--ipc=host``) has ids that look dead from here.
+    """
     try:
-        names = os.listdir(_TMPFS)
+        names = [name for name in os.listdir(_TMPFS) if name.startswith(FOLDER_PREFIX)]
     except OSError:
         return
     for name in names:
-        match = pattern.match(name)
-        if match and not _alive(int(match.group(1))):
-            log.info("cache in RAM: removing %s/%s, left by a process that ended", _TMPFS, name)
-            shutil.rmtree(Path(_TMPFS) / name, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    return True
+        folder = Path(_TMPFS) / name
+        try:
+            fd = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:
+            continue  # being made right now, or not ours
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # its loader is alive
+        finally:
+            os.close(fd)
+        log.info("cache in RAM: removing %s, left by a loader that was killed", folder)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def cache_for_loader(

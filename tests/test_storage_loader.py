@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -140,23 +141,26 @@ def test_a_budget_beyond_free_memory_is_capped(tmp_path, caplog):
         cache.close()
 
 
-def test_cache_folders_of_dead_processes_are_removed(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    orphan = Path("/dev/shm") / f"{FOLDER_PREFIX}{int(dead.stdout)}-test"
-    orphan.mkdir()
+def test_cache_folders_of_killed_loaders_are_removed(tmp_path):
+    import fcntl
+
+    from dali_pipes.ramcache import OWNER_LOCK
+
+    # A folder whose owner lock is free (its loader was killed), and one whose lock is held.
+    orphan = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}1-", dir="/dev/shm"))
+    (orphan / OWNER_LOCK).touch()
     (orphan / "shard").write_bytes(b"x" * 10)
-    mine = Path("/dev/shm") / f"{FOLDER_PREFIX}{os.getpid()}-test"
-    mine.mkdir()
-    try:
-        source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
-        _, loader = read_epochs(source, epochs=1, cache="ram", py_num_workers=0)
-        assert not orphan.exists() and mine.exists()
-    finally:
-        for folder in (orphan, mine):
-            if folder.exists():
-                for f in folder.iterdir():
-                    f.unlink()
-                folder.rmdir()
+    alive = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}1-", dir="/dev/shm"))
+    with open(alive / OWNER_LOCK, "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+            _, loader = read_epochs(source, epochs=1, cache="ram", py_num_workers=0)
+            assert not orphan.exists() and alive.exists()
+            assert not loader.cache.folder.exists()  # its own, removed at close
+        finally:
+            shutil.rmtree(orphan, ignore_errors=True)
+            shutil.rmtree(alive, ignore_errors=True)
 
 
 def test_bad_cache_arguments(tmp_path):
@@ -180,7 +184,7 @@ limit = int(sys.argv[2])
 resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 store, cache = cache_in_ram(open_store(sys.argv[1]), range(4), cache_bytes=1 << 30, progress=False)
 digests = [_digest(store[i], hashlib) for i in range(len(store))]
-print(sorted(cache.copies), cache.on_disk, list(cache.folder.iterdir()))
+print(sorted(cache.copies), cache.on_disk, sorted(p.name for p in cache.folder.iterdir()))
 print(digests == sample_digests(sys.argv[1]))
 """
 
@@ -196,5 +200,5 @@ def test_a_cache_copy_that_fails_to_write_falls_back_to_disk(tmp_path):
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines() == ["[] [0, 1, 2, 3] []", "True"]
+    assert proc.stdout.splitlines() == ["[] [0, 1, 2, 3] ['.owner.lock']", "True"]  # no partial copy left
     assert "the remaining shards are read from disk" in proc.stderr
