@@ -7,8 +7,8 @@ cache once: the loader and every worker read (or, for LMDB, memory-map) the
 same pages, whether the workers were forked or spawned, so the memory is paid
 once per rank and not once per worker.
 
-The budget (``cache_bytes``) is never exceeded: shards are copied in order while
-the next one fits, and the rest are read from where they are. The budget is
+The budget (``cache_bytes``) is never exceeded: shards are taken in order, each
+one that still fits, and the rest are read from where they are. The budget is
 also capped by the free space of the tmpfs and by the memory the machine (or its
 cgroup) has available, so that caching ends in a disk fallback and never in an
 out-of-memory kill. The folder is removed when the loader closes or the process
@@ -123,7 +123,7 @@ def cache_in_ram(
             if not _copy_shard(store, number, cache, bar.update):
                 cache.on_disk = sorted(set(cache.on_disk) | (set(chosen) - set(cache.copies)))
                 break
-    root, manifest = store.root, store.manifest
+    root = store.root
     store.close()
     log.info(
         "cache in RAM: %d of %d shard(s), %s of a %s budget, in %s; %d shard(s) read from disk",
