@@ -1,4 +1,4 @@
-"""Input sources and image checks, on the real photos of ``shared/data`` and on files made in ``tmp_path``."""
+"""Input sources and image checks, on the real photos of ``dali_pipes/sample_data`` and on files made in ``tmp_path``."""
 
 from __future__ import annotations
 
