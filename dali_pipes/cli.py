@@ -206,17 +206,21 @@ def _convert(source, out: Path, args) -> int:
         engine=args.engine,
         scheduler=args.scheduler,
     )
+    # One summary line, always with the count of inputs left out (also when it is 0).
+    left_out = f"left out {len(result.errors)} input(s)" + (
+        f", listed in {out / ERRORS_NAME}:" if result.errors else ""
+    )
     if result.already_complete:
-        print(f"{out}: already complete ({result.num_samples:,} samples); nothing to do")
+        print(f"{out}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
     else:
         rate = result.num_samples / result.seconds if result.seconds else 0.0
         print(
             f"{out}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
             f"{human_bytes(result.bytes)}, {result.seconds:.1f} s ({rate:,.0f} samples/s)"
             + (f", {result.resumed_shards} shard(s) kept from an earlier run" if result.resumed_shards else "")
+            + f"; {left_out}"
         )
     if result.errors:
-        print(f"left out {len(result.errors)} input(s), listed in {out / ERRORS_NAME}:")
         for error in result.errors[:10]:
             print(f"  {error['input']}: {error['reason']}")
         if len(result.errors) > 10:
