@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert training sets into LMDB/HDF5/TFRecord shards and feed them to PyTorch through NVIDIA DALI.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_convert(commands)
     _add_inspect(commands)
@@ -77,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune(commands)
     _add_doctor(commands)
     return parser
+
+
+def _version() -> str:
+    from dali_pipes import __version__
+
+    return __version__
 
 
 # --- convert ------------------------------------------------------------------------------
