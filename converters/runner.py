@@ -52,6 +52,7 @@ from dali_pipes._fileio import atomic_write_bytes, fsync_dir, sha256_file
 from dali_pipes.manifest import (
     ERRORS_NAME,
     FORMATS,
+    JOB_DIR,
     MANIFEST_NAME,
     Manifest,
     ManifestError,
@@ -62,7 +63,6 @@ from dali_pipes.manifest import (
 
 log = logging.getLogger(__name__)
 
-JOB_DIR = ".dali-pipes-job"
 LOCK_NAME = ".dali-pipes.lock"
 ON_ERROR = ("skip", "fail")
 _TMP_SUFFIX = ".tmp"
