@@ -542,6 +542,13 @@ def _add_doctor(commands) -> None:
     p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune'")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures and the verdict here")
     p.add_argument("--quick", action="store_true", help="shorter warm-up: checks that every measurement runs")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=10.0,
+        metavar="M",
+        help="refuse up front a run estimated to take longer, naming smaller models (default: 10)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_doctor)
 
@@ -560,6 +567,7 @@ def _doctor(args) -> int:
             device=args.device,
             settings=args.settings,
             progress=not args.no_progress,
+            max_minutes=args.max_minutes,
         )
     print(format_doctor(report))
     if args.json is not None:
