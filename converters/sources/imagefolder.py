@@ -53,16 +53,7 @@ class ImageFolderSource(Source):
         if not root.is_dir():
             raise ConversionError(f"{root}: not a folder; imagefolder reads a ROOT/CLASS/IMAGE tree")
         with os.scandir(root) as entries:
-            visible = [e for e in entries if not e.name.startswith(".")]
-        names = sorted(e.name for e in visible if e.is_dir())
-        loose = sorted(e.name for e in visible if not e.is_dir())
-        if loose and names:
-            log.warning(
-                "%s: %d file(s) directly in the root belong to no class and are not converted: %s",
-                root,
-                len(loose),
-                ", ".join(loose[:5]) + (", ..." if len(loose) > 5 else ""),
-            )
+            names = sorted(e.name for e in entries if not e.name.startswith(".") and e.is_dir())
         if not names:
             raise ConversionError(f"{root}: no class folders; imagefolder expects images in ROOT/CLASS/ sub-folders")
         return names
@@ -78,6 +69,15 @@ class ImageFolderSource(Source):
         """Every visible file, class by class, each class sorted by relative path. ``Item.size`` is the file size."""
         items: list[Item] = []
         classes = self._class_names()
+        with os.scandir(self.root) as entries:
+            loose = sorted(e.name for e in entries if not e.name.startswith(".") and not e.is_dir())
+        if loose:
+            log.warning(
+                "%s: %d file(s) directly in the root belong to no class and are not converted: %s",
+                self.root,
+                len(loose),
+                ", ".join(loose[:5]) + (", ..." if len(loose) > 5 else ""),
+            )
         for label, name in enumerate(classes):
             found = 0
             for rel, size in _walk_images(Path(self.root), name):
