@@ -392,8 +392,7 @@ def test_bench_errors_are_one_line(dataset, tmp_path, capsys):
 
     assert main(["bench", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("dali-pipes: error:") and len(err.strip().splitlines()) == 1
-    assert f"{tmp_path / 'missing'}: no such folder" in err
+    assert err.startswith("dali-pipes: error:") and "index.json" in err and len(err.strip().splitlines()) == 1
     assert main(["bench", str(dataset), "--batch-size", "100"]) == 2
     assert "less than one batch of 100" in capsys.readouterr().err
 
