@@ -262,7 +262,7 @@ def write_manifest(dataset: str | os.PathLike, manifest: Manifest) -> Path:
 def _no_manifest(folder: Path) -> str:
     """Why ``folder`` is not a dataset, and what to do: it is missing, unfinished, or not ours."""
     if not folder.exists():
-        return f"{folder}: no such folder; give the folder of a dataset written by 'dali-pipes convert'"
+        return f"{folder}: no such folder, so no {MANIFEST_NAME}; give the folder of a dataset written by 'dali-pipes convert'"
     if not folder.is_dir():
         return f"{folder}: not a folder; give the folder of a dataset written by 'dali-pipes convert'"
     if (folder / JOB_DIR).is_dir():

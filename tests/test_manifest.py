@@ -260,7 +260,8 @@ def test_writers_refuse_before_writing_what_the_manifest_would_refuse_after(tmp_
 
 def test_a_folder_without_manifest_says_why_and_what_to_do(tmp_path):
     with pytest.raises(
-        ManifestError, match="no such folder; give the folder of a dataset written by 'dali-pipes convert'"
+        ManifestError,
+        match="no such folder, so no index.json; give the folder of a dataset written by 'dali-pipes convert'",
     ):
         load_manifest(tmp_path / "nope")
     (tmp_path / "file").write_text("x")
