@@ -14,7 +14,7 @@ SAMPLE_DATA = Path(__file__).resolve().parent
 
 
 def imagenet_mini() -> Path:
-    """47 JPEG photos (longest side 240 to 720 px) in 16 ImageNet class-id folders, with ``image_list.txt``."""
+    """47 JPEG photos (longest side 240 to 720 px) in 19 ImageNet class-id folders, with ``image_list.txt``."""
     return _existing(SAMPLE_DATA / "imagenet-mini")
 
 
