@@ -159,3 +159,15 @@ def test_refusals_name_what_the_file_is():
     assert refusal(b"GIF89a\x01\x00").startswith("a GIF file, not a format DALI's decoder reads (accepted: JPEG, PNG")
     assert refusal(b"%PDF-1.7").startswith("a PDF file")
     assert refusal(b"hello").startswith("not an image file (starts with b'hello'")
+
+
+def test_the_benchmarks_original_files_are_the_images_the_conversion_keeps(imagenet_mini, tmp_path):
+    from dali_pipes.bench.baselines import imagefolder_files
+
+    photo = sorted(imagenet_mini.glob("*/*.jpg"))[0]
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "photo.jp2").write_bytes(accepted_files(photo)["jpeg2000.jp2"])
+    (tmp_path / "a" / "notes.txt").write_text("not an image")
+    shutil.copy(photo, tmp_path / "b" / "photo")
+    assert imagefolder_files(tmp_path) == [(tmp_path / "a" / "photo.jp2", 0), (tmp_path / "b" / "photo", 1)]
