@@ -74,4 +74,4 @@ def test_nothing_reads_data_from_beside_the_repository():
     readers = [f for f in listed.stdout.split() if f.endswith((".py", ".ipynb", ".toml", ".cfg"))]
     needle = "/".join(("shared", "data"))  # spelt apart, so that this file does not name it
     offenders = [f for f in readers if needle in (ROOT / f).read_text(errors="replace")]
-    assert offenders == [], f"these read ../shared/data, which a user's clone does not have: {offenders}"
+    assert offenders == [], f"these read ../{needle}, which a user's clone does not have: {offenders}"
