@@ -17,10 +17,7 @@ from dataclasses import dataclass
 from PIL import Image, ImageOps
 
 from converters.base import ImageOptions, SampleError
-
-#: Formats the loader's DALI decoders read; anything else is refused here rather
-#: than failing later inside a training job.
-SUPPORTED_FORMATS = frozenset({"JPEG", "PNG", "BMP", "TIFF", "WEBP", "JPEG2000", "PPM"})
+from converters.image_formats import HEAD_BYTES, image_format, refusal
 
 #: Decompression-bomb guard: images with more pixels than this are refused before
 #: decoding. It is Pillow's own error threshold (twice ``Image.MAX_IMAGE_PIXELS``'s
@@ -129,8 +126,10 @@ def _header_size(data: bytes, name: str) -> tuple[int, int]:
 
 
 def _open(data: bytes, name: str) -> Image.Image:
-    if not data:
-        raise SampleError(name, "empty file (0 bytes)")
+    # The format is told by content, as DALI's decoder tells it: formats DALI does not read are
+    # refused here rather than failing later inside a training job, whatever Pillow could do.
+    if image_format(data[:HEAD_BYTES]) is None:
+        raise SampleError(name, refusal(data[:HEAD_BYTES]))
     try:
         with warnings.catch_warnings():
             # The pixel limit in _decode decides; Pillow's warning would only be noise (or an error under -W error).
@@ -139,7 +138,8 @@ def _open(data: bytes, name: str) -> Image.Image:
     except Image.DecompressionBombError as exc:
         raise SampleError(name, f"image too large to decode safely ({exc})") from None
     except Image.UnidentifiedImageError:
-        raise SampleError(name, f"not an image file (no known image format; starts with {data[:8]!r})") from None
+        kind = image_format(data[:HEAD_BYTES])
+        raise SampleError(name, f"starts like a {kind} file but its header is unreadable") from None
     except Exception as exc:  # noqa: BLE001 - Pillow raises many types for malformed headers
         raise SampleError(name, f"unreadable image header ({type(exc).__name__}: {exc})") from None
 
@@ -151,10 +151,6 @@ def _decode(data: bytes, name: str, *, draft_to: tuple[int, int], max_pixels: in
     width, height = image.size
     info = ImageInfo(format=fmt, width=width, height=height, mode=image.mode)
     try:
-        if fmt not in SUPPORTED_FORMATS:
-            raise SampleError(
-                name, f"unsupported image format {fmt} (the loader decodes {', '.join(sorted(SUPPORTED_FORMATS))})"
-            )
         if width < 1 or height < 1:
             raise SampleError(name, f"{fmt} image has an empty size {width}x{height}")
         if width * height > max_pixels:
@@ -162,7 +158,7 @@ def _decode(data: bytes, name: str, *, draft_to: tuple[int, int], max_pixels: in
                 name,
                 f"{fmt} image is {width}x{height} pixels, more than the limit of {max_pixels} (decompression bomb guard)",
             )
-        if fmt == "JPEG":
+        if image_format(data[:HEAD_BYTES]) == "JPEG":  # Pillow says "MPO" for a camera's multi-picture JPEG
             image.draft(None, draft_to)
         try:
             image.load()

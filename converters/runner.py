@@ -52,6 +52,7 @@ from dali_pipes._fileio import atomic_write_bytes, fsync_dir, sha256_file
 from dali_pipes.manifest import (
     ERRORS_NAME,
     FORMATS,
+    JOB_DIR,
     MANIFEST_NAME,
     Manifest,
     ManifestError,
@@ -62,7 +63,6 @@ from dali_pipes.manifest import (
 
 log = logging.getLogger(__name__)
 
-JOB_DIR = ".dali-pipes-job"
 LOCK_NAME = ".dali-pipes.lock"
 ON_ERROR = ("skip", "fail")
 _TMP_SUFFIX = ".tmp"
@@ -137,7 +137,8 @@ def convert(
 
     finished = _finished_dataset(out, digest)
     if finished is not None:
-        log.info("%s is already a complete conversion of this input; nothing to do", out)
+        # Said once, by the caller (the CLI's summary line); here only for debugging.
+        log.debug("%s is already a complete conversion of this input; nothing to do", out)
         return ConvertResult(out, finished, _read_errors(out), time.perf_counter() - started, already_complete=True)
 
     created = not out.exists()
@@ -161,7 +162,7 @@ def convert(
         shutil.rmtree(job_dir, ignore_errors=True)
     errors = [e for p in plans for e in results[p.number]["errors"]]
     result = ConvertResult(out, manifest, errors, time.perf_counter() - started, resumed_shards=len(plans) - len(todo))
-    log.info(
+    log.debug(  # the caller reports the result (the CLI's summary line); this is for debugging only
         "wrote %d samples in %d shards to %s (%d inputs left out) in %.1f s",
         manifest.num_samples,
         len(manifest.shards),

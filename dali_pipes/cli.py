@@ -64,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Convert training sets into LMDB/HDF5/TFRecord shards and feed them to PyTorch through NVIDIA DALI.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log more detail")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     _add_convert(commands)
     _add_inspect(commands)
@@ -78,6 +79,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_tune(commands)
     _add_doctor(commands)
     return parser
+
+
+def _version() -> str:
+    from dali_pipes import __version__
+
+    return __version__
 
 
 # --- convert ------------------------------------------------------------------------------
@@ -207,17 +214,21 @@ def _convert(source, out: Path, args) -> int:
         engine=args.engine,
         scheduler=args.scheduler,
     )
+    # One summary line, always with the count of inputs left out (also when it is 0).
+    left_out = f"left out {len(result.errors)} input(s)" + (
+        f", listed in {out / ERRORS_NAME}:" if result.errors else ""
+    )
     if result.already_complete:
-        print(f"{out}: already complete ({result.num_samples:,} samples); nothing to do")
+        print(f"{out}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
     else:
         rate = result.num_samples / result.seconds if result.seconds else 0.0
         print(
             f"{out}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
             f"{human_bytes(result.bytes)}, {result.seconds:.1f} s ({rate:,.0f} samples/s)"
             + (f", {result.resumed_shards} shard(s) kept from an earlier run" if result.resumed_shards else "")
+            + f"; {left_out}"
         )
     if result.errors:
-        print(f"left out {len(result.errors)} input(s), listed in {out / ERRORS_NAME}:")
         for error in result.errors[:10]:
             print(f"  {error['input']}: {error['reason']}")
         if len(result.errors) > 10:
@@ -560,6 +571,13 @@ def _add_doctor(commands) -> None:
     p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune'")
     p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures and the verdict here")
     p.add_argument("--quick", action="store_true", help="shorter warm-up: checks that every measurement runs")
+    p.add_argument(
+        "--max-minutes",
+        type=float,
+        default=10.0,
+        metavar="M",
+        help="refuse up front a run estimated to take longer, naming smaller models (default: 10)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_doctor)
 
@@ -578,6 +596,7 @@ def _doctor(args) -> int:
             device=args.device,
             settings=args.settings,
             progress=not args.no_progress,
+            max_minutes=args.max_minutes,
         )
     print(format_doctor(report))
     if args.json is not None:

@@ -75,7 +75,9 @@ def run_demo(
         images = Path(data)
     dataset = workdir / "shards"
     log.info("converting %s to LMDB shards in %s", images, dataset)
-    convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
+    converted = convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
+    if converted.errors:
+        log.warning("left out %d input(s) of %s, listed in %s", len(converted.errors), images, dataset / "errors.jsonl")
 
     spec = ClassificationTrain(size=224)
     loader = DALILoader(dataset, spec, batch_size=batch_size, device=device, seed=0)

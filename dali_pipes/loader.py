@@ -614,10 +614,20 @@ def _required_fields(spec: Any, store: Store) -> tuple[str, ...]:
     if missing:
         raise ValueError(
             f"{store.root}: {type(spec).__name__} needs the field(s) {', '.join(map(repr, missing))}, but the dataset "
-            f"has only {', '.join(map(repr, store.fields))}; use a pipeline for this kind of dataset "
-            f"(it came from a {store.manifest.source.get('kind', 'unknown')!r} source)"
+            f"has only {', '.join(map(repr, store.fields))}; {_fitting_spec(store.fields)}"
         )
     return fields
+
+
+def _fitting_spec(fields: Any) -> str:
+    """Which spec reads a dataset of these fields (a :class:`~dali_pipes.manifest.Field` by name), in words."""
+    images = [name for name, f in fields.items() if f.is_image]
+    if not images:
+        arrays = tuple(name for name, f in fields.items() if f.kind == "array")
+        return f"for feature arrays use dali_pipes.Features(fields={arrays!r})"
+    if {"boxes", "category_id"} <= set(fields):
+        return "for images with boxes use dali_pipes.Detection() (or DetectionVal())"
+    return "for labelled images use dali_pipes.ClassificationTrain() (or ClassificationVal())"
 
 
 def _env_int(name: str) -> int | None:

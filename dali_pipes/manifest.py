@@ -36,6 +36,8 @@ import numpy as np
 from dali_pipes._fileio import atomic_write_bytes
 
 MANIFEST_NAME = "index.json"
+#: The folder of an unfinished conversion's records (:mod:`converters.runner`), inside the output folder.
+JOB_DIR = ".dali-pipes-job"
 ERRORS_NAME = "errors.jsonl"
 KIND = "dali-pipes"
 VERSION = 1
@@ -257,6 +259,24 @@ def write_manifest(dataset: str | os.PathLike, manifest: Manifest) -> Path:
     return target
 
 
+def _no_manifest(folder: Path) -> str:
+    """Why ``folder`` is not a dataset, and what to do: it is missing, unfinished, or not ours."""
+    if not folder.exists():
+        return f"{folder}: no such folder, so no {MANIFEST_NAME}; give the folder of a dataset written by 'dali-pipes convert'"
+    if not folder.is_dir():
+        return f"{folder}: not a folder; give the folder of a dataset written by 'dali-pipes convert'"
+    if (folder / JOB_DIR).is_dir():
+        return (
+            f"{folder}: no {MANIFEST_NAME} here yet: a conversion into this folder did not finish; run the same "
+            "'dali-pipes convert' command again to complete it (it resumes)"
+        )
+    return (
+        f"{folder}: no {MANIFEST_NAME} here, so this is not a dataset written by 'dali-pipes convert'; image "
+        "folders, COCO annotations, list files and arrays from elsewhere are converted first: "
+        "dali-pipes convert {imagefolder,coco,list,arrays} ... (see dali-pipes convert --help)"
+    )
+
+
 def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Manifest:
     """Read and validate a dataset's ``index.json``.
 
@@ -266,10 +286,7 @@ def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Ma
     """
     path = manifest_path(dataset)
     if not path.is_file():
-        raise ManifestError(
-            f"{path.parent}: no {MANIFEST_NAME} here; is this a dataset written by "
-            f"'dali-pipes convert'? (a conversion that did not finish writes no manifest: run it again)"
-        )
+        raise ManifestError(_no_manifest(path.parent))
     try:
         data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError

@@ -1,4 +1,4 @@
-"""Shared test fixtures: paths to the real sample photos, and skipping of GPU tests without CUDA."""
+"""Shared test fixtures: paths to the real sample photos (``dali_pipes/sample_data``), and skipping of GPU tests without CUDA."""
 
 from __future__ import annotations
 
@@ -6,9 +6,7 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-IMAGENET_MINI = SHARED_DATA / "imagenet-mini"
-COCO_MINI = SHARED_DATA / "coco-mini"
+from dali_pipes import sample_data
 
 
 def _cuda_available() -> bool:
@@ -31,18 +29,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(scope="session")
 def imagenet_mini() -> Path:
-    """The 47 real ImageNet-style photos (read-only)."""
-    if not IMAGENET_MINI.is_dir():
-        pytest.fail(f"sample data missing: {IMAGENET_MINI} (the repository expects ../shared/data beside it)")
-    return IMAGENET_MINI
+    """The 47 real ImageNet-style photos of the package's sample data (read-only)."""
+    return sample_data.imagenet_mini()
 
 
 @pytest.fixture(scope="session")
 def coco_mini() -> Path:
-    """The 61 real COCO-style photos with instances.json (read-only)."""
-    if not COCO_MINI.is_dir():
-        pytest.fail(f"sample data missing: {COCO_MINI} (the repository expects ../shared/data beside it)")
-    return COCO_MINI
+    """The 61 real COCO-style photos with instances.json of the package's sample data (read-only)."""
+    return sample_data.coco_mini()
 
 
 # --- shard formats: real photo bytes and a dataset writer without the runner -------------

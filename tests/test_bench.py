@@ -8,6 +8,7 @@ JSON, that the plot is drawn, and that the saved settings drive a real loader.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -434,3 +435,35 @@ def test_graph_prefixes_run_the_training_steps_in_order(dataset):
     assert (next(iter(whole))["image"] == next(iter(last))["image"]).all()
     whole.close()
     last.close()
+
+
+def test_doctor_says_how_long_it_will_take_and_refuses_a_run_over_the_limit(dataset, caplog):
+    from dali_pipes.bench.doctor import run_doctor
+
+    with caplog.at_level("INFO", logger="dali_pipes.bench"):
+        run_doctor(dataset, model="tiny", batch_size=BATCH, steps=3, quick=True, progress=False)
+    assert re.search(r"doctor: about \d+ s \(\d+ training steps of tiny at [\d.]+ s each on the cpu", caplog.text)
+    # A limit no real step can meet: refused before any measurement, naming the smaller models.
+    with pytest.raises(ValueError, match=r"doctor would take about .* one mobilenet training step of batch 8") as exc:
+        run_doctor(dataset, model="mobilenet", batch_size=BATCH, steps=3, quick=True, progress=False, max_minutes=1e-9)
+    assert "--model tiny" in str(exc.value) and "--max-minutes" in str(exc.value)
+
+
+def test_doctor_cli_shows_progress_and_the_estimate(dataset):
+    proc = subprocess.run(
+        [str(CLI), "doctor", str(dataset), "--model", "tiny", "--batch-size", str(BATCH), "--steps", "3", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "doctor: about " in proc.stderr and re.search(r"doctor: .*\d+/\d+ \[", proc.stderr), proc.stderr
+    refused = subprocess.run(
+        [str(CLI), "doctor", str(dataset), "--model", "resnet18", "--batch-size", str(BATCH), "--max-minutes", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip().splitlines()[-1].startswith("dali-pipes: error: doctor would take about ")
+    assert "--model mobilenet or tiny" in refused.stderr

@@ -1,7 +1,7 @@
 """The three shard formats, writer and reader side by side: round trips, determinism,
 pickling across processes, LMDB map growth, TFRecord interoperability and damaged files.
 
-Real files in ``tmp_path``, real photos from ``../shared/data``, no mocks.
+Real files in ``tmp_path``, real photos from ``dali_pipes/sample_data``, no mocks.
 """
 
 from __future__ import annotations

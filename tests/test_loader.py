@@ -386,8 +386,10 @@ def test_bad_arguments(dataset, kwargs, error, message):
 
 def test_a_pipeline_that_needs_fields_the_dataset_lacks(tmp_path):
     path = write_dataset(tmp_path / "features", 6, fields="arrays")
-    with pytest.raises(ValueError, match=r"TinySpec needs the field\(s\) 'image'.*has only 'features', 'label'"):
+    with pytest.raises(ValueError, match=r"TinySpec needs the field\(s\) 'image'.*has only 'features', 'label'") as exc:
         make(path)
+    # It says which spec does fit, in the words of the public API.
+    assert str(exc.value).endswith("for feature arrays use dali_pipes.Features(fields=('features', 'label'))")
 
 
 def test_a_spec_may_not_take_the_loaders_output_names(dataset):

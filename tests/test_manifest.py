@@ -256,3 +256,24 @@ def test_writers_refuse_before_writing_what_the_manifest_would_refuse_after(tmp_
     with pytest.raises(ValueError, match=message):
         writer_class(fmt)(tmp_path / "shard", fields)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_without_manifest_says_why_and_what_to_do(tmp_path):
+    with pytest.raises(
+        ManifestError,
+        match="no such folder, so no index.json; give the folder of a dataset written by 'dali-pipes convert'",
+    ):
+        load_manifest(tmp_path / "nope")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ManifestError, match="not a folder"):
+        load_manifest(tmp_path / "file")
+    foreign = tmp_path / "foreign"
+    (foreign / "n01440764").mkdir(parents=True)
+    with pytest.raises(
+        ManifestError, match=r"not a dataset written by 'dali-pipes convert'.*dali-pipes convert \{image"
+    ):
+        load_manifest(foreign)
+    unfinished = tmp_path / "unfinished"
+    (unfinished / ".dali-pipes-job").mkdir(parents=True)
+    with pytest.raises(ManifestError, match="did not finish; run the same 'dali-pipes convert' command again"):
+        load_manifest(unfinished)

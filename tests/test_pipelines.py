@@ -2,7 +2,7 @@
 
 Every graph is built the way the loader builds it: encoded file bytes from an
 external source go through ``spec.build(inputs, device="cpu")``. The inputs are
-real photos from the shared sample data (the ``imagenet_mini`` and ``coco_mini``
+real photos from the package's sample data (the ``imagenet_mini`` and ``coco_mini``
 fixtures of ``conftest.py``: JPEG, and RGBA PNG); references are computed
 independently with PIL and numpy.
 """
@@ -36,6 +36,8 @@ LUMA = np.array([0.299, 0.587, 0.114])
 YIQ_I = np.array([0.596, -0.274, -0.322])
 YIQ_Q = np.array([0.211, -0.523, 0.312])
 
+#: The commonest size among the sample photos (14 of them; 1280 x 853 before downscaling to 3/8).
+SAME_SHAPE = (480, 320)
 NO_AUG = dict(jitter=None, flip=0.0, dtype="uint8", layout="NHWC")
 
 
@@ -51,9 +53,9 @@ def photos(imagenet_mini: Path) -> list[Path]:
 
 @pytest.fixture(scope="module")
 def same_shape_photos(imagenet_mini: Path) -> list[Path]:
-    """Six 1280 x 853 JPEGs: one aspect ratio, so a full-image crop is one fixed ``ratio``."""
-    files = [f for f in sorted(imagenet_mini.glob("*/*.jpg")) if Image.open(f).size == (1280, 853)]
-    assert len(files) >= 6, "sample data changed: expected at least six 1280x853 photos"
+    """Six JPEGs of SAME_SHAPE: one aspect ratio, so a full-image crop is one fixed ``ratio``."""
+    files = [f for f in sorted(imagenet_mini.glob("*/*.jpg")) if Image.open(f).size == SAME_SHAPE]
+    assert len(files) >= 6, f"sample data changed: expected at least six {SAME_SHAPE} photos"
     return files[:6]
 
 
@@ -239,7 +241,7 @@ def test_val_other_sizes(photos):
 
 
 def test_train_full_image_crop_is_the_resized_photo(same_shape_photos):
-    width, height = 1280, 853
+    width, height = SAME_SHAPE
     spec = ClassificationTrain(size=224, scale=(1.0, 1.0), ratio=(width / height,) * 2, **NO_AUG)
     images, _ = run_spec(spec, encoded(same_shape_photos))
     for path, out in zip(same_shape_photos, images):
@@ -320,7 +322,9 @@ def test_flip_one_is_the_exact_mirror_of_flip_zero(photos):
 
 def test_flip_half_mirrors_some_images_and_not_others(same_shape_photos):
     data = encoded(same_shape_photos) * 2
-    fixed = dict(scale=(1.0, 1.0), ratio=(1280 / 853,) * 2, jitter=None, dtype="uint8", layout="NHWC")
+    fixed = dict(
+        scale=(1.0, 1.0), ratio=(SAME_SHAPE[0] / SAME_SHAPE[1],) * 2, jitter=None, dtype="uint8", layout="NHWC"
+    )
     plain, _ = run_spec(ClassificationTrain(flip=0.0, **fixed), data, seed=9)
     coin, _ = run_spec(ClassificationTrain(flip=0.5, **fixed), data, seed=9)
     flipped = []
@@ -401,7 +405,7 @@ def jitter_pair(photos: list[Path], jitter: ColorJitter) -> list[tuple[np.ndarra
     half as wide as configured would show (all twelve landing in one half of the
     range has probability ~3e-3 over seeds; with the fixed seed it is fixed).
     """
-    fixed = dict(scale=(1.0, 1.0), ratio=(1280 / 853,) * 2, flip=0.0, dtype="uint8", layout="NHWC")
+    fixed = dict(scale=(1.0, 1.0), ratio=(SAME_SHAPE[0] / SAME_SHAPE[1],) * 2, flip=0.0, dtype="uint8", layout="NHWC")
     data = encoded(photos) * 2
     plain, _ = run_spec(ClassificationTrain(jitter=None, **fixed), data, seed=11)
     jittered, _ = run_spec(ClassificationTrain(jitter=jitter, **fixed), data, seed=11)
@@ -538,7 +542,14 @@ def test_rgba_png_and_greyscale_jpeg_come_out_rgb(photos, rgba_pngs):
 @pytest.mark.parametrize("policy", ["rand_augment", "trivial_augment"])
 def test_auto_augment_builds_and_runs_with_conditionals(same_shape_photos, policy):
     data = encoded(same_shape_photos)
-    fixed = dict(scale=(1.0, 1.0), ratio=(1280 / 853,) * 2, dtype="uint8", layout="NCHW", flip=0.0, jitter=None)
+    fixed = dict(
+        scale=(1.0, 1.0),
+        ratio=(SAME_SHAPE[0] / SAME_SHAPE[1],) * 2,
+        dtype="uint8",
+        layout="NCHW",
+        flip=0.0,
+        jitter=None,
+    )
     plain, _ = run_spec(ClassificationTrain(**fixed), data, seed=2)
     augmented, labels = run_spec(ClassificationTrain(auto_augment=policy, **fixed), data, seed=2)
     assert labels == [10 + i for i in range(len(data))]

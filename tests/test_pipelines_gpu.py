@@ -44,13 +44,17 @@ pytestmark = [
     pytest.mark.skipif(_cuda_devices() == 0, reason="needs a CUDA GPU visible to DALI"),
 ]
 
-FULL_FRAME = dict(scale=(1.0, 1.0), ratio=(1280 / 853,) * 2)  # deterministic crop for 1280 x 853 photos
+#: The commonest size among the sample photos (14 of them; 1280 x 853 before downscaling to 3/8).
+SAME_SHAPE = (480, 320)
+FULL_FRAME = dict(
+    scale=(1.0, 1.0), ratio=(SAME_SHAPE[0] / SAME_SHAPE[1],) * 2
+)  # deterministic crop for SAME_SHAPE photos
 
 
 @pytest.fixture(scope="module")
 def photos(imagenet_mini: Path) -> list[np.ndarray]:
-    """Six 1280 x 853 ImageNet-mini JPEGs (so a full-frame crop is one fixed ratio)."""
-    files = [f for f in sorted(imagenet_mini.glob("*/*.jpg")) if Image.open(f).size == (1280, 853)]
+    """Six ImageNet-mini JPEGs of SAME_SHAPE (so a full-frame crop is one fixed ratio)."""
+    files = [f for f in sorted(imagenet_mini.glob("*/*.jpg")) if Image.open(f).size == SAME_SHAPE]
     return [np.fromfile(f, dtype=np.uint8) for f in files[:6]]
 
 

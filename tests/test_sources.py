@@ -1,4 +1,4 @@
-"""Input sources and image checks, on the real photos of ``shared/data`` and on files made in ``tmp_path``."""
+"""Input sources and image checks, on the real photos of ``dali_pipes/sample_data`` and on files made in ``tmp_path``."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_imagefolder_reads_imagenet_mini(imagenet_mini, photos):
     assert sorted(keys) == sorted(p.relative_to(imagenet_mini).as_posix() for p in photos)
 
 
-def test_imagefolder_skips_hidden_and_other_files_and_keeps_empty_class_index(tmp_path, photos, rgba_png):
+def test_imagefolder_skips_hidden_files_lists_others_and_keeps_empty_class_index(tmp_path, photos, rgba_png, caplog):
     photo, png = photos[0], rgba_png
     root = tmp_path / "train"
     (root / "b_cat").mkdir(parents=True)
@@ -104,11 +104,20 @@ def test_imagefolder_skips_hidden_and_other_files_and_keeps_empty_class_index(tm
     (root / "loose.jpg").write_bytes(photo.read_bytes())
 
     source = ImageFolderSource(root)
-    items = source.items()
+    with caplog.at_level("WARNING", logger="converters.sources.imagefolder"):
+        items = source.items()
     assert source.classes() == ["a_empty", "b_cat", "c_dog"]
-    samples = [source.load(i) for i in items]
+    assert "1 file(s) directly in the root belong to no class and are not converted: loose.jpg" in caplog.text
+    samples, refused = [], {}
+    for item in items:
+        try:
+            samples.append(source.load(item))
+        except SampleError as exc:
+            refused[Path(exc.name).name] = exc.reason
     assert [(s["key"].decode(), int(s["label"])) for s in samples] == [("b_cat/X.JPG", 1), ("c_dog/sub/y.png", 2)]
     assert samples[1]["image"] == png.read_bytes()
+    # Not an image: an input all the same, left out with its reason rather than passed over.
+    assert list(refused) == ["notes.txt"] and refused["notes.txt"].startswith("not an image file")
 
 
 def test_imagefolder_refuses_missing_or_empty_input(tmp_path):
@@ -118,8 +127,8 @@ def test_imagefolder_refuses_missing_or_empty_input(tmp_path):
     with pytest.raises(ConversionError, match="no class folders"):
         ImageFolderSource(tmp_path).items()
     (tmp_path / "cls").mkdir()
-    (tmp_path / "cls" / "readme.md").write_text("x")
-    with pytest.raises(ConversionError, match="no images found"):
+    (tmp_path / "cls" / ".DS_Store").write_text("x")
+    with pytest.raises(ConversionError, match="class folders hold no files"):
         ImageFolderSource(tmp_path).items()
 
 
@@ -553,7 +562,7 @@ def test_empty_text_and_unsupported_files_are_refused(tmp_path):
         reasons[name] = exc.value.reason
     assert reasons["zero.jpg"] == "empty file (0 bytes)"
     assert reasons["text.jpg"].startswith("not an image file (")
-    assert reasons["anim.jpg"].startswith("unsupported image format GIF")
+    assert reasons["anim.jpg"].startswith("a GIF file, not a format DALI's decoder reads")
     assert reasons["missing.jpg"] == "file not found"
 
 

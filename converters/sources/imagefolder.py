@@ -15,23 +15,26 @@ from dali_pipes.manifest import Field
 
 log = logging.getLogger(__name__)
 
-#: File extensions taken as images (compared in lower case).
-IMAGE_EXTENSIONS = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff"})
-
-
-def is_image_name(name: str) -> bool:
-    """True for a visible file name with an image extension (case-insensitive)."""
-    return not name.startswith(".") and os.path.splitext(name)[1].lower() in IMAGE_EXTENSIONS
+#: The usual extensions of the accepted formats (lower case), for sources that must pick
+#: files by name. ``imagefolder`` does not: it takes every visible file and judges it by
+#: content (:mod:`converters.image_formats`), so a ``.jp2``, a ``.pgm`` or a JPEG named
+#: ``.png`` is kept and anything else is listed with its reason.
+IMAGE_EXTENSIONS = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".bmp", ".webp", ".tif", ".tiff"}
+    | {".jp2", ".j2k", ".j2c", ".jpc", ".jpf", ".jpx", ".pnm", ".ppm", ".pgm", ".pbm"}
+)
 
 
 class ImageFolderSource(Source):
     """Images under ``ROOT/CLASS/...``; the label is the index of ``CLASS`` among the sorted class folders.
 
     Every visible sub-folder of ``root`` is a class (names sorted as strings, as
-    torchvision's ``ImageFolder`` does); images are found anywhere below it by
-    extension (:data:`IMAGE_EXTENSIONS`), sorted by path. Hidden files and folders
-    (``.name``) and loose files directly in ``root`` are ignored. A class folder
-    without images keeps its index, so labels do not shift; it is logged.
+    torchvision's ``ImageFolder`` does); every visible file anywhere below it is an
+    input, sorted by path, and is recognised as an image by its content, whatever its
+    extension: a file that is not an image of an accepted format is left out and listed
+    with its reason in ``errors.jsonl``. Hidden files and folders (``.name``) are ignored;
+    loose files directly in ``root`` belong to no class and are named in one warning.
+    A class folder without files keeps its index, so labels do not shift; it is logged.
 
     Fields: ``image`` (the file's bytes), ``label`` (int64), ``key`` (the path
     relative to ``root``, with ``/``).
@@ -63,20 +66,27 @@ class ImageFolderSource(Source):
         return {"image": Field.image(), "label": Field.array("int64", ()), "key": Field.text()}
 
     def items(self) -> list[Item]:
-        """Every image, class by class, each class sorted by relative path. ``Item.size`` is the file size."""
+        """Every visible file, class by class, each class sorted by relative path. ``Item.size`` is the file size."""
         items: list[Item] = []
         classes = self._class_names()
+        with os.scandir(self.root) as entries:
+            loose = sorted(e.name for e in entries if not e.name.startswith(".") and not e.is_dir())
+        if loose:
+            log.warning(
+                "%s: %d file(s) directly in the root belong to no class and are not converted: %s",
+                self.root,
+                len(loose),
+                ", ".join(loose[:5]) + (", ..." if len(loose) > 5 else ""),
+            )
         for label, name in enumerate(classes):
             found = 0
             for rel, size in _walk_images(Path(self.root), name):
                 items.append(Item(name=os.path.join(self.root, rel), size=size, data=(rel, label)))
                 found += 1
             if not found:
-                log.warning("%s: class folder %r holds no images; its label %d stays reserved", self.root, name, label)
+                log.warning("%s: class folder %r holds no files; its label %d stays reserved", self.root, name, label)
         if not items:
-            raise ConversionError(
-                f"{self.root}: no images found (extensions {', '.join(sorted(IMAGE_EXTENSIONS))}) in its class folders"
-            )
+            raise ConversionError(f"{self.root}: its class folders hold no files; imagefolder reads ROOT/CLASS/IMAGE")
         log.debug("%s: %d images in %d classes", self.root, len(items), len(classes))
         return items
 
@@ -90,7 +100,7 @@ class ImageFolderSource(Source):
 
 
 def _walk_images(root: Path, class_name: str) -> list[tuple[str, int]]:
-    """``(path relative to root with '/', size in bytes)`` of every image below one class folder, sorted."""
+    """``(path relative to root with '/', size in bytes)`` of every visible file below one class folder, sorted."""
     found: list[tuple[str, int]] = []
     seen: set[str] = set()
     # followlinks: class folders are often symlinked subsets of a larger tree; `seen` stops link loops.
@@ -103,7 +113,7 @@ def _walk_images(root: Path, class_name: str) -> list[tuple[str, int]]:
         dirs[:] = [d for d in dirs if not d.startswith(".")]
         rel_folder = Path(folder).relative_to(root).as_posix()
         for name in files:
-            if is_image_name(name):
+            if not name.startswith("."):
                 path = os.path.join(folder, name)
                 try:
                     size = os.stat(path).st_size

@@ -222,7 +222,7 @@ def _infer_layout(list_file: Path, width: int, rows: list[tuple[int, list[str]]]
         other = next(n for n, parts in rows if not _INTEGER.match(parts[1]))
         raise ConversionError(
             f"{list_file}:{other}: the second column is not an integer, but on line {integer[0]} it is, so the "
-            "list is neither all 'PATH LABEL' nor all 'KEY PATH'; fix the line or pass columns='key path'"
+            "list is neither all 'PATH LABEL' nor all 'KEY PATH'; fix the line, or say which: --columns 'key path' (columns= in Python)"
         )
     raise ConversionError(
         f"{list_file}:{rows[0][0]}: {width} columns; a list line is 'KEY PATH [LABEL]' (paths cannot contain spaces)"

@@ -193,10 +193,23 @@ class FileImageDataset(_AugmentedDataset):
 
 
 def imagefolder_files(root: str | os.PathLike) -> list[tuple[Path, int]]:
-    """``(path, label)`` of every image under ``ROOT/CLASS/``, labels by sorted class name."""
+    """``(path, label)`` of every image under ``ROOT/CLASS/``, labels by sorted class name.
+
+    Images are told by content, as the conversion tells them: other files (which the
+    conversion leaves out and lists) are not read by the baselines either.
+    """
+    from converters.image_formats import HEAD_BYTES, image_format
     from converters.sources.imagefolder import ImageFolderSource
 
-    return [(Path(item.name), int(item.data[1])) for item in ImageFolderSource(root).items()]
+    def is_image(path: Path) -> bool:
+        try:
+            with open(path, "rb") as f:
+                return image_format(f.read(HEAD_BYTES)) is not None
+        except OSError:
+            return False
+
+    items = ImageFolderSource(root).items()
+    return [(Path(item.name), int(item.data[1])) for item in items if is_image(Path(item.name))]
 
 
 def pil_dataloader(

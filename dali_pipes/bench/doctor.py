@@ -18,11 +18,13 @@ compete for the same CPU cores.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
+from dali_pipes.bench.budget import MAX_MINUTES, check_budget, counted, time_one_step
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
 from dali_pipes.bench.streams import dali_in_flight
 
@@ -117,11 +119,14 @@ def run_doctor(
     device: str = "auto",
     settings: str | os.PathLike | None = None,
     progress: bool = True,
+    max_minutes: float = MAX_MINUTES,
 ) -> DoctorReport:
     """Measure loader, model and combined throughput and say which one bounds training.
 
     ``steps`` are the timed batches of each measurement (in three windows);
-    ``settings`` a file from ``dali-pipes tune`` for the loader.
+    ``settings`` a file from ``dali-pipes tune`` for the loader. One training step
+    is timed first: the run's length is logged, and a run estimated to exceed
+    ``max_minutes`` raises ValueError naming smaller models, before the long part.
     """
     import torch
     from tqdm import tqdm
@@ -153,6 +158,17 @@ def run_doctor(
         warmup_seconds=0.5 if quick else 3.0,
     )
     in_flight = dali_in_flight(inputs.loader_settings)
+    per_job = plan.warmup_batches + plan.repeats * plan.min_batches
+    step_s = _time_training_step(model, net, optimizer, batch_size, inputs.spec.size, num_classes, target)
+    check_budget(
+        model=model,
+        smaller=MODELS[MODELS.index(model) + 1 :],
+        device=target.device,
+        batch_size=batch_size,
+        step_s=step_s,
+        steps=2 * per_job + in_flight,  # the model alone, then fed by the loader
+        max_minutes=max_minutes,
+    )
 
     @contextlib.contextmanager
     def loader_factory():
@@ -204,9 +220,12 @@ def run_doctor(
         ),
     ]
     rows = []
-    for job in tqdm(jobs, desc="doctor", unit="measurement", disable=not progress, leave=False):
-        job.params = {"batch_size": batch_size}
-        rows.append(measure(job, plan, target))
+    with tqdm(total=3 * per_job + 2 * in_flight, desc="doctor", unit="step", disable=not progress) as bar:
+        for job in jobs:
+            bar.set_postfix_str(job.name)
+            job.params = {"batch_size": batch_size}
+            job.factory = functools.partial(counted, job.factory, bar.update)
+            rows.append(measure(job, plan, target))
     loader_row, model_row, combined_row = rows
     data_bound, verdict, advice, figures = diagnose(
         loader_row.images_per_s,
@@ -228,6 +247,23 @@ def run_doctor(
     return DoctorReport(
         model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
     )
+
+
+def _time_training_step(
+    name: str, model: Any, optimizer: Any, batch_size: int, size: int, num_classes: int, target: Target
+) -> float:
+    """Seconds of one training step of ``model`` (called ``name``) on a synthetic batch on the training device."""
+    import torch
+
+    images = torch.randn(batch_size, 3, size, size, device=target.device)
+    labels = torch.randint(0, num_classes, (batch_size,), device=target.device)
+    log.info("doctor: timing one %s training step of batch %d to estimate the run", name, batch_size)
+
+    def step() -> None:
+        _train_step(model, optimizer, images, labels)
+        target.sync()
+
+    return time_one_step(step)
 
 
 def diagnose(

@@ -148,10 +148,14 @@ class _DetectionOutput(_ImageOutput):
             return self
         categories = manifest.extra.get("categories") if isinstance(manifest.extra, Mapping) else None
         if not isinstance(categories, list) or not all(isinstance(c, Mapping) and "id" in c for c in categories):
+            if self.category_ids is not None:
+                return self  # ids given by the caller: nothing to take from the manifest
             kind = manifest.source.get("kind", "unknown") if isinstance(manifest.source, Mapping) else "unknown"
+            # Said without Python names: this is what `dali-pipes show --pipeline detection` prints too.
             raise ValueError(
-                f"{type(self).__name__}.bind: the dataset (a {kind!r} source) has no COCO categories in its "
-                "manifest (extra['categories']); convert it with 'dali-pipes convert coco', or pass category_ids="
+                f"{type(self).__name__} needs a dataset of images with boxes and their COCO categories, but this "
+                f"one (converted from a {kind!r} source) has no categories in its index.json; convert the COCO "
+                "images and annotations with 'dali-pipes convert coco'"
             )
         ids = _check_category_ids("manifest extra['categories']", [c["id"] for c in categories])
         if self.category_ids is None:
