@@ -132,7 +132,9 @@ def convert(
 
     out = Path(out)
     items = source.items()
-    plans = plan_shards(items, samples_per_shard=samples_per_shard, shard_size=shard_size)
+    plans = plan_shards(
+        items, samples_per_shard=samples_per_shard, shard_size=shard_size, boundaries=source.input_boundaries()
+    )
     digest = _job_digest(source, format, items, plans)
 
     finished = _finished_dataset(out, digest)
