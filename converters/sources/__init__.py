@@ -11,6 +11,7 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import IMAGE_EXTENSIONS, ImageFolderSource
 from converters.sources.listfile import TWO_COLUMN_RULE, ListFileSource
+from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 
 SOURCES: dict[str, type[Source]] = {
@@ -19,11 +20,12 @@ SOURCES: dict[str, type[Source]] = {
     CocoSource.kind: CocoSource,
     ArraysSource.kind: ArraysSource,
     WebDatasetSource.kind: WebDatasetSource,
+    TFRecordSource.kind: TFRecordSource,
 }
 
 #: Modules of the packed-input sources; each has ``KIND``, ``HELP``, ``add_arguments(parser)`` and
 #: ``from_args(args, image_options) -> (source, out)``, so that the CLI only registers them.
-PACKED_SOURCE_MODULES = ("converters.sources.webdataset",)
+PACKED_SOURCE_MODULES = ("converters.sources.webdataset", "converters.sources.tfrecords")
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -34,5 +36,6 @@ __all__ = [
     "ImageFolderSource",
     "ListFileSource",
     "PACKED_SOURCE_MODULES",
+    "TFRecordSource",
     "WebDatasetSource",
 ]
