@@ -11,6 +11,7 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import IMAGE_EXTENSIONS, ImageFolderSource
 from converters.sources.listfile import TWO_COLUMN_RULE, ListFileSource
+from converters.sources.plainlmdb import LmdbSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 
@@ -21,11 +22,16 @@ SOURCES: dict[str, type[Source]] = {
     ArraysSource.kind: ArraysSource,
     WebDatasetSource.kind: WebDatasetSource,
     TFRecordSource.kind: TFRecordSource,
+    LmdbSource.kind: LmdbSource,
 }
 
 #: Modules of the packed-input sources; each has ``KIND``, ``HELP``, ``add_arguments(parser)`` and
 #: ``from_args(args, image_options) -> (source, out)``, so that the CLI only registers them.
-PACKED_SOURCE_MODULES = ("converters.sources.webdataset", "converters.sources.tfrecords")
+PACKED_SOURCE_MODULES = (
+    "converters.sources.webdataset",
+    "converters.sources.tfrecords",
+    "converters.sources.plainlmdb",
+)
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -35,6 +41,7 @@ __all__ = [
     "CocoSource",
     "ImageFolderSource",
     "ListFileSource",
+    "LmdbSource",
     "PACKED_SOURCE_MODULES",
     "TFRecordSource",
     "WebDatasetSource",
