@@ -11,6 +11,7 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import IMAGE_EXTENSIONS, ImageFolderSource
 from converters.sources.listfile import TWO_COLUMN_RULE, ListFileSource
+from converters.sources.parquet import ParquetSource
 from converters.sources.plainlmdb import LmdbSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
@@ -23,6 +24,7 @@ SOURCES: dict[str, type[Source]] = {
     WebDatasetSource.kind: WebDatasetSource,
     TFRecordSource.kind: TFRecordSource,
     LmdbSource.kind: LmdbSource,
+    ParquetSource.kind: ParquetSource,
 }
 
 #: Modules of the packed-input sources; each has ``KIND``, ``HELP``, ``add_arguments(parser)`` and
@@ -31,6 +33,7 @@ PACKED_SOURCE_MODULES = (
     "converters.sources.webdataset",
     "converters.sources.tfrecords",
     "converters.sources.plainlmdb",
+    "converters.sources.parquet",
 )
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "ListFileSource",
     "LmdbSource",
     "PACKED_SOURCE_MODULES",
+    "ParquetSource",
     "TFRecordSource",
     "WebDatasetSource",
 ]
