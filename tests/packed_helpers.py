@@ -34,3 +34,24 @@ def error_inputs(out: Path) -> dict[str, str]:
     """``errors.jsonl`` as ``{input: reason}``."""
     lines = (out / "errors.jsonl").read_text().splitlines()
     return {e["input"]: e["reason"] for e in map(json.loads, lines)}
+
+
+class PhotoDataset:
+    """A map-style dataset of image files, as a user writes one: paths in, ``{image, label, key}`` out.
+
+    Importable by spawned worker processes (``tests/`` is on their path). Index ``fail_at`` raises.
+    """
+
+    def __init__(self, rows: list[tuple[str, str, int]], fail_at: int | None = None) -> None:
+        self.rows = rows  # (key, path, label)
+        self.fail_at = fail_at
+        self.classes = [f"class-{i}" for i in range(10)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.fail_at:
+            raise OSError(f"cannot fetch sample {index}")
+        key, path, label = self.rows[index]
+        return {"image": Path(path).read_bytes(), "label": label, "key": key}
