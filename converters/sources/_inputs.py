@@ -104,10 +104,18 @@ class OpenFiles:
         return data
 
     def close(self) -> None:
-        """Close every file (a process that ends closes them anyway)."""
-        for fd in self._fds.values():
-            os.close(fd)
+        """Close every file this process opened."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
         self._fds.clear()
+
+    def __del__(self) -> None:
+        # A long-lived worker (Dask) unpickles a copy of the source per task: each copy's files close with it.
+        try:
+            self.close()
+        except OSError:
+            pass
 
 
 def read_classes_file(path: str | os.PathLike | None) -> list[str] | None:

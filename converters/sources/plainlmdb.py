@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -65,25 +66,9 @@ class LmdbSource(Source):
         self.keys_file = None if keys_file is None else str(keys_file)
         self.classes_file = None if classes_file is None else str(classes_file)
         self._labelled: bool | None = None  # kept when pickled: every shard task asks fields()
-        self._env: lmdb.Environment | None = None
-        self._env_pid = 0
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_env": None, "_env_pid": 0}
 
     def _open(self) -> lmdb.Environment:
-        """This process's read-only handle (an LMDB handle must not cross a fork)."""
-        if self._env is None or self._env_pid != os.getpid():
-            if not os.path.exists(self.path):
-                raise ConversionError(f"{self.path}: no such LMDB (give its folder, holding data.mdb, or that file)")
-            try:
-                self._env = lmdb.open(
-                    self.path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(self.path)
-                )
-            except lmdb.Error as exc:
-                raise ConversionError(f"{self.path}: not an LMDB ({exc})") from None
-            self._env_pid = os.getpid()
-        return self._env
+        return _open_env(self.path)
 
     def _entries(self) -> list[_Entry]:
         if self.keys_file is None:
@@ -150,6 +135,28 @@ class LmdbSource(Source):
             "classes_file": self.classes_file,
             "image_options": self.image_options.to_json(),
         }
+
+
+# py-lmdb refuses to open one environment twice in a process, and a worker process runs many
+# tasks, each with its own copy of the source: one read-only handle per path and process.
+_ENVS: dict[tuple[str, int], lmdb.Environment] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: str) -> lmdb.Environment:
+    """This process's read-only handle of the LMDB at ``path`` (an LMDB handle must not cross a fork)."""
+    key = (os.path.realpath(path), os.getpid())
+    with _ENVS_LOCK:
+        env = _ENVS.get(key)
+        if env is None:
+            if not os.path.exists(path):
+                raise ConversionError(f"{path}: no such LMDB (give its folder, holding data.mdb, or that file)")
+            try:
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(path))
+            except lmdb.Error as exc:
+                raise ConversionError(f"{path}: not an LMDB ({exc})") from None
+            _ENVS[key] = env
+        return env
 
 
 def _image(value: bytes | memoryview | None, name: str, options: ImageOptions) -> bytes:
