@@ -113,7 +113,7 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     files = sorted(p for p in images.glob("*/*") if p.is_file())
     for n in range(16):
         part = files[n * 10 : (n + 1) * 10]
-        write_tar(tmp_path / f"s-{n:02d}.tar", [(f"{f.stem}.jpg", f.read_bytes()) for f in part] + [])
+        write_tar(tmp_path / f"s-{n:02d}.tar", [(f"{f.stem}.jpg", f.read_bytes()) for f in part])
     pattern = str(tmp_path / "s-{00..15}.tar")
     common = ["--label-ext", "", "--format", "tfrecord", "--no-progress"]
     run_cli("convert", "webdataset", pattern, tmp_path / "reference", "--workers", "2", *common)
