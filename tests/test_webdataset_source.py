@@ -125,3 +125,15 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     assert "kept from an earlier run" in proc.stdout
     assert shard_digests(out) == shard_digests(tmp_path / "reference")
     assert (out / "index.json").read_bytes() == (tmp_path / "reference" / "index.json").read_bytes()
+
+
+def test_on_error_fail_names_the_member_and_keeps_nothing(imagenet_mini, tmp_path):
+    (key, image, label), *rest = photos(imagenet_mini)[:4]
+    members = [m for k, i, lab in rest for m in sample_members(k, i, lab)] + [
+        ("late.jpg", image[:500]),
+        ("late.cls", b"1"),
+    ]
+    tar = write_tar(tmp_path / "t.tar", members)
+    proc = run_cli("convert", "webdataset", tar, tmp_path / "out", "--on-error", "fail", "--no-progress", check=False)
+    assert proc.returncode != 0 and f"{tar}:late" in proc.stderr and "nothing was kept" in proc.stderr
+    assert not (tmp_path / "out").exists()
