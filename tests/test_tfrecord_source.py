@@ -71,9 +71,10 @@ def test_imagenet_layout_converts_byte_for_byte_with_boxes(imagenet_records, tmp
     assert_converted(out, expected)
     manifest = load_manifest(out)
     assert [s.num_samples for s in manifest.shards] == [16, 16, 15]
+    assert "boxes" not in manifest.fields and "xmin ymin xmax ymax" in manifest.extra["bbox"]
     store = open_store(out)
     for i in (0, 1, 2, 46):
-        np.testing.assert_array_equal(store[i]["boxes"], np.array(boxes_of(i), np.float32).reshape(-1, 4))
+        np.testing.assert_array_equal(store[i]["bbox"], np.array(boxes_of(i), np.float32).reshape(-1, 4))
 
 
 def test_damaged_records_are_listed_and_the_rest_converted(imagenet_mini, tmp_path):

@@ -49,8 +49,9 @@ class TFRecordSource(Source):
     ``image_feature``, the label the one integer of ``label_feature`` (``None``:
     no label field; ImageNet's labels are 1..1000 there and are stored as given),
     the key the ``key_feature`` string (``FILE:RECORD`` where a record has none).
-    When the first record has ``{bbox_prefix}xmin``, the ``boxes`` field holds
-    ``xmin ymin xmax ymax`` rows as stored (normalised, for ImageNet).
+    When the first record has ``{bbox_prefix}xmin``, the ``bbox`` field holds
+    ``xmin ymin xmax ymax`` rows as stored (normalised, for ImageNet); it is not
+    called ``boxes`` because the detection specs read ``boxes`` as COCO's xywh pixels.
 
     Both CRCs of every record are checked. A damaged record is a bad input; where
     a damaged header makes the rest of a file unreadable, that is one bad input
@@ -117,7 +118,7 @@ class TFRecordSource(Source):
         if self.label_feature:
             fields["label"] = Field.array("int64", ())
         if self._has_boxes:
-            fields["boxes"] = Field.array("float32", (-1, 4))
+            fields["bbox"] = Field.array("float32", (-1, 4))
         fields["key"] = Field.text()
         return fields
 
@@ -141,12 +142,17 @@ class TFRecordSource(Source):
         if self.label_feature:
             sample["label"] = np.array(_one(features, self.label_feature, INT64_LIST, item.name), dtype=np.int64)
         if self._has_boxes:
-            sample["boxes"] = _boxes(features, self.bbox_prefix, item.name)
+            sample["bbox"] = _boxes(features, self.bbox_prefix, item.name)
         if self.key_feature and self.key_feature in features:
             sample["key"] = _one(features, self.key_feature, BYTES_LIST, item.name)
         else:
             sample["key"] = item.name.encode("utf-8")
         return sample
+
+    def extra(self) -> dict[str, Any]:
+        if not self._has_boxes:
+            return {}
+        return {"bbox": f"xmin ymin xmax ymax rows from {self.bbox_prefix}{{xmin,ymin,xmax,ymax}}, as stored"}
 
     def describe(self) -> dict[str, Any]:
         return {
