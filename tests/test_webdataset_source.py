@@ -137,3 +137,24 @@ def test_on_error_fail_names_the_member_and_keeps_nothing(imagenet_mini, tmp_pat
     proc = run_cli("convert", "webdataset", tar, tmp_path / "out", "--on-error", "fail", "--no-progress", check=False)
     assert proc.returncode != 0 and f"{tar}:late" in proc.stderr and "nothing was kept" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_tar_keeps_the_samples_before_and_lists_the_damage(imagenet_mini, tmp_path):
+    expected = photos(imagenet_mini)[:4]
+    tar = write_tar(tmp_path / "t.tar", [m for k, i, lab in expected for m in sample_members(k, i, lab)])
+    data = tar.read_bytes()
+    with tarfile.open(tar) as t:
+        third = t.getmember(f"{expected[2][0]}.jpg").offset  # the header of sample 2's image
+    cases = {
+        "garbage": data[:third] + b"x" * 512 + data[third + 512 :],  # tarfile alone stops here silently
+        "cut": data[: third + 100],
+        "no-end": data[:third],
+    }
+    for name, damaged in cases.items():
+        path = tmp_path / f"{name}.tar"
+        path.write_bytes(damaged)
+        convert(WebDatasetSource([path]), tmp_path / name, format="lmdb", workers=1, progress=False)
+        assert_converted(tmp_path / name, expected[:2])
+        errors = error_inputs(tmp_path / name)
+        assert list(errors) == [f"{path}:byte {third}"], name
+        assert f"from byte {third} on cannot be read" in errors[f"{path}:byte {third}"]

@@ -45,6 +45,7 @@ class _Members:
     image: _Span | None
     label: _Span | None
     json: _Span | None
+    damage: str | None = None  # where the tar cannot be read on from here: why
 
 
 class WebDatasetSource(Source):
@@ -125,6 +126,8 @@ class WebDatasetSource(Source):
 
     def load(self, item: Item) -> Sample:
         members: _Members = item.data
+        if members.damage is not None:
+            raise SampleError(item.name, members.damage)
         if members.image is None:
             raise SampleError(item.name, f"no image member (.{', .'.join(self.image_exts)}) with this key")
         image = self._files.read(members.path, *members.image, item.name)
@@ -157,7 +160,12 @@ def _item(members: _Members) -> Item:
 
 
 def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
-    """The samples of one tar, in member order, from its headers alone (the data is skipped over)."""
+    """The samples of one tar, in member order, from its headers alone (the data is skipped over).
+
+    Where the tar is damaged (an unreadable header, a truncated file, no end-of-archive
+    marker), the samples before it are kept and one more sample names the byte and why;
+    tarfile itself would stop there without a word.
+    """
     try:
         tar = tarfile.open(path, "r:")
     except tarfile.ReadError as exc:
@@ -168,8 +176,10 @@ def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
     with tar:
         group: dict[str, _Span] = {}
         key = None
+        damage = None
         try:
             while (info := tar.next()) is not None:
+                tar.members.clear()  # headers of a large tar need not pile up: each is used once
                 match = _KEY_EXT.match(info.name) if info.isfile() else None
                 if match is None:
                     skipped += info.isfile()
@@ -179,13 +189,29 @@ def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
                     group = {}
                 key = match.group(1)
                 group.setdefault(match.group(2).lower(), (info.offset_data, info.size))
-                tar.members.clear()  # headers of a large tar need not pile up: each is used once
         except tarfile.TarError as exc:
-            raise ConversionError(f"{path}: damaged tar after {tar.offset} bytes ({exc})") from None
+            damage = f"damaged tar ({exc})"
+        damage = damage or _end_damage(path, tar.offset)
         if key is not None:
             yield _members(path, key, group, source)
+        if damage is not None:
+            damage += f"; the members from byte {tar.offset} on cannot be read"
+            log.warning("%s: %s", path, damage)
+            yield _Members(path, f"byte {tar.offset}", None, None, None, damage)
     if skipped:
         log.warning("%s: %d members without an extension (not part of any sample) were left out", path, skipped)
+
+
+def _end_damage(path: str, offset: int) -> str | None:
+    """Why the tar does not end at ``offset`` with its end-of-archive marker (two zero blocks), or ``None``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        end = f.read(2 * tarfile.BLOCKSIZE)
+    if end == bytes(2 * tarfile.BLOCKSIZE):
+        return None
+    if not end.strip(b"\0"):
+        return "the tar ends without its end-of-archive marker (the file was cut short)"
+    return "an unreadable member header (a damaged or truncated tar)"
 
 
 def _members(path: str, key: str, group: dict[str, _Span], source: WebDatasetSource) -> _Members:
