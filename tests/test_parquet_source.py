@@ -96,3 +96,17 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     proc = run_cli("convert", "parquet", pattern, out, "--workers", "1", *common)
     assert "kept from an earlier run" in proc.stdout
     assert shard_digests(out) == shard_digests(tmp_path / "reference")
+
+
+def test_a_damaged_row_group_lists_its_rows_and_keeps_the_others(imagenet_mini, tmp_path):
+    expected = photos(imagenet_mini)[:12]
+    path = write_hf_parquet(tmp_path / "a.parquet", expected, group=4)
+    start = pq.ParquetFile(path).metadata.row_group(1).column(0).data_page_offset
+    data = bytearray(path.read_bytes())
+    data[start : start + 64] = bytes(b ^ 0xFF for b in data[start : start + 64])  # the page header of group 1
+    path.write_bytes(bytes(data))
+    convert(ParquetSource(path), tmp_path / "out", format="lmdb", workers=1, progress=False)
+    assert_converted(tmp_path / "out", expected[:4] + expected[8:])
+    errors = error_inputs(tmp_path / "out")
+    assert set(errors) == {f"{path}:{row}" for row in range(4, 8)}
+    assert all("cannot read row group 1" in why and "\n" not in why for why in errors.values())

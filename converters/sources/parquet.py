@@ -65,7 +65,7 @@ class ParquetSource(Source):
         self.classes_file = None if classes_file is None else str(classes_file)
         self._items: list[Item] | None = None
         self._class_names: list[str] | None = None
-        self._group: tuple[int, str, int, dict[str, list]] | None = None  # (pid, path, group, columns)
+        self._group: tuple[int, str, int, dict[str, list] | str] | None = None  # (pid, path, group, columns or why not)
 
     def __getstate__(self) -> dict[str, Any]:
         # A task carries its own items; the plan of every file must not travel with each.
@@ -139,10 +139,16 @@ class ParquetSource(Source):
             self._group = None  # the previous group is released before the next is read
             try:
                 table = _open(row.path).read_row_group(row.group, columns=columns)
+                values: dict[str, list] | str = {c: table.column(c).to_pylist() for c in columns}
             except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
-                raise SampleError(f"{row.path}:{row.row}", f"cannot read row group {row.group} ({exc})") from None
-            self._group = (os.getpid(), row.path, row.group, {c: table.column(c).to_pylist() for c in columns})
-        return self._group[3]
+                why = " ".join(str(exc).split())  # pyarrow's messages run over several lines
+                values = f"cannot read row group {row.group} ({type(exc).__name__}: {why})"
+            # A damaged group is kept as its reason too: each of its rows fails without reading it again.
+            self._group = (os.getpid(), row.path, row.group, values)
+        values = self._group[3]
+        if isinstance(values, str):
+            raise SampleError(f"{row.path}:{row.row}", values)
+        return values
 
     def load(self, item: Item) -> Sample:
         row: _Row = item.data

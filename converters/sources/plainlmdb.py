@@ -119,8 +119,11 @@ class LmdbSource(Source):
 
     def load(self, item: Item) -> Sample:
         entry: _Entry = item.data
-        with self._open().begin() as txn:
-            value = txn.get(entry.key)
+        try:
+            with self._open().begin() as txn:
+                value = txn.get(entry.key)
+        except lmdb.Error as exc:
+            raise SampleError(item.name, f"cannot read the value ({type(exc).__name__}: {exc})") from None
         sample: Sample = {"image": _image(value, item.name, self.image_options)}
         if self._labelled:
             sample["label"] = np.array(entry.label, dtype=np.int64)
