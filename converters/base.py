@@ -92,6 +92,15 @@ class Source(ABC):
         """Class names, index = label, or ``None`` when the source has no classes."""
         return None
 
+    def input_boundaries(self) -> list[int] | None:
+        """For an input of several files: the index in :meth:`items` where each file after the first begins.
+
+        The planner never lets a shard span one (each shard task opens one input
+        file) and, without a shard count or size, writes one shard per input file.
+        ``None`` (the default): the input is not sharded. Called after :meth:`items`.
+        """
+        return None
+
     def extra(self) -> dict[str, Any]:
         """Anything else the manifest should keep (for example COCO's category names)."""
         return {}

@@ -76,6 +76,7 @@ def plan_shards(
     *,
     samples_per_shard: int | None = None,
     shard_size: int | None = None,
+    boundaries: Sequence[int] | None = None,
 ) -> list[ShardPlan]:
     """Cut ``items`` into consecutive shards by count or by bytes.
 
@@ -83,27 +84,47 @@ def plan_shards(
     items. Otherwise shards are filled up to ``shard_size`` bytes of input (an
     item larger than that gets a shard of its own); without either, the size is
     :func:`auto_shard_size` of the input's total.
+
+    ``boundaries`` (from :meth:`Source.input_boundaries`) are the item indices where
+    a new input file begins: no shard spans one, so each shard task reads one input
+    file. Without a count or size, each input file then becomes one shard.
     """
     if not items:
         raise ConversionError("nothing to convert: the input holds no samples")
     if samples_per_shard is not None and shard_size is not None:
         raise ConversionError("give either --samples-per-shard or --shard-size, not both")
-    if samples_per_shard is not None:
-        if samples_per_shard < 1:
-            raise ConversionError(f"--samples-per-shard must be at least 1, got {samples_per_shard}")
-        bounds = list(range(0, len(items), samples_per_shard)) + [len(items)]
-        return [ShardPlan(k, a, b) for k, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-
-    if shard_size is None:
-        shard_size = auto_shard_size(sum(item.size for item in items))
-    if shard_size < 1:
+    if samples_per_shard is not None and samples_per_shard < 1:
+        raise ConversionError(f"--samples-per-shard must be at least 1, got {samples_per_shard}")
+    if shard_size is not None and shard_size < 1:
         raise ConversionError(f"--shard-size must be positive, got {shard_size}")
-    plans: list[ShardPlan] = []
-    start, filled = 0, 0
-    for i, item in enumerate(items):
-        if filled and filled + item.size > shard_size:
-            plans.append(ShardPlan(len(plans), start, i))
+    if boundaries is None:
+        if samples_per_shard is None and shard_size is None:
+            shard_size = auto_shard_size(sum(item.size for item in items))
+        spans = _cut(items, 0, len(items), samples_per_shard, shard_size)
+    else:
+        edges = sorted({0, len(items), *(b for b in boundaries if 0 < b < len(items))})
+        spans = []
+        for a, b in zip(edges[:-1], edges[1:]):
+            whole = samples_per_shard is None and shard_size is None
+            spans += [(a, b)] if whole else _cut(items, a, b, samples_per_shard, shard_size)
+    return [ShardPlan(k, a, b) for k, (a, b) in enumerate(spans)]
+
+
+def _cut(
+    items: Sequence[Item], begin: int, end: int, samples_per_shard: int | None, shard_size: int | None
+) -> list[tuple[int, int]]:
+    """``(start, stop)`` spans of ``items[begin:end]``: by count when given, else filled up to ``shard_size`` bytes."""
+    if samples_per_shard is not None:
+        bounds = list(range(begin, end, samples_per_shard)) + [end]
+        return list(zip(bounds[:-1], bounds[1:]))
+    assert shard_size is not None
+    spans: list[tuple[int, int]] = []
+    start, filled = begin, 0
+    for i in range(begin, end):
+        size = items[i].size
+        if filled and filled + size > shard_size:
+            spans.append((start, i))
             start, filled = i, 0
-        filled += item.size
-    plans.append(ShardPlan(len(plans), start, len(items)))
-    return plans
+        filled += size
+    spans.append((start, end))
+    return spans

@@ -132,7 +132,9 @@ def convert(
 
     out = Path(out)
     items = source.items()
-    plans = plan_shards(items, samples_per_shard=samples_per_shard, shard_size=shard_size)
+    plans = plan_shards(
+        items, samples_per_shard=samples_per_shard, shard_size=shard_size, boundaries=source.input_boundaries()
+    )
     digest = _job_digest(source, format, items, plans)
 
     finished = _finished_dataset(out, digest)
@@ -177,10 +179,10 @@ def convert(
 
 
 #: Bumped whenever a writer's bytes change for the same input (2: HDF5 written through
-#: GuardedFile). It is part of an unfinished job's record, so a job started by another
+#: GuardedFile; 3: TFRecord arrays in int64/float lists). It is part of an unfinished job's record, so a job started by another
 #: version is refused instead of resumed into a mix of old and new shards; a dataset that
 #: another version finished is still recognised as complete (it is a valid dataset).
-SHARD_LAYOUT_VERSION = 2
+SHARD_LAYOUT_VERSION = 3
 
 
 def _job_digest(source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan]) -> str:

@@ -122,6 +122,18 @@ def _add_convert(commands) -> None:
     _add_output_options(p, images=False, positional_out=False)
     p.set_defaults(handler=_convert_arrays)
 
+    # Packed inputs (WebDataset, TFRecord, Parquet, LMDB): each module declares its own arguments.
+    import importlib
+
+    from converters.sources import PACKED_SOURCE_MODULES
+
+    for name in PACKED_SOURCE_MODULES:
+        module = importlib.import_module(name)
+        p = kinds.add_parser(module.KIND, help=module.HELP)
+        module.add_arguments(p)
+        _add_output_options(p, images=True, positional_out=False)
+        p.set_defaults(handler=_convert_packed, source_from_args=module.from_args)
+
 
 def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_out: bool = True) -> None:
     if positional_out:
@@ -195,6 +207,11 @@ def _convert_arrays(args) -> int:
     *files, out = args.files
     fields = [f.strip() for f in args.fields.split(",") if f.strip()] if args.fields else None
     return _convert(ArraysSource(files, fields=fields), out, args)
+
+
+def _convert_packed(args) -> int:
+    source, out = args.source_from_args(args, _image_options(args))
+    return _convert(source, Path(out), args)
 
 
 def _convert(source, out: Path, args) -> int:

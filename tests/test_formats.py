@@ -421,15 +421,10 @@ def test_tfrecord_is_read_by_an_independent_reader_with_valid_crcs(samples, tmp_
     assert pos == len(raw) and len(records) == len(samples)
     assert index.read_text() == "".join(f"{o} {s}\n" for o, s in records)  # what tfrecord2idx writes
 
-    description = {
-        "image": "byte",
-        "key": "byte",
-        "label": "int",
-        "boxes": "float",
-        "f32": "float",
-        "i32": "int",
-        "f16": "byte",
-    }
+    # Parsed by the manifest's dtypes, as a TensorFlow user would: numbers as float or int lists
+    # (float64 alone stays raw bytes: no TensorFlow list holds it exactly).
+    description = {name: _tf_type(field) for name, field in FIELDS.items()}
+    assert description["u8"] == description["mask"] == "int" and description["f16"] == "float"
     parsed = list(example_loader(str(path), str(index), description, shard=(0, 1)))
     assert len(parsed) == len(samples)
     for got, want in zip(parsed, samples):
@@ -437,8 +432,40 @@ def test_tfrecord_is_read_by_an_independent_reader_with_valid_crcs(samples, tmp_
         assert got["label"].tolist() == [int(want["label"])]
         assert got["boxes"].tobytes() == want["boxes"].tobytes()
         assert got["f32"].tobytes() == want["f32"].tobytes()
-        assert got["i32"].tolist() == want["i32"].tolist()
-        assert got["f16"] == want["f16"].astype("<f2").tobytes()
+        for name in ("i32", "u8", "u16", "mask"):
+            assert got[name].tolist() == want[name].ravel().astype(np.int64).tolist(), name
+        assert got["f16"].tolist() == want["f16"].ravel().astype(np.float32).tolist()
+        assert got["f64"] == want["f64"].astype("<f8").tobytes()
+
+
+def _tf_type(field: Field) -> str:
+    """The ``tfrecord`` package's name of the list a TensorFlow user parses a field as, from its dtype."""
+    if field.kind == "bytes":
+        return "byte"
+    dtype = np.dtype(field.dtype)
+    if dtype.kind == "f" and dtype.itemsize <= 4:
+        return "float"
+    return "int" if dtype.kind in "biu" and dtype != np.uint64 else "byte"
+
+
+def test_tfrecord_shards_of_the_raw_bytes_layout_still_read(samples):
+    """Shards written before the int64/float lists kept every array but float32 and wide ints as raw bytes."""
+    from dali_pipes.stores._codec import array_to_bytes
+    from dali_pipes.stores.tfexample import decode_sample, encode_example
+
+    want = samples[3]
+    legacy = {name: ("bytes_list", [array_to_bytes(want[name])]) for name in ("f16", "u8", "mask", "f64")}
+    got = decode_sample({k: FIELDS[k] for k in legacy}, encode_example(legacy), "old.tfrecord: record 0")
+    for name in legacy:
+        assert got[name].dtype == want[name].dtype and np.array_equal(got[name], want[name]), name
+
+
+def test_tfrecord_int_list_out_of_its_dtype_range_is_refused():
+    from dali_pipes.stores.tfexample import decode_sample, encode_example
+
+    data = encode_example({"u8": ("int64_list", np.arange(64) * 5)})
+    with pytest.raises(StoreError, match=r"'u8'.*outside uint8's range 0\.\.255"):
+        decode_sample({"u8": FIELDS["u8"]}, data, "x.tfrecord: record 0")
 
 
 def test_dali_native_tfrecord_reader_reads_the_shard(samples, tmp_path):

@@ -59,3 +59,16 @@ def test_empty_input_and_conflicting_options_are_refused():
         plan_shards(_items([1]), samples_per_shard=1, shard_size=10)
     with pytest.raises(ConversionError, match="at least 1"):
         plan_shards(_items([1]), samples_per_shard=0)
+
+
+def test_shards_never_span_an_input_file():
+    items = _items([10] * 10)
+    # Files of 4, 3 and 3 items: by default one shard each; by count or size, cut within each file.
+    assert [(p.start, p.stop) for p in plan_shards(items, boundaries=[4, 7])] == [(0, 4), (4, 7), (7, 10)]
+    by_count = plan_shards(items, samples_per_shard=3, boundaries=[4, 7])
+    assert [(p.start, p.stop) for p in by_count] == [(0, 3), (3, 4), (4, 7), (7, 10)]
+    by_size = plan_shards(items, shard_size=20, boundaries=[4, 7])
+    assert [(p.start, p.stop) for p in by_size] == [(0, 2), (2, 4), (4, 6), (6, 7), (7, 9), (9, 10)]
+    assert [p.number for p in by_size] == list(range(6))
+    # An empty input file (a repeated boundary) and out-of-range ones add no shard.
+    assert len(plan_shards(items, boundaries=[0, 4, 4, 10, 12])) == 2

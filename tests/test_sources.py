@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import pickle
@@ -17,7 +18,18 @@ from PIL import Image
 
 from converters.base import ConversionError, ImageOptions, SampleError
 from converters.images import check_image, load_image_file, prepare_image
-from converters.sources import SOURCES, ArraysSource, CocoSource, ImageFolderSource, ListFileSource
+from converters.sources import (
+    PACKED_SOURCE_MODULES,
+    SOURCES,
+    ArraysSource,
+    CocoSource,
+    ImageFolderSource,
+    ListFileSource,
+    LmdbSource,
+    ParquetSource,
+    TFRecordSource,
+    WebDatasetSource,
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +67,19 @@ def test_registry_names_every_source():
         "list": ListFileSource,
         "coco": CocoSource,
         "arrays": ArraysSource,
+        "webdataset": WebDatasetSource,
+        "tfrecord": TFRecordSource,
+        "lmdb": LmdbSource,
+        "parquet": ParquetSource,
     }
     assert all(cls.kind == kind for kind, cls in SOURCES.items())
+    # Each packed source's module declares its CLI arguments; the CLI registers it under its kind.
+    from dali_pipes.cli import build_parser
+
+    for name in PACKED_SOURCE_MODULES:
+        kind = importlib.import_module(name).KIND
+        assert kind in SOURCES
+        assert build_parser().parse_args(["convert", kind, "in", "out"]).source_from_args is not None
 
 
 # -- imagefolder ------------------------------------------------------------------------------------

@@ -27,12 +27,17 @@ numbers, as any protobuf parser would.
 field                                       feature
 ==========================================  =================================================
 ``bytes`` (images, text)                    ``bytes_list`` of one element, the bytes
-``float32`` arrays                          ``float_list``, flattened in C order
-integer arrays wider than a byte (not       ``int64_list``, flattened; cast back on read
-uint64)
-anything else (float16, float64, bool,      ``bytes_list`` of one element: the raw
-int8, uint8, uint64, complex)               little-endian bytes, flattened in C order
+``float32`` and ``float16`` arrays          ``float_list``, flattened in C order
+integer arrays (not uint64) and bool        ``int64_list``, flattened; cast back on read
+anything else (float64, uint64, complex:    ``bytes_list`` of one element: the raw
+no TensorFlow list holds them exactly)      little-endian bytes, flattened in C order
 ==========================================  =================================================
+
+So ``tf.io.parse_single_example`` reads every field whose manifest dtype is
+float32, int64 or bytes with ``FixedLenFeature``/``VarLenFeature`` of that dtype,
+and narrower numbers as float32 or int64 (then cast). Shards written before this
+layout (every array but float32 and integers wider than a byte in a ``bytes_list``
+of raw bytes) are still read.
 
 A variable-length field (shape ``(-1, ...)``) gets its first dimension back from
 the number of values.
@@ -378,11 +383,22 @@ def feature_kind(field: Field) -> str:
     if field.kind == "bytes":
         return BYTES_LIST
     dtype = np.dtype(field.dtype)
-    if dtype == np.float32:
+    if dtype in (np.float32, np.float16):
         return FLOAT_LIST
-    if dtype.kind in "iu" and dtype.itemsize > 1 and dtype != np.uint64:
+    if dtype.kind == "b" or (dtype.kind in "iu" and dtype != np.uint64):
         return INT64_LIST
     return BYTES_LIST
+
+
+def _cast_ints(values: np.ndarray, name: str, field: Field, where: str) -> np.ndarray:
+    """An int64 list as the field's integer (or bool) dtype; StoreError for a value the dtype cannot hold."""
+    dtype = np.dtype(field.dtype)
+    if dtype == np.int64:
+        return values
+    low, high = (0, 1) if dtype.kind == "b" else (np.iinfo(dtype).min, np.iinfo(dtype).max)
+    if values.size and (values.min() < low or values.max() > high):
+        raise StoreError(f"{where}: feature {name!r} holds values outside {dtype.name}'s range {low}..{high}")
+    return values.astype(dtype)
 
 
 def encode_sample(fields: Mapping[str, Field], sample: Mapping[str, object]) -> bytes:
@@ -418,7 +434,8 @@ def decode_sample(fields: Mapping[str, Field], data: bytes | memoryview, where: 
             raise StoreError(f"{where}: the Example has no feature {name!r} (features: {sorted(spans)})")
         kind, value = _decode_feature(buf, spans[name], f"{where}, feature {name!r}")
         expected = feature_kind(field)
-        if kind != expected:
+        # A bytes_list of raw bytes is also the layout of arrays in shards written before int64/float lists.
+        if kind != expected and not (kind == BYTES_LIST and field.kind == "array"):
             raise StoreError(f"{where}: feature {name!r} is a {kind}, expected a {expected}")
         if kind == BYTES_LIST:
             if len(value) != 1:
@@ -427,5 +444,5 @@ def decode_sample(fields: Mapping[str, Field], data: bytes | memoryview, where: 
         elif kind == FLOAT_LIST:
             sample[name] = reshape(value.astype(field.dtype), name, field, where)  # the one copy out of data
         else:
-            sample[name] = reshape(value.astype(field.dtype, copy=False), name, field, where)
+            sample[name] = reshape(_cast_ints(value, name, field, where), name, field, where)
     return sample

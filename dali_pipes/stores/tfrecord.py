@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Iterable
+from typing import Iterable, Iterator
 
 import numpy as np
 
@@ -20,24 +20,32 @@ from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
 from dali_pipes.stores.tfexample import FOOTER_SIZE, HEADER_SIZE, decode_sample, masked_crc32c, parse_index, unframe
 
 
-def scan_index(fd: int, path: str | os.PathLike) -> np.ndarray:
-    """Build the ``(n, 2)`` ``(offset, size)`` index of a TFRecord file by walking its headers."""
+def walk_records(fd: int, path: str | os.PathLike) -> Iterator[tuple[int, int]]:
+    """``(offset, size)`` of each record of a TFRecord file, from its headers (length CRCs checked).
+
+    Raises :class:`StoreError` naming the record and byte where the file is damaged
+    or truncated, after yielding every whole record before it.
+    """
     end = os.fstat(fd).st_size
-    rows = []
-    offset = 0
+    offset = number = 0
     while offset < end:
         head = os.pread(fd, HEADER_SIZE, offset)
         if len(head) < HEADER_SIZE:
-            raise StoreError(f"{path}: record {len(rows)} at byte {offset}: truncated header")
+            raise StoreError(f"{path}: record {number} at byte {offset}: truncated header")
         (length,) = struct.unpack_from("<Q", head)
         if masked_crc32c(head[:8]) != struct.unpack_from("<I", head, 8)[0]:
-            raise StoreError(f"{path}: record {len(rows)} at byte {offset}: length CRC mismatch")
+            raise StoreError(f"{path}: record {number} at byte {offset}: length CRC mismatch")
         size = HEADER_SIZE + length + FOOTER_SIZE
-        rows.append((offset, size))
+        if offset + size > end:
+            raise StoreError(f"{path}: record {number} at byte {offset} runs past the end of the file (truncated)")
+        yield offset, size
         offset += size
-    if offset != end:
-        raise StoreError(f"{path}: the last record runs past the end of the file (truncated)")
-    return np.array(rows, dtype=np.int64).reshape(-1, 2)
+        number += 1
+
+
+def scan_index(fd: int, path: str | os.PathLike) -> np.ndarray:
+    """Build the ``(n, 2)`` ``(offset, size)`` index of a TFRecord file by walking its headers."""
+    return np.array(list(walk_records(fd, path)), dtype=np.int64).reshape(-1, 2)
 
 
 class TFRecordShardReader(ShardReader):

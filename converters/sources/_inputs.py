@@ -1,0 +1,151 @@
+"""Helpers the sources of packed inputs share: naming input files, reading them in workers, class names.
+
+The packed sources (WebDataset tars, TFRecord files, Parquet files, an LMDB) plan
+every sample in the main process and read it back in a worker by position. A
+worker keeps its input files open between samples (:class:`OpenFiles`); nothing
+open travels when a source is pickled into a task.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from converters.base import ConversionError, SampleError
+
+_RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
+_CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+
+
+def expand_braces(pattern: str) -> list[str]:
+    """``train-{000..002}.tar`` -> three names (zero padding kept); ``{a,b}`` lists alternatives, as in a shell."""
+    match = _RANGE.search(pattern)
+    if match:
+        first, last = match.group(1), match.group(2)
+        width = len(first) if first.startswith("0") or len(first) == len(last) else 0
+        step = 1 if int(last) >= int(first) else -1
+        head, tail = pattern[: match.start()], pattern[match.end() :]
+        return [
+            name
+            for number in range(int(first), int(last) + step, step)
+            for name in expand_braces(f"{head}{number:0{width}d}{tail}")
+        ]
+    match = _CHOICE.search(pattern)
+    if match:
+        head, tail = pattern[: match.start()], pattern[match.end() :]
+        return [name for choice in match.group(1).split(",") for name in expand_braces(head + choice + tail)]
+    return [pattern]
+
+
+def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]:
+    """The input files named by ``patterns`` (paths, globs, ``{000..146}`` ranges), in the order given.
+
+    Each glob's matches are sorted; a brace range keeps its order. A name given
+    twice is read once. Raises :class:`ConversionError` naming a pattern that
+    matches nothing, or a match that is not a file.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [patterns]
+    found: list[str] = []
+    for pattern in patterns:
+        for name in expand_braces(str(pattern)):
+            matches = sorted(glob.glob(name)) if glob.has_magic(name) else [name]
+            existing = [m for m in matches if os.path.exists(m)]
+            if not existing:
+                raise ConversionError(f"{name}: no such {what} (quote the pattern so that the shell leaves it alone)")
+            for path in existing:
+                if not os.path.isfile(path):
+                    raise ConversionError(f"{path}: not a file; give {what}s (or a pattern matching them)")
+                if path not in found:
+                    found.append(path)
+    if not found:
+        raise ConversionError(f"no {what} given")
+    return found
+
+
+def file_boundaries(items: Sequence[Any], file_of) -> list[int]:
+    """The indices where ``file_of(item)`` changes: where each input file after the first begins."""
+    return [i for i in range(1, len(items)) if file_of(items[i]) != file_of(items[i - 1])]
+
+
+class OpenFiles:
+    """The input files a worker process has open, by path: read by offset, never seeked.
+
+    Opened on first use in each process (a source pickled into a task, or forked,
+    opens its own) and kept, since a task reads one input file sample after sample.
+    """
+
+    def __init__(self) -> None:
+        self._pid = os.getpid()
+        self._fds: dict[str, int] = {}
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__()
+
+    def read(self, path: str, offset: int, size: int, name: str) -> bytes:
+        """``size`` bytes of ``path`` at ``offset``; :class:`SampleError` for ``name`` if the file is short or unreadable."""
+        if self._pid != os.getpid():
+            self.__init__()
+        try:
+            fd = self._fds.get(path)
+            if fd is None:
+                fd = self._fds[path] = os.open(path, os.O_RDONLY)
+            data = os.pread(fd, size, offset)
+        except OSError as exc:
+            raise SampleError(name, f"cannot read {path} ({exc.strerror or exc})") from None
+        if len(data) != size:
+            raise SampleError(name, f"{path} ends at byte {offset + len(data)}, inside this sample (truncated file)")
+        return data
+
+    def close(self) -> None:
+        """Close every file this process opened."""
+        if self._pid == os.getpid():
+            for fd in self._fds.values():
+                os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:
+        # A long-lived worker (Dask) unpickles a copy of the source per task: each copy's files close with it.
+        try:
+            self.close()
+        except OSError:
+            pass
+
+
+def read_classes_file(path: str | os.PathLike | None) -> list[str] | None:
+    """Class names from a text file of one name per line (line 1 is label 0); ``None`` without a file."""
+    if path is None:
+        return None
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConversionError(f"{path}: no such classes file; give a text file with one class name per line") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{path}: cannot read the classes file ({exc}); it must be UTF-8 text") from None
+    names = [line.strip() for line in text.splitlines()]
+    while names and not names[-1]:
+        names.pop()
+    if not names:
+        raise ConversionError(f"{path}: the classes file is empty; give one class name per line")
+    return names
+
+
+def parse_label(text: bytes, name: str, what: str) -> int:
+    """An integer label stored as text (WebDataset's ``.cls``); :class:`SampleError` for anything else."""
+    try:
+        return int(text.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        raise SampleError(name, f"{what} is not an integer label ({bytes(text[:20])!r})") from None
+
+
+def add_common_arguments(parser) -> None:
+    """``--classes FILE``, which every packed source takes."""
+    parser.add_argument(
+        "--classes", metavar="FILE", help="class names, one per line (line 1 is label 0); overrides the source's own"
+    )

@@ -1,0 +1,235 @@
+"""``parquet``: Parquet files with an image column (bytes, or Hugging Face's ``{bytes, path}`` struct) and labels.
+
+Needs ``pyarrow`` (``pip install 'dali-pipes[parquet]'``). Files are read one row
+group at a time, so memory stays flat however large a file is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.images import prepare_image
+from converters.sources._inputs import add_common_arguments, expand_inputs, file_boundaries, read_classes_file
+from dali_pipes.manifest import Field
+
+log = logging.getLogger(__name__)
+
+KIND = "parquet"
+HELP = "Parquet files (as Hugging Face datasets writes them): an image column and a label column"
+
+
+@dataclass(frozen=True)
+class _Row:
+    path: str
+    group: int  # row group in the file
+    index: int  # row within the group
+    row: int  # row within the file
+
+
+class ParquetSource(Source):
+    """One sample per row of Parquet files, file by file, in row order.
+
+    ``image_column`` holds the encoded image: binary, or a struct with a
+    ``bytes`` member (and optionally ``path``), the layout of a Hugging Face
+    ``Image`` feature. ``label_column`` (``None``: no label field) holds integers.
+    The key is the struct's ``path`` where it has one, else ``FILE:ROW``. Class
+    names come from the Hugging Face ``ClassLabel`` of the label column (kept in
+    the file's schema metadata) unless a classes file is given.
+
+    A row whose image is null, not an image or damaged, or whose label is null,
+    is a bad input.
+    """
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(
+        self,
+        files: Sequence[str | os.PathLike] | str,
+        image_options: ImageOptions = ImageOptions(),
+        *,
+        image_column: str = "image",
+        label_column: str | None = "label",
+        classes_file: str | os.PathLike | None = None,
+    ) -> None:
+        self.patterns = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+        self.image_options = image_options
+        self.image_column = image_column
+        self.label_column = label_column or None
+        self.classes_file = None if classes_file is None else str(classes_file)
+        self._items: list[Item] | None = None
+        self._class_names: list[str] | None = None
+        self._group: tuple[int, str, int, dict[str, list] | str] | None = None  # (pid, path, group, columns or why not)
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A task carries its own items; the plan of every file must not travel with each.
+        return {**self.__dict__, "_items": None, "_class_names": None, "_group": None}
+
+    def items(self) -> list[Item]:
+        """One item per row; ``Item.size`` is the row group's bytes shared out over its rows."""
+        if self._items is None:
+            items: list[Item] = []
+            for n, path in enumerate(expand_inputs(self.patterns, "Parquet file")):
+                items += self._rows(path, first=n == 0)
+            if not items:
+                raise ConversionError(f"parquet: {', '.join(self.patterns)} hold no rows")
+            self._items = items
+        return self._items
+
+    def _rows(self, path: str, *, first: bool) -> list[Item]:
+        meta = _open(path).metadata
+        self._check_schema(path, meta.schema.to_arrow_schema())
+        if first:
+            self._class_names = _hf_class_names(meta.schema.to_arrow_schema(), self.label_column)
+        items, row = [], 0
+        for group in range(meta.num_row_groups):
+            info = meta.row_group(group)
+            size = info.total_byte_size // max(1, info.num_rows)
+            for index in range(info.num_rows):
+                items.append(Item(name=f"{path}:{row}", size=size, data=_Row(path, group, index, row)))
+                row += 1
+        return items
+
+    def _check_schema(self, path: str, schema) -> None:
+        import pyarrow as pa
+
+        names = ", ".join(schema.names)
+        if self.image_column not in schema.names:
+            raise ConversionError(f"{path}: no column {self.image_column!r} (columns: {names}); use --image-column")
+        image = schema.field(self.image_column).type
+        binary = (pa.types.is_binary, pa.types.is_large_binary)
+        if pa.types.is_struct(image):
+            member = image.get_field_index("bytes")
+            if member < 0 or not any(test(image.field(member).type) for test in binary):
+                raise ConversionError(f"{path}: column {self.image_column!r} is {image}, without a binary 'bytes'")
+        elif not any(test(image) for test in binary):
+            raise ConversionError(f"{path}: column {self.image_column!r} is {image}; expected binary image bytes")
+        if self.label_column is not None:
+            if self.label_column not in schema.names:
+                raise ConversionError(f"{path}: no column {self.label_column!r} (columns: {names}); use --label-column")
+            if not pa.types.is_integer(schema.field(self.label_column).type):
+                label = schema.field(self.label_column).type
+                raise ConversionError(f"{path}: label column {self.label_column!r} is {label}, not integers")
+
+    def input_boundaries(self) -> list[int]:
+        return file_boundaries(self.items(), lambda item: item.data.path)
+
+    def fields(self) -> dict[str, Field]:
+        fields = {"image": Field.image()}
+        if self.label_column:
+            fields["label"] = Field.array("int64", ())
+        fields["key"] = Field.text()
+        return fields
+
+    def classes(self) -> list[str] | None:
+        if self.classes_file is not None:
+            return read_classes_file(self.classes_file)
+        return self._class_names
+
+    def _columns(self, row: _Row) -> dict[str, list]:
+        """The row group of ``row`` as Python lists, read once per group and kept while rows come from it."""
+        if self._group is None or self._group[:3] != (os.getpid(), row.path, row.group):
+            columns = [self.image_column] + ([self.label_column] if self.label_column else [])
+            self._group = None  # the previous group is released before the next is read
+            try:
+                table = _open(row.path).read_row_group(row.group, columns=columns)
+                values: dict[str, list] | str = {c: table.column(c).to_pylist() for c in columns}
+            except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
+                why = " ".join(str(exc).split())  # pyarrow's messages run over several lines
+                values = f"cannot read row group {row.group} ({type(exc).__name__}: {why})"
+            # A damaged group is kept as its reason too: each of its rows fails without reading it again.
+            self._group = (os.getpid(), row.path, row.group, values)
+        values = self._group[3]
+        if isinstance(values, str):
+            raise SampleError(f"{row.path}:{row.row}", values)
+        return values
+
+    def load(self, item: Item) -> Sample:
+        row: _Row = item.data
+        columns = self._columns(row)
+        value = columns[self.image_column][row.index]
+        path = None
+        if isinstance(value, dict):
+            value, path = value.get("bytes"), value.get("path")
+        if value is None:
+            raise SampleError(item.name, f"the image ({self.image_column!r}) is null")
+        sample: Sample = {"image": prepare_image(value, item.name, self.image_options)}
+        if self.label_column:
+            label = columns[self.label_column][row.index]
+            if label is None:
+                raise SampleError(item.name, f"the label ({self.label_column!r}) is null")
+            sample["label"] = np.array(label, dtype=np.int64)
+        sample["key"] = (path or f"{os.path.basename(row.path)}:{row.row}").encode("utf-8")
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "files": self.patterns,
+            "image_column": self.image_column,
+            "label_column": self.label_column,
+            "classes_file": self.classes_file,
+            "image_options": self.image_options.to_json(),
+        }
+
+
+def _open(path: str):
+    """A ``pyarrow.parquet.ParquetFile``; a clear error without pyarrow or for a file that is not Parquet."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConversionError("convert parquet needs pyarrow: pip install 'dali-pipes[parquet]'") from None
+    try:
+        return pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, ...
+        raise ConversionError(f"{path}: not a readable Parquet file ({exc})") from None
+
+
+def _hf_class_names(schema, label_column: str | None) -> list[str] | None:
+    """The names of a Hugging Face ``ClassLabel`` label column, from the schema's ``huggingface`` metadata."""
+    raw = (schema.metadata or {}).get(b"huggingface")
+    if raw is None or label_column is None:
+        return None
+    try:
+        features = json.loads(raw)["info"]["features"]
+    except (ValueError, KeyError, TypeError):
+        log.warning("the Parquet schema's Hugging Face metadata cannot be read; class names left out")
+        return None
+    feature = features.get(label_column) if isinstance(features, dict) else None
+    if isinstance(feature, dict) and feature.get("_type") == "ClassLabel" and isinstance(feature.get("names"), list):
+        return [str(name) for name in feature["names"]]
+    return None
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    """The ``dali-pipes convert parquet`` arguments (the output options are added by the CLI)."""
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="Parquet files (paths or 'data/train-*.parquet'), then OUT"
+    )
+    parser.add_argument("--image-column", default="image", help="image bytes or {bytes, path} struct (default: image)")
+    parser.add_argument("--label-column", default="label", help="integer labels ('' for none; default: label)")
+    add_common_arguments(parser)
+
+
+def from_args(args, image_options: ImageOptions) -> tuple[ParquetSource, str]:
+    """The source the parsed command line describes, and the output folder (the last positional argument)."""
+    *files, out = args.files
+    if not files:
+        raise ConversionError("give one or more Parquet files and then the output folder")
+    source = ParquetSource(
+        files,
+        image_options,
+        image_column=args.image_column,
+        label_column=args.label_column,
+        classes_file=args.classes,
+    )
+    return source, out

@@ -1,0 +1,217 @@
+"""``lmdb``: a plain LMDB whose values are encoded images (as ``img2lmdb`` scripts write them)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import lmdb
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.images import prepare_image
+from converters.sources._inputs import add_common_arguments, read_classes_file
+from dali_pipes.manifest import Field
+
+log = logging.getLogger(__name__)
+
+KIND = "lmdb"
+HELP = "a plain LMDB whose values are encoded images (keys in byte order or from --keys)"
+
+_INTEGER = re.compile(r"[+-]?\d+\Z")
+#: Values checked before the job starts: when none of them is an image, the LMDB is not one of images.
+_PROBE = 8
+
+
+@dataclass(frozen=True)
+class _Entry:
+    key: bytes
+    label: int | None
+
+
+class LmdbSource(Source):
+    """The values of a plain LMDB, each an encoded image; keys in byte order, or those of a key list.
+
+    ``path`` is the LMDB folder (holding ``data.mdb``) or its data file. With
+    ``keys_file``, a UTF-8 text file of ``KEY [LABEL]`` lines, only those keys are
+    read, in that order, with their integer labels (every line has one or none
+    does); a listed key the LMDB lacks is a bad input. Without it every key is
+    read, in byte order, and there is no label field.
+
+    A value that is not an image is a bad input; a Python pickle (the layout of
+    many ``img2lmdb`` scripts, ``(image, label)`` tuples) is refused as such and
+    never unpickled. When none of the first values is an image, the job is refused.
+
+    Fields: ``image``, ``label`` (int64, with a labelled key list), ``key``
+    (the LMDB key as text; bytes that are not UTF-8 as ``\\xNN``).
+    """
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        image_options: ImageOptions = ImageOptions(),
+        *,
+        keys_file: str | os.PathLike | None = None,
+        classes_file: str | os.PathLike | None = None,
+    ) -> None:
+        self.path = str(path)
+        self.image_options = image_options
+        self.keys_file = None if keys_file is None else str(keys_file)
+        self.classes_file = None if classes_file is None else str(classes_file)
+        self._labelled: bool | None = None  # kept when pickled: every shard task asks fields()
+
+    def _open(self) -> lmdb.Environment:
+        return _open_env(self.path)
+
+    def _entries(self) -> list[_Entry]:
+        if self.keys_file is None:
+            with self._open().begin() as txn:
+                return [_Entry(bytes(key), None) for key in txn.cursor().iternext(keys=True, values=False)]
+        return _read_keys_file(Path(self.keys_file))
+
+    def items(self) -> list[Item]:
+        """One item per key; ``Item.size`` is the value's size (0 for a listed key the LMDB lacks)."""
+        entries = self._entries()
+        if not entries:
+            raise ConversionError(f"{self.path}: the LMDB holds no entries")
+        self._labelled = entries[0].label is not None
+        items = []
+        with self._open().begin(buffers=True) as txn:
+            for entry in entries:
+                value = txn.get(entry.key)
+                name = f"{self.path}:{_key_text(entry.key)}"
+                items.append(Item(name=name, size=0 if value is None else len(value), data=entry))
+            self._refuse_non_images(txn, items)
+        return items
+
+    def _refuse_non_images(self, txn, items: list[Item]) -> None:
+        """Stop before the job starts when the first values are all something else than images."""
+        reasons = []
+        for item in items[:_PROBE]:
+            try:
+                _image(txn.get(item.data.key), item.name, ImageOptions())
+                return
+            except SampleError as exc:
+                reasons.append(exc.reason)
+        raise ConversionError(
+            f"{self.path}: none of the first {len(reasons)} values is an encoded image ({reasons[0]}); "
+            "convert lmdb reads an LMDB whose values are image files (with --keys for a subset of keys)"
+        )
+
+    def fields(self) -> dict[str, Field]:
+        if self._labelled is None:
+            self._labelled = self.keys_file is not None and _read_keys_file(Path(self.keys_file))[0].label is not None
+        fields = {"image": Field.image()}
+        if self._labelled:
+            fields["label"] = Field.array("int64", ())
+        fields["key"] = Field.text()
+        return fields
+
+    def classes(self) -> list[str] | None:
+        return read_classes_file(self.classes_file)
+
+    def load(self, item: Item) -> Sample:
+        entry: _Entry = item.data
+        try:
+            with self._open().begin() as txn:
+                value = txn.get(entry.key)
+        except lmdb.Error as exc:
+            raise SampleError(item.name, f"cannot read the value ({type(exc).__name__}: {exc})") from None
+        sample: Sample = {"image": _image(value, item.name, self.image_options)}
+        if self._labelled:
+            sample["label"] = np.array(entry.label, dtype=np.int64)
+        sample["key"] = _key_text(entry.key).encode("utf-8")
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "path": self.path,
+            "keys_file": self.keys_file,
+            "classes_file": self.classes_file,
+            "image_options": self.image_options.to_json(),
+        }
+
+
+# py-lmdb refuses to open one environment twice in a process, and a worker process runs many
+# tasks, each with its own copy of the source: one read-only handle per path and process.
+_ENVS: dict[tuple[str, int], lmdb.Environment] = {}
+_ENVS_LOCK = threading.Lock()
+
+
+def _open_env(path: str) -> lmdb.Environment:
+    """This process's read-only handle of the LMDB at ``path`` (an LMDB handle must not cross a fork)."""
+    key = (os.path.realpath(path), os.getpid())
+    with _ENVS_LOCK:
+        env = _ENVS.get(key)
+        if env is None:
+            if not os.path.exists(path):
+                raise ConversionError(f"{path}: no such LMDB (give its folder, holding data.mdb, or that file)")
+            try:
+                env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(path))
+            except lmdb.Error as exc:
+                raise ConversionError(f"{path}: not an LMDB ({exc})") from None
+            _ENVS[key] = env
+        return env
+
+
+def _image(value: bytes | memoryview | None, name: str, options: ImageOptions) -> bytes:
+    """The checked image of one value; :class:`SampleError` for a missing key, a pickle or a non-image."""
+    if value is None:
+        raise SampleError(name, "no such key in the LMDB")
+    value = bytes(value)
+    if value[:1] == b"\x80" and value[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+        raise SampleError(name, "the value is a Python pickle, not an encoded image (dali-pipes never unpickles data)")
+    return prepare_image(value, name, options)
+
+
+def _key_text(key: bytes) -> str:
+    return key.decode("utf-8", "backslashreplace")
+
+
+def _read_keys_file(path: Path) -> list[_Entry]:
+    """``KEY [LABEL]`` lines (blank and ``#`` lines skipped); every line has a label or none does."""
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise ConversionError(f"{path}: no such key list; give a text file of 'KEY [LABEL]' lines") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConversionError(f"{path}: cannot read the key list ({exc}); it must be UTF-8 text") from None
+    entries: list[_Entry] = []
+    width = None
+    for number, line in enumerate(lines, start=1):
+        parts = line.split()
+        if not parts or parts[0].startswith("#"):
+            continue
+        if len(parts) > 2 or (width is not None and len(parts) != width):
+            raise ConversionError(f"{path}:{number}: expected 'KEY LABEL' or 'KEY' on every line, as on the first")
+        if len(parts) == 2 and not _INTEGER.match(parts[1]):
+            raise ConversionError(f"{path}:{number}: label {parts[1]!r} is not an integer")
+        width = len(parts)
+        entries.append(_Entry(parts[0].encode("utf-8"), int(parts[1]) if len(parts) == 2 else None))
+    if not entries:
+        raise ConversionError(f"{path}: the key list is empty")
+    return entries
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    """The ``dali-pipes convert lmdb`` arguments (the output options are added by the CLI)."""
+    parser.add_argument("src", help="the LMDB: its folder (holding data.mdb) or its data file")
+    parser.add_argument("out", help="output dataset folder (created)")
+    parser.add_argument("--keys", metavar="FILE", help="'KEY [LABEL]' lines: the keys to read, in order, and labels")
+    add_common_arguments(parser)
+
+
+def from_args(args, image_options: ImageOptions) -> tuple[LmdbSource, str]:
+    """The source the parsed command line describes, and the output folder."""
+    return LmdbSource(args.src, image_options, keys_file=args.keys, classes_file=args.classes), args.out

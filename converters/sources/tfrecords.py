@@ -1,0 +1,251 @@
+"""``tfrecord``: ``tf.train.Example`` records, by default in the TF/TPU ImageNet layout, read without TensorFlow."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.images import prepare_image
+from converters.sources._inputs import (
+    OpenFiles,
+    add_common_arguments,
+    expand_inputs,
+    file_boundaries,
+    read_classes_file,
+)
+from dali_pipes.manifest import Field
+from dali_pipes.stores.base import StoreError
+from dali_pipes.stores.tfexample import BYTES_LIST, FLOAT_LIST, INT64_LIST, decode_example, unframe
+from dali_pipes.stores.tfrecord import walk_records
+
+log = logging.getLogger(__name__)
+
+KIND = "tfrecord"
+HELP = "TFRecord files of tf.train.Example (default: the TF/TPU ImageNet layout)"
+BOX_SIDES = ("xmin", "ymin", "xmax", "ymax")
+
+
+@dataclass(frozen=True)
+class _Record:
+    """Where record ``number`` of ``path`` lies; ``damage`` instead when the file cannot be read from here on."""
+
+    path: str
+    number: int
+    offset: int
+    size: int
+    damage: str | None = None
+
+
+class TFRecordSource(Source):
+    """Samples of TFRecord files of ``tf.train.Example`` records, one per record, in file order.
+
+    Features by name (the defaults are the TF/TPU ImageNet layout of
+    ``build_imagenet_data.py``): the image is the one byte string of
+    ``image_feature``, the label the one integer of ``label_feature`` (``None``:
+    no label field; ImageNet's labels are 1..1000 there and are stored as given),
+    the key the ``key_feature`` string (``FILE:RECORD`` where a record has none).
+    When the first record has ``{bbox_prefix}xmin``, the ``bbox`` field holds
+    ``xmin ymin xmax ymax`` rows as stored (normalised, for ImageNet); it is not
+    called ``boxes`` because the detection specs read ``boxes`` as COCO's xywh pixels.
+
+    Both CRCs of every record are checked. A damaged record is a bad input; where
+    a damaged header makes the rest of a file unreadable, that is one bad input
+    naming the byte. Files are read as they are (not GZIP-compressed).
+    """
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(
+        self,
+        files: Sequence[str | os.PathLike] | str,
+        image_options: ImageOptions = ImageOptions(),
+        *,
+        image_feature: str = "image/encoded",
+        label_feature: str | None = "image/class/label",
+        key_feature: str | None = "image/filename",
+        bbox_prefix: str | None = "image/object/bbox/",
+        classes_file: str | os.PathLike | None = None,
+    ) -> None:
+        self.patterns = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+        self.image_options = image_options
+        self.image_feature = image_feature
+        self.label_feature = label_feature or None
+        self.key_feature = key_feature or None
+        self.bbox_prefix = bbox_prefix or None
+        self.classes_file = None if classes_file is None else str(classes_file)
+        self._items: list[Item] | None = None
+        self._has_boxes: bool | None = None  # kept when pickled: every shard task asks fields()
+        self._files = OpenFiles()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A task carries its own items; the plan of every file must not travel with each.
+        return {**self.__dict__, "_items": None}
+
+    def _scan(self) -> list[Item]:
+        if self._items is None:
+            items: list[Item] = []
+            for path in expand_inputs(self.patterns, "TFRecord file"):
+                items += [Item(name=f"{r.path}:{r.number}", size=r.size, data=r) for r in _records(path)]
+            first = next((item for item in items if item.data.damage is None), None)
+            if first is None:
+                raise ConversionError(f"tfrecord: {', '.join(self.patterns)} hold no readable record")
+            features = self._features(first)
+            if self.image_feature not in features:
+                raise ConversionError(
+                    f"{first.name}: no feature {self.image_feature!r} (features: {', '.join(sorted(features))}); "
+                    "name the image feature with --image-feature"
+                )
+            self._has_boxes = self.bbox_prefix is not None and f"{self.bbox_prefix}xmin" in features
+            self._items = items
+        return self._items
+
+    def items(self) -> list[Item]:
+        """One item per record, file by file; ``Item.size`` is the record's size."""
+        return self._scan()
+
+    def input_boundaries(self) -> list[int]:
+        return file_boundaries(self._scan(), lambda item: item.data.path)
+
+    def fields(self) -> dict[str, Field]:
+        if self._has_boxes is None:
+            self._scan()
+        fields = {"image": Field.image()}
+        if self.label_feature:
+            fields["label"] = Field.array("int64", ())
+        if self._has_boxes:
+            fields["bbox"] = Field.array("float32", (-1, 4))
+        fields["key"] = Field.text()
+        return fields
+
+    def classes(self) -> list[str] | None:
+        return read_classes_file(self.classes_file)
+
+    def _features(self, item: Item) -> dict[str, tuple[str, Any]]:
+        record: _Record = item.data
+        if record.damage is not None:
+            raise SampleError(item.name, record.damage)
+        data = self._files.read(record.path, record.offset, record.size, item.name)
+        try:
+            return decode_example(unframe(data, item.name), item.name)
+        except StoreError as exc:
+            raise SampleError(item.name, str(exc).removeprefix(f"{item.name}: ")) from None
+
+    def load(self, item: Item) -> Sample:
+        features = self._features(item)
+        image = _one(features, self.image_feature, BYTES_LIST, item.name)
+        sample: Sample = {"image": prepare_image(image, item.name, self.image_options)}
+        if self.label_feature:
+            sample["label"] = np.array(_one(features, self.label_feature, INT64_LIST, item.name), dtype=np.int64)
+        if self._has_boxes:
+            sample["bbox"] = _boxes(features, self.bbox_prefix, item.name)
+        if self.key_feature and self.key_feature in features:
+            sample["key"] = _one(features, self.key_feature, BYTES_LIST, item.name)
+        else:
+            sample["key"] = item.name.encode("utf-8")
+        return sample
+
+    def extra(self) -> dict[str, Any]:
+        if not self._has_boxes:
+            return {}
+        return {"bbox": f"xmin ymin xmax ymax rows from {self.bbox_prefix}{{xmin,ymin,xmax,ymax}}, as stored"}
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "files": self.patterns,
+            "image_feature": self.image_feature,
+            "label_feature": self.label_feature,
+            "key_feature": self.key_feature,
+            "bbox_prefix": self.bbox_prefix,
+            "classes_file": self.classes_file,
+            "image_options": self.image_options.to_json(),
+        }
+
+
+def _records(path: str) -> list[_Record]:
+    """Every record of one file; a damaged header ends the list with one record saying where and why."""
+    records: list[_Record] = []
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        for offset, size in walk_records(fd, path):
+            records.append(_Record(path, len(records), offset, size))
+    except StoreError as exc:
+        where = records[-1].offset + records[-1].size if records else 0
+        hint = ""
+        if not records and os.pread(fd, 2, 0) == b"\x1f\x8b":
+            hint = " (the file is GZIP-compressed: decompress it first)"
+        damage = f"{str(exc).removeprefix(f'{path}: ')}{hint}; the rest of the file from byte {where} cannot be read"
+        log.warning("%s: %s", path, damage)
+        records.append(_Record(path, len(records), where, 0, damage))
+    finally:
+        os.close(fd)
+    return records
+
+
+def _one(features: dict[str, tuple[str, Any]], name: str, kind: str, where: str) -> Any:
+    """The single value of feature ``name``, which must be a ``kind`` of one element."""
+    if name not in features:
+        raise SampleError(where, f"no feature {name!r} in this Example (features: {', '.join(sorted(features))})")
+    found, values = features[name]
+    if found != kind or len(values) != 1:
+        raise SampleError(where, f"feature {name!r} is a {found} of {len(values)} values, expected one value ({kind})")
+    return values[0]
+
+
+def _boxes(features: dict[str, tuple[str, Any]], prefix: str, where: str) -> np.ndarray:
+    """``(n, 4)`` float32 ``xmin ymin xmax ymax`` rows from the four float lists (none: an empty list)."""
+    sides = []
+    for side in BOX_SIDES:
+        kind, values = features.get(prefix + side, (FLOAT_LIST, np.zeros(0, np.float32)))
+        if kind != FLOAT_LIST:
+            raise SampleError(where, f"feature {prefix + side!r} is a {kind}, expected a float_list")
+        sides.append(values)
+    if len({len(v) for v in sides}) != 1:
+        counts = ", ".join(f"{s} {len(v)}" for s, v in zip(BOX_SIDES, sides))
+        raise SampleError(where, f"the box features have different lengths ({counts})")
+    return np.stack(sides, axis=1).astype(np.float32, copy=False)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    """The ``dali-pipes convert tfrecord`` arguments (the output options are added by the CLI)."""
+    parser.add_argument(
+        "files", nargs="+", metavar="FILE", help="TFRecord files (paths, globs, 'train-*-of-01024'), then OUT"
+    )
+    parser.add_argument("--image-feature", default="image/encoded", help="encoded image (default: image/encoded)")
+    parser.add_argument(
+        "--label-feature", default="image/class/label", help="integer label ('' for none; default: image/class/label)"
+    )
+    parser.add_argument(
+        "--key-feature", default="image/filename", help="sample key ('' for FILE:RECORD; default: image/filename)"
+    )
+    parser.add_argument(
+        "--bbox-prefix",
+        default="image/object/bbox/",
+        help="box features PREFIX{xmin,ymin,xmax,ymax}, kept when present ('' for none; default: image/object/bbox/)",
+    )
+    add_common_arguments(parser)
+
+
+def from_args(args, image_options: ImageOptions) -> tuple[TFRecordSource, str]:
+    """The source the parsed command line describes, and the output folder (the last positional argument)."""
+    *files, out = args.files
+    if not files:
+        raise ConversionError("give one or more TFRecord files and then the output folder")
+    source = TFRecordSource(
+        files,
+        image_options,
+        image_feature=args.image_feature,
+        label_feature=args.label_feature,
+        key_feature=args.key_feature,
+        bbox_prefix=args.bbox_prefix,
+        classes_file=args.classes,
+    )
+    return source, out

@@ -1,0 +1,255 @@
+"""``webdataset``: WebDataset tar shards, read in place (no tar is extracted)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import tarfile
+from dataclasses import dataclass
+from typing import Any, ClassVar, Iterator, Sequence
+
+import numpy as np
+
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.images import prepare_image
+from converters.sources._inputs import (
+    OpenFiles,
+    add_common_arguments,
+    expand_inputs,
+    file_boundaries,
+    parse_label,
+    read_classes_file,
+)
+from dali_pipes.manifest import Field
+
+log = logging.getLogger(__name__)
+
+KIND = "webdataset"
+HELP = "WebDataset tar shards: KEY.jpg|png|... with KEY.cls (and KEY.json)"
+IMAGE_EXTENSIONS = ("jpg", "jpeg", "png", "webp")
+
+# WebDataset's own rule: the key is the path up to the first dot of the file name, the rest is the extension.
+_KEY_EXT = re.compile(r"^((?:.*/|)[^./]+)\.([^/]*)$")
+
+#: Where a member's bytes lie in its tar: (offset, size).
+_Span = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class _Members:
+    """The members of one sample that are stored; ``None`` where the tar has none."""
+
+    path: str
+    key: str
+    image: _Span | None
+    label: _Span | None
+    json: _Span | None
+    damage: str | None = None  # where the tar cannot be read on from here: why
+
+
+class WebDatasetSource(Source):
+    """Samples of WebDataset tar shards: members sharing a key (``KEY.jpg``, ``KEY.cls``, ...) are one sample.
+
+    Members are grouped as WebDataset groups them: consecutive members with the
+    same key, the key being the member path up to the first dot of its file name.
+    The image is the first member whose extension is in ``image_exts``; the label
+    is the integer text of the ``label_ext`` member (``None``: no label field);
+    a ``json_ext`` member, when any sample has one, is kept as the ``json`` text
+    field (empty for a sample without). Samples keep their order in the tars, and
+    tars the order given. The tars are read in place (uncompressed tars only).
+
+    Fields: ``image``, ``label`` (int64, as stored), ``key`` (the WebDataset key),
+    and ``json``. A sample without an image or label, or with a bad one, is a bad
+    input (listed in ``errors.jsonl`` with ``--on-error skip``).
+    """
+
+    kind: ClassVar[str] = KIND
+
+    def __init__(
+        self,
+        shards: Sequence[str | os.PathLike] | str,
+        image_options: ImageOptions = ImageOptions(),
+        *,
+        image_exts: Sequence[str] = IMAGE_EXTENSIONS,
+        label_ext: str | None = "cls",
+        json_ext: str | None = "json",
+        classes_file: str | os.PathLike | None = None,
+    ) -> None:
+        self.patterns = [str(shards)] if isinstance(shards, (str, os.PathLike)) else [str(s) for s in shards]
+        self.image_options = image_options
+        self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
+        self.label_ext = label_ext.lower().lstrip(".") if label_ext else None
+        self.json_ext = json_ext.lower().lstrip(".") if json_ext else None
+        self.classes_file = None if classes_file is None else str(classes_file)
+        if not self.image_exts:
+            raise ConversionError("webdataset: give at least one image extension")
+        self._items: list[Item] | None = None
+        self._has_json: bool | None = None  # kept when pickled: every shard task asks fields()
+        self._files = OpenFiles()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A task carries its own items; the plan of every tar must not travel with each.
+        return {**self.__dict__, "_items": None}
+
+    def _scan(self) -> list[Item]:
+        if self._items is None:
+            items: list[Item] = []
+            for path in expand_inputs(self.patterns, "tar shard"):
+                items += [_item(members) for members in _read_tar(path, self)]
+            if not items:
+                raise ConversionError(f"webdataset: {', '.join(self.patterns)} hold no samples")
+            self._has_json = self.json_ext is not None and any(i.data.json is not None for i in items)
+            self._items = items
+        return self._items
+
+    def items(self) -> list[Item]:
+        """One item per key, tar by tar, in member order; ``Item.size`` is the sample's bytes in the tar."""
+        return self._scan()
+
+    def input_boundaries(self) -> list[int]:
+        return file_boundaries(self._scan(), lambda item: item.data.path)
+
+    def fields(self) -> dict[str, Field]:
+        if self._has_json is None:
+            self._scan()
+        fields = {"image": Field.image()}
+        if self.label_ext:
+            fields["label"] = Field.array("int64", ())
+        fields["key"] = Field.text()
+        if self._has_json:
+            fields["json"] = Field.text()
+        return fields
+
+    def classes(self) -> list[str] | None:
+        return read_classes_file(self.classes_file)
+
+    def load(self, item: Item) -> Sample:
+        members: _Members = item.data
+        if members.damage is not None:
+            raise SampleError(item.name, members.damage)
+        if members.image is None:
+            raise SampleError(item.name, f"no image member (.{', .'.join(self.image_exts)}) with this key")
+        image = self._files.read(members.path, *members.image, item.name)
+        sample: Sample = {"image": prepare_image(image, item.name, self.image_options)}
+        if self.label_ext:
+            if members.label is None:
+                raise SampleError(item.name, f"no .{self.label_ext} member (the label) with this key")
+            text = self._files.read(members.path, *members.label, item.name)
+            sample["label"] = np.array(parse_label(text, item.name, f".{self.label_ext}"), dtype=np.int64)
+        sample["key"] = members.key.encode("utf-8")
+        if self._has_json:
+            sample["json"] = b"" if members.json is None else self._files.read(members.path, *members.json, item.name)
+        return sample
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "shards": self.patterns,
+            "image_exts": list(self.image_exts),
+            "label_ext": self.label_ext,
+            "json_ext": self.json_ext,
+            "classes_file": self.classes_file,
+            "image_options": self.image_options.to_json(),
+        }
+
+
+def _item(members: _Members) -> Item:
+    size = sum(span[1] for span in (members.image, members.label, members.json) if span is not None)
+    return Item(name=f"{members.path}:{members.key}", size=size, data=members)
+
+
+def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
+    """The samples of one tar, in member order, from its headers alone (the data is skipped over).
+
+    Where the tar is damaged (an unreadable header, a truncated file, no end-of-archive
+    marker), the samples before it are kept and one more sample names the byte and why;
+    tarfile itself would stop there without a word.
+    """
+    try:
+        tar = tarfile.open(path, "r:")
+    except tarfile.ReadError as exc:
+        raise ConversionError(
+            f"{path}: not an uncompressed tar ({exc}); tar shards are read in place, so decompress it first"
+        ) from None
+    skipped = 0
+    with tar:
+        group: dict[str, _Span] = {}
+        key = None
+        damage = None
+        try:
+            while (info := tar.next()) is not None:
+                tar.members.clear()  # headers of a large tar need not pile up: each is used once
+                match = _KEY_EXT.match(info.name) if info.isfile() else None
+                if match is None:
+                    skipped += info.isfile()
+                    continue
+                if match.group(1) != key and key is not None:
+                    yield _members(path, key, group, source)
+                    group = {}
+                key = match.group(1)
+                group.setdefault(match.group(2).lower(), (info.offset_data, info.size))
+        except tarfile.TarError as exc:
+            damage = f"damaged tar ({exc})"
+        damage = damage or _end_damage(path, tar.offset)
+        if key is not None:
+            yield _members(path, key, group, source)
+        if damage is not None:
+            damage += f"; the members from byte {tar.offset} on cannot be read"
+            log.warning("%s: %s", path, damage)
+            yield _Members(path, f"byte {tar.offset}", None, None, None, damage)
+    if skipped:
+        log.warning("%s: %d members without an extension (not part of any sample) were left out", path, skipped)
+
+
+def _end_damage(path: str, offset: int) -> str | None:
+    """Why the tar does not end at ``offset`` with its end-of-archive marker (two zero blocks), or ``None``."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        end = f.read(2 * tarfile.BLOCKSIZE)
+    if end == bytes(2 * tarfile.BLOCKSIZE):
+        return None
+    if not end.strip(b"\0"):
+        return "the tar ends without its end-of-archive marker (the file was cut short)"
+    return "an unreadable member header (a damaged or truncated tar)"
+
+
+def _members(path: str, key: str, group: dict[str, _Span], source: WebDatasetSource) -> _Members:
+    image = next((group[ext] for ext in source.image_exts if ext in group), None)
+    label = group.get(source.label_ext) if source.label_ext else None
+    json = group.get(source.json_ext) if source.json_ext else None
+    return _Members(path=path, key=key, image=image, label=label, json=json)
+
+
+# --- the command line -------------------------------------------------------------------------
+
+
+def add_arguments(parser) -> None:
+    """The ``dali-pipes convert webdataset`` arguments (the output options are added by the CLI)."""
+    parser.add_argument(
+        "shards", nargs="+", metavar="SHARD", help="tar shards (paths, globs, 'train-{000000..000146}.tar'), then OUT"
+    )
+    parser.add_argument(
+        "--image-ext",
+        default=",".join(IMAGE_EXTENSIONS),
+        help=f"image member extensions, first found wins (default: {','.join(IMAGE_EXTENSIONS)})",
+    )
+    parser.add_argument("--label-ext", default="cls", help="integer label member ('' for none; default: cls)")
+    parser.add_argument("--json-ext", default="json", help="metadata member kept as text ('' for none; default: json)")
+    add_common_arguments(parser)
+
+
+def from_args(args, image_options: ImageOptions) -> tuple[WebDatasetSource, str]:
+    """The source the parsed command line describes, and the output folder (the last positional argument)."""
+    *shards, out = args.shards
+    if not shards:
+        raise ConversionError("give one or more tar shards and then the output folder")
+    source = WebDatasetSource(
+        shards,
+        image_options,
+        image_exts=[e for e in args.image_ext.split(",") if e.strip()],
+        label_ext=args.label_ext or None,
+        json_ext=args.json_ext or None,
+        classes_file=args.classes,
+    )
+    return source, out

@@ -1,0 +1,57 @@
+"""Shared parts of the packed-input tests (WebDataset, TFRecord, Parquet, LMDB): the photos, the checks, a kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dali_pipes import open_store
+from dali_pipes.verify import verify_dataset
+
+
+def photos(imagenet_mini: Path) -> list[tuple[str, bytes, int]]:
+    """``(key, jpeg bytes, label)`` of the 47 real photos, the label being the index of the class folder."""
+    classes = sorted(p.name for p in imagenet_mini.iterdir() if p.is_dir())
+    files = sorted(p for p in imagenet_mini.glob("*/*") if p.is_file())
+    return [(f"{f.parent.name}_{f.stem}", f.read_bytes(), classes.index(f.parent.name)) for f in files]
+
+
+def assert_converted(out: Path, expected: list[tuple[str, bytes, int]]) -> None:
+    """The dataset at ``out`` holds exactly ``expected`` in order: keys, images byte for byte, labels."""
+    store = open_store(out)
+    assert len(store) == len(expected)
+    for i, (key, image, label) in enumerate(expected):
+        sample = store[i]
+        assert sample["key"].decode() == key, f"sample {i}"
+        assert sample["image"] == image, f"sample {i} ({key}): the image bytes differ"
+        assert sample["label"].dtype == np.int64 and int(sample["label"]) == label, f"sample {i} ({key})"
+    assert verify_dataset(out, progress=False).ok
+
+
+def error_inputs(out: Path) -> dict[str, str]:
+    """``errors.jsonl`` as ``{input: reason}``."""
+    lines = (out / "errors.jsonl").read_text().splitlines()
+    return {e["input"]: e["reason"] for e in map(json.loads, lines)}
+
+
+class PhotoDataset:
+    """A map-style dataset of image files, as a user writes one: paths in, ``{image, label, key}`` out.
+
+    Importable by spawned worker processes (``tests/`` is on their path). Index ``fail_at`` raises.
+    """
+
+    def __init__(self, rows: list[tuple[str, str, int]], fail_at: int | None = None) -> None:
+        self.rows = rows  # (key, path, label)
+        self.fail_at = fail_at
+        self.classes = [f"class-{i}" for i in range(10)]
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> dict:
+        if index == self.fail_at:
+            raise OSError(f"cannot fetch sample {index}")
+        key, path, label = self.rows[index]
+        return {"image": Path(path).read_bytes(), "label": label, "key": key}

@@ -1,0 +1,160 @@
+"""``convert webdataset``: tar shards written by ``tarfile`` and by the ``webdataset`` package, read in place."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+from packed_helpers import assert_converted, error_inputs, photos
+from test_resume import _kill_after_shards, _records
+
+from converters.base import ConversionError
+from converters.runner import convert
+from converters.sources import WebDatasetSource
+from converters.synth import make_imagefolder
+from dali_pipes.manifest import load_manifest
+
+from test_convert import run_cli, shard_digests
+
+
+def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
+    """A plain tar written by Python's ``tarfile``, members in the order given."""
+    with tarfile.open(path, "w") as tar:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 1_700_000_000
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def sample_members(key: str, image: bytes, label: int, ext: str = "jpg") -> list[tuple[str, bytes]]:
+    return [(f"{key}.{ext}", image), (f"{key}.cls", str(label).encode())]
+
+
+@pytest.fixture(scope="module")
+def tars(imagenet_mini, tmp_path_factory) -> tuple[list[Path], list]:
+    """The 47 photos in three tars: two by ``tarfile``, the last by ``webdataset.TarWriter``."""
+    folder = tmp_path_factory.mktemp("wds")
+    expected = photos(imagenet_mini)
+    paths = []
+    for n, part in enumerate((expected[:20], expected[20:35])):
+        members = [m for key, image, label in part for m in sample_members(key, image, label)]
+        paths.append(write_tar(folder / f"train-{n:06d}.tar", members))
+    wds = pytest.importorskip("webdataset")
+    with wds.TarWriter(str(folder / "train-000002.tar")) as sink:
+        for key, image, label in expected[35:]:
+            sink.write({"__key__": key, "jpg": image, "cls": label, "json": {"key": key}})
+    paths.append(folder / "train-000002.tar")
+    return paths, expected
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_tars_convert_byte_for_byte_one_shard_per_tar(tars, tmp_path, fmt):
+    paths, expected = tars
+    classes = tmp_path / "classes.txt"
+    classes.write_text("".join(f"class-{i}\n" for i in range(10)))
+    pattern = str(paths[0].parent / "train-{000000..000002}.tar")
+    run_cli("convert", "webdataset", pattern, tmp_path / "out", "--format", fmt, "--classes", classes, "--no-progress")
+    assert_converted(tmp_path / "out", expected)
+    manifest = load_manifest(tmp_path / "out")
+    assert [s.num_samples for s in manifest.shards] == [20, 15, 12]  # one shard per tar: each task opens one
+    assert manifest.classes[3] == "class-3"
+    assert "json" in manifest.fields  # the webdataset tar's .json members are kept, empty where there is none
+
+
+def test_bad_members_are_listed_and_the_rest_converted(imagenet_mini, tmp_path):
+    (key, image, label), *rest = photos(imagenet_mini)[:6]
+    members = [
+        *sample_members("truncated", image[: len(image) // 2], 1),
+        *sample_members("badlabel", image, 0)[:1],
+        ("badlabel.cls", b"seven"),
+        ("nolabel.jpg", image),
+        ("noimage.cls", b"2"),
+        *(m for k, i, lab in rest for m in sample_members(k, i, lab)),
+    ]
+    tar = write_tar(tmp_path / "mixed.tar", members)
+    result = convert(WebDatasetSource([tar]), tmp_path / "out", format="hdf5", workers=1, progress=False)
+    assert_converted(tmp_path / "out", rest)
+    errors = error_inputs(tmp_path / "out")
+    assert set(errors) == {f"{tar}:{k}" for k in ("truncated", "badlabel", "nolabel", "noimage")}
+    assert "truncated" in errors[f"{tar}:truncated"]
+    assert "not an integer" in errors[f"{tar}:badlabel"]
+    assert ".cls" in errors[f"{tar}:nolabel"] and "no image" in errors[f"{tar}:noimage"]
+    assert len(result.errors) == 4
+
+
+def test_compressed_or_missing_tars_are_refused_clearly(tmp_path):
+    with pytest.raises(ConversionError, match="no such tar shard"):
+        WebDatasetSource([tmp_path / "missing-{0..3}.tar"]).items()
+    gz = tmp_path / "train.tar.gz"
+    with tarfile.open(gz, "w:gz") as tar:
+        tar.addfile(tarfile.TarInfo("a.cls"), io.BytesIO(b""))
+    with pytest.raises(ConversionError, match="decompress it first"):
+        WebDatasetSource([gz]).items()
+
+
+def test_source_pickles_without_the_plan_of_every_tar(tars):
+    import pickle
+
+    paths, _ = tars
+    source = WebDatasetSource(paths)
+    items = source.items()
+    small = len(pickle.dumps(source))
+    assert small < 2000 and len(pickle.dumps(items)) > 10 * small
+    assert pickle.loads(pickle.dumps(source)).fields() == source.fields()
+
+
+@pytest.mark.timeout(300)
+def test_killed_conversion_resumes_to_identical_output(tmp_path):
+    images = make_imagefolder(tmp_path / "images", 160, size=(96, 64), classes=4, seed=5)
+    files = sorted(p for p in images.glob("*/*") if p.is_file())
+    for n in range(16):
+        part = files[n * 10 : (n + 1) * 10]
+        write_tar(tmp_path / f"s-{n:02d}.tar", [(f"{f.stem}.jpg", f.read_bytes()) for f in part])
+    pattern = str(tmp_path / "s-{00..15}.tar")
+    common = ["--label-ext", "", "--format", "tfrecord", "--no-progress"]
+    run_cli("convert", "webdataset", pattern, tmp_path / "reference", "--workers", "2", *common)
+
+    out = tmp_path / "killed"
+    _kill_after_shards(["convert", "webdataset", pattern, out, "--workers", "2", *common], out, shards=3)
+    assert 3 <= _records(out) < 16 and not (out / "index.json").exists()
+    proc = run_cli("convert", "webdataset", pattern, out, "--workers", "1", *common)
+    assert "kept from an earlier run" in proc.stdout
+    assert shard_digests(out) == shard_digests(tmp_path / "reference")
+    assert (out / "index.json").read_bytes() == (tmp_path / "reference" / "index.json").read_bytes()
+
+
+def test_on_error_fail_names_the_member_and_keeps_nothing(imagenet_mini, tmp_path):
+    (key, image, label), *rest = photos(imagenet_mini)[:4]
+    members = [m for k, i, lab in rest for m in sample_members(k, i, lab)] + [
+        ("late.jpg", image[:500]),
+        ("late.cls", b"1"),
+    ]
+    tar = write_tar(tmp_path / "t.tar", members)
+    proc = run_cli("convert", "webdataset", tar, tmp_path / "out", "--on-error", "fail", "--no-progress", check=False)
+    assert proc.returncode != 0 and f"{tar}:late" in proc.stderr and "nothing was kept" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_damaged_tar_keeps_the_samples_before_and_lists_the_damage(imagenet_mini, tmp_path):
+    expected = photos(imagenet_mini)[:4]
+    tar = write_tar(tmp_path / "t.tar", [m for k, i, lab in expected for m in sample_members(k, i, lab)])
+    data = tar.read_bytes()
+    with tarfile.open(tar) as t:
+        third = t.getmember(f"{expected[2][0]}.jpg").offset  # the header of sample 2's image
+    cases = {
+        "garbage": data[:third] + b"x" * 512 + data[third + 512 :],  # tarfile alone stops here silently
+        "cut": data[: third + 100],
+        "no-end": data[:third],
+    }
+    for name, damaged in cases.items():
+        path = tmp_path / f"{name}.tar"
+        path.write_bytes(damaged)
+        convert(WebDatasetSource([path]), tmp_path / name, format="lmdb", workers=1, progress=False)
+        assert_converted(tmp_path / name, expected[:2])
+        errors = error_inputs(tmp_path / name)
+        assert list(errors) == [f"{path}:byte {third}"], name
+        assert f"from byte {third} on cannot be read" in errors[f"{path}:byte {third}"]
