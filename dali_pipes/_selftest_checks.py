@@ -29,6 +29,9 @@ def check_batch(name: str, batch: dict[str, np.ndarray], spec: Any, data: Sample
     if problem:
         return problem
     if name.startswith("detection"):
+        extent = tuple(batch["image"].shape[spec.layout.index(axis)] for axis in "HW")
+        if (batch["image_size"] > np.array(extent)).any() or (batch["image_size"] < 1).any():
+            return f"image_size {batch['image_size'].tolist()} does not fit the {extent[0]} x {extent[1]} batch"
         return _check_detection(batch, categories)
     return _check_labels(batch["label"], classes)
 

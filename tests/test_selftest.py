@@ -121,6 +121,7 @@ def test_the_detection_checks_catch_a_box_outside_the_image(data):
     assert "inside its 4 x 4 image" in check(outside)
     assert "outside 0..1" in check({**batch, "labels": np.array([[2, -1]])})
     assert "not the filler" in check({**batch, "labels": np.array([[1, 0]])})
+    assert "does not fit the 4 x 4 batch" in check({**batch, "image_size": np.array([[5, 4]])})
 
 
 def test_the_sample_data_converts_into_every_kind_of_dataset(data):
