@@ -153,8 +153,6 @@ class DALILoader:
         threads = max(1, min(4, cpus)) if num_threads is None else num_threads
         _check_int("py_num_workers", workers, 0)
         _check_int("num_threads", threads, 1)
-        if py_start_method not in (None, "fork", "spawn"):
-            raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {py_start_method!r}")
         if last_batch not in LAST_BATCH_POLICIES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
         self.store: Store = open_store(path)
