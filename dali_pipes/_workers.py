@@ -164,8 +164,12 @@ class Caller:
 def on_stream_of_this_thread(call: Callable[[], _T], device_id: int | None) -> Callable[[], _T]:
     """``call`` made to run on the CUDA stream that is current in *this* thread.
 
-    ``DALIGenericIterator`` copies its outputs on torch's current stream, which is
-    per thread; the helper thread must use the training thread's.
+    ``DALIGenericIterator`` hands GPU outputs to torch on torch's current stream,
+    which is per thread: DALI 2.4's dynamic executor (the loader's) gives zero-copy
+    DLPack views, and ``torch.from_dlpack`` asks DALI to make each one ready on the
+    current stream (an older executor copies on that stream instead). The helper
+    thread must therefore use the training thread's stream, or the training thread
+    could read a batch DALI has not finished writing.
     """
     import torch
 

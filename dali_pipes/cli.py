@@ -78,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_bench(commands)
     _add_tune(commands)
     _add_doctor(commands)
+    _add_selftest(commands)
     return parser
 
 
@@ -623,3 +624,20 @@ def _doctor(args) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _add_selftest(commands) -> None:
+    p = commands.add_parser(
+        "selftest", help="run every pipeline through the loader on this machine's devices, on small sample data"
+    )
+    p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"), help="default: the CPU and any GPU")
+    p.add_argument("--json", type=Path, help="also write every line and figure to this JSON file")
+    p.set_defaults(handler=_selftest)
+
+
+def _selftest(args) -> int:
+    from dali_pipes.selftest import format_lines, run_selftest
+
+    report = run_selftest(args.device, json_out=args.json)
+    format_lines(report, print)
+    return 0 if report.passed else EXIT_FAILED

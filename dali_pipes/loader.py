@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
+from dali_pipes._start_method import check_spawn_safe, choose_start_method
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
@@ -101,8 +102,10 @@ class DALILoader:
     CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
     processes reading the store (0: read in the main process), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
-    (``"fork"``, or ``"spawn"``; by default fork unless this process has already
-    initialised CUDA, which must not be forked). ``settings`` is a file written by
+    (``"fork"``, or ``"spawn"``; by default fork, or spawn once the CUDA driver is
+    initialised in this process, which DALI cannot fork: ``torch.cuda.is_available()``
+    does that, so spawn is the default on a CUDA machine, and spawn needs the
+    script's code under ``if __name__ == "__main__":``). ``settings`` is a file written by
     ``dali-pipes tune``: its thread, worker and prefetch counts fill in the
     arguments left unset, and its decoder hints go to the spec.
 
@@ -160,8 +163,6 @@ class DALILoader:
         threads = max(1, min(4, cpus)) if num_threads is None else num_threads
         _check_int("py_num_workers", workers, 0)
         _check_int("num_threads", threads, 1)
-        if py_start_method not in (None, "fork", "spawn"):
-            raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {py_start_method!r}")
         if last_batch not in LAST_BATCH_POLICIES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
         if cache not in (None, "ram"):
@@ -217,9 +218,11 @@ class DALILoader:
             control=self._control,
             with_index=self.with_index,
         )
-        if py_start_method is None:
-            # Fork is cheaper, but a process that already initialised CUDA must not fork.
-            py_start_method = "spawn" if _cuda_initialized() else "fork"
+        # Chosen after resolve_device: torch.cuda.is_available() initialises the CUDA driver.
+        py_start_method = choose_start_method(py_start_method)
+        if workers > 0 and py_start_method == "spawn":
+            check_spawn_safe()
+        self.py_start_method = py_start_method
         self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
         self._device_id = device_id
         self._workers = Workers(self._pipe)
@@ -697,12 +700,6 @@ def _cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _cuda_initialized() -> bool:
-    import torch
-
-    return torch.cuda.is_initialized()
 
 
 def _store_error_in(exc: BaseException) -> StoreError | None:

@@ -38,6 +38,23 @@ def grey_level(i: int) -> int:
     return 8 * (i % 30) + 8
 
 
+def skip_if_fork_refused() -> None:
+    """Skip a test that forces ``py_start_method="fork"`` where DALI refuses to fork.
+
+    Every loader calls ``torch.cuda.is_available()`` (to resolve its device), which
+    initialises the CUDA driver on a CUDA machine, and DALI cannot fork after that;
+    the spawn variants of such tests cover the same path there.
+    """
+    import pytest
+    import torch
+
+    from dali_pipes._start_method import driver_initialized
+
+    torch.cuda.is_available()  # what DALILoader does first; on a CUDA machine it initialises the driver
+    if driver_initialized():
+        pytest.skip("forces fork, which DALI refuses once the CUDA driver is initialised (a CUDA machine)")
+
+
 def write_dataset(
     out: str | os.PathLike,
     num_samples: int,

@@ -18,7 +18,7 @@ from dali_pipes import open_store
 from dali_pipes.manifest import FORMATS, load_manifest
 from dali_pipes.verify import verify_dataset
 
-CLI = [str(Path(sys.executable).with_name("dali-pipes"))]
+CLI = [sys.executable, "-m", "dali_pipes"]  # the CLI wherever the package imports, no script needed
 
 
 def run_cli(*args, check=True):

@@ -17,6 +17,7 @@ import pytest
 from converters.synth import make_imagefolder
 from dali_pipes.verify import verify_dataset
 
+from loader_helpers import skip_if_fork_refused
 from test_convert import CLI, run_cli, shard_digests  # noqa: E402 - shared helpers
 
 NUM_IMAGES = 120
@@ -301,6 +302,7 @@ def test_unreachable_scheduler_is_a_clear_error(images, tmp_path):
 def test_the_loader_works_in_a_process_that_imported_dask(images, tmp_path):
     # distributed installs tblib's exception pickling process-wide; the loader's forked
     # workers must still end their epochs (StopIteration crosses to DALI pickled).
+    skip_if_fork_refused()
     shards = tmp_path / "shards"
     run_cli("convert", "imagefolder", images, shards, "--no-progress")
     code = f"""

@@ -43,7 +43,15 @@ import torch.multiprocessing as mp
 from dali_pipes import DALILoader, LoaderError, StoreError
 from dali_pipes.loader import ShardReadError, WorkerDiedError
 
-from loader_helpers import DAMAGES, TinySpec, damage_shard, ddp_worker, shard_name, write_dataset
+from loader_helpers import (
+    DAMAGES,
+    TinySpec,
+    damage_shard,
+    ddp_worker,
+    shard_name,
+    skip_if_fork_refused,
+    write_dataset,
+)
 
 FORMATS = ("lmdb", "hdf5", "tfrecord")
 N = 12
@@ -164,6 +172,8 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
     ``Condition.notify`` for it to wake); when its observer thread wins the
     race it raises a bare "Worker data receiving interrupted" instead.
     """
+    if start_method == "fork":
+        skip_if_fork_refused()
     loader = make(big_dataset, batch_size=2, py_num_workers=2, py_start_method=start_method)
     pids = loader.worker_pids
     assert len(pids) == 2 and os.getpid() not in pids

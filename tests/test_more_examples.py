@@ -16,7 +16,7 @@ from converters.runner import convert
 from converters.sources import ImageFolderSource
 from converters.synth import make_imagefolder
 
-CLI = Path(sys.executable).with_name("dali-pipes")
+CLI = (sys.executable, "-m", "dali_pipes")  # the CLI wherever the package imports, no script needed
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 
 
@@ -36,7 +36,7 @@ def test_feature_recipe_through_the_cli_and_a_virtual_merge(tmp_path):
     np.save(tmp_path / "label.npy", label.astype(np.int64))
 
     _run(
-        CLI,
+        *CLI,
         "convert",
         "arrays",
         "emb.npy",
@@ -51,7 +51,7 @@ def test_feature_recipe_through_the_cli_and_a_virtual_merge(tmp_path):
         "--no-progress",
         cwd=tmp_path,
     )
-    _run(CLI, "merge", "shards", "merged.h5", "--virtual", cwd=tmp_path)
+    _run(*CLI, "merge", "shards", "merged.h5", "--virtual", cwd=tmp_path)
     with h5py.File(tmp_path / "merged.h5", "r") as f:
         assert f["emb"].is_virtual  # the features were not copied
 

@@ -171,3 +171,16 @@ def test_auto_augment_on_gpu(photos, policy):
 def test_imagenet_decoder_hints_build_and_run(photos):
     images, _, _, _ = run_spec(ClassificationTrain(decoder=DecoderHints.imagenet()), photos, device="gpu")
     assert len(images) == len(photos)
+
+
+def test_fancy_upsampling_brings_the_gpu_decoder_closer_to_the_cpu(photos):
+    # DecoderHints turns jpeg_fancy_upsampling on (DALI's mixed default is off) so that the GPU
+    # upsamples chroma as libjpeg-turbo does; on these 4:2:0 photos that must show as a smaller gap.
+    def gap(hints: DecoderHints) -> float:
+        spec = ClassificationVal(dtype="uint8", layout="NHWC", decoder=hints)
+        gpu, _, _, _ = run_spec(spec, photos, device="gpu")
+        cpu, _, _, _ = run_spec(spec, photos, device="cpu")
+        return float(np.mean([np.abs(g.astype(np.int16) - c.astype(np.int16)).mean() for g, c in zip(gpu, cpu)]))
+
+    fancy, plain = gap(DecoderHints()), gap(DecoderHints(jpeg_fancy_upsampling=False))
+    assert fancy < plain, (fancy, plain)

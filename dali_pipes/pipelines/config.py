@@ -23,6 +23,8 @@ AutoAugmentPolicy = Literal["rand_augment", "trivial_augment"]
 DTYPES: tuple[str, ...] = ("float16", "float32", "uint8")
 LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("rand_augment", "trivial_augment")
+#: Largest value of a DALI ``INT32`` operator argument (the decoder's memory paddings and size hints).
+INT32_MAX = 2**31 - 1
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,14 @@ class DecoderHints:
     large GPU, :meth:`imagenet` preallocates for the largest ImageNet JPEG so the
     decoder never reallocates mid-epoch (the values of NVIDIA's ResNet-50 example).
     ``hw_decoder_load`` is the share of JPEGs sent to the hardware decoder
-    (A100/H100 and later); tune it against the number of CPU threads.
+    (A100/H100 and later); tune it against the number of CPU threads. The sizes
+    are DALI ``INT32`` arguments, so each must be below 2 GiB.
+
+    ``jpeg_fancy_upsampling`` makes the GPU decoder upsample chroma the way
+    libjpeg-turbo (the CPU decoder) does. DALI leaves it off on the GPU; here it
+    is on by default, so that a pipeline gives the same pixels on either device
+    (without it, edges in 4:2:0 JPEGs differ by several levels). Turn it off for
+    nvJPEG's own, possibly faster, upsampling when that agreement does not matter.
     """
 
     hw_decoder_load: float = 0.65
@@ -96,6 +105,7 @@ class DecoderHints:
     host_memory_padding: int = 8 * 1024 * 1024
     preallocate_width_hint: int = 0
     preallocate_height_hint: int = 0
+    jpeg_fancy_upsampling: bool = True
 
     def __post_init__(self) -> None:
         load = _finite_float("DecoderHints.hw_decoder_load", self.hw_decoder_load)
@@ -109,9 +119,17 @@ class DecoderHints:
             "preallocate_height_hint",
         ):
             value = getattr(self, name)
-            if not _is_int(value) or value < 0:
-                raise ValueError(f"DecoderHints.{name} must be an integer >= 0, got {value!r}")
+            if not _is_int(value) or not 0 <= value <= INT32_MAX:
+                # DALI holds these as INT32: a larger value fails only when the GPU pipeline is built.
+                raise ValueError(
+                    f"DecoderHints.{name} must be an integer in [0, {INT32_MAX}] (DALI holds it as a 32-bit int), "
+                    f"got {value!r}"
+                )
             object.__setattr__(self, name, int(value))
+        if not isinstance(self.jpeg_fancy_upsampling, bool):
+            raise ValueError(
+                f"DecoderHints.jpeg_fancy_upsampling must be True or False, got {self.jpeg_fancy_upsampling!r}"
+            )
 
     @classmethod
     def imagenet(cls) -> DecoderHints:
@@ -132,6 +150,7 @@ class DecoderHints:
             "host_memory_padding": self.host_memory_padding,
             "preallocate_width_hint": self.preallocate_width_hint,
             "preallocate_height_hint": self.preallocate_height_hint,
+            "jpeg_fancy_upsampling": self.jpeg_fancy_upsampling,
         }
 
 

@@ -1,0 +1,46 @@
+"""The GPU paths' arguments checked against DALI's own operator schemas, on any machine.
+
+No GPU is needed: ``nvidia.dali.backend.GetSchema`` is the truth for what a
+``mixed`` operator accepts, and a value it cannot hold would otherwise fail only
+when a GPU pipeline is built.
+"""
+
+from __future__ import annotations
+
+import pytest
+from nvidia.dali.backend import GetSchema
+from nvidia.dali.types import DALIDataType
+
+from dali_pipes.pipelines import DecoderHints
+from dali_pipes.pipelines.config import INT32_MAX
+
+# Every decoder the specs run as ``mixed`` on the GPU (ops.decode, decode_random_crop, decode_slice).
+MIXED_DECODERS = ("decoders__Image", "decoders__ImageRandomCrop", "decoders__ImageSlice")
+SIZE_HINTS = ("device_memory_padding", "host_memory_padding", "preallocate_width_hint", "preallocate_height_hint")
+
+
+@pytest.mark.parametrize("schema", MIXED_DECODERS)
+def test_every_hint_is_an_argument_of_the_mixed_decoders_with_its_type(schema):
+    expected = {int: DALIDataType.INT32, float: DALIDataType.FLOAT, bool: DALIDataType.BOOL}
+    for hints in (DecoderHints(), DecoderHints.imagenet()):
+        for name, value in hints.as_kwargs().items():
+            # A wrong name or type would be refused by DALI only when the GPU pipeline is built.
+            assert GetSchema(schema).GetArgumentType(name) == expected[type(value)], (schema, name)
+
+
+@pytest.mark.parametrize("name", SIZE_HINTS)
+def test_sizes_dali_cannot_hold_as_int32_are_refused_up_front(name):
+    assert DecoderHints(**{name: INT32_MAX}).as_kwargs()[name] == INT32_MAX
+    with pytest.raises(ValueError, match=rf"DecoderHints\.{name} must be an integer in \[0, 2147483647\]"):
+        DecoderHints(**{name: INT32_MAX + 1})
+    with pytest.raises(ValueError, match=rf"DecoderHints\.{name}"):
+        DecoderHints(**{name: -1})
+
+
+def test_the_gpu_decoder_upsamples_chroma_like_the_cpu_one_by_default():
+    # DALI's default for the mixed decoder is off, which makes GPU pixels differ from the CPU's.
+    assert GetSchema("decoders__Image").GetArgumentDefaultValueString("jpeg_fancy_upsampling") == "False"
+    assert DecoderHints().as_kwargs()["jpeg_fancy_upsampling"] is True
+    assert DecoderHints(jpeg_fancy_upsampling=False).as_kwargs()["jpeg_fancy_upsampling"] is False
+    with pytest.raises(ValueError, match="jpeg_fancy_upsampling must be True or False"):
+        DecoderHints(jpeg_fancy_upsampling="yes")

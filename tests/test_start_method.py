@@ -1,0 +1,136 @@
+"""How the loader starts DALI's Python workers: fork, or spawn once the CUDA driver is initialised.
+
+On a CUDA machine ``torch.cuda.is_available()`` initialises the driver, after
+which DALI refuses to fork. These tests run real scripts in fresh interpreters
+in which DALI's own test, ``nvidia.dali.backend.IsDriverInitialized``, is made
+to answer True (the one thing this CPU machine cannot do for real), and check
+that the loader then spawns its workers and still delivers a whole epoch, and
+that a script without an ``if __name__ == "__main__":`` guard gets an error
+saying so instead of a hang or a worker crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dali_pipes._start_method import choose_start_method, driver_initialized
+
+from loader_helpers import write_dataset
+
+TESTS = Path(__file__).resolve().parent
+N = 10
+
+# Run first in every script: what a CUDA machine's process looks like to DALI after torch.cuda.is_available().
+DRIVER_INITIALISED = "import nvidia.dali.backend as _b\n_b.IsDriverInitialized = lambda: True\n"
+
+LOAD_ONE_EPOCH = """
+import json, sys
+sys.path.insert(0, {tests!r})
+from dali_pipes import DALILoader
+from loader_helpers import TinySpec
+
+def main():
+    loader = DALILoader({path!r}, TinySpec(), batch_size=4, device="cpu", shuffle=False, with_index=True,
+                        py_num_workers=1{extra})
+    seen = [int(i) for batch in loader for i in batch["index"]]
+    print(json.dumps({{"start_method": loader.py_start_method, "seen": seen}}))
+    loader.close()
+"""
+
+
+def run_script(tmp_path: Path, body: str, name: str = "train.py") -> subprocess.CompletedProcess:
+    script = tmp_path / name
+    script.write_text(DRIVER_INITIALISED + textwrap.dedent(body))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(TESTS.parent), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return write_dataset(tmp_path_factory.mktemp("ds") / "ds", N, samples_per_shard=4)
+
+
+def test_default_is_fork_while_the_driver_is_untouched():
+    import torch
+
+    if torch.cuda.is_available():  # which initialises the driver: the scripts below cover that case
+        pytest.skip("on a CUDA machine the driver is initialised in every test process")
+    # No CUDA here, so nothing initialised the driver: the cheaper fork stays the default.
+    assert not driver_initialized()
+    assert choose_start_method(None) == "fork"
+    assert choose_start_method("spawn") == "spawn"
+    with pytest.raises(ValueError, match="py_start_method"):
+        choose_start_method("forkserver")
+
+
+@pytest.mark.timeout(240)
+def test_spawns_when_the_driver_is_initialised_and_delivers_the_epoch(tmp_path, dataset):
+    body = (
+        LOAD_ONE_EPOCH.format(tests=str(TESTS), path=str(dataset), extra="")
+        + "\nif __name__ == '__main__':\n    main()\n"
+    )
+    proc = run_script(tmp_path, body)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["start_method"] == "spawn"
+    assert result["seen"] == list(range(N))
+
+
+@pytest.mark.timeout(240)
+def test_forcing_fork_after_the_driver_is_initialised_is_what_dali_refuses(tmp_path, dataset):
+    # Why the default matters: the old default (fork unless torch made a context) hit this on every CUDA machine.
+    extra = ', py_start_method="fork"'
+    body = (
+        LOAD_ONE_EPOCH.format(tests=str(TESTS), path=str(dataset), extra=extra)
+        + "\nif __name__ == '__main__':\n    main()\n"
+    )
+    proc = run_script(tmp_path, body)
+    assert proc.returncode != 0
+    assert "Cannot fork a process when the CUDA has been initialized" in proc.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_script_without_a_main_guard_gets_a_clear_error(tmp_path, dataset):
+    body = LOAD_ONE_EPOCH.format(tests=str(TESTS), path=str(dataset), extra="") + "\nmain()\n"
+    proc = run_script(tmp_path, body)
+    assert proc.returncode != 0
+    script = tmp_path / "train.py"
+    assert f"{script}, line" in proc.stderr, proc.stderr[-3000:]
+    assert 'if __name__ == "__main__":' in proc.stderr
+    assert "spawn re-imports the main script" in proc.stderr
+
+
+@pytest.mark.timeout(240)
+def test_a_loader_built_in_a_spawned_worker_names_the_missing_guard(tmp_path, dataset):
+    # The script's own process is fine (no loader at import time), but the worker it spawns imports
+    # the script, whose top-level code builds a loader: the worker must say why, not start workers itself.
+    body = """
+    import multiprocessing, sys
+    sys.path.insert(0, {tests!r})
+    from dali_pipes import DALILoader
+    from loader_helpers import TinySpec
+
+    if __name__ == "__mp_main__":  # this script, imported again by the worker it spawned
+        DALILoader({path!r}, TinySpec(), batch_size=4, device="cpu", py_num_workers=1)
+
+    def noop():
+        pass
+
+    if __name__ == "__main__":
+        proc = multiprocessing.get_context("spawn").Process(target=noop)
+        proc.start()
+        proc.join(120)
+        sys.exit(proc.exitcode)
+    """.format(tests=str(TESTS), path=str(dataset))
+    proc = run_script(tmp_path, body)
+    assert proc.returncode == 1
+    assert "imported again in a spawned worker" in proc.stderr, proc.stderr[-3000:]
