@@ -622,10 +622,6 @@ def _doctor(args) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
-
 def _add_selftest(commands) -> None:
     p = commands.add_parser(
         "selftest", help="run every pipeline through the loader on this machine's devices, on small sample data"
@@ -641,3 +637,7 @@ def _selftest(args) -> int:
     report = run_selftest(args.device, json_out=args.json)
     format_lines(report, print)
     return 0 if report.passed else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())
