@@ -451,7 +451,7 @@ def test_doctor_says_how_long_it_will_take_and_refuses_a_run_over_the_limit(data
 
 def test_doctor_cli_shows_progress_and_the_estimate(dataset):
     proc = subprocess.run(
-        [str(CLI), "doctor", str(dataset), "--model", "tiny", "--batch-size", str(BATCH), "--steps", "3", "--quick"],
+        [*CLI, "doctor", str(dataset), "--model", "tiny", "--batch-size", str(BATCH), "--steps", "3", "--quick"],
         capture_output=True,
         text=True,
         timeout=300,
@@ -459,7 +459,7 @@ def test_doctor_cli_shows_progress_and_the_estimate(dataset):
     assert proc.returncode == 0, proc.stderr
     assert "doctor: about " in proc.stderr and re.search(r"doctor: .*\d+/\d+ \[", proc.stderr), proc.stderr
     refused = subprocess.run(
-        [str(CLI), "doctor", str(dataset), "--model", "resnet18", "--batch-size", str(BATCH), "--max-minutes", "0"],
+        [*CLI, "doctor", str(dataset), "--model", "resnet18", "--batch-size", str(BATCH), "--max-minutes", "0"],
         capture_output=True,
         text=True,
         timeout=300,
