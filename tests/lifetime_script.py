@@ -30,7 +30,7 @@ from torch.utils.data import DataLoader, Dataset
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from loader_helpers import TinySpec  # noqa: E402
+from loader_helpers import TinySpec, process_alive  # noqa: E402
 
 
 class CollectingDataset(Dataset):
@@ -57,17 +57,9 @@ def train(dataset: str, hold: str) -> list[int]:
     return loader.worker_pids
 
 
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:  # gone: ENOENT, or ESRCH while it is being reaped
-        return False
-
-
 def resources() -> dict:
     """This process's threads, live child processes, open descriptors and resident memory (KiB)."""
-    children = [pid for pid in _children() if alive(pid)]
+    children = [pid for pid in _children() if process_alive(pid)]
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return {
@@ -114,7 +106,7 @@ def main() -> None:
         gc.collect()
     left = {
         "threads": sorted(t.name for t in threading.enumerate() if t is not threading.main_thread()),
-        "workers_alive": [pid for pid in pids if alive(pid)],
+        "workers_alive": [pid for pid in pids if process_alive(pid)],
     }
     loader = DataLoader(CollectingDataset(), batch_size=4, num_workers=2, multiprocessing_context=start_method)
     read = sorted(int(i) for batch in loader for i in batch)

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -144,6 +145,38 @@ def damage_shard(root: Path, fmt: str, how: str, shard: int, sample: int, other:
                 shutil.copyfile(other / name, root / name)
     else:
         raise ValueError(f"unknown damage {how!r}")
+
+
+# --- processes ---------------------------------------------------------------------------------------
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running: not gone, and not a zombie waiting to be reaped.
+
+    Reading ``/proc/PID/stat`` races with the process's exit: the file can vanish
+    (``FileNotFoundError``), fail with ``ESRCH`` (``ProcessLookupError``) while the
+    process is being reaped, or read empty; each means the process is dead.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    _, paren, rest = stat.rpartition(")")
+    fields = rest.split()
+    return not (paren and fields) or fields[0] not in ("Z", "X")
+
+
+def wait_until_dead(pid: int, timeout: float = 60.0) -> None:
+    """Wait until process ``pid`` is dead (see :func:`process_alive`); ``AssertionError`` after ``timeout`` s.
+
+    The timeout is generous: a loaded machine can take seconds to deliver a signal and schedule the exit.
+    """
+    deadline = time.monotonic() + timeout
+    while process_alive(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} is still alive {timeout} s later")
+        time.sleep(0.01)
 
 
 # --- processes that read a dataset at the same time -----------------------------------------------

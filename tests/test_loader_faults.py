@@ -43,7 +43,7 @@ import torch.multiprocessing as mp
 from dali_pipes import DALILoader, LoaderError, StoreError
 from dali_pipes.loader import ShardReadError, WorkerDiedError
 
-from loader_helpers import DAMAGES, TinySpec, damage_shard, ddp_worker, shard_name, write_dataset
+from loader_helpers import DAMAGES, TinySpec, damage_shard, ddp_worker, shard_name, wait_until_dead, write_dataset
 
 FORMATS = ("lmdb", "hdf5", "tfrecord")
 N = 12
@@ -136,25 +136,12 @@ def test_a_shard_of_the_right_count_but_another_size_is_refused_on_open(tmp_path
 # --- a worker process that dies ------------------------------------------------------------------
 
 
-def _wait_until_dead(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return  # a zombie: dead, waiting for the loader's process to reap it
-        except FileNotFoundError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"worker {pid} is still alive {timeout} s after SIGKILL")
-
-
 @pytest.fixture(scope="module")
 def big_dataset(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("workers") / "ds", 60, samples_per_shard=20)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_method):
     """SIGKILL a worker while the training thread is between batches.
@@ -170,14 +157,14 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
     iterator = iter(loader)
     assert next(iterator)["index"].tolist() == [0, 1]
     os.kill(pids[1], signal.SIGKILL)
-    _wait_until_dead(pids[1])
+    wait_until_dead(pids[1])
     started = time.monotonic()
     with pytest.raises(
         WorkerDiedError, match=rf"worker process {pids[1]} \(worker 1 of 2\) was killed by SIGKILL"
     ) as e:
         for _ in iterator:
             pass
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # noticed, not hung (WATCH_INTERVAL; generous for a loaded machine)
     message = str(e.value)
     assert (
         str(big_dataset) in message and "epoch 0, batch " in message and "resume from the last state_dict()" in message
@@ -186,11 +173,11 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
         iter(loader)
     # The pool is gone: the surviving worker was stopped too.
     for pid in pids:
-        _wait_until_dead(pid)
+        wait_until_dead(pid)
     loader.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_dataset):
     """SIGKILL a worker while the training thread is inside a DALI call that cannot finish.
 
@@ -230,23 +217,23 @@ def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_d
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-    assert 0.9 < time.monotonic() - started < 10  # it did block, and it did not hang
+    assert 0.9 < time.monotonic() - started < 60  # it did block, and it did not hang
     loader.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_worker_that_exits_by_itself_is_named_with_its_status(big_dataset):
     loader = make(big_dataset, batch_size=2, py_num_workers=1)
     iterator = iter(loader)
     next(iterator)
     (pid,) = loader.worker_pids
     os.kill(pid, signal.SIGTERM)  # as a scheduler or a user's `kill` would
-    _wait_until_dead(pid)
+    wait_until_dead(pid)
     with pytest.raises(WorkerDiedError, match=rf"worker process {pid} \(worker 0 of 1\) was killed by SIGTERM"):
         list(iterator)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_healthy_workers_are_not_reported(big_dataset):
     # The watch must not misfire: three whole epochs with workers, the same samples every time.
     loader = make(big_dataset, batch_size=4, py_num_workers=2)
@@ -255,7 +242,7 @@ def test_healthy_workers_are_not_reported(big_dataset):
     pids = loader.worker_pids
     loader.close()
     for pid in pids:  # close() stops them
-        _wait_until_dead(pid)
+        wait_until_dead(pid)
 
 
 # --- DDP: every rank reads the damaged shard ------------------------------------------------------

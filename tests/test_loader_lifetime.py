@@ -13,11 +13,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from lifetime_script import alive
 
 from dali_pipes import DALILoader
 
-from loader_helpers import TinySpec, write_dataset
+from loader_helpers import TinySpec, wait_until_dead, write_dataset
 
 SCRIPT = Path(__file__).with_name("lifetime_script.py")
 
@@ -79,7 +78,7 @@ def test_close_and_the_context_manager_stop_the_workers_and_the_helper_thread(da
         pids = loader.worker_pids
         assert any(t.name == "dali-pipes-loader-0" for t in threading.enumerate())
     for pid in pids:
-        _wait(lambda: not alive(pid), f"worker {pid} still alive after the with block")
+        wait_until_dead(pid)
     _wait(lambda: not any(t.name == "dali-pipes-loader-0" for t in threading.enumerate()), "helper thread alive")
     with pytest.raises(Exception, match="closed"):
         iter(loader)
