@@ -176,10 +176,10 @@ def convert(
 
 
 #: Bumped whenever a writer's bytes change for the same input (2: HDF5 written through
-#: GuardedFile). It is part of an unfinished job's record, so a job started by another
+#: GuardedFile; 3: a CRC32C per field of each sample in LMDB and HDF5 shards). It is part of an unfinished job's record, so a job started by another
 #: version is refused instead of resumed into a mix of old and new shards; a dataset that
 #: another version finished is still recognised as complete (it is a valid dataset).
-SHARD_LAYOUT_VERSION = 2
+SHARD_LAYOUT_VERSION = 3
 
 
 def _job_digest(source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan]) -> str:

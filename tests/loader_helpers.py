@@ -100,7 +100,7 @@ def _sample(i: int, fields: str, corrupt: bool, image_shape: tuple[int, int] = (
 # --- damage done to a converted dataset after conversion ------------------------------------------
 
 #: The ways a shard can be damaged after conversion, for :func:`damage_shard`.
-DAMAGES = ("flip", "truncate", "delete", "swap")
+DAMAGES = ("flip", "scribble", "truncate", "delete", "swap")
 
 
 def shard_name(fmt: str, number: int) -> str:
@@ -124,16 +124,38 @@ def flip_image_header(root: Path, fmt: str, shard: int, sample: int) -> None:
     path.write_bytes(bytes(raw))
 
 
+def scribble_image(root: Path, fmt: str, shard: int, sample: int) -> None:
+    """Overwrite the middle of ``sample``'s JPEG entropy-coded data inside shard ``shard``, size unchanged.
+
+    The markers are kept, so the damaged image still starts and ends like a JPEG
+    and a decoder usually decodes it (into a damaged picture) without an error:
+    only a checksum of the record can tell.
+    """
+    path = root / shard_name(fmt, shard)
+    raw = bytearray(path.read_bytes())
+    jpeg = encode_jpeg(grey_level(sample))
+    at = raw.find(jpeg)
+    if at < 0 or raw.find(jpeg, at + 1) >= 0:
+        raise AssertionError(f"{path}: the image of sample {sample} is not stored exactly once")
+    scan = jpeg.rfind(b"\xff\xda")  # start of scan: the entropy-coded data follows its header
+    lo, hi = at + scan + 14, at + len(jpeg) - 2  # up to the EOI marker
+    raw[lo:hi] = bytes(0x55 for _ in range(hi - lo))
+    path.write_bytes(bytes(raw))
+
+
 def damage_shard(root: Path, fmt: str, how: str, shard: int, sample: int, other: Path | None = None) -> None:
     """Damage shard ``shard`` of the dataset at ``root`` the way ``how`` (one of :data:`DAMAGES`) says.
 
-    ``flip``: :func:`flip_image_header` of ``sample``; ``truncate``: cut the file
+    ``flip``: :func:`flip_image_header` of ``sample``; ``scribble``:
+    :func:`scribble_image` of ``sample``; ``truncate``: cut the file
     to half its size; ``delete``: remove it; ``swap``: copy the same-named shard
     (and its index) of the dataset ``other`` over it.
     """
     path = root / shard_name(fmt, shard)
     if how == "flip":
         flip_image_header(root, fmt, shard, sample)
+    elif how == "scribble":
+        scribble_image(root, fmt, shard, sample)
     elif how == "truncate":
         os.truncate(path, path.stat().st_size // 2)
     elif how == "delete":

@@ -9,15 +9,11 @@ and what to do, and never yields garbage or hangs.
 What is detectable, and by whom (a flipped byte is not always detectable):
 
 - ``flip``: the first four bytes of one sample's JPEG (its SOI and APP0
-  markers) are zeroed inside the shard file. LMDB and HDF5 keep no checksum of
-  a record, so the store hands the bytes over; DALI's decoder then refuses an
-  image that no longer starts with a known signature, and the loader names the
-  sample by decoding the batch's candidates one by one. A byte flipped inside
-  the entropy-coded data often still decodes (JPEG resynchronizes), which is
-  why the header is the damage chosen here: nothing cheap can catch the other
-  kind in those formats (``dali-pipes verify`` compares SHA-256). TFRecord
-  checks a CRC of every record on read, so there any flipped byte is caught by
-  the store itself.
+  markers) are zeroed inside the shard file; ``scribble``: the middle of its
+  entropy-coded data is overwritten, markers kept, so that a decoder usually
+  decodes it into a damaged picture without a word. Every record carries a
+  checksum that each read checks (TFRecord's own CRC per record; a CRC32C per
+  field of each sample in LMDB and HDF5), so the store itself catches both.
 - ``truncate``: the shard is cut to half. Caught when the shard is opened: LMDB
   by its last page, HDF5 by its end-of-file address, TFRecord by its index's
   last record.
@@ -61,15 +57,12 @@ def make(path, **kwargs):
 def expected_error(fmt: str, how: str) -> tuple[type[BaseException], str]:
     """The exception type and message pattern the loader must raise for ``how`` damage to shard 1."""
     shard = shard_name(fmt, 1).replace(".", r"\.")
-    if how == "flip" and fmt != "tfrecord":
-        # Found by decoding: the store cannot tell these bytes from an image.
-        return LoaderError, (
-            rf"sample 6 \(field 'image', shard {shard}, record 1\) cannot be decoded .*"
-            r"Run 'dali-pipes verify --decode .*'"
-        )
-    sample, record = (6, 1) if how == "flip" else (5, 0)
+    damaged_record = how in ("flip", "scribble")
+    sample, record = (6, 1) if damaged_record else (5, 0)
+    crc = "data CRC mismatch" if fmt == "tfrecord" else r"field 'image' fails its record CRC32C check"
     reason = {
-        "flip": "data CRC mismatch",
+        "flip": crc,
+        "scribble": crc,
         "truncate": "truncated",
         "delete": "missing",
         "swap": r"(holds 6|lists 6 records).*the manifest says 5",
@@ -283,3 +276,36 @@ def test_ddp_ranks_reading_a_truncated_shard_all_raise_naming_it(tmp_path, fmt):
         assert "truncated" in message and "dali-pipes verify" in message
         assert f"[rank {rank}, epoch 0, batch 0 or later]" in message
     assert not list(out.glob("rank-*.json"))  # no rank finished the epoch as if nothing happened
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ddp_ranks_reading_damaged_records_all_raise_naming_them(tmp_path, fmt):
+    """Two gloo ranks with two workers each; one record of each rank's first batch is damaged in place.
+
+    The images still decode (``scribble`` keeps the JPEG markers): only the
+    record checksums can tell, and each rank must raise naming its own sample,
+    and yield nothing from it.
+    """
+    dataset = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=7)
+    for sample in (1, 4):  # rank 0 reads samples 0, 1, 2 first; rank 1 samples 3, 4, 5
+        damage_shard(dataset, fmt, "scribble", shard=0, sample=sample)
+    out = tmp_path / "out"
+    out.mkdir()
+    options = {"batch_size": 3, "epochs": 1, "workers": 2, "shuffle": False}
+    with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
+        mp.start_processes(
+            ddp_worker,
+            args=(2, _free_port(), str(dataset), str(out), options),
+            nprocs=2,
+            join=True,
+            start_method="spawn",
+        )
+    name = shard_name(fmt, 0)
+    crc = "data CRC mismatch" if fmt == "tfrecord" else "fails its record CRC32C check"
+    for rank, sample in ((0, 1), (1, 4)):
+        message = (out / f"rank-{rank}.error").read_text()
+        assert f"sample {sample} (shard {name}, record {sample}): " in message
+        assert crc in message and "dali-pipes verify" in message
+        assert f"[rank {rank}, epoch 0, batch 0 or later]" in message
+    assert not list(out.glob("rank-*.json"))
