@@ -25,14 +25,11 @@ one that made it; make a new one there.
 from __future__ import annotations
 
 import importlib
-import logging
 import os
 import sys
 import threading
 import weakref
 from typing import Any
-
-logger = logging.getLogger(__name__)
 
 #: The DALI pipelines built by loaders of this process that are still alive.
 _TRACKED: weakref.WeakSet = weakref.WeakSet()
@@ -42,15 +39,14 @@ _lock = threading.Lock()
 
 
 def track(pipe: Any) -> None:
-    """Have a process forked from this one disown ``pipe`` (a DALI ``Pipeline``), never shut it down."""
+    """Have a process forked from this one disown ``pipe`` (a DALI ``Pipeline``), never shut it down.
+
+    Tracked until it is freed, even after its loader is closed: a pipeline that
+    outlives its loader (held by a call stuck on a dead worker) must not be shut
+    down in a child either.
+    """
     with _lock:
         _TRACKED.add(pipe)
-
-
-def untrack(pipe: Any) -> None:
-    """Stop tracking ``pipe`` (closed by its loader: nothing of it is left to disown)."""
-    with _lock:
-        _TRACKED.discard(pipe)
 
 
 def _disown_after_fork() -> None:

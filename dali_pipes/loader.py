@@ -538,8 +538,6 @@ class DALILoader:
         """Stop DALI's workers and release the store; the loader cannot be used afterwards."""
         self._stop_workers()
         self._iterator = None
-        if self._pipe is not None:
-            _lifetime.untrack(self._pipe)
         self._pipe = None
         self._control.close()
         self.store.close()

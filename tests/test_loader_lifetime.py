@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from dali_pipes import DALILoader
+from dali_pipes import DALILoader, LoaderError
 
-from loader_helpers import TinySpec, wait_until_dead, write_dataset
+from loader_helpers import TinySpec, damage_shard, wait_until_dead, write_dataset
 
 SCRIPT = Path(__file__).with_name("lifetime_script.py")
 
@@ -92,3 +92,32 @@ def _wait(condition, message: str, timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(message)
         time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["part-way", "failed"])
+def test_a_loader_left_part_way_or_failed_is_freed_when_dropped_without_the_garbage_collector(tmp_path, how):
+    import gc
+    import weakref
+
+    path = write_dataset(tmp_path / "ds", 24, samples_per_shard=8)
+    if how == "failed":
+        damage_shard(path, "lmdb", "scribble", shard=1, sample=9)
+
+    def use_and_drop() -> weakref.ref:
+        loader = DALILoader(path, TinySpec(), batch_size=4, device="cpu", py_num_workers=2)
+        iterator = iter(loader)
+        if how == "part-way":
+            next(iterator)
+        else:
+            with pytest.raises(LoaderError, match="record CRC32C"):
+                list(iterator)
+        return weakref.ref(loader)
+
+    gc.collect()
+    gc.disable()  # only reference counting may free it
+    try:
+        ref = use_and_drop()
+        assert ref() is None
+    finally:
+        gc.enable()
