@@ -17,6 +17,8 @@ from dali_pipes.stores._checksum import RECORD_CRC32C
 from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
 
 logger = logging.getLogger(__name__)
+#: Datasets without record CRCs already reported in this process.
+_WARNED_UNCHECKED: set[Path] = set()
 
 #: Manifest ``format`` -> ``"module:class"`` of its one-shard reader, imported when first used.
 READERS: dict[str, str] = {
@@ -50,7 +52,8 @@ class Store:
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
         reader_cls = reader_class(self.manifest.format)
         record_crc = RECORD_CRC32C in self.manifest.checksums
-        if not record_crc and self.manifest.format in ("lmdb", "hdf5"):
+        if not record_crc and self.manifest.format in ("lmdb", "hdf5") and self.root not in _WARNED_UNCHECKED:
+            _WARNED_UNCHECKED.add(self.root)  # once per dataset and process, however many stores open it
             logger.warning(
                 "%s: this dataset was converted before LMDB and HDF5 shards had a CRC32C per record, so its "
                 "records are not checked when read (only 'dali-pipes verify' checks its shards' SHA-256); "
