@@ -15,6 +15,7 @@ dataset has them (:data:`RECORD_CRC32C`).
 
 from __future__ import annotations
 
+import sys
 from typing import Iterable, Mapping, Union
 
 import google_crc32c
@@ -29,6 +30,8 @@ RECORD_CRC32C = "crc32c"
 CRC_DATASET = "__crc32c__"
 #: The stored CRCs of one sample: one little-endian uint32 per field, fields in :func:`crc_order`.
 CRC_DTYPE = np.dtype("<u4")
+
+_LITTLE = sys.byteorder == "little"
 
 Stored = Union[bytes, bytearray, memoryview, np.ndarray]
 
@@ -46,11 +49,11 @@ def _as_buffer(data: Stored) -> bytes | np.ndarray:
 
 def stored_bytes(value: Stored) -> bytes | np.ndarray:
     """What a field's CRC is computed over: the bytes of a bytes field, an array's little-endian elements."""
-    if isinstance(value, np.ndarray) and value.dtype != np.uint8:
-        return array_to_bytes(value)
-    if isinstance(value, np.ndarray):
-        return np.ascontiguousarray(value).reshape(-1)
-    return _as_buffer(value)
+    if not isinstance(value, np.ndarray):
+        return _as_buffer(value)
+    if value.flags.c_contiguous and (value.dtype.byteorder in "<|" or (value.dtype.isnative and _LITTLE)):
+        return value  # already the stored bytes: no copy
+    return array_to_bytes(value)
 
 
 def crc32c(data: Stored) -> int:

@@ -303,6 +303,6 @@ class Hdf5ShardReader(ShardReader):
             except (OSError, ValueError) as exc:
                 raise StoreError(f"{self.path}: record {index}, field {name!r}: HDF5 read failed ({exc})") from exc
             if self._h_crcs is not None:
-                stored = value if is_ragged(field) else sample[name]
-                check_record(stored, self._h_crcs[index, self.crc_column[name]], f"{self.path}: record {index}", name)
+                expected = self._h_crcs[index, self.crc_column[name]]
+                check_record(sample[name], expected, f"{self.path}: record {index}", name)
         return sample

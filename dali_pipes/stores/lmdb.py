@@ -245,12 +245,10 @@ class LmdbShardReader(ShardReader):
                     value = txn.get(sample_key(index, name))
                     if value is None:
                         raise StoreError(f"{where}: field {name!r} is missing (key {sample_key(index, name)!r})")
+                    raw = bytes(value) if field.kind == "bytes" else value  # bytes: the one copy out of the map
                     if crcs is not None:
-                        check_record(value, crcs[self.crc_column[name]], where, name)
-                    if field.kind == "bytes":
-                        sample[name] = bytes(value)
-                    else:
-                        sample[name] = array_from_bytes(value, name, field, where)
+                        check_record(raw, crcs[self.crc_column[name]], where, name)
+                    sample[name] = raw if field.kind == "bytes" else array_from_bytes(value, name, field, where)
         except lmdb.Error as exc:
             raise StoreError(f"{where}: LMDB read failed ({exc})") from exc
         return sample
