@@ -186,7 +186,9 @@ def process_alive(pid: int) -> bool:
         return False
     _, paren, rest = stat.rpartition(")")
     fields = rest.split()
-    return not (paren and fields) or fields[0] not in ("Z", "X")
+    if not paren or not fields:
+        return False  # read empty: it was reaped between the open and the read
+    return fields[0] not in ("Z", "X")
 
 
 def wait_until_dead(pid: int, timeout: float = 60.0) -> None:
