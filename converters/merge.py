@@ -49,6 +49,7 @@ from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_d
 from converters.writers._h5file import GuardedFile
 from dali_pipes._fileio import fsync_dir
 from dali_pipes.manifest import Field, Manifest, load_manifest, resolve_inside
+from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, RECORD_CRC32C
 from dali_pipes.stores.hdf5 import (
     LIBVER,
     MANIFEST_ATTR,
@@ -136,6 +137,10 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
                 _write_virtual(f, manifest, shards, out.parent.resolve())
             else:
                 _write_physical(f, manifest, shards, out.name, guarded)
+            if RECORD_CRC32C in manifest.checksums:
+                # Small (4 bytes per field per sample): always physical, the shards' tables end to end.
+                tables = [_crc_table(shard.path) for shard in shards]
+                f.create_dataset(CRC_DATASET, data=np.concatenate(tables), dtype=CRC_DTYPE, track_times=False)
             for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
                 f.attrs[key] = value
             f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
@@ -149,6 +154,14 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
         raise
     finally:
         guarded.close()
+
+
+def _crc_table(path: Path) -> np.ndarray:
+    """A shard's record CRCs (see :mod:`dali_pipes.stores._checksum`)."""
+    with open_file(path) as f:
+        if CRC_DATASET not in f:
+            raise ConversionError(f"{path}: has no record CRCs ({CRC_DATASET!r}), though the manifest says it has")
+        return np.asarray(f[CRC_DATASET][()], dtype=CRC_DTYPE)
 
 
 def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:

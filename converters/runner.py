@@ -179,7 +179,8 @@ def convert(
 
 
 #: Bumped whenever a writer's bytes change for the same input (2: HDF5 written through
-#: GuardedFile; 3: TFRecord arrays in int64/float lists). It is part of an unfinished job's record, so a job started by another
+#: GuardedFile; 3: TFRecord arrays in int64/float lists, and a CRC32C per field of each sample in LMDB
+#: and HDF5 shards). It is part of an unfinished job's record, so a job started by another
 #: version is refused instead of resumed into a mix of old and new shards; a dataset that
 #: another version finished is still recognised as complete (it is a valid dataset).
 SHARD_LAYOUT_VERSION = 3

@@ -151,10 +151,16 @@ class Caller:
         self._tasks.put(task)
         while not task.done.wait(interval):
             check()  # raises to abandon a call that cannot finish (the loader then sets pool_lost)
-        if task.error is not None:
-            error, task.error = task.error, None
+        error, task.error = task.error, None
+        if error is None:
+            return task.value
+        try:
             raise error
-        return task.value
+        finally:
+            # The traceback holds this frame: a local naming the error would make a reference
+            # cycle through every frame of the call, the loader's included, which only the
+            # garbage collector could free (and a forked child's collector would hang on it).
+            del error, task
 
     def close(self) -> None:
         """Let the thread end once it finishes its current call."""

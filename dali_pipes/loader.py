@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
+from dali_pipes import _lifetime
 from dali_pipes._start_method import check_spawn_safe, choose_start_method
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
@@ -144,6 +145,8 @@ class DALILoader:
         cache: str | None = None,
         cache_bytes: int | None = None,
     ) -> None:
+        # Imported where no frame holds this loader: a first import may leave a reference cycle.
+        _lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         if settings is not None:
             # A file saved by `dali-pipes tune`: its values fill in what the caller left unset.
             from dali_pipes.bench.tune import apply_settings, load_settings
@@ -224,6 +227,7 @@ class DALILoader:
             check_spawn_safe()
         self.py_start_method = py_start_method
         self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
+        _lifetime.track(self._pipe)  # a process forked from this one must never shut it down
         self._device_id = device_id
         self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
@@ -493,7 +497,10 @@ class DALILoader:
             if self._caller is not None:
                 self._caller.pool_lost = True
         self._stop_workers()  # the pipeline is dead; do not leave its workers waiting
-        raise error from (None if error is cause else cause)
+        try:
+            raise error from (None if error is cause else cause)
+        finally:
+            del error, cause  # else this frame (and the loader) is in a cycle with the traceback
 
     def _call_dali(self, call: Callable[[], _T], current: _Pass | None) -> _T:
         """``call()`` (a DALI iterator call), raising :class:`WorkerDiedError` instead of hanging on a dead worker."""

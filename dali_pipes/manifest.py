@@ -56,6 +56,15 @@ ARRAY_DTYPE_KINDS = "biufc"
 #: Counts, sizes and dimensions must fit a signed 64-bit integer (numpy, HDF5 and the readers use one).
 MAX_COUNT = 2**63 - 1
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+#: Checksums a dataset can have (the manifest's ``checksums``): ``sha256`` of every shard file
+#: (checked by ``dali-pipes verify``) and ``crc32c`` of every record (checked on every read;
+#: TFRecord's own, and since shard layout 3 one per field of each sample in LMDB and HDF5).
+CHECKSUMS = ("sha256", "crc32c")
+
+
+def legacy_checksums(fmt: str) -> tuple[str, ...]:
+    """The checksums of a dataset whose manifest predates the ``checksums`` entry: no LMDB or HDF5 record CRCs."""
+    return ("sha256", "crc32c") if fmt == "tfrecord" else ("sha256",)
 
 
 class ManifestError(ValueError):
@@ -195,9 +204,12 @@ class Manifest:
     extra: Mapping[str, Any] = field(default_factory=dict)
     created_by: str = ""
     version: int = VERSION
+    #: What the shards carry (see :data:`CHECKSUMS`); the default is what this version's writers write.
+    checksums: tuple[str, ...] = CHECKSUMS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shards", tuple(self.shards))
+        object.__setattr__(self, "checksums", tuple(self.checksums))
         if self.classes is not None:
             object.__setattr__(self, "classes", tuple(self.classes))
         # Python integers: numpy's cumsum would wrap around silently past 2**63.
@@ -240,6 +252,7 @@ class Manifest:
             "source": dict(self.source),
             "extra": dict(self.extra),
             "created_by": self.created_by,
+            "checksums": list(self.checksums),
         }
 
 
@@ -381,7 +394,22 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         extra=extra,
         created_by=created_by,
         version=version,
+        checksums=_parse_checksums(data, fmt, where),
     )
+
+
+def _parse_checksums(data: dict[str, Any], fmt: str, where: str) -> tuple[str, ...]:
+    value = data.get("checksums")
+    if value is None:  # written before the entry existed
+        return legacy_checksums(fmt)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ManifestError(f"{where}: 'checksums' must be a list of strings, got {value!r}")
+    unknown = [v for v in value if v not in CHECKSUMS]
+    if unknown:
+        raise ManifestError(
+            f"{where}: unknown checksum {unknown[0]!r} (known: {', '.join(CHECKSUMS)}); upgrade dali-pipes"
+        )
+    return tuple(value)
 
 
 def _optional_object(data: dict[str, Any], key: str, where: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -116,7 +117,7 @@ def _sample(i: int, fields: str, corrupt: bool, image_shape: tuple[int, int] = (
 # --- damage done to a converted dataset after conversion ------------------------------------------
 
 #: The ways a shard can be damaged after conversion, for :func:`damage_shard`.
-DAMAGES = ("flip", "truncate", "delete", "swap")
+DAMAGES = ("flip", "scribble", "truncate", "delete", "swap")
 
 
 def shard_name(fmt: str, number: int) -> str:
@@ -140,16 +141,38 @@ def flip_image_header(root: Path, fmt: str, shard: int, sample: int) -> None:
     path.write_bytes(bytes(raw))
 
 
+def scribble_image(root: Path, fmt: str, shard: int, sample: int) -> None:
+    """Overwrite the middle of ``sample``'s JPEG entropy-coded data inside shard ``shard``, size unchanged.
+
+    The markers are kept, so the damaged image still starts and ends like a JPEG
+    and a decoder usually decodes it (into a damaged picture) without an error:
+    only a checksum of the record can tell.
+    """
+    path = root / shard_name(fmt, shard)
+    raw = bytearray(path.read_bytes())
+    jpeg = encode_jpeg(grey_level(sample))
+    at = raw.find(jpeg)
+    if at < 0 or raw.find(jpeg, at + 1) >= 0:
+        raise AssertionError(f"{path}: the image of sample {sample} is not stored exactly once")
+    scan = jpeg.rfind(b"\xff\xda")  # start of scan: the entropy-coded data follows its header
+    lo, hi = at + scan + 14, at + len(jpeg) - 2  # up to the EOI marker
+    raw[lo:hi] = bytes(0x55 for _ in range(hi - lo))
+    path.write_bytes(bytes(raw))
+
+
 def damage_shard(root: Path, fmt: str, how: str, shard: int, sample: int, other: Path | None = None) -> None:
     """Damage shard ``shard`` of the dataset at ``root`` the way ``how`` (one of :data:`DAMAGES`) says.
 
-    ``flip``: :func:`flip_image_header` of ``sample``; ``truncate``: cut the file
+    ``flip``: :func:`flip_image_header` of ``sample``; ``scribble``:
+    :func:`scribble_image` of ``sample``; ``truncate``: cut the file
     to half its size; ``delete``: remove it; ``swap``: copy the same-named shard
     (and its index) of the dataset ``other`` over it.
     """
     path = root / shard_name(fmt, shard)
     if how == "flip":
         flip_image_header(root, fmt, shard, sample)
+    elif how == "scribble":
+        scribble_image(root, fmt, shard, sample)
     elif how == "truncate":
         os.truncate(path, path.stat().st_size // 2)
     elif how == "delete":
@@ -161,6 +184,40 @@ def damage_shard(root: Path, fmt: str, how: str, shard: int, sample: int, other:
                 shutil.copyfile(other / name, root / name)
     else:
         raise ValueError(f"unknown damage {how!r}")
+
+
+# --- processes ---------------------------------------------------------------------------------------
+
+
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running: not gone, and not a zombie waiting to be reaped.
+
+    Reading ``/proc/PID/stat`` races with the process's exit: the file can vanish
+    (``FileNotFoundError``), fail with ``ESRCH`` (``ProcessLookupError``) while the
+    process is being reaped, or read empty; each means the process is dead.
+    """
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    _, paren, rest = stat.rpartition(")")
+    fields = rest.split()
+    if not paren or not fields:
+        return False  # read empty: it was reaped between the open and the read
+    return fields[0] not in ("Z", "X")
+
+
+def wait_until_dead(pid: int, timeout: float = 60.0) -> None:
+    """Wait until process ``pid`` is dead (see :func:`process_alive`); ``AssertionError`` after ``timeout`` s.
+
+    The timeout is generous: a loaded machine can take seconds to deliver a signal and schedule the exit.
+    """
+    deadline = time.monotonic() + timeout
+    while process_alive(pid):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"process {pid} is still alive {timeout} s later")
+        time.sleep(0.01)
 
 
 # --- processes that read a dataset at the same time -----------------------------------------------

@@ -9,15 +9,11 @@ and what to do, and never yields garbage or hangs.
 What is detectable, and by whom (a flipped byte is not always detectable):
 
 - ``flip``: the first four bytes of one sample's JPEG (its SOI and APP0
-  markers) are zeroed inside the shard file. LMDB and HDF5 keep no checksum of
-  a record, so the store hands the bytes over; DALI's decoder then refuses an
-  image that no longer starts with a known signature, and the loader names the
-  sample by decoding the batch's candidates one by one. A byte flipped inside
-  the entropy-coded data often still decodes (JPEG resynchronizes), which is
-  why the header is the damage chosen here: nothing cheap can catch the other
-  kind in those formats (``dali-pipes verify`` compares SHA-256). TFRecord
-  checks a CRC of every record on read, so there any flipped byte is caught by
-  the store itself.
+  markers) are zeroed inside the shard file; ``scribble``: the middle of its
+  entropy-coded data is overwritten, markers kept, so that a decoder usually
+  decodes it into a damaged picture without a word. Every record carries a
+  checksum that each read checks (TFRecord's own CRC per record; a CRC32C per
+  field of each sample in LMDB and HDF5), so the store itself catches both.
 - ``truncate``: the shard is cut to half. Caught when the shard is opened: LMDB
   by its last page, HDF5 by its end-of-file address, TFRecord by its index's
   last record.
@@ -50,6 +46,7 @@ from loader_helpers import (
     ddp_worker,
     shard_name,
     skip_if_fork_refused,
+    wait_until_dead,
     write_dataset,
 )
 
@@ -69,15 +66,12 @@ def make(path, **kwargs):
 def expected_error(fmt: str, how: str) -> tuple[type[BaseException], str]:
     """The exception type and message pattern the loader must raise for ``how`` damage to shard 1."""
     shard = shard_name(fmt, 1).replace(".", r"\.")
-    if how == "flip" and fmt != "tfrecord":
-        # Found by decoding: the store cannot tell these bytes from an image.
-        return LoaderError, (
-            rf"sample 6 \(field 'image', shard {shard}, record 1\) cannot be decoded .*"
-            r"Run 'dali-pipes verify --decode .*'"
-        )
-    sample, record = (6, 1) if how == "flip" else (5, 0)
+    damaged_record = how in ("flip", "scribble")
+    sample, record = (6, 1) if damaged_record else (5, 0)
+    crc = "data CRC mismatch" if fmt == "tfrecord" else r"field 'image' fails its record CRC32C check"
     reason = {
-        "flip": "data CRC mismatch",
+        "flip": crc,
+        "scribble": crc,
         "truncate": "truncated",
         "delete": "missing",
         "swap": r"(holds 6|lists 6 records).*the manifest says 5",
@@ -144,25 +138,12 @@ def test_a_shard_of_the_right_count_but_another_size_is_refused_on_open(tmp_path
 # --- a worker process that dies ------------------------------------------------------------------
 
 
-def _wait_until_dead(pid: int, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return  # a zombie: dead, waiting for the loader's process to reap it
-        except FileNotFoundError:
-            return
-        time.sleep(0.01)
-    raise AssertionError(f"worker {pid} is still alive {timeout} s after SIGKILL")
-
-
 @pytest.fixture(scope="module")
 def big_dataset(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("workers") / "ds", 60, samples_per_shard=20)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_method):
     """SIGKILL a worker while the training thread is between batches.
@@ -180,14 +161,14 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
     iterator = iter(loader)
     assert next(iterator)["index"].tolist() == [0, 1]
     os.kill(pids[1], signal.SIGKILL)
-    _wait_until_dead(pids[1])
+    wait_until_dead(pids[1])
     started = time.monotonic()
     with pytest.raises(
         WorkerDiedError, match=rf"worker process {pids[1]} \(worker 1 of 2\) was killed by SIGKILL"
     ) as e:
         for _ in iterator:
             pass
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < 60  # noticed, not hung (WATCH_INTERVAL; generous for a loaded machine)
     message = str(e.value)
     assert (
         str(big_dataset) in message and "epoch 0, batch " in message and "resume from the last state_dict()" in message
@@ -196,11 +177,11 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
         iter(loader)
     # The pool is gone: the surviving worker was stopped too.
     for pid in pids:
-        _wait_until_dead(pid)
+        wait_until_dead(pid)
     loader.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_dataset):
     """SIGKILL a worker while the training thread is inside a DALI call that cannot finish.
 
@@ -240,23 +221,23 @@ def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_d
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-    assert 0.9 < time.monotonic() - started < 10  # it did block, and it did not hang
+    assert 0.9 < time.monotonic() - started < 60  # it did block, and it did not hang
     loader.close()
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_a_worker_that_exits_by_itself_is_named_with_its_status(big_dataset):
     loader = make(big_dataset, batch_size=2, py_num_workers=1)
     iterator = iter(loader)
     next(iterator)
     (pid,) = loader.worker_pids
     os.kill(pid, signal.SIGTERM)  # as a scheduler or a user's `kill` would
-    _wait_until_dead(pid)
+    wait_until_dead(pid)
     with pytest.raises(WorkerDiedError, match=rf"worker process {pid} \(worker 0 of 1\) was killed by SIGTERM"):
         list(iterator)
 
 
-@pytest.mark.timeout(60)
+@pytest.mark.timeout(180)
 def test_healthy_workers_are_not_reported(big_dataset):
     # The watch must not misfire: three whole epochs with workers, the same samples every time.
     loader = make(big_dataset, batch_size=4, py_num_workers=2)
@@ -265,7 +246,7 @@ def test_healthy_workers_are_not_reported(big_dataset):
     pids = loader.worker_pids
     loader.close()
     for pid in pids:  # close() stops them
-        _wait_until_dead(pid)
+        wait_until_dead(pid)
 
 
 # --- DDP: every rank reads the damaged shard ------------------------------------------------------
@@ -306,3 +287,36 @@ def test_ddp_ranks_reading_a_truncated_shard_all_raise_naming_it(tmp_path, fmt):
         assert "truncated" in message and "dali-pipes verify" in message
         assert f"[rank {rank}, epoch 0, batch 0 or later]" in message
     assert not list(out.glob("rank-*.json"))  # no rank finished the epoch as if nothing happened
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_ddp_ranks_reading_damaged_records_all_raise_naming_them(tmp_path, fmt):
+    """Two gloo ranks with two workers each; one record of each rank's first batch is damaged in place.
+
+    The images still decode (``scribble`` keeps the JPEG markers): only the
+    record checksums can tell, and each rank must raise naming its own sample,
+    and yield nothing from it.
+    """
+    dataset = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=7)
+    for sample in (1, 4):  # rank 0 reads samples 0, 1, 2 first; rank 1 samples 3, 4, 5
+        damage_shard(dataset, fmt, "scribble", shard=0, sample=sample)
+    out = tmp_path / "out"
+    out.mkdir()
+    options = {"batch_size": 3, "epochs": 1, "workers": 2, "shuffle": False}
+    with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
+        mp.start_processes(
+            ddp_worker,
+            args=(2, _free_port(), str(dataset), str(out), options),
+            nprocs=2,
+            join=True,
+            start_method="spawn",
+        )
+    name = shard_name(fmt, 0)
+    crc = "data CRC mismatch" if fmt == "tfrecord" else "fails its record CRC32C check"
+    for rank, sample in ((0, 1), (1, 4)):
+        message = (out / f"rank-{rank}.error").read_text()
+        assert f"sample {sample} (shard {name}, record {sample}): " in message
+        assert crc in message and "dali-pipes verify" in message
+        assert f"[rank {rank}, epoch 0, batch 0 or later]" in message
+    assert not list(out.glob("rank-*.json"))

@@ -12,6 +12,7 @@ from typing import Mapping, Union
 import numpy as np
 
 from dali_pipes.manifest import Field, ManifestError
+from dali_pipes.stores._checksum import CRC_DATASET
 from dali_pipes.stores._codec import check_field
 
 Value = Union[bytes, np.ndarray]
@@ -24,6 +25,8 @@ def check_fields(fields: Mapping[str, Field], where: str) -> None:
     for name, field in fields.items():
         if not name or "/" in name or "\0" in name or name in (".", ".."):
             raise ValueError(f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)")
+        if name == CRC_DATASET:
+            raise ValueError(f"{where}: field name {name!r} is reserved for the record checksums")
         check_field(name, field, where)
         try:
             # What the manifest parser would refuse at the end of the job is refused before it starts.

@@ -36,6 +36,7 @@ from converters.base import Sample, ShardWriter
 from converters.writers._h5file import GuardedFile
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.manifest import Field
+from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, sample_crcs
 from dali_pipes.stores.hdf5 import (
     LIBVER,
     chunk_rows,
@@ -70,6 +71,7 @@ class Hdf5ShardWriter(ShardWriter):
         self._offsets: dict[str, list[int]] = {}
         self._buffers: dict[str, list[np.ndarray]] = {}
         self._flush_rows: dict[str, int] = {}
+        self._crcs: list[np.ndarray] = []  # one row of field CRCs per sample
         try:
             self._file = h5py.File(self._io, "w", libver=LIBVER)
             self._create_datasets()
@@ -103,6 +105,7 @@ class Hdf5ShardWriter(ShardWriter):
         """Append one sample."""
         where = f"{self.path}: sample {self.num_samples}"
         values = normalize_sample(self.fields, sample, where)
+        self._crcs.append(sample_crcs(values))
         for name, field in self.fields.items():
             value = values[name]
             if is_ragged(field):
@@ -159,6 +162,8 @@ class Hdf5ShardWriter(ShardWriter):
                 self._write_ragged(name, field)
             else:
                 self._flush(name)
+        crcs = np.stack(self._crcs) if self._crcs else np.zeros((0, len(self.fields)), dtype=CRC_DTYPE)
+        self._file.create_dataset(CRC_DATASET, data=crcs, dtype=CRC_DTYPE, track_times=False)
         for key, value in layout_attrs(self.fields, self.num_samples).items():
             self._file.attrs[key] = value
         self._file.close()

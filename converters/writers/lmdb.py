@@ -30,8 +30,9 @@ from converters.base import Sample, ShardWriter
 from converters.diskfull import DISK_FULL_ERRNOS
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.manifest import Field
+from dali_pipes.stores._checksum import sample_crcs
 from dali_pipes.stores._codec import array_to_bytes
-from dali_pipes.stores.lmdb import LEN_KEY, sample_key
+from dali_pipes.stores.lmdb import LEN_KEY, crc_key, sample_key
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,10 @@ class LmdbShardWriter(ShardWriter):
         """Append one sample (committed with its batch)."""
         where = f"{self.path}: sample {self.num_samples}"
         values = normalize_sample(self.fields, sample, where)
+        # The CRCs first: their key sorts before the sample's fields ('.' < '/').
+        crcs = sample_crcs(values).tobytes()
+        self._pending.append((crc_key(self.num_samples), crcs))
+        self._pending_bytes += len(crcs)
         for name in self._order:
             value = values[name]
             data = value if isinstance(value, bytes) else array_to_bytes(value)

@@ -7,12 +7,18 @@ manifest's ``format`` field through :data:`READERS`.
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
+from dali_pipes.stores._checksum import RECORD_CRC32C
 from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
+
+logger = logging.getLogger(__name__)
+#: Datasets without record CRCs already reported in this process.
+_WARNED_UNCHECKED: set[Path] = set()
 
 #: Manifest ``format`` -> ``"module:class"`` of its one-shard reader, imported when first used.
 READERS: dict[str, str] = {
@@ -45,6 +51,15 @@ class Store:
         self.root = Path(root)
         self.manifest = manifest if manifest is not None else load_manifest(self.root)
         reader_cls = reader_class(self.manifest.format)
+        record_crc = RECORD_CRC32C in self.manifest.checksums
+        if not record_crc and self.manifest.format in ("lmdb", "hdf5") and self.root not in _WARNED_UNCHECKED:
+            _WARNED_UNCHECKED.add(self.root)  # once per dataset and process, however many stores open it
+            logger.warning(
+                "%s: this dataset was converted before LMDB and HDF5 shards had a CRC32C per record, so its "
+                "records are not checked when read (only 'dali-pipes verify' checks its shards' SHA-256); "
+                "convert it again with this version of dali-pipes, into a new folder, to have every record checked",
+                self.root,
+            )
         self._shards = [
             reader_cls(
                 resolve_inside(self.root, shard.path),
@@ -52,6 +67,7 @@ class Store:
                 shard.num_samples,
                 resolve_inside(self.root, shard.index_path) if shard.index_path else None,
                 expected_bytes=shard.bytes,
+                record_crc=record_crc,
             )
             for shard in self.manifest.shards
         ]

@@ -75,6 +75,10 @@ class ShardReader(ABC):
     matches the manifest (each format), and, with ``expected_bytes``, the file
     size matches too, which catches a truncated shard and most shards swapped
     for another file after conversion. Content hashes are ``dali-pipes verify``'s job.
+
+    With ``record_crc`` (the manifest lists per-record checksums, see
+    :mod:`dali_pipes.stores._checksum`) every field read is checked against its
+    stored CRC32C; a format without them ignores it.
     """
 
     format: str
@@ -86,12 +90,19 @@ class ShardReader(ABC):
         num_samples: int,
         index_path: str | os.PathLike | None = None,
         expected_bytes: int | None = None,
+        *,
+        record_crc: bool = False,
     ) -> None:
         self.path = Path(path)
         self.fields = dict(fields)
         self.num_samples = int(num_samples)
         self.index_path = Path(index_path) if index_path is not None else None
         self.expected_bytes = None if expected_bytes is None else int(expected_bytes)
+        self.record_crc = bool(record_crc)
+        from dali_pipes.stores._checksum import crc_columns  # it imports this module
+
+        #: A field's column in a sample's stored CRCs.
+        self.crc_column = crc_columns(self.fields)
         self._pid: int | None = None
 
     def __len__(self) -> int:

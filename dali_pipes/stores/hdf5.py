@@ -2,11 +2,14 @@
 
 Layout of a shard (and of a merged file, which is one big shard)::
 
-    /                      attrs: layout = "dali-pipes-hdf5", layout_version = 1,
+    /                      attrs: layout = "dali-pipes-hdf5", layout_version = 2,
                                   num_samples = n, fields = JSON of the manifest fields
     /<fixed array field>   dataset (n, *shape) of the field's dtype, chunked
     /<ragged field>/data   dataset: every sample's values, concatenated along axis 0
     /<ragged field>/offsets  int64 (n + 1,): sample i is data[offsets[i]:offsets[i + 1]]
+    /__crc32c__            uint32 (n, number of fields): the CRC32C of each field of each sample,
+                           fields in byte order of their names (since shard layout 3, when the
+                           manifest's ``checksums`` lists ``crc32c``; checked on every read)
 
 A *ragged* field is a ``bytes`` field (``data`` is uint8: the encoded images or
 text back to back) or an array field with a variable first dimension (``data``
@@ -44,10 +47,12 @@ import h5py
 import numpy as np
 
 from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
+from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, check_record
 from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
 
 LAYOUT = "dali-pipes-hdf5"
-LAYOUT_VERSION = 1
+#: 2: with the record CRCs (:data:`CRC_DATASET`); 1: without.
+LAYOUT_VERSION = 2
 #: Fixed file-format bounds, so the same data gives the same bytes whatever h5py defaults to.
 LIBVER = ("v110", "v110")
 #: Target size of one chunk of a fixed array dataset.
@@ -191,6 +196,8 @@ class Hdf5ShardReader(ShardReader):
         except (OSError, KeyError, ValueError, TypeError) as exc:
             f.close()
             raise StoreError(f"{self.path}: damaged HDF5 shard ({exc})") from exc
+        # One small read for the whole shard (4 bytes per field per sample), checked on every record read.
+        self._h_crcs = self._read_crcs(f) if self.record_crc else None
         self._h_file = f
         # Filled field by field on first use (see _dataset): a read of some fields
         # never opens, checks or loads the offsets of the others.
@@ -206,6 +213,22 @@ class Hdf5ShardReader(ShardReader):
             raise StoreError(f"{self.path}: HDF5 shard holds {count} samples, the manifest says {self.num_samples}")
         # All datasets, not only those read: a missing source reads as zeros, never as an error.
         check_virtual_sources(f, self.path)
+
+    def _read_crcs(self, f: h5py.File) -> np.ndarray:
+        """The stored CRC table, checked against the sample and field counts."""
+        expected = (self.num_samples, len(self.fields))
+        ds = f.get(CRC_DATASET)
+        if not isinstance(ds, h5py.Dataset) or ds.shape != expected or ds.dtype != CRC_DTYPE:
+            f.close()
+            what = "missing" if ds is None else f"of shape {getattr(ds, 'shape', None)}, not {expected}"
+            raise StoreError(
+                f"{self.path}: its record CRCs ({CRC_DATASET!r}) are {what}, though the manifest says it has them"
+            )
+        try:
+            return np.asarray(ds[()])
+        except OSError as exc:
+            f.close()
+            raise StoreError(f"{self.path}: damaged HDF5 shard, record CRCs ({exc})") from exc
 
     def _dataset(self, name: str, field: Field) -> h5py.Dataset:
         """The checked dataset of field ``name`` (and its offsets, for a ragged field), opened once."""
@@ -250,7 +273,7 @@ class Hdf5ShardReader(ShardReader):
         return ds, offs
 
     def _close_handles(self) -> None:
-        for attr in ("_h_data", "_h_offsets"):
+        for attr in ("_h_data", "_h_offsets", "_h_crcs"):
             self.__dict__.pop(attr, None)
         f = self.__dict__.pop("_h_file", None)
         if f is not None:
@@ -279,4 +302,7 @@ class Hdf5ShardReader(ShardReader):
                     sample[name] = ds[index : index + 1].reshape(field.shape)
             except (OSError, ValueError) as exc:
                 raise StoreError(f"{self.path}: record {index}, field {name!r}: HDF5 read failed ({exc})") from exc
+            if self._h_crcs is not None:
+                expected = self._h_crcs[index, self.crc_column[name]]
+                check_record(sample[name], expected, f"{self.path}: record {index}", name)
         return sample

@@ -3,6 +3,7 @@
 Layout: one LMDB environment per shard, a single file (``subdir=False``), the
 main (unnamed) database only. Every field of every sample is one record::
 
+    b"0000000042.crc32c" -> the CRC32C of each field's value: little-endian uint32s, fields by name
     b"0000000042/image"  -> the image's original bytes
     b"0000000042/label"  -> the raw little-endian bytes of the label array
     b"__len__"           -> the shard's sample count, ASCII decimal
@@ -11,7 +12,9 @@ The key is the sample's index in the shard, zero-padded to 10 digits, ``/``,
 and the field name in UTF-8, so keys sort in write order (the writer appends
 with ``MDB_APPEND``). Bytes fields hold their bytes; array fields the raw
 array bytes of :mod:`dali_pipes.stores._codec` (dtype and shape come from the
-manifest). Nothing is pickled. A user can read a shard with plain ``lmdb``
+manifest). The ``.crc32c`` record (sorting before the sample's fields: ``.`` < ``/``)
+is written since shard layout 3 (then the manifest's ``checksums`` lists ``crc32c``) and checked on every read (:mod:`dali_pipes.stores._checksum`).
+Nothing is pickled. A user can read a shard with plain ``lmdb``
 (in a process with no store open on it: py-lmdb opens a file once per process)::
 
     env = lmdb.open("shard-00000.lmdb", subdir=False, readonly=True, lock=False)
@@ -27,7 +30,9 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import lmdb
+import numpy as np
 
+from dali_pipes.stores._checksum import CRC_DTYPE, check_record
 from dali_pipes.stores._codec import array_from_bytes
 from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
 
@@ -38,6 +43,11 @@ LEN_KEY = b"__len__"
 def sample_key(index: int, name: str) -> bytes:
     """The LMDB key of field ``name`` of local sample ``index``."""
     return b"%010d/%s" % (index, name.encode("utf-8"))
+
+
+def crc_key(index: int) -> bytes:
+    """The LMDB key of the field CRCs of local sample ``index``."""
+    return b"%010d.crc32c" % index
 
 
 def open_env(path: str | os.PathLike) -> lmdb.Environment:
@@ -230,14 +240,25 @@ class LmdbShardReader(ShardReader):
         try:
             # buffers=True: values are views into the map, copied exactly once below.
             with shard.env.begin(buffers=True) as txn:
+                crcs = self._stored_crcs(txn, index, where) if self.record_crc else None
                 for name, field in selected.items():
                     value = txn.get(sample_key(index, name))
                     if value is None:
                         raise StoreError(f"{where}: field {name!r} is missing (key {sample_key(index, name)!r})")
-                    if field.kind == "bytes":
-                        sample[name] = bytes(value)
-                    else:
-                        sample[name] = array_from_bytes(value, name, field, where)
+                    raw = bytes(value) if field.kind == "bytes" else value  # bytes: the one copy out of the map
+                    if crcs is not None:
+                        check_record(raw, crcs[self.crc_column[name]], where, name)
+                    sample[name] = raw if field.kind == "bytes" else array_from_bytes(value, name, field, where)
         except lmdb.Error as exc:
             raise StoreError(f"{where}: LMDB read failed ({exc})") from exc
         return sample
+
+    def _stored_crcs(self, txn: lmdb.Transaction, index: int, where: str):
+        """The CRC32C of each field of local sample ``index``, as written (fields in ``crc_order``)."""
+        stored = txn.get(crc_key(index))
+        if stored is None or len(stored) != CRC_DTYPE.itemsize * len(self.fields):
+            raise StoreError(
+                f"{where}: its record CRCs (key {crc_key(index)!r}) are "
+                f"{'missing' if stored is None else 'damaged'}, though the manifest says the dataset has them"
+            )
+        return np.frombuffer(stored, dtype=CRC_DTYPE)

@@ -1,0 +1,95 @@
+"""Per-record CRC32C of LMDB and HDF5 shards: computed by the writers, checked on every read.
+
+LMDB and HDF5 keep no checksum of what they store, so a record damaged on disk
+after conversion would otherwise reach the decoder, which often decodes damaged
+JPEG data into a damaged image without a word. Each field of each sample has
+the CRC32C (Castagnoli, hardware-accelerated by ``google-crc32c``) of its
+stored bytes: a ``bytes`` field's bytes, an array field's elements in C order,
+little-endian (:func:`~dali_pipes.stores._codec.array_to_bytes`). Where the CRCs
+live is the format's business (see :mod:`dali_pipes.stores.lmdb` and
+:mod:`dali_pipes.stores.hdf5`); the manifest's ``checksums`` says whether a
+dataset has them (:data:`RECORD_CRC32C`).
+
+:func:`check_record` is the one check every reader makes per field read.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Iterable, Mapping, Union
+
+import google_crc32c
+import numpy as np
+
+from dali_pipes.stores._codec import array_to_bytes
+from dali_pipes.stores.base import StoreError
+
+#: The manifest's ``checksums`` entry of a dataset whose records carry a CRC32C each.
+RECORD_CRC32C = "crc32c"
+#: The HDF5 dataset of the CRCs (a name no field may have, in any format).
+CRC_DATASET = "__crc32c__"
+#: The stored CRCs of one sample: one little-endian uint32 per field, fields in :func:`crc_order`.
+CRC_DTYPE = np.dtype("<u4")
+
+_LITTLE = sys.byteorder == "little"
+
+Stored = Union[bytes, bytearray, memoryview, np.ndarray]
+
+
+class RecordChecksumError(StoreError):
+    """A record whose bytes do not match the CRC32C written with it: damaged after conversion."""
+
+
+def _as_buffer(data: Stored) -> bytes | np.ndarray:
+    # google_crc32c takes bytes or a numpy array, not a memoryview: a uint8 view copies nothing.
+    if isinstance(data, (bytes, np.ndarray)):
+        return data
+    return np.frombuffer(data, dtype=np.uint8)
+
+
+def stored_bytes(value: Stored) -> bytes | np.ndarray:
+    """What a field's CRC is computed over: the bytes of a bytes field, an array's little-endian elements."""
+    if not isinstance(value, np.ndarray):
+        return _as_buffer(value)
+    if value.flags.c_contiguous and (value.dtype.byteorder in "<|" or (value.dtype.isnative and _LITTLE)):
+        return value  # already the stored bytes: no copy
+    return array_to_bytes(value)
+
+
+def crc32c(data: Stored) -> int:
+    """The CRC32C of ``data`` (see :func:`stored_bytes` for what an array contributes)."""
+    return google_crc32c.value(stored_bytes(data))
+
+
+def crc_order(fields: Iterable[str]) -> list[str]:
+    """The order of a sample's stored CRCs: the field names in the byte order of their UTF-8.
+
+    Not the manifest's order, which a JSON round trip with sorted keys (a merged
+    HDF5 file's manifest attribute) does not keep.
+    """
+    return sorted(fields, key=lambda name: name.encode("utf-8"))
+
+
+def crc_columns(fields: Iterable[str]) -> dict[str, int]:
+    """Each field's position in a sample's stored CRCs."""
+    return {name: i for i, name in enumerate(crc_order(fields))}
+
+
+def sample_crcs(values: Mapping[str, Stored]) -> np.ndarray:
+    """The CRCs of one sample's fields, as stored (in :func:`crc_order`)."""
+    return np.array([crc32c(values[name]) for name in crc_order(values)], dtype=CRC_DTYPE)
+
+
+def check_record(data: Stored, expected: int, where: str, field: str) -> None:
+    """Raise :class:`RecordChecksumError` unless ``data`` (one field's stored value) has CRC32C ``expected``.
+
+    ``where`` names the shard and record (``"SHARD: record 7"``); the store adds
+    the sample and what to do. ``data`` is what the format read: bytes, a view of
+    them, or the field's array.
+    """
+    actual = crc32c(data)
+    if actual != int(expected):
+        raise RecordChecksumError(
+            f"{where}: field {field!r} fails its record CRC32C check (stored {int(expected):08x}, read "
+            f"{actual:08x}): the shard was damaged after conversion"
+        )

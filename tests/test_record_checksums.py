@@ -1,0 +1,128 @@
+"""The CRC32C of every record of LMDB and HDF5 shards: written by the writers, checked on every read and by verify.
+
+Real shards written by the writers, damaged on disk in place (size unchanged)
+the way a bad disk or a stray write would: the store must refuse the damaged
+record, naming shard, record and sample, and never hand its bytes over.
+(The loader's side, with workers and DDP ranks, is in ``test_loader_faults.py``.)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import google_crc32c
+import h5py
+import lmdb
+import numpy as np
+import pytest
+
+from converters.merge import merge_hdf5
+from dali_pipes import StoreError, open_store
+from dali_pipes.manifest import ManifestError, load_manifest, parse_manifest
+from dali_pipes.stores._checksum import CRC_DATASET, RecordChecksumError
+from dali_pipes.stores.lmdb import crc_key
+from dali_pipes.verify import verify_dataset
+
+from loader_helpers import encode_jpeg, grey_level, scribble_image, shard_name, write_dataset
+
+FORMATS = ("lmdb", "hdf5")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_field_of_every_sample_has_its_crc_in_the_shard(tmp_path, fmt):
+    # What a user of plain lmdb / h5py finds, computed here independently of the writer.
+    path = write_dataset(tmp_path / "ds", 6, fmt=fmt, samples_per_shard=6)
+    shard = path / shard_name(fmt, 0)
+    manifest = load_manifest(path)
+    assert manifest.checksums == ("sha256", "crc32c")
+    assert sorted(manifest.fields) == ["image", "key", "label"]  # the CRCs' order: by name
+    if fmt == "lmdb":
+        with lmdb.open(str(shard), subdir=False, readonly=True, lock=False) as env, env.begin() as txn:
+            table = np.stack([np.frombuffer(txn.get(crc_key(i)), dtype="<u4") for i in range(6)])
+    else:
+        with h5py.File(shard, "r") as f:
+            table = f[CRC_DATASET][()]
+    for i in range(6):
+        label = np.array(i % 5, dtype="<i8").tobytes()
+        fields = (encode_jpeg(grey_level(i)), f"sample-{i}".encode(), label)  # image, key, label
+        expected = [google_crc32c.value(value) for value in fields]
+        assert table[i].tolist() == expected
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_record_damaged_in_place_is_refused_naming_shard_record_and_sample(tmp_path, fmt):
+    path = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=5)
+    scribble_image(path, fmt, shard=1, sample=7)
+    store = open_store(path)
+    with pytest.raises(StoreError) as raised:
+        store[7]
+    message = str(raised.value)
+    assert f"sample 7 (shard {shard_name(fmt, 1)}, record 2): " in message
+    assert "field 'image' fails its record CRC32C check" in message and "dali-pipes verify" in message
+    assert isinstance(raised.value.__cause__, RecordChecksumError)
+    # The other records, and the damaged record's other fields, still read: only what is read is checked.
+    assert store[6]["image"] == encode_jpeg(grey_level(6))
+    assert store.read(7, ["label", "key"])["key"] == b"sample-7"
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_verify_names_each_damaged_record(tmp_path, fmt):
+    path = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=5)
+    for sample in (5, 8):
+        scribble_image(path, fmt, shard=1, sample=sample)
+    report = verify_dataset(path, progress=False)
+    name = shard_name(fmt, 1)
+    assert report.problems[0] == f"shard {name}: SHA-256 does not match the manifest (the file was altered or damaged)"
+    assert [p.split(": ", 2)[1] for p in report.problems[1:]] == ["sample 5", "sample 8"]
+    for problem, record in zip(report.problems[1:], (0, 3)):
+        assert f"{name}: record {record}: field 'image' fails its record CRC32C check" in problem
+    assert report.samples_read == 10  # every record of the good shards and the 3 good ones of shard 1
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_a_dataset_without_record_crcs_still_loads_saying_so_once(tmp_path, fmt, caplog):
+    # A manifest written before the checksums entry existed: its shards are read unchecked.
+    path = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=5)
+    index = path / "index.json"
+    data = json.loads(index.read_text())
+    del data["checksums"]
+    index.write_text(json.dumps(data))
+    scribble_image(path, fmt, shard=1, sample=7)
+    with caplog.at_level(logging.WARNING, logger="dali_pipes"):
+        store = open_store(path)
+        samples = [store[i] for i in range(12)]
+        open_store(path).close()  # a second store of it (a loader, verify, the bench) says nothing more
+    assert load_manifest(path).checksums == ("sha256",)
+    warnings = [r.getMessage() for r in caplog.records if "CRC32C per record" in r.getMessage()]
+    assert len(warnings) == 1 and "convert it again" in warnings[0] and str(path) in warnings[0]
+    assert samples[7]["image"] != encode_jpeg(grey_level(7))  # unchecked: what the checksums now prevent
+    assert samples[6]["image"] == encode_jpeg(grey_level(6))
+
+
+def test_the_manifest_says_which_checksums_a_dataset_has(tmp_path):
+    path = write_dataset(tmp_path / "ds", 3, fmt="lmdb")
+    data = json.loads((path / "index.json").read_text())
+    assert data["checksums"] == ["sha256", "crc32c"]
+    del data["checksums"]
+    assert parse_manifest(data).checksums == ("sha256",)
+    assert parse_manifest({**data, "format": "tfrecord"}).checksums == ("sha256", "crc32c")  # the format's own
+    with pytest.raises(ManifestError, match="unknown checksum 'md5'"):
+        parse_manifest({**data, "checksums": ["sha256", "md5"]})
+
+
+@pytest.mark.parametrize("virtual", [False, True])
+def test_a_merged_file_keeps_the_record_crcs(tmp_path, virtual):
+    path = write_dataset(tmp_path / "ds", 12, fmt="hdf5", samples_per_shard=5)
+    merged = merge_hdf5(path, tmp_path / "merged.h5", virtual=virtual)
+    assert open_store(merged)[7]["image"] == encode_jpeg(grey_level(7))
+    if virtual:
+        scribble_image(path, "hdf5", shard=1, sample=7)  # the virtual file reads the shard's bytes
+    else:
+        raw = bytearray(merged.read_bytes())
+        jpeg = encode_jpeg(grey_level(7))
+        at = raw.find(jpeg)
+        raw[at + len(jpeg) // 2] ^= 0xFF
+        merged.write_bytes(bytes(raw))
+    with pytest.raises(StoreError, match=r"sample 7 \(shard merged\.h5, record 7\): .*fails its record CRC32C"):
+        open_store(merged)[7]
