@@ -106,6 +106,10 @@ class ListFileSource(Source):
     def items(self) -> list[Item]:
         """One item per line, in file order. ``Item.size`` is the file size (0 for a missing file, reported by ``load``)."""
         entries = self._parsed()
+        # Decided here, in the parent, so that a shard task (which never gets the entries) knows it.
+        self._labelled = entries[0].label is not None
+        # The items carry what the workers need; the parsed entries would only double the parent's memory.
+        self._entries = None
         items = []
         missing = 0
         for entry in entries:
