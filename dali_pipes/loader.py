@@ -395,7 +395,8 @@ class DALILoader:
     def _start_dali_epoch(self, epoch: int, start: int) -> None:
         # Publish first: resetting the iterator is what makes DALI schedule the new epoch's samples.
         self._dali_epoch += 1
-        self._control.publish(self._dali_epoch, epoch, start)
+        # With this rank's order for the epoch, computed once here rather than in every worker.
+        self._control.publish(self._dali_epoch, epoch, start, plan=self._source.indices(epoch, start))
         if self._dali_epoch > 0:
             current = self._pass
             try:
