@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 import numpy as np
 
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
+from dali_pipes.batch_source import BatchStoreSource
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.stores import Store, StoreError, open_store
@@ -104,7 +105,10 @@ class DALILoader:
     (``"fork"``, or ``"spawn"``; by default fork unless this process has already
     initialised CUDA, which must not be forked). ``settings`` is a file written by
     ``dali-pipes tune``: its thread, worker and prefetch counts fill in the
-    arguments left unset, and its decoder hints go to the spec.
+    arguments left unset, and its decoder hints go to the spec. ``batch_reads``
+    (default) reads each batch with one call into the store, sorted and coalesced
+    per shard (:mod:`dali_pipes.batch_source`); ``False`` reads sample by sample,
+    the same samples in the same order.
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -130,6 +134,7 @@ class DALILoader:
         with_index: bool = False,
         py_start_method: str | None = None,
         settings: str | os.PathLike | None = None,
+        batch_reads: bool = True,
     ) -> None:
         if settings is not None:
             # A file saved by `dali-pipes tune`: its values fill in what the caller left unset.
@@ -171,7 +176,9 @@ class DALILoader:
         self._fields = fields
         self._prefetch = int(prefetch)
         self._control = EpochControl()
-        self._source = StoreSource(
+        # One Python call per batch (sorted, coalesced shard reads), or one per sample.
+        self._batch_reads = bool(batch_reads)
+        self._source = (BatchStoreSource if self._batch_reads else StoreSource)(
             self.store,
             fields,
             batch_size=self.batch_size,
@@ -234,7 +241,13 @@ class DALILoader:
 
         def define():
             nodes = fn.external_source(
-                source, num_outputs=len(dtypes), batch=False, dtype=dtypes, ndim=ndims, **parallel
+                source,
+                num_outputs=len(dtypes),
+                batch=self._batch_reads,
+                batch_info=self._batch_reads,
+                dtype=dtypes,
+                ndim=ndims,
+                **parallel,
             )
             outputs = dict(spec.build(dict(zip(fields, nodes[: len(fields)])), device=device))
             clash = [name for name in RESERVED_OUTPUTS if name in outputs]

@@ -44,7 +44,7 @@ import h5py
 import numpy as np
 
 from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 
 LAYOUT = "dali-pipes-hdf5"
 LAYOUT_VERSION = 1
@@ -52,6 +52,9 @@ LAYOUT_VERSION = 1
 LIBVER = ("v110", "v110")
 #: Target size of one chunk of a fixed array dataset.
 CHUNK_BYTES = 64 << 10
+#: A batch read of a fixed field reads the whole span of its rows when the span is at most
+#: this many times the rows asked for (one hyperslab), else only those rows (a point selection).
+DENSE_SPAN = 8
 #: The attribute of a merged file that holds the dataset's manifest JSON.
 MANIFEST_ATTR = "manifest"
 
@@ -271,12 +274,53 @@ class Hdf5ShardReader(ShardReader):
             ds = self._dataset(name, field)
             try:
                 if is_ragged(field):
-                    start, stop = self._h_offsets[name][index : index + 2]
-                    value = ds[start:stop]
-                    sample[name] = value.tobytes() if field.kind == "bytes" else value
+                    sample[name] = self._ragged_record(ds, name, field, index)
                 else:
                     # A slice, not ds[index]: h5py returns a numpy scalar for ds[index] of a scalar field.
                     sample[name] = ds[index : index + 1].reshape(field.shape)
             except (OSError, ValueError) as exc:
                 raise StoreError(f"{self.path}: record {index}, field {name!r}: HDF5 read failed ({exc})") from exc
         return sample
+
+    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+        """The fields of the local samples ``indices`` (see :meth:`ShardReader.read_batch`).
+
+        A fixed array field is read with one HDF5 selection over the sorted,
+        distinct rows: the hyperslab spanning them when they are dense, else those
+        rows only; a ragged field reads each sample's byte range in file order.
+        """
+        selected = self._selected(fields)
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
+            raise IndexError(
+                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
+            )
+        self._ensure_open()
+        rows, inverse = np.unique(indices, return_inverse=True)
+        batch: BatchDict = {}
+        for name, field in selected.items():
+            ds = self._dataset(name, field)
+            try:
+                if is_ragged(field):
+                    values = [self._ragged_record(ds, name, field, int(row)) for row in rows]
+                    batch[name] = [values[k] for k in inverse.tolist()]
+                else:
+                    batch[name] = self._fixed_rows(ds, rows)[inverse].reshape(len(indices), *(field.shape or ()))
+            except (OSError, ValueError) as exc:
+                raise StoreError(
+                    f"{self.path}: records {rows.tolist()}, field {name!r}: HDF5 read failed ({exc})"
+                ) from exc
+        return batch
+
+    def _ragged_record(self, ds: h5py.Dataset, name: str, field: Field, row: int):
+        start, stop = self._h_offsets[name][row : row + 2]
+        value = ds[start:stop]
+        return value.tobytes() if field.kind == "bytes" else value
+
+    @staticmethod
+    def _fixed_rows(ds: h5py.Dataset, rows: np.ndarray) -> np.ndarray:
+        """The sorted distinct ``rows`` of a fixed field: one hyperslab when dense, a point selection otherwise."""
+        first, last = int(rows[0]), int(rows[-1])
+        if last - first + 1 <= DENSE_SPAN * len(rows):
+            return ds[first : last + 1][rows - first]
+        return ds[rows]

@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from typing import Iterable
 
 import lmdb
+import numpy as np
 
 from dali_pipes.stores._codec import array_from_bytes
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 
 #: Key of the sample-count record (sorts after every sample key).
 LEN_KEY = b"__len__"
@@ -234,10 +235,57 @@ class LmdbShardReader(ShardReader):
                     value = txn.get(sample_key(index, name))
                     if value is None:
                         raise StoreError(f"{where}: field {name!r} is missing (key {sample_key(index, name)!r})")
-                    if field.kind == "bytes":
-                        sample[name] = bytes(value)
-                    else:
-                        sample[name] = array_from_bytes(value, name, field, where)
+                    sample[name] = self._record_value(value, name, field, where)
         except lmdb.Error as exc:
             raise StoreError(f"{where}: LMDB read failed ({exc})") from exc
         return sample
+
+    @staticmethod
+    def _record_value(value: bytes | memoryview, name: str, field, where: str):
+        """One record's stored bytes -> the field's value (bytes, or its array), checked.
+
+        The one per-record decode of both :meth:`read` and :meth:`read_batch`: a
+        check of a record's bytes belongs here, so that both paths make it.
+        """
+        if field.kind == "bytes":
+            return bytes(value)
+        return array_from_bytes(value, name, field, where)
+
+    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+        """The fields of the local samples ``indices`` (see :meth:`ShardReader.read_batch`).
+
+        One transaction and one cursor: the distinct keys are fetched in key order
+        (``Cursor.getmulti``), each record decoded by :meth:`_record_value`.
+        """
+        selected = self._selected(fields)
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
+            raise IndexError(
+                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
+            )
+        self._ensure_open()
+        shard = self._h_shard
+        self._check_not_shrunk(shard, f"{self.path}: records {indices.tolist()}")
+        rows, inverse = np.unique(indices, return_inverse=True)
+        order = inverse.tolist()
+        batch: BatchDict = {}
+        try:
+            with shard.env.begin(buffers=True) as txn:
+                cursor = txn.cursor()
+                for name, field in selected.items():
+                    keys = [sample_key(row, name) for row in rows.tolist()]
+                    found = cursor.getmulti(keys)
+                    if len(found) != len(keys):
+                        have = {bytes(key) for key, _ in found}
+                        row = next(int(r) for r, key in zip(rows, keys) if key not in have)
+                        raise StoreError(
+                            f"{self.path}: record {row}: field {name!r} is missing (key {sample_key(row, name)!r})"
+                        )
+                    values = [
+                        self._record_value(value, name, field, f"{self.path}: record {row}")
+                        for row, (_, value) in zip(rows.tolist(), found)
+                    ]
+                    batch[name] = [values[k] for k in order]
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: records {rows.tolist()}: LMDB read failed ({exc})") from exc
+        return batch
