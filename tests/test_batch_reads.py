@@ -41,6 +41,9 @@ def test_store_batch_read_equals_sample_reads(datasets, fmt, kind):
                     assert got == value
                 else:
                     assert got.dtype == value.dtype and np.array_equal(got, value)
+    if fmt == "hdf5":  # the fixed fields were gathered from the mapped file, not through h5py
+        maps = store.shard_readers[0]._h_maps
+        assert maps["label"] is not None and (kind == "images" or maps["features"] is not None)
     store.close()
 
 
@@ -117,3 +120,30 @@ def test_a_damaged_shard_fails_the_batch_loader_naming_shard_and_sample(tmp_path
         assert "sample 1" in str(info.value)  # samples 10-14 live in shard 2
     finally:
         loader.close()
+
+
+@pytest.mark.parametrize("compression", [None, "gzip"])
+def test_hdf5_rows_by_span_points_or_map_equal_numpy(tmp_path, compression):
+    import h5py
+
+    from dali_pipes.stores._h5map import map_rows
+    from dali_pipes.stores.hdf5 import Hdf5ShardReader
+
+    data = np.arange(50_000 * 3, dtype=np.float32).reshape(50_000, 3)
+    path = tmp_path / "rows.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("x", data=data, chunks=(1000, 3), compression=compression)
+    with h5py.File(path, "r") as f:
+        ds = f["x"]
+        mapped = map_rows(path, ds)
+        assert (mapped is None) == (compression is not None)  # compressed chunks are not plain bytes
+        for rows in (
+            np.arange(10, 900, 7),
+            np.unique(np.random.default_rng(0).integers(0, 50_000, 300)),
+            np.array([49_999]),
+        ):
+            assert np.array_equal(Hdf5ShardReader._fixed_rows(ds, rows), data[rows])  # spans, one row, points
+            if mapped is not None:
+                assert np.array_equal(mapped.take(rows), data[rows])
+        if mapped is not None:
+            mapped.close()

@@ -21,6 +21,7 @@ manifest). Nothing is pickled. A user can read a shard with plain ``lmdb``
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from typing import Iterable
 import lmdb
 import numpy as np
 
-from dali_pipes.stores._codec import array_from_bytes
+from dali_pipes.stores._codec import array_from_bytes, little_endian
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 
 #: Key of the sample-count record (sorts after every sample key).
@@ -241,15 +242,34 @@ class LmdbShardReader(ShardReader):
         return sample
 
     @staticmethod
-    def _record_value(value: bytes | memoryview, name: str, field, where: str):
-        """One record's stored bytes -> the field's value (bytes, or its array), checked.
+    def _record_payload(value: bytes | memoryview, name: str, where: str) -> bytes | memoryview:
+        """One record's stored bytes -> the field's bytes: the per-record step every read takes.
 
-        The one per-record decode of both :meth:`read` and :meth:`read_batch`: a
-        check of a record's bytes belongs here, so that both paths make it.
+        Both :meth:`read` and :meth:`read_batch` pass each record through here
+        before decoding it, so a check of a record's bytes belongs here. Records
+        hold the field's bytes as they are, so there is nothing to strip.
         """
+        return value
+
+    def _record_value(self, value: bytes | memoryview, name: str, field, where: str):
+        """One record's stored bytes -> the field's value (bytes, or its array), checked."""
+        payload = self._record_payload(value, name, where)
         if field.kind == "bytes":
-            return bytes(value)
-        return array_from_bytes(value, name, field, where)
+            return bytes(payload)
+        return array_from_bytes(payload, name, field, where)
+
+    def _fixed_values(self, rows: list[int], found: list, name: str, field) -> np.ndarray:
+        """The records of a fixed-shape array field as one ``(len(rows), *shape)`` array, one decode for all."""
+        dtype = np.dtype(field.dtype)
+        size = dtype.itemsize * math.prod(field.shape or ())
+        payloads = []
+        for row, (_, value) in zip(rows, found):
+            payload = self._record_payload(value, name, f"{self.path}: record {row}")
+            if len(payload) != size:  # the one-record decode names what is wrong with it
+                array_from_bytes(payload, name, field, f"{self.path}: record {row}")
+            payloads.append(payload)
+        flat = np.frombuffer(b"".join(payloads), dtype=little_endian(dtype))
+        return flat.astype(dtype).reshape(len(rows), *(field.shape or ()))
 
     def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
         """The fields of the local samples ``indices`` (see :meth:`ShardReader.read_batch`).
@@ -281,6 +301,9 @@ class LmdbShardReader(ShardReader):
                         raise StoreError(
                             f"{self.path}: record {row}: field {name!r} is missing (key {sample_key(row, name)!r})"
                         )
+                    if field.kind == "array" and not field.variable_length:
+                        batch[name] = self._fixed_values(rows.tolist(), found, name, field)[inverse]
+                        continue
                     values = [
                         self._record_value(value, name, field, f"{self.path}: record {row}")
                         for row, (_, value) in zip(rows.tolist(), found)
