@@ -4,7 +4,8 @@ For every converter source, the task the runner sends for one 10-sample shard is
 pickled from a small input and from one 10x larger; the two must be the same size
 within a few bytes (the shard's own items differ only in their names), and running
 the task must not read more bytes from the larger input (counted by the kernel in
-``/proc/self/io``): before, every list-file task re-read and parsed the whole list.
+``/proc/self/io``) nor allocate more memory (``tracemalloc``'s peak): before, every
+list-file task re-read and parsed the whole list.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import tracemalloc
 from pathlib import Path
 
 import numpy as np
@@ -96,19 +98,24 @@ def _bytes_read() -> int:
 @pytest.mark.parametrize("kind", sorted(SOURCES))
 def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, imagenet_mini, kind):
     photo = _photo(imagenet_mini)
-    sizes, read = [], []
+    sizes, read, peaks = [], [], []
     for n in (SMALL, SMALL, LARGE):  # the first run warms imports and caches
         task, out = _first_task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo)
         sizes.append(len(task))
         args = pickle.loads(task)  # what a spawned worker gets
         before = _bytes_read()
+        tracemalloc.start()
         record = write_shard(*args)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
         read.append(_bytes_read() - before)
         assert record["num_samples"] == PER_SHARD and not record["errors"]
     # Identical shards of 10 items; only absolute paths (tmp folder names) may differ by a few bytes.
     assert abs(sizes[2] - sizes[1]) < 200, sizes
     # The larger input is 10x the smaller (a list file of ~40 KB more): a task reading it would show.
     assert read[2] - read[1] < 8_000, read
+    # Nor hold more memory: 360 more parsed lines or COCO entries would be well over 50 KB.
+    assert peaks[2] - peaks[1] < 50_000, peaks
 
 
 def test_a_list_shard_task_never_parses_the_list_file(tmp_path, imagenet_mini):

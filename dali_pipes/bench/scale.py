@@ -4,8 +4,11 @@ On synthetic data, for N = 10k, 100k, 1M, ... up to ``max_n``: a list file of N
 lines over 200 tiny JPEGs converted to LMDB (``convert list``), and an ``.npy``
 of N rows of 16 float32 converted to HDF5 and read with ``DALILoader`` +
 ``Features`` (batch 1024, CPU). Every step runs in a fresh child process, so its
-peak RSS (``ru_maxrss``) is its own: the parent of the conversion, its largest
-worker, the loader's process and its largest DALI worker. The last column is the
+peak RSS (``ru_maxrss``) is its own: the parent of the conversion, the loader's
+process. Its workers' peaks are sampled from ``/proc/PID/status`` (``VmHWM``)
+every 0.1 s while the step runs, not taken from ``RUSAGE_CHILDREN``: Linux
+charges a child started by fork and exec with its parent's RSS at the fork, so
+that figure says how big the parent was, not the worker. The last column is the
 growth factor of samples/s against the smallest N (1.0: flat).
 """
 
@@ -15,6 +18,7 @@ import logging
 import multiprocessing
 import os
 import resource
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,11 +68,68 @@ def _in_child(fn: Callable[..., float], *args: Any) -> tuple[float, float, float
 
 
 def _measured(queue, fn, args) -> None:
+    peaks = _DescendantPeaks()
     try:
         seconds = fn(*args)
-        queue.put((seconds, _peak_mb(resource.RUSAGE_SELF), _peak_mb(resource.RUSAGE_CHILDREN)))
+        peaks.stop()
+        queue.put((seconds, _peak_mb(resource.RUSAGE_SELF), peaks.largest_mb()))
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which raises
+        peaks.stop()
         queue.put(f"{type(exc).__name__}: {exc}")
+
+
+class _DescendantPeaks:
+    """Samples the peak RSS (``VmHWM``) of every descendant of this process every 0.1 s, in a thread."""
+
+    def __init__(self) -> None:
+        self._peaks: dict[int, int] = {}
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._done.wait(0.1):
+            for pid in _descendants(os.getpid()):
+                kb = _vm_hwm_kb(pid)
+                if kb is not None:
+                    self._peaks[pid] = max(kb, self._peaks.get(pid, 0))
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
+
+    def largest_mb(self) -> float:
+        return max(self._peaks.values(), default=0) / 1024
+
+
+def _descendants(root: int) -> list[int]:
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    # The command name may hold spaces; the fields after its closing parenthesis do not.
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        children = [child for child, parent in parents.items() if parent == pid]
+        found += children
+        todo += children
+    return found
+
+
+def _vm_hwm_kb(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
 
 
 def make_inputs(folder: Path, n: int) -> tuple[Path, Path]:
