@@ -6,7 +6,7 @@ of N rows of 16 float32 converted to HDF5 and read with ``DALILoader`` +
 ``Features`` (batch 1024, CPU). Every step runs in a fresh child process, so its
 peak RSS (``ru_maxrss``) is its own: the parent of the conversion, the loader's
 process. Its workers' peaks are sampled from ``/proc/PID/status`` (``VmHWM``)
-every 0.1 s while the step runs, not taken from ``RUSAGE_CHILDREN``: Linux
+every 0.1 s while the step runs (the last reading of each), not taken from ``RUSAGE_CHILDREN``: Linux
 charges a child started by fork and exec with its parent's RSS at the fork, so
 that figure says how big the parent was, not the worker. The last column is the
 growth factor of samples/s against the smallest N (1.0: flat).
@@ -79,7 +79,10 @@ def _measured(queue, fn, args) -> None:
 
 
 class _DescendantPeaks:
-    """Samples the peak RSS (``VmHWM``) of every descendant of this process every 0.1 s, in a thread."""
+    """Samples the peak RSS (``VmHWM``) of every descendant of this process every 0.1 s, in a thread.
+
+    A process that grows in its last 0.1 s is under-reported by that growth.
+    """
 
     def __init__(self) -> None:
         self._peaks: dict[int, int] = {}
@@ -92,7 +95,9 @@ class _DescendantPeaks:
             for pid in _descendants(os.getpid()):
                 kb = _vm_hwm_kb(pid)
                 if kb is not None:
-                    self._peaks[pid] = max(kb, self._peaks.get(pid, 0))
+                    # The latest reading, not the largest: caught between its fork and its exec, a
+                    # worker still shows the parent's memory; after the exec its own peak only grows.
+                    self._peaks[pid] = kb
 
     def stop(self) -> None:
         self._done.set()
@@ -226,7 +231,8 @@ def format_scale(rows: list[ScaleRow]) -> str:
     ]
     for r in rows:
         lines.append(
-            f"| {r.step} | {r.n:,} | {r.seconds:.1f} | {r.per_second:,.0f} | {r.rss_mb:.0f} / {r.child_rss_mb:.0f} "
+            f"| {r.step} | {r.n:,} | {r.seconds:.1f} | {r.per_second:,.0f} | {r.rss_mb:.0f} / "
+            f"{f'{r.child_rss_mb:.0f}' if r.child_rss_mb else '-'} "
             f"| {r.growth:.2f}x |"
         )
     return "\n".join(lines)
