@@ -19,7 +19,7 @@ import os
 
 import numpy as np
 
-__all__ = ["plan_path", "read_plan", "write_plan"]
+__all__ = ["plan_path", "read_plan", "remove_plan", "write_plan"]
 
 _HEADER = 2
 
