@@ -42,10 +42,12 @@ class SampleError(Exception):
         return (SampleError, (self.name, self.reason))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Item:
     """One planned input sample: a display ``name`` (a path or key), the ``size`` in
     bytes used to plan shard sizes, and whatever the source needs to load it (``data``).
+
+    Slotted: a conversion holds one per input sample in the parent process.
     """
 
     name: str

@@ -384,11 +384,7 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
                 results[plan.number] = record
             return
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
-        where = out.absolute()
-        tasks = [
-            (plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], where, on_error))
-            for plan in todo
-        ]
+        tasks = shard_tasks(source, fmt, items, todo, out.absolute(), on_error)
         try:
             for number, record in engine.run(tasks, bar.update):
                 results[number] = record
@@ -403,6 +399,21 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
             ) from exc
     finally:
         bar.close()
+
+
+def shard_tasks(
+    source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan], out: Path, on_error: str
+) -> list[tuple[int, Callable[..., dict[str, Any]], tuple[Any, ...]]]:
+    """One engine task per shard: its :func:`write_shard` call, carrying only that shard's items.
+
+    The source's fields are asked for first, in this process: a source that works
+    them out lazily (a list file's labels) then carries the answer into every task
+    instead of each task re-reading the whole input to find it.
+    """
+    source.fields()
+    return [
+        (plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], out, on_error)) for plan in plans
+    ]
 
 
 def write_shard(

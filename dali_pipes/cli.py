@@ -471,8 +471,20 @@ def _add_bench(commands) -> None:
         "bench",
         help="images/s of this package's loader against the DataLoader baselines, DALI's file reader and decode-only",
     )
-    p.add_argument("dataset", type=Path, help="a dataset folder written by 'dali-pipes convert'")
-    p.add_argument("--suite", choices=SUITES, default="main", help="which comparison (default: main)")
+    p.add_argument(
+        "dataset",
+        type=Path,
+        nargs="?",
+        help="a dataset folder written by 'dali-pipes convert' (--suite scale: the folder for its synthetic data)",
+    )
+    p.add_argument("--suite", choices=(*SUITES, "scale"), default="main", help="which comparison (default: main)")
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=1_000_000,
+        metavar="N",
+        help="--suite scale: the largest sample count (10k, 100k, 1M, 10M up to it; default 1M)",
+    )
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
     p.add_argument(
@@ -498,6 +510,22 @@ def _add_bench(commands) -> None:
     p.set_defaults(handler=_bench)
 
 
+def _bench_scale(args) -> int:
+    import tempfile
+
+    from dali_pipes.bench.scale import format_scale, run_scale, write_scale_json
+
+    if args.max_n < 1:
+        raise SystemExit(f"dali-pipes bench: --max-n must be at least 1, got {args.max_n}")
+    with contextlib.ExitStack() as stack:
+        folder = args.dataset or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dali-pipes-scale-")))
+        rows = run_scale(folder, max_n=args.max_n)
+    print(format_scale(rows))
+    if args.json is not None:
+        print(f"figures: {write_scale_json(rows, args.json)}")
+    return 0
+
+
 @contextlib.contextmanager
 def _quiet_loaders(args) -> Iterator[None]:
     # The benchmarks build dozens of loaders; one log line each would bury the table.
@@ -515,6 +543,10 @@ def _bench(args) -> int:
     from dali_pipes.bench.report import format_table, write_json, write_plot
     from dali_pipes.bench.suites import run_bench
 
+    if args.suite == "scale":
+        return _bench_scale(args)
+    if args.dataset is None:
+        raise SystemExit("dali-pipes bench: give the dataset folder to benchmark")
     with _quiet_loaders(args):
         report = run_bench(
             args.dataset,

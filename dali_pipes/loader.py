@@ -40,6 +40,7 @@ import numpy as np
 from dali_pipes import _lifetime
 from dali_pipes._start_method import check_spawn_safe, choose_start_method
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
+from dali_pipes.batch_source import BatchStoreSource
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.stores import Store, StoreError, open_store
@@ -108,7 +109,10 @@ class DALILoader:
     does that, so spawn is the default on a CUDA machine, and spawn needs the
     script's code under ``if __name__ == "__main__":``). ``settings`` is a file written by
     ``dali-pipes tune``: its thread, worker and prefetch counts fill in the
-    arguments left unset, and its decoder hints go to the spec.
+    arguments left unset, and its decoder hints go to the spec. ``batch_reads``
+    (default) reads each batch with one call into the store, sorted and coalesced
+    per shard (:mod:`dali_pipes.batch_source`); ``False`` reads sample by sample,
+    the same samples in the same order.
 
     ``stage_to`` copies the dataset to a local folder (a local disk, or a tmpfs such
     as ``/dev/shm/NAME``) before the first epoch and reads it there: one process
@@ -144,6 +148,7 @@ class DALILoader:
         stage_to: str | os.PathLike | None = None,
         cache: str | None = None,
         cache_bytes: int | None = None,
+        batch_reads: bool = True,
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         _lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
@@ -210,7 +215,9 @@ class DALILoader:
         self._fields = fields
         self._prefetch = int(prefetch)
         self._control = EpochControl()
-        self._source = StoreSource(
+        # One Python call per batch (sorted, coalesced shard reads), or one per sample.
+        self._batch_reads = bool(batch_reads)
+        self._source = (BatchStoreSource if self._batch_reads else StoreSource)(
             self.store,
             fields,
             batch_size=self.batch_size,
@@ -276,7 +283,13 @@ class DALILoader:
 
         def define():
             nodes = fn.external_source(
-                source, num_outputs=len(dtypes), batch=False, dtype=dtypes, ndim=ndims, **parallel
+                source,
+                num_outputs=len(dtypes),
+                batch=self._batch_reads,
+                batch_info=self._batch_reads,
+                dtype=dtypes,
+                ndim=ndims,
+                **parallel,
             )
             outputs = dict(spec.build(dict(zip(fields, nodes[: len(fields)])), device=device))
             clash = [name for name in RESERVED_OUTPUTS if name in outputs]
@@ -437,7 +450,8 @@ class DALILoader:
     def _start_dali_epoch(self, epoch: int, start: int) -> None:
         # Publish first: resetting the iterator is what makes DALI schedule the new epoch's samples.
         self._dali_epoch += 1
-        self._control.publish(self._dali_epoch, epoch, start)
+        # With this rank's order for the epoch, computed once here rather than in every worker.
+        self._control.publish(self._dali_epoch, epoch, start, plan=self._source.indices(epoch, start))
         if self._dali_epoch > 0:
             current = self._pass
             try:

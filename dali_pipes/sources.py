@@ -17,8 +17,10 @@ file in ``/dev/shm`` (memory-mapped by every process that uses it; a pickled
 control carries only the path) holding ``(dali_epoch, epoch, start,
 cancelled)``. The loader writes it *before* it resets the pipeline, and DALI
 schedules the tasks of a new ``epoch_idx`` only in that reset, so a worker always
-finds the plan of the epoch it is asked for. A worker computes its indices once
-per ``epoch_idx`` and caches them; per sample it only checks two integers.
+finds the plan of the epoch it is asked for. The loader computes this rank's
+order once per epoch and shares it in a file beside the control block
+(:mod:`dali_pipes.epoch_plan`); a worker maps it once per ``epoch_idx``, and per
+sample only checks two integers.
 
 ``cancelled`` ends an epoch early: a loader whose user stopped iterating
 mid-epoch sets it, every later sample raises ``StopIteration``, and the loader
@@ -35,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dali_pipes.epoch_plan import plan_path, read_plan, remove_plan, write_plan
 from dali_pipes.sampling import World, rank_indices
 from dali_pipes.stores import Store, StoreError
 
@@ -62,6 +65,7 @@ def _unlink(path: str, owner_pid: int) -> None:
     # A forked child inherits the owner object; only the creating process deletes the file.
     if os.getpid() != owner_pid:
         return
+    remove_plan(plan_path(path))
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -103,8 +107,17 @@ class EpochControl:
             self._pid = os.getpid()
         return self._view
 
-    def publish(self, dali_epoch: int, epoch: int, start: int) -> None:
-        """Announce that DALI epoch ``dali_epoch`` covers ``epoch`` from global sample ``start``."""
+    def publish(
+        self, dali_epoch: int, epoch: int, start: int, plan: tuple[np.ndarray, np.ndarray] | None = None
+    ) -> None:
+        """Announce that DALI epoch ``dali_epoch`` covers ``epoch`` from global sample ``start``.
+
+        ``plan``: this rank's ``(indices, is_pad)`` for it, written first to the
+        shared plan file (:mod:`dali_pipes.epoch_plan`) so that the workers map it
+        instead of each computing the epoch order again.
+        """
+        if plan is not None:
+            write_plan(plan_path(self.path), dali_epoch, *plan)
         values = self.values
         # The DALI epoch goes last: a worker that sees it also sees the rest.
         values[_EPOCH] = epoch
@@ -210,7 +223,11 @@ class StoreSource:
         if values[_DALI_EPOCH] != dali_epoch:
             # A task of an epoch the loader already left; DALI discards its result.
             raise StopIteration
-        self._indices, self._is_pad = self.indices(int(values[_EPOCH]), int(values[_START]))
+        # The loader's plan for this epoch when it wrote one; computed here only without a loader.
+        plan = read_plan(plan_path(self.control.path), dali_epoch)
+        if plan is None:
+            plan = self.indices(int(values[_EPOCH]), int(values[_START]))
+        self._indices, self._is_pad = plan
         self._dali_epoch = dali_epoch
 
     def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:

@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -106,6 +106,10 @@ class ListFileSource(Source):
     def items(self) -> list[Item]:
         """One item per line, in file order. ``Item.size`` is the file size (0 for a missing file, reported by ``load``)."""
         entries = self._parsed()
+        # Decided here, in the parent, so that a shard task (which never gets the entries) knows it.
+        self._labelled = entries[0].label is not None
+        # The items carry what the workers need; the parsed entries would only double the parent's memory.
+        self._entries = None
         items = []
         missing = 0
         for entry in entries:
@@ -157,42 +161,55 @@ def _layout(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return names
 
 
+def _rows(list_file: Path) -> Iterator[tuple[int, list[str]]]:
+    """``(line number, columns)`` of every entry line, streamed: the list is never held whole in memory."""
+    try:
+        with open(list_file, encoding="utf-8") as f:
+            for number, line in enumerate(f, start=1):
+                stripped = line.strip()
+                if stripped and not stripped.startswith("#"):
+                    yield number, stripped.split()
+    except UnicodeDecodeError as exc:
+        raise ConversionError(f"{list_file}: not UTF-8 text ({exc}); save the list as UTF-8") from None
+
+
 def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
     if not list_file.exists():
         raise ConversionError(f"{list_file}: no such list file; give a text file of 'KEY PATH [LABEL]' lines")
     if not list_file.is_file():
         raise ConversionError(f"{list_file}: not a file; the list source reads a text file of 'KEY PATH [LABEL]' lines")
-    try:
-        text = list_file.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise ConversionError(f"{list_file}: not UTF-8 text ({exc}); save the list as UTF-8") from None
 
-    rows: list[tuple[int, list[str]]] = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        stripped = line.strip()
-        if stripped and not stripped.startswith("#"):
-            rows.append((number, stripped.split()))
-    if not rows:
-        raise ConversionError(f"{list_file}: no entries (only blank or '#' lines); the list is empty")
-
-    width = len(rows[0][1])
-    for number, parts in rows:
-        if len(parts) != width:
+    # A first pass checks the columns and infers the layout; the second builds the entries.
+    first: int | None = None
+    width = 0
+    integer_line: int | None = None  # first line whose second column is an integer
+    other_line: int | None = None  # first line whose second column is not
+    for number, parts in _rows(list_file):
+        if first is None:
+            first, width = number, len(parts)
+        elif len(parts) != width:
             raise ConversionError(
-                f"{list_file}:{number}: {len(parts)} columns where line {rows[0][0]} has {width}; "
+                f"{list_file}:{number}: {len(parts)} columns where line {first} has {width}; "
                 "every line needs the same columns (either every line has a label or none does)"
             )
+        if width == 2:
+            if _INTEGER.match(parts[1]):
+                integer_line = integer_line or number
+            else:
+                other_line = other_line or number
+    if first is None:
+        raise ConversionError(f"{list_file}: no entries (only blank or '#' lines); the list is empty")
     if columns is None:
-        columns = _infer_layout(list_file, width, rows)
+        columns = _infer_layout(list_file, width, first, integer_line, other_line)
     elif len(columns) != width:
         raise ConversionError(
-            f"{list_file}:{rows[0][0]}: {width} columns, but the layout {' '.join(columns)!r} has {len(columns)}"
+            f"{list_file}:{first}: {width} columns, but the layout {' '.join(columns)!r} has {len(columns)}"
         )
 
     base = list_file.parent
     entries: list[_Entry] = []
     seen: dict[str, int] = {}
-    for number, parts in rows:
+    for number, parts in _rows(list_file):
         row = dict(zip(columns, parts))
         label = None
         if "label" in row:
@@ -208,22 +225,22 @@ def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
     return entries
 
 
-def _infer_layout(list_file: Path, width: int, rows: list[tuple[int, list[str]]]) -> tuple[str, ...]:
+def _infer_layout(
+    list_file: Path, width: int, first: int, integer_line: int | None, other_line: int | None
+) -> tuple[str, ...]:
     if width == 3:
         return LAYOUTS["key path label"]
     if width == 1:
         return LAYOUTS["path"]
     if width == 2:
-        integer = [n for n, parts in rows if _INTEGER.match(parts[1])]
-        if len(integer) == len(rows):
+        if other_line is None:
             return LAYOUTS["path label"]
-        if not integer:
+        if integer_line is None:
             return LAYOUTS["key path"]
-        other = next(n for n, parts in rows if not _INTEGER.match(parts[1]))
         raise ConversionError(
-            f"{list_file}:{other}: the second column is not an integer, but on line {integer[0]} it is, so the "
+            f"{list_file}:{other_line}: the second column is not an integer, but on line {integer_line} it is, so the "
             "list is neither all 'PATH LABEL' nor all 'KEY PATH'; fix the line, or say which: --columns 'key path' (columns= in Python)"
         )
     raise ConversionError(
-        f"{list_file}:{rows[0][0]}: {width} columns; a list line is 'KEY PATH [LABEL]' (paths cannot contain spaces)"
+        f"{list_file}:{first}: {width} columns; a list line is 'KEY PATH [LABEL]' (paths cannot contain spaces)"
     )

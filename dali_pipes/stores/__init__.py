@@ -10,11 +10,13 @@ import importlib
 import logging
 import os
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
 from dali_pipes.stores._checksum import RECORD_CRC32C
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
+from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
 
 logger = logging.getLogger(__name__)
 #: Datasets without record CRCs already reported in this process.
@@ -114,6 +116,40 @@ class Store:
                 f"{where}, record {local}): {exc}. Run 'dali-pipes verify {self.root}' and re-convert the damaged shard."
             ) from exc
 
+    def read_batch(self, indices: Sequence[int] | np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+        """The samples ``indices`` (global, in that order, repeats allowed), one call per shard touched.
+
+        Returns ``{field: values}``: for a fixed-shape array field one array
+        ``(len(indices), *shape)``, for any other field a list with one value per
+        index, each equal to what :meth:`read` returns for that sample. Each
+        shard's samples are read together, sorted and coalesced by its reader
+        (HDF5 hyperslabs, one LMDB cursor, TFRecord reads in file order). When a
+        shard's batch read fails, its samples are read again one by one, so the
+        error is :meth:`read`'s, naming the dataset, shard and sample.
+        """
+        names = tuple(
+            self.manifest.fields if fields is None else select_fields(self.manifest.fields, fields, str(self.root))
+        )
+        indices = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if len(indices) and (indices.min() < 0 or indices.max() >= len(self)):
+            bad = indices[(indices < 0) | (indices >= len(self))][0]
+            raise IndexError(f"sample index {bad} is out of range for a dataset of {len(self)} samples")
+        starts = np.asarray(self.manifest.shard_offsets, dtype=np.int64)
+        shard_of = np.searchsorted(starts, indices, side="right") - 1
+        by_shard = np.argsort(shard_of, kind="stable")
+        cuts = np.flatnonzero(np.diff(shard_of[by_shard])) + 1
+        parts = []
+        for positions in np.split(by_shard, cuts) if len(indices) else ():
+            shard_no = int(shard_of[positions[0]])
+            try:
+                values = self._shards[shard_no].read_batch(indices[positions] - starts[shard_no], names)
+            except Exception:
+                for index in indices[positions]:  # the first sample that fails raises read()'s message
+                    self.read(int(index), names)
+                raise  # every sample reads on its own: the batch read itself failed
+            parts.append((positions, values))
+        return _gather(names, self.manifest.fields, len(indices), parts)
+
     def __iter__(self) -> Iterator[SampleDict]:
         for i in range(len(self)):
             yield self[i]
@@ -135,6 +171,25 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r}, format={self.manifest.format}, samples={len(self)})"
+
+
+def _gather(names, fields, count: int, parts) -> BatchDict:
+    """Put each shard's values back at their positions in the batch: one array per fixed field, else a list."""
+    out: BatchDict = {}
+    for name in names:
+        field = fields[name]
+        if field.kind == "array" and not field.variable_length:
+            stacked = np.empty((count, *(field.shape or ())), dtype=field.dtype)
+            for positions, values in parts:
+                stacked[positions] = values[name] if isinstance(values[name], np.ndarray) else np.stack(values[name])
+            out[name] = stacked
+        else:
+            gathered: list = [None] * count
+            for positions, values in parts:
+                for position, value in zip(positions.tolist(), values[name]):
+                    gathered[position] = value
+            out[name] = gathered
+    return out
 
 
 def open_store(path: str | os.PathLike) -> Store:

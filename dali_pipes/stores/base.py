@@ -14,6 +14,8 @@ from dali_pipes.manifest import Field
 
 #: What ``store[i]`` returns: field name -> ``bytes`` (bytes fields) or a numpy array.
 SampleDict = dict[str, Union[bytes, np.ndarray]]
+#: What a batch read returns: field name -> one value per sample, or one stacked array of them.
+BatchDict = dict[str, Union[list, np.ndarray]]
 
 
 class StoreError(Exception):
@@ -118,6 +120,19 @@ class ShardReader(ABC):
         TFRecord read still checks the whole record's CRC). An unknown name
         raises ``ValueError`` (see :func:`select_fields`).
         """
+
+    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+        """The fields of the local samples ``indices`` (in that order, repeats allowed), in one call.
+
+        Returns ``{field: values}``, each ``values`` either a list with one value
+        per index (as :meth:`read` gives it) or, for a fixed-shape array field, one
+        array ``(len(indices), *shape)``. The values are those of :meth:`read`,
+        sample for sample; formats override this with sorted, coalesced reads.
+        This default reads one sample at a time.
+        """
+        selected = tuple(self._selected(fields))
+        samples = [self.read(int(i), selected) for i in indices]
+        return {name: [sample[name] for sample in samples] for name in selected}
 
     def _selected(self, fields: Iterable[str] | None) -> Mapping[str, Field]:
         """The fields a read asks for (see :func:`select_fields`)."""

@@ -24,6 +24,7 @@ Nothing is pickled. A user can read a shard with plain ``lmdb``
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -33,8 +34,8 @@ import lmdb
 import numpy as np
 
 from dali_pipes.stores._checksum import CRC_DTYPE, check_record
-from dali_pipes.stores._codec import array_from_bytes
-from dali_pipes.stores.base import SampleDict, ShardReader, StoreError
+from dali_pipes.stores._codec import array_from_bytes, little_endian
+from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 
 #: Key of the sample-count record (sorts after every sample key).
 LEN_KEY = b"__len__"
@@ -245,20 +246,104 @@ class LmdbShardReader(ShardReader):
                     value = txn.get(sample_key(index, name))
                     if value is None:
                         raise StoreError(f"{where}: field {name!r} is missing (key {sample_key(index, name)!r})")
-                    raw = bytes(value) if field.kind == "bytes" else value  # bytes: the one copy out of the map
-                    if crcs is not None:
-                        check_record(raw, crcs[self.crc_column[name]], where, name)
-                    sample[name] = raw if field.kind == "bytes" else array_from_bytes(value, name, field, where)
+                    crc = None if crcs is None else crcs[self.crc_column[name]]
+                    sample[name] = self._record_value(value, name, field, where, crc)
         except lmdb.Error as exc:
             raise StoreError(f"{where}: LMDB read failed ({exc})") from exc
         return sample
 
-    def _stored_crcs(self, txn: lmdb.Transaction, index: int, where: str):
+    def _stored_crcs(self, txn: lmdb.Transaction, index: int, where: str) -> np.ndarray:
         """The CRC32C of each field of local sample ``index``, as written (fields in ``crc_order``)."""
-        stored = txn.get(crc_key(index))
+        return self._parse_crcs(txn.get(crc_key(index)), index, where)
+
+    def _parse_crcs(self, stored: bytes | memoryview | None, index: int, where: str) -> np.ndarray:
         if stored is None or len(stored) != CRC_DTYPE.itemsize * len(self.fields):
             raise StoreError(
                 f"{where}: its record CRCs (key {crc_key(index)!r}) are "
                 f"{'missing' if stored is None else 'damaged'}, though the manifest says the dataset has them"
             )
-        return np.frombuffer(stored, dtype=CRC_DTYPE)
+        return np.frombuffer(stored, dtype=CRC_DTYPE).copy()  # a copy: the map's buffer ends with the txn
+
+    def _batch_crcs(self, cursor: lmdb.Cursor, rows: list[int]) -> np.ndarray | None:
+        """The stored CRCs of local samples ``rows`` (sorted), one row each; None for a dataset without them."""
+        if not self.record_crc:
+            return None
+        found = {bytes(key): value for key, value in cursor.getmulti([crc_key(row) for row in rows])}
+        return np.stack([self._parse_crcs(found.get(crc_key(row)), row, f"{self.path}: record {row}") for row in rows])
+
+    def _record_value(self, value: bytes | memoryview, name: str, field, where: str, crc=None):
+        """One record's stored bytes -> the field's value (bytes, or its array), checked against ``crc``.
+
+        Both :meth:`read` and :meth:`read_batch` pass each record through here
+        (fixed-shape arrays in a batch through :meth:`_fixed_values`).
+        """
+        raw = bytes(value) if field.kind == "bytes" else value  # bytes: the one copy out of the map
+        if crc is not None:
+            check_record(raw, crc, where, name)
+        if field.kind == "bytes":
+            return raw
+        return array_from_bytes(raw, name, field, where)
+
+    def _fixed_values(self, rows: list[int], found: list, name: str, field, crcs: np.ndarray | None) -> np.ndarray:
+        """The records of a fixed-shape array field as one ``(len(rows), *shape)`` array, one decode for all."""
+        dtype = np.dtype(field.dtype)
+        size = dtype.itemsize * math.prod(field.shape or ())
+        payloads = []
+        for k, (row, (_, value)) in enumerate(zip(rows, found)):
+            where = f"{self.path}: record {row}"
+            if crcs is not None:
+                check_record(value, crcs[k, self.crc_column[name]], where, name)
+            if len(value) != size:  # the one-record decode names what is wrong with it
+                array_from_bytes(value, name, field, where)
+            payloads.append(value)
+        flat = np.frombuffer(b"".join(payloads), dtype=little_endian(dtype))
+        return flat.astype(dtype).reshape(len(rows), *(field.shape or ()))
+
+    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+        """The fields of the local samples ``indices`` (see :meth:`ShardReader.read_batch`).
+
+        One transaction and one cursor: the distinct keys are fetched in key order
+        (``Cursor.getmulti``), each record checked against its CRC and decoded.
+        """
+        selected = self._selected(fields)
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
+            raise IndexError(
+                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
+            )
+        self._ensure_open()
+        shard = self._h_shard
+        self._check_not_shrunk(shard, f"{self.path}: records {indices.tolist()}")
+        rows, inverse = np.unique(indices, return_inverse=True)
+        rows_list, order = rows.tolist(), inverse.tolist()
+        batch: BatchDict = {}
+        try:
+            with shard.env.begin(buffers=True) as txn:
+                cursor = txn.cursor()
+                crcs = self._batch_crcs(cursor, rows_list)
+                for name, field in selected.items():
+                    keys = [sample_key(row, name) for row in rows_list]
+                    found = cursor.getmulti(keys)
+                    if len(found) != len(keys):
+                        have = {bytes(key) for key, _ in found}
+                        row = next(r for r, key in zip(rows_list, keys) if key not in have)
+                        raise StoreError(
+                            f"{self.path}: record {row}: field {name!r} is missing (key {sample_key(row, name)!r})"
+                        )
+                    if field.kind == "array" and not field.variable_length:
+                        batch[name] = self._fixed_values(rows_list, found, name, field, crcs)[inverse]
+                        continue
+                    values = [
+                        self._record_value(
+                            value,
+                            name,
+                            field,
+                            f"{self.path}: record {row}",
+                            None if crcs is None else crcs[k, self.crc_column[name]],
+                        )
+                        for k, (row, (_, value)) in enumerate(zip(rows_list, found))
+                    ]
+                    batch[name] = [values[k] for k in order]
+        except lmdb.Error as exc:
+            raise StoreError(f"{self.path}: records {rows_list}: LMDB read failed ({exc})") from exc
+        return batch

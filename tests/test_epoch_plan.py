@@ -1,0 +1,107 @@
+"""The epoch order is computed once per rank per epoch by the loader and shared with DALI's workers."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from dali_pipes import open_store
+from dali_pipes.epoch_plan import plan_path, read_plan, write_plan
+from dali_pipes.sampling import World, rank_indices
+from dali_pipes.sources import EpochControl, StoreSource
+
+from loader_helpers import write_dataset
+
+N = 23
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("plan") / "ds", N, fields="arrays", samples_per_shard=5)
+
+
+def _source(store, control, world=World(0, 1)):
+    return StoreSource(
+        store, ("label",), batch_size=4, world=world, seed=7, shuffle=True, last_batch="pad", control=control
+    )
+
+
+def _indices_in_child(source, queue):
+    out, i = [], 0
+    while True:
+        try:
+            sample = source(type("Info", (), {"idx_in_epoch": i, "epoch_idx": 0})())
+        except StopIteration:
+            break
+        out.append(int(sample[-1]))
+        i += 1
+    queue.put(out)
+
+
+@pytest.mark.parametrize("method", ["fork", "spawn"])
+def test_a_worker_reads_the_published_plan_instead_of_computing_one(dataset, method):
+    store = open_store(dataset)
+    control = EpochControl()
+    source = _source(store, control)
+    # A plan no sampling function would give: the worker must follow it, so it did not compute its own.
+    foreign = np.arange(N + 1, dtype=np.int64)[::-1] % N
+    control.publish(0, epoch=0, start=0, plan=(foreign, np.zeros(N + 1, dtype=bool)))
+    ctx = multiprocessing.get_context(method)
+    queue = ctx.Queue()
+    child = ctx.Process(target=_indices_in_child, args=(pickle.loads(pickle.dumps(source)), queue))
+    child.start()
+    got = queue.get(timeout=60)
+    child.join(60)
+    assert got == foreign.tolist()
+    control.close()
+    assert not os.path.exists(plan_path(control.path))
+
+
+def test_a_stale_plan_is_ignored_and_the_order_computed(dataset):
+    store = open_store(dataset)
+    control = EpochControl()
+    source = _source(store, control, World(1, 2))
+    write_plan(plan_path(control.path), 0, np.zeros(4, dtype=np.int64), np.zeros(4, dtype=bool))
+    control.publish(1, epoch=3, start=2)  # no plan for DALI epoch 1: the file holds epoch 0's
+    expected = source.indices(3, 2)[0]
+    got = [int(source(type("Info", (), {"idx_in_epoch": i, "epoch_idx": 1})())[-1]) for i in range(len(expected))]
+    assert got == expected.tolist()
+    assert read_plan(plan_path(control.path), 1) is None
+    control.close()
+
+
+@pytest.mark.parametrize("world", [World(0, 1), World(1, 2)])
+def test_the_loader_publishes_exactly_the_sampling_order(dataset, world):
+    from dali_pipes import DALILoader
+    from dali_pipes.pipelines import Features
+
+    loader = DALILoader(
+        dataset,
+        Features(fields=("label",)),
+        batch_size=4,
+        seed=7,
+        device="cpu",
+        rank=world.rank,
+        world_size=world.world_size,
+        py_num_workers=1,
+        with_index=True,
+    )
+    try:
+        for epoch, start in ((0, 0), (2, 0), (2, 8)):
+            if start:
+                loader.load_state_dict({**loader.state_dict(), "epoch": epoch, "samples_consumed": start})
+            else:
+                loader.set_epoch(epoch)
+            seen = np.concatenate([batch["index"].numpy() for batch in loader])
+            expected, expected_pad = rank_indices(N, 4, world.rank, world.world_size, epoch, 7, start=start)
+            assert seen.tolist() == expected.tolist()
+            plan = read_plan(plan_path(loader._control.path), loader._dali_epoch)
+            assert plan is not None
+            assert plan[0][: len(expected)].tolist() == expected.tolist()
+            assert plan[1][: len(expected)].tolist() == expected_pad.tolist()
+    finally:
+        loader.close()

@@ -1,0 +1,129 @@
+"""A shard task carries its own slice of the input only: its size and start-up work do not grow with N.
+
+For every converter source, the task the runner sends for one 10-sample shard is
+pickled from a small input and from one 10x larger; the two must be the same size
+within a few bytes (the shard's own items differ only in their names), and running
+the task must not read more bytes from the larger input (counted by the kernel in
+``/proc/self/io``) nor allocate more memory (``tracemalloc``'s peak): before, every
+list-file task re-read and parsed the whole list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from converters.planner import plan_shards
+from converters.runner import JOB_DIR, shard_tasks, write_shard
+from converters.sources.arrays import ArraysSource
+from converters.sources.coco import CocoSource
+from converters.sources.imagefolder import ImageFolderSource
+from converters.sources.listfile import ListFileSource
+
+PER_SHARD = 10
+SMALL, LARGE = 40, 400
+
+
+def _photo(imagenet_mini: Path) -> Path:
+    return sorted(p for p in imagenet_mini.glob("*/*") if p.suffix.lower() in (".jpg", ".jpeg"))[0]
+
+
+def _list_source(root: Path, n: int, photo: Path) -> ListFileSource:
+    (root / "photo.jpg").symlink_to(photo)
+    # Long keys, so that re-reading the larger list would show well above the noise.
+    (root / "list.txt").write_text("".join(f"key{i:0100d} photo.jpg {i % 7}\n" for i in range(n)))
+    return ListFileSource(root / "list.txt")
+
+
+def _arrays_source(root: Path, n: int, photo: Path) -> ArraysSource:
+    np.save(root / "feats.npy", np.arange(n * 16, dtype=np.float32).reshape(n, 16))
+    return ArraysSource([root / "feats.npy"])
+
+
+def _imagefolder_source(root: Path, n: int, photo: Path) -> ImageFolderSource:
+    for i in range(n):
+        folder = root / "images" / f"class{i % 3}"
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"img{i:06d}.jpg").symlink_to(photo)
+    return ImageFolderSource(root / "images")
+
+
+def _coco_source(root: Path, n: int, photo: Path) -> CocoSource:
+    (root / "images").mkdir()
+    images, annotations = [], []
+    for i in range(n):
+        (root / "images" / f"{i:06d}.jpg").symlink_to(photo)
+        images.append({"id": i + 1, "file_name": f"{i:06d}.jpg", "height": 10, "width": 10})
+        annotations.append({"id": i + 1, "image_id": i + 1, "category_id": 1, "bbox": [1, 1, 2, 2], "iscrowd": 0})
+    categories = [{"id": 1, "name": "thing"}]
+    (root / "instances.json").write_text(
+        json.dumps({"images": images, "annotations": annotations, "categories": categories})
+    )
+    return CocoSource(root / "images", root / "instances.json")
+
+
+SOURCES = {
+    "list": _list_source,
+    "arrays": _arrays_source,
+    "imagefolder": _imagefolder_source,
+    "coco": _coco_source,
+}
+
+
+def _first_task(make, root: Path, n: int, photo: Path) -> tuple[bytes, Path]:
+    root.mkdir()
+    source = make(root, n, photo)
+    items = source.items()
+    plans = plan_shards(items, samples_per_shard=PER_SHARD)
+    out = root / "out"
+    (out / JOB_DIR).mkdir(parents=True)
+    _, _, args = shard_tasks(source, "lmdb", items, plans[:1], out, "fail")[0]
+    return pickle.dumps(args), out
+
+
+def _bytes_read() -> int:
+    """Bytes this process has read through read() and pread() calls so far (memory maps not included)."""
+    for line in Path("/proc/self/io").read_text().splitlines():
+        if line.startswith("rchar:"):
+            return int(line.split()[1])
+    raise AssertionError("no rchar in /proc/self/io")
+
+
+@pytest.mark.parametrize("kind", sorted(SOURCES))
+def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, imagenet_mini, kind):
+    photo = _photo(imagenet_mini)
+    sizes, read, peaks = [], [], []
+    for n in (SMALL, SMALL, LARGE):  # the first run warms imports and caches
+        task, out = _first_task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo)
+        sizes.append(len(task))
+        args = pickle.loads(task)  # what a spawned worker gets
+        before = _bytes_read()
+        tracemalloc.start()
+        record = write_shard(*args)
+        peaks.append(tracemalloc.get_traced_memory()[1])
+        tracemalloc.stop()
+        read.append(_bytes_read() - before)
+        assert record["num_samples"] == PER_SHARD and not record["errors"]
+    # Identical shards of 10 items; only absolute paths (tmp folder names) may differ by a few bytes.
+    assert abs(sizes[2] - sizes[1]) < 200, sizes
+    # The larger input is 10x the smaller (a list file of ~40 KB more): a task reading it would show.
+    assert read[2] - read[1] < 8_000, read
+    # Nor hold more memory: 360 more parsed lines or COCO entries would be well over 50 KB.
+    assert peaks[2] - peaks[1] < 50_000, peaks
+
+
+def test_a_list_shard_task_never_parses_the_list_file(tmp_path, imagenet_mini):
+    # The cause of the per-shard cost: each task re-parsed the whole list to learn whether it has labels.
+    task, _ = _first_task(_list_source, tmp_path / "list", LARGE, _photo(imagenet_mini))
+    args = pickle.loads(task)
+    source = args[0]
+    os.unlink(source.list_file)  # a task that needs the list file now fails instead of re-reading it
+    record = write_shard(*args)
+    assert record["num_samples"] == PER_SHARD
+    assert source._entries is None and "label" in source.fields()
