@@ -126,3 +126,34 @@ def test_a_merged_file_keeps_the_record_crcs(tmp_path, virtual):
         merged.write_bytes(bytes(raw))
     with pytest.raises(StoreError, match=r"sample 7 \(shard merged\.h5, record 7\): .*fails its record CRC32C"):
         open_store(merged)[7]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_batch_reads_check_each_record_too(tmp_path, fmt):
+    # The loader reads batches (Store.read_batch): a damaged image and a damaged fixed-shape
+    # label are refused there as well, by the shard's batch read and with the sample named.
+    path = write_dataset(tmp_path / "ds", 12, fmt=fmt, samples_per_shard=5)
+    scribble_image(path, fmt, shard=1, sample=7)
+    shard = path / shard_name(fmt, 1)
+    other = np.array(4, dtype="<i8")  # sample 8's label is 3: same size, other bytes
+    if fmt == "lmdb":
+        from dali_pipes.stores.lmdb import sample_key
+
+        # In place, the size unchanged: an LMDB leaf node holds the key, then the value.
+        stored = sample_key(3, "label") + np.array(3, dtype="<i8").tobytes()
+        data = shard.read_bytes()
+        assert data.count(stored) == 1
+        shard.write_bytes(data.replace(stored, sample_key(3, "label") + other.tobytes()))
+    else:
+        with h5py.File(shard, "r+") as f:
+            f["label"][3] = other
+    store = open_store(path)
+    reader = store._shards[1]
+    with pytest.raises(RecordChecksumError, match="record 2: field 'image' fails its record CRC32C check"):
+        reader.read_batch(np.array([4, 2, 0]), ["image"])
+    with pytest.raises(RecordChecksumError, match="record 3: field 'label' fails its record CRC32C check"):
+        reader.read_batch(np.array([4, 3, 0]), ["label"])
+    with pytest.raises(StoreError, match=r"sample 8 \(shard"):
+        store.read_batch([0, 8, 9], ["label"])
+    batch = store.read_batch([9, 5, 0], ["image", "label"])  # undamaged records still read
+    assert batch["image"][1] == encode_jpeg(grey_level(5)) and batch["label"].ravel().tolist() == [4, 0, 0]
