@@ -12,19 +12,13 @@ The pipeline specs import DALI, so they are loaded on first use
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from dali_pipes._version import __version__
 from dali_pipes.loader import DALILoader, LoaderError
 from dali_pipes.manifest import Manifest, ManifestError, load_manifest
 from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
 from dali_pipes.stores import Store, StoreError, open_store
-
-try:
-    # pyproject.toml is the one place the version is written; the installed metadata carries it here.
-    __version__ = version("dali-pipes")
-except PackageNotFoundError:  # a source tree on sys.path that was never installed
-    __version__ = "0+unknown"
 
 #: Names re-exported from :mod:`dali_pipes.pipelines`, imported when first used.
 _PIPELINE_NAMES = ("ClassificationTrain", "ClassificationVal", "ColorJitter", "Detection", "DetectionVal", "Features")

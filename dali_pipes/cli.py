@@ -83,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _version() -> str:
-    from dali_pipes import __version__
+    from dali_pipes._version import __version__
 
     return __version__
 

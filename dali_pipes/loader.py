@@ -154,7 +154,7 @@ class DALILoader:
         _lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         if settings is not None:
             # A file saved by `dali-pipes tune`: its values fill in what the caller left unset.
-            from dali_pipes.bench.tune import apply_settings, load_settings
+            from dali_pipes.settings import apply_settings, load_settings
 
             tuned = load_settings(settings)
             num_threads = tuned.get("num_threads") if num_threads is None else num_threads

@@ -141,7 +141,7 @@ def machine_versions() -> dict[str, Any]:
         "cpu_cores": os.cpu_count(),
     }
     if cuda:
-        from dali_pipes.bench.tune import has_hw_decoder
+        from dali_pipes.settings import has_hw_decoder
 
         versions["hw_jpeg_decoder"] = has_hw_decoder()
     return versions

@@ -25,13 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from dali_pipes.bench.budget import MAX_MINUTES, check_budget, counted, time_one_step
+from dali_pipes.bench.model_names import MODELS
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
 from dali_pipes.bench.streams import dali_in_flight
 
 log = logging.getLogger(__name__)
 
-#: The models ``doctor`` can build (:func:`dali_pipes.bench.models.build_model`).
-MODELS: tuple[str, ...] = ("resnet50", "resnet18", "mobilenet", "tiny")
 #: Below this fraction of the model's rate the loader is called the bottleneck.
 DATA_BOUND = 0.95
 #: Combined below this fraction of the slower of the two alone means they contend for resources.

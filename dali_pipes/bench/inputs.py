@@ -100,7 +100,7 @@ def bench_inputs(
     spec = ClassificationTrain(size=224, dtype=dtype)
     loader_settings = default_loader_settings(cores)
     if settings is not None:
-        from dali_pipes.bench.tune import apply_settings, load_settings
+        from dali_pipes.settings import apply_settings, load_settings
 
         loader_settings.update(load_settings(settings))
         spec = apply_settings(spec, settings)

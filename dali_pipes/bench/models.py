@@ -11,7 +11,7 @@ from typing import Callable
 
 from torch import Tensor, nn
 
-from dali_pipes.bench.doctor import MODELS  # the names live there so that the CLI need not import torch
+from dali_pipes.bench.model_names import MODELS  # apart, so that the CLI need not import torch
 
 
 def build_model(name: str, num_classes: int = 1000) -> nn.Module:

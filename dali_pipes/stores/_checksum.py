@@ -22,7 +22,7 @@ import google_crc32c
 import numpy as np
 
 from dali_pipes.stores._codec import array_to_bytes
-from dali_pipes.stores.base import StoreError
+from dali_pipes.stores.errors import StoreError
 
 #: The manifest's ``checksums`` entry of a dataset whose records carry a CRC32C each.
 RECORD_CRC32C = "crc32c"

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from dali_pipes.manifest import Field
-from dali_pipes.stores.base import StoreError
+from dali_pipes.stores.errors import StoreError
 
 #: numpy dtype kinds a field may have: bool, signed and unsigned integers, floats, complex.
 ARRAY_KINDS = "biufc"

@@ -11,18 +11,13 @@ from typing import Any, Iterable, Mapping, Union
 import numpy as np
 
 from dali_pipes.manifest import Field
+from dali_pipes.stores._checksum import crc_columns
+from dali_pipes.stores.errors import StoreError
 
 #: What ``store[i]`` returns: field name -> ``bytes`` (bytes fields) or a numpy array.
 SampleDict = dict[str, Union[bytes, np.ndarray]]
 #: What a batch read returns: field name -> one value per sample, or one stacked array of them.
 BatchDict = dict[str, Union[list, np.ndarray]]
-
-
-class StoreError(Exception):
-    """A shard that cannot be read: missing, truncated, altered or not of its format.
-
-    The message names the dataset, the shard and, where known, the sample.
-    """
 
 
 def out_of_descriptors(exc: BaseException) -> bool:
@@ -101,8 +96,6 @@ class ShardReader(ABC):
         self.index_path = Path(index_path) if index_path is not None else None
         self.expected_bytes = None if expected_bytes is None else int(expected_bytes)
         self.record_crc = bool(record_crc)
-        from dali_pipes.stores._checksum import crc_columns  # it imports this module
-
         #: A field's column in a sample's stored CRCs.
         self.crc_column = crc_columns(self.fields)
         self._pid: int | None = None
