@@ -10,11 +10,14 @@ This is the error path only: nothing here runs while training goes well.
 from __future__ import annotations
 
 import logging
-from typing import Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from dali_pipes.stores import Store
+from dali_pipes.errors import LoaderError, ShardReadError
+from dali_pipes.sampling import World
+from dali_pipes.stores import Store, StoreError
+from dali_pipes.stores.errors import error_chain
 
 logger = logging.getLogger(__name__)
 
@@ -66,3 +69,55 @@ def _first_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
     meaningful = [line for line in lines if "no longer valid" not in line]
     return (meaningful or lines or [type(exc).__name__])[-1]
+
+
+def worker_died_message(store: Store, world: World, dead: str, current: Any) -> str:
+    """What a :class:`~dali_pipes.errors.WorkerDiedError` says: which worker, where in the epoch, what to do."""
+    where = f"rank {world.rank}"
+    if current is not None:
+        where = f"epoch {current.epoch}, batch {current.handed} on {where}"
+    return (
+        f"{store.root}: {dead} ({where}); the DALI pipeline cannot continue. Create a new DALILoader "
+        "and resume from the last state_dict(); if the kernel killed it for memory, use fewer "
+        "py_num_workers, a smaller prefetch or a smaller batch."
+    )
+
+
+def explain_failure(
+    exc: BaseException,
+    store: Store,
+    fields: Sequence[str],
+    world: World,
+    current: Any,
+    candidates: Callable[[], Sequence[int]],
+) -> BaseException:
+    """An exception naming the dataset and, when it can be found, the sample behind the pipeline error ``exc``.
+
+    ``current`` is the loader's pass (``epoch``, ``handed``); ``candidates()`` the
+    sample indices of the batch that failed and of those DALI was preparing ahead of it.
+    """
+    # The store's message names the shard and sample and says what to do.
+    context = f" [rank {world.rank}, epoch {current.epoch}, batch {current.handed} or later]"
+    error = store_error_in(exc)
+    if error is not None:
+        return ShardReadError(f"{error}{context}")
+    try:
+        found = first_undecodable(store, fields, candidates())
+    except StoreError as error:  # DALI lost the worker's error, but reading it again tells
+        return ShardReadError(f"{error}{context}")
+    where = f"epoch {current.epoch}, batch {current.handed} on rank {world.rank}"
+    if found is None:
+        return LoaderError(f"{store.root}: the DALI pipeline failed ({where}): {exc}")
+    index, field, reason = found
+    shard_no, record = store.manifest.locate(index)
+    shard = store.manifest.shards[shard_no].path
+    return LoaderError(
+        f"{store.root}: sample {index} (field {field!r}, shard {shard}, record {record}) cannot be "
+        f"decoded ({where}): {reason}. Run 'dali-pipes verify --decode {store.root}' to list every "
+        "damaged sample, and re-convert the dataset with --on-error skip to leave them out."
+    )
+
+
+def store_error_in(exc: BaseException) -> StoreError | None:
+    """The :class:`StoreError` behind ``exc``, if any: DALI wraps a source's error once or twice."""
+    return next((error for error in error_chain(exc) if isinstance(error, StoreError)), None)

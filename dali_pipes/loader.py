@@ -38,41 +38,36 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 import numpy as np
 
 from dali_pipes import _lifetime
+from dali_pipes._diagnose import explain_failure, worker_died_message
 from dali_pipes._start_method import check_spawn_safe, choose_start_method
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.batch_source import BatchStoreSource
-from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
+from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.sampling import LAST_BATCH_POLICIES, num_batches, samples_consumed, samples_per_rank
+from dali_pipes.sampling import check_int as _check_int
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
-from dali_pipes.stores import Store, StoreError, open_store
+from dali_pipes.stores import Store, open_store
+from dali_pipes.world import detect_world, resolve_device
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["WATCH_INTERVAL", "DALILoader", "LoaderError", "ShardReadError", "WorkerDiedError"]
+__all__ = [
+    "WATCH_INTERVAL",
+    "DALILoader",
+    "LoaderError",
+    "ShardReadError",
+    "WorkerDiedError",
+    "detect_world",
+    "resolve_device",
+]
 
 #: Outputs the loader adds to those of the pipeline spec.
 RESERVED_OUTPUTS = ("is_pad", "index")
 _STATE_VERSION = 1
 _T = TypeVar("_T")
-
-
-class LoaderError(RuntimeError):
-    """The DALI pipeline failed while training; the message names the dataset and, when found, the sample."""
-
-
-class ShardReadError(LoaderError, StoreError):
-    """A shard could not be read while training: missing, truncated, damaged or swapped after conversion.
-
-    Both a :class:`LoaderError` (every failure of the loader is one) and a
-    :class:`~dali_pipes.stores.StoreError` (what the store raised). The message
-    names the shard and the sample and says to run ``dali-pipes verify``.
-    """
-
-
-class WorkerDiedError(LoaderError):
-    """A DALI Python worker process of the loader died (killed, crashed); the pipeline cannot go on."""
 
 
 @dataclass
@@ -532,14 +527,7 @@ class DALILoader:
         return self._caller.call(call, check, WATCH_INTERVAL)
 
     def _worker_died_message(self, dead: str, current: _Pass | None) -> str:
-        where = f"rank {self.world.rank}"
-        if current is not None:
-            where = f"epoch {current.epoch}, batch {current.handed} on {where}"
-        return (
-            f"{self.store.root}: {dead} ({where}); the DALI pipeline cannot continue. Create a new DALILoader "
-            "and resume from the last state_dict(); if the kernel killed it for memory, use fewer "
-            "py_num_workers, a smaller prefetch or a smaller batch."
-        )
+        return worker_died_message(self.store, self.world, dead, current)
 
     def _finish_pass(self) -> None:
         """Bring DALI to the end of its epoch, cutting short a pass the user left part-way."""
@@ -558,33 +546,14 @@ class DALILoader:
         dead = self._workers.dead()
         if dead is not None:  # DALI's own report of it is "Worker data receiving interrupted" at best
             return WorkerDiedError(self._worker_died_message(dead, current))
-        # The store's message names the shard and sample and says what to do. The batch is
-        # the next one or one DALI was preparing ahead of it.
-        context = f" [rank {self.world.rank}, epoch {current.epoch}, batch {current.handed} or later]"
-        error = _store_error_in(exc)
-        if error is not None:
-            return ShardReadError(f"{error}{context}")
-        from dali_pipes._diagnose import first_undecodable
 
-        indices = self._source.indices(current.epoch, current.start)[0]
-        # The failed batch is the next one or one DALI was preparing ahead of it.
-        lo = current.handed * self.batch_size
-        hi = lo + (self._prefetch + 2) * self.batch_size
-        try:
-            found = first_undecodable(self.store, self._fields, indices[lo:hi])
-        except StoreError as error:  # DALI lost the worker's error, but reading it again tells
-            return ShardReadError(f"{error}{context}")
-        where = f"epoch {current.epoch}, batch {current.handed} on rank {self.world.rank}"
-        if found is None:
-            return LoaderError(f"{self.store.root}: the DALI pipeline failed ({where}): {exc}")
-        index, field, reason = found
-        shard_no, record = self.store.manifest.locate(index)
-        shard = self.store.manifest.shards[shard_no].path
-        return LoaderError(
-            f"{self.store.root}: sample {index} (field {field!r}, shard {shard}, record {record}) cannot be "
-            f"decoded ({where}): {reason}. Run 'dali-pipes verify --decode {self.store.root}' to list every "
-            "damaged sample, and re-convert the dataset with --on-error skip to leave them out."
-        )
+        def candidates() -> Any:
+            # The failed batch is the next one or one DALI was preparing ahead of it.
+            indices = self._source.indices(current.epoch, current.start)[0]
+            lo = current.handed * self.batch_size
+            return indices[lo : lo + (self._prefetch + 2) * self.batch_size]
+
+        return explain_failure(exc, self.store, self._fields, self.world, current, candidates)
 
     def close(self) -> None:
         """Stop DALI's workers and release the store; the loader cannot be used afterwards."""
@@ -610,14 +579,6 @@ class DALILoader:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def _check_int(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
 
 
 def _bind(spec: Any, store: Store) -> Any:
@@ -652,90 +613,6 @@ def _fitting_spec(fields: Any) -> str:
     if {"boxes", "category_id"} <= set(fields):
         return "for images with boxes use dali_pipes.Detection() (or DetectionVal())"
     return "for labelled images use dali_pipes.ClassificationTrain() (or ClassificationVal())"
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
-
-
-def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[World, int]:
-    """``(World, local_rank)`` from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1.
-
-    Explicit ``rank``/``world_size`` override the environment, and must agree
-    with an initialised process group.
-    """
-    import torch.distributed as dist
-
-    if rank is not None:
-        _check_int("rank", rank, 0)
-    if world_size is not None:
-        _check_int("world_size", world_size, 1)
-    if dist.is_available() and dist.is_initialized():
-        group_rank, group_size = dist.get_rank(), dist.get_world_size()
-        if (rank is not None and rank != group_rank) or (world_size is not None and world_size != group_size):
-            raise ValueError(
-                f"rank={rank}, world_size={world_size} contradict torch.distributed (rank {group_rank} of "
-                f"{group_size}); leave them out to use the process group's"
-            )
-        rank, world_size = group_rank, group_size
-    else:
-        if rank is None:
-            rank = _env_int("RANK") or 0
-        if world_size is None:
-            world_size = _env_int("WORLD_SIZE") or 1
-    world = World(rank, world_size)
-    local_rank = _env_int("LOCAL_RANK")
-    if local_rank is None:
-        local_rank = world.rank % max(1, _cuda_device_count())
-    return world, local_rank
-
-
-def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
-    """``("gpu", local_rank)`` or ``("cpu", None)`` for ``device`` in ``auto``, ``gpu``/``cuda``, ``cpu``."""
-    import torch
-
-    if device not in ("auto", "gpu", "cuda", "cpu"):
-        raise ValueError(f"device must be 'auto', 'gpu' or 'cpu', got {device!r}")
-    cuda = torch.cuda.is_available()
-    if device == "auto":
-        device = "gpu" if cuda else "cpu"
-    if device in ("gpu", "cuda"):
-        if not cuda:
-            raise ValueError("device='gpu' but CUDA is not available here; use device='auto' or 'cpu'")
-        if local_rank >= torch.cuda.device_count():
-            raise ValueError(
-                f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
-                "start one process per GPU"
-            )
-        return "gpu", local_rank
-    return "cpu", None
-
-
-def _cuda_device_count() -> int:
-    import torch
-
-    return torch.cuda.device_count() if torch.cuda.is_available() else 0
-
-
-def _store_error_in(exc: BaseException) -> StoreError | None:
-    """The :class:`StoreError` behind ``exc``, if any: DALI wraps a source's error once or twice."""
-    seen: set[int] = set()
-    todo: list[BaseException | None] = [exc]
-    while todo:
-        error = todo.pop()
-        if error is None or id(error) in seen:
-            continue
-        seen.add(id(error))
-        if isinstance(error, StoreError):
-            return error
-        todo += [error.__cause__, error.__context__]
-    return None
 
 
 def _pipeline_seed(seed: int, rank: int) -> int:

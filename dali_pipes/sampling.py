@@ -45,7 +45,8 @@ __all__ = [
 ]
 
 
-def _int(name: str, value: object, minimum: int) -> int:
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` as an ``int`` of at least ``minimum``; ValueError naming ``name`` for a bool, float or string."""
     # operator.index accepts Python and numpy integers and refuses floats and strings;
     # bools are integers to Python but never a meaningful count here.
     if isinstance(value, bool):
@@ -73,8 +74,8 @@ class World:
     world_size: int = 1
 
     def __post_init__(self) -> None:
-        world_size = _int("world_size", self.world_size, 1)
-        rank = _int("rank", self.rank, 0)
+        world_size = check_int("world_size", self.world_size, 1)
+        rank = check_int("rank", self.rank, 0)
         if rank >= world_size:
             raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
         object.__setattr__(self, "rank", rank)
@@ -88,9 +89,9 @@ def epoch_order(num_samples: int, epoch: int, seed: int, shuffle: bool = True) -
     in every process and on every world size, and differs between epochs. With
     ``shuffle=False`` it is ``0..num_samples-1``.
     """
-    n = _int("num_samples", num_samples, 1)
-    epoch = _int("epoch", epoch, 0)
-    seed = _int("seed", seed, 0)
+    n = check_int("num_samples", num_samples, 1)
+    epoch = check_int("epoch", epoch, 0)
+    seed = check_int("seed", seed, 0)
     if not shuffle:
         return np.arange(n, dtype=np.int64)
     rng = np.random.Generator(np.random.PCG64([seed, epoch]))
@@ -109,11 +110,11 @@ def _layout(remaining: int, batch_size: int, world_size: int, last_batch: str) -
 def _check_common(
     num_samples: int, batch_size: int, world_size: int, last_batch: str, start: int
 ) -> tuple[int, int, int, str, int]:
-    n = _int("num_samples", num_samples, 1)
-    batch_size = _int("batch_size", batch_size, 1)
-    world_size = _int("world_size", world_size, 1)
+    n = check_int("num_samples", num_samples, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    world_size = check_int("world_size", world_size, 1)
     last_batch = _check_last_batch(last_batch)
-    start = _int("start", start, 0)
+    start = check_int("start", start, 0)
     if start > n:
         raise ValueError(f"start must be <= num_samples ({n}), got {start}")
     return n, batch_size, world_size, last_batch, start
@@ -166,7 +167,7 @@ def samples_consumed(
     """
     n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
     total = num_batches(n, batch_size, world_size, last_batch, start)
-    batches = _int("batches", batches, 0)
+    batches = check_int("batches", batches, 0)
     if batches > total:
         raise ValueError(f"batches must be <= {total} (the batches per rank left in this epoch), got {batches}")
     if batches == total:

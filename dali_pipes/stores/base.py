@@ -12,7 +12,7 @@ import numpy as np
 
 from dali_pipes.manifest import Field
 from dali_pipes.stores._checksum import crc_columns
-from dali_pipes.stores.errors import StoreError
+from dali_pipes.stores.errors import StoreError, error_chain
 
 #: What ``store[i]`` returns: field name -> ``bytes`` (bytes fields) or a numpy array.
 SampleDict = dict[str, Union[bytes, np.ndarray]]
@@ -29,14 +29,11 @@ def out_of_descriptors(exc: BaseException) -> bool:
     a :class:`StoreError`, hence the walk down the causes.
     """
     messages = (os.strerror(errno.EMFILE), os.strerror(errno.ENFILE))
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+    for error in error_chain(exc):
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
             return True
-        if any(message in str(exc) for message in messages):
+        if any(message in str(error) for message in messages):
             return True
-        exc = exc.__cause__ or exc.__context__
     return False
 
 

@@ -1,0 +1,84 @@
+"""Where this process runs: its rank in the data-parallel job, and the device it feeds.
+
+:func:`detect_world` reads ``torch.distributed`` (or the launcher's ``RANK``,
+``WORLD_SIZE`` and ``LOCAL_RANK``); :func:`resolve_device` turns ``device="auto"``
+into a GPU or the CPU. ``torch`` is imported when called, not at import.
+"""
+
+from __future__ import annotations
+
+import os
+
+from dali_pipes.sampling import World
+from dali_pipes.sampling import check_int as _check_int
+
+__all__ = ["detect_world", "resolve_device"]
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer") from None
+
+
+def detect_world(rank: int | None = None, world_size: int | None = None) -> tuple[World, int]:
+    """``(World, local_rank)`` from ``torch.distributed``, else ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1.
+
+    Explicit ``rank``/``world_size`` override the environment, and must agree
+    with an initialised process group.
+    """
+    import torch.distributed as dist
+
+    if rank is not None:
+        _check_int("rank", rank, 0)
+    if world_size is not None:
+        _check_int("world_size", world_size, 1)
+    if dist.is_available() and dist.is_initialized():
+        group_rank, group_size = dist.get_rank(), dist.get_world_size()
+        if (rank is not None and rank != group_rank) or (world_size is not None and world_size != group_size):
+            raise ValueError(
+                f"rank={rank}, world_size={world_size} contradict torch.distributed (rank {group_rank} of "
+                f"{group_size}); leave them out to use the process group's"
+            )
+        rank, world_size = group_rank, group_size
+    else:
+        if rank is None:
+            rank = _env_int("RANK") or 0
+        if world_size is None:
+            world_size = _env_int("WORLD_SIZE") or 1
+    world = World(rank, world_size)
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        local_rank = world.rank % max(1, _cuda_device_count())
+    return world, local_rank
+
+
+def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
+    """``("gpu", local_rank)`` or ``("cpu", None)`` for ``device`` in ``auto``, ``gpu``/``cuda``, ``cpu``."""
+    import torch
+
+    if device not in ("auto", "gpu", "cuda", "cpu"):
+        raise ValueError(f"device must be 'auto', 'gpu' or 'cpu', got {device!r}")
+    cuda = torch.cuda.is_available()
+    if device == "auto":
+        device = "gpu" if cuda else "cpu"
+    if device in ("gpu", "cuda"):
+        if not cuda:
+            raise ValueError("device='gpu' but CUDA is not available here; use device='auto' or 'cpu'")
+        if local_rank >= torch.cuda.device_count():
+            raise ValueError(
+                f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
+                "start one process per GPU"
+            )
+        return "gpu", local_rank
+    return "cpu", None
+
+
+def _cuda_device_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
