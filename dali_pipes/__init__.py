@@ -15,21 +15,32 @@ import importlib
 from typing import Any
 
 from dali_pipes._version import __version__
+from dali_pipes.errors import ShardReadError, WorkerDiedError
 from dali_pipes.loader import DALILoader, LoaderError
 from dali_pipes.manifest import Manifest, ManifestError, load_manifest
 from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
 from dali_pipes.stores import Store, StoreError, open_store
 
 #: Names re-exported from :mod:`dali_pipes.pipelines`, imported when first used.
-_PIPELINE_NAMES = ("ClassificationTrain", "ClassificationVal", "ColorJitter", "Detection", "DetectionVal", "Features")
+_PIPELINE_NAMES = (
+    "ClassificationTrain",
+    "ClassificationVal",
+    "ColorJitter",
+    "DecoderHints",
+    "Detection",
+    "DetectionVal",
+    "Features",
+)
 
 __all__ = [
     "DALILoader",
     "LoaderError",
     "Manifest",
     "ManifestError",
+    "ShardReadError",
     "Store",
     "StoreError",
+    "WorkerDiedError",
     "World",
     "__version__",
     "epoch_order",

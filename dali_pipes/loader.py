@@ -28,14 +28,11 @@ through :mod:`dali_pipes._workers`, which checks the workers every
 
 from __future__ import annotations
 
-import gc
 import logging
 import multiprocessing.util
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
-
-import numpy as np
 
 from dali_pipes import _lifetime
 from dali_pipes._diagnose import explain_failure, worker_died_message
@@ -43,9 +40,13 @@ from dali_pipes._start_method import check_spawn_safe, choose_start_method
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.batch_source import BatchStoreSource
 from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
+from dali_pipes.pipeline_build import bind_spec as _bind
+from dali_pipes.pipeline_build import build_pipeline, pipeline_seed
+from dali_pipes.pipeline_build import required_fields as _required_fields
 from dali_pipes.sampling import LAST_BATCH_POLICIES, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sampling import check_int as _check_int
-from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
+from dali_pipes.sources import EpochControl, StoreSource
 from dali_pipes.stores import Store, open_store
 from dali_pipes.world import detect_world, resolve_device
 
@@ -65,7 +66,6 @@ __all__ = [
 ]
 
 #: Outputs the loader adds to those of the pipeline spec.
-RESERVED_OUTPUTS = ("is_pad", "index")
 _STATE_VERSION = 1
 _T = TypeVar("_T")
 
@@ -267,52 +267,22 @@ class DALILoader:
     # --- construction -------------------------------------------------------------------------
 
     def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int, start_method: str):
-        from nvidia.dali import fn, pipeline_def
-
-        source, fields, device = self._source, self._fields, self.device
-        dtypes, ndims = dali_output_types(self.store, fields, self.with_index)
-        names: list[str] = []
-
-        # DALI accepts a source prefetch depth only for parallel sources.
-        parallel = dict(parallel=True, prefetch_queue_depth=self._prefetch) if workers > 0 else {}
-
-        def define():
-            nodes = fn.external_source(
-                source,
-                num_outputs=len(dtypes),
-                batch=self._batch_reads,
-                batch_info=self._batch_reads,
-                dtype=dtypes,
-                ndim=ndims,
-                **parallel,
-            )
-            outputs = dict(spec.build(dict(zip(fields, nodes[: len(fields)])), device=device))
-            clash = [name for name in RESERVED_OUTPUTS if name in outputs]
-            if clash:
-                raise ValueError(f"{type(spec).__name__}.build returned {clash[0]!r}, a name the loader adds itself")
-            extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) :]))  # is_pad, and index if asked for
-            outputs.update({name: node.gpu() if device == "gpu" else node for name, node in extra.items()})
-            names.extend(outputs)
-            return tuple(outputs.values())
-
-        extra: dict[str, Any] = {}
-        if workers > 0:
-            extra = dict(py_num_workers=workers, py_start_method=start_method)
-            if start_method == "fork":
-                # A forked worker inherits the parent's uncollected garbage; if its own GC
-                # then finalizes an old DALI pipeline, the C++ destructor waits for executor
-                # threads that do not exist in the child and the worker hangs for ever.
-                gc.collect()
-        pipe = pipeline_def(define, enable_conditionals=bool(getattr(spec, "needs_conditionals", False)))(
-            batch_size=self.batch_size,
-            num_threads=threads,
+        return build_pipeline(
+            spec,
+            self._source,
+            self._fields,
+            self.store,
+            device=self.device,
             device_id=device_id,
-            prefetch_queue_depth=self._prefetch,
-            seed=_pipeline_seed(self.seed, self.world.rank),
-            **extra,
+            batch_size=self.batch_size,
+            batch_reads=self._batch_reads,
+            with_index=self.with_index,
+            prefetch=self._prefetch,
+            threads=threads,
+            workers=workers,
+            start_method=start_method,
+            seed=pipeline_seed(self.seed, self.world.rank),
         )
-        pipe.build()
-        return pipe, tuple(names)
 
     def _make_iterator(self):
         from nvidia.dali.plugin.pytorch import DALIGenericIterator
@@ -579,42 +549,3 @@ class DALILoader:
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-def _bind(spec: Any, store: Store) -> Any:
-    """The spec specialised to this dataset: ``spec.bind(manifest)`` for specs that read it (detection labels)."""
-    bind = getattr(spec, "bind", None)
-    return bind(store.manifest) if callable(bind) else spec
-
-
-def _required_fields(spec: Any, store: Store) -> tuple[str, ...]:
-    fields = getattr(spec, "required_fields", None)
-    if fields is None or not callable(getattr(spec, "build", None)):
-        raise TypeError(
-            f"pipeline must be a pipeline spec (with required_fields and build()), such as "
-            f"dali_pipes.ClassificationTrain(), got {spec!r}"
-        )
-    fields = tuple(fields)
-    missing = [name for name in fields if name not in store.fields]
-    if missing:
-        raise ValueError(
-            f"{store.root}: {type(spec).__name__} needs the field(s) {', '.join(map(repr, missing))}, but the dataset "
-            f"has only {', '.join(map(repr, store.fields))}; {_fitting_spec(store.fields)}"
-        )
-    return fields
-
-
-def _fitting_spec(fields: Any) -> str:
-    """Which spec reads a dataset of these fields (a :class:`~dali_pipes.manifest.Field` by name), in words."""
-    images = [name for name, f in fields.items() if f.is_image]
-    if not images:
-        arrays = tuple(name for name, f in fields.items() if f.kind == "array")
-        return f"for feature arrays use dali_pipes.Features(fields={arrays!r})"
-    if {"boxes", "category_id"} <= set(fields):
-        return "for images with boxes use dali_pipes.Detection() (or DetectionVal())"
-    return "for labelled images use dali_pipes.ClassificationTrain() (or ClassificationVal())"
-
-
-def _pipeline_seed(seed: int, rank: int) -> int:
-    # Augmentation randomness: reproducible for a seed, different on every rank.
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] & 0x7FFFFFFF)

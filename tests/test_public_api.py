@@ -12,8 +12,10 @@ EXPECTED = {
     "LoaderError",
     "Manifest",
     "ManifestError",
+    "ShardReadError",
     "Store",
     "StoreError",
+    "WorkerDiedError",
     "World",
     "__version__",
     "epoch_order",
@@ -24,6 +26,7 @@ EXPECTED = {
     "ClassificationTrain",
     "ClassificationVal",
     "ColorJitter",
+    "DecoderHints",
     "Detection",
     "DetectionVal",
     "Features",
@@ -34,6 +37,18 @@ def test_exported_names_are_pinned_and_resolve():
     assert set(dali_pipes.__all__) == EXPECTED
     for name in EXPECTED:
         assert getattr(dali_pipes, name) is not None, name
+
+
+def test_the_loader_errors_and_decoder_hints_are_the_ones_the_library_raises_and_reads():
+    # Exported names are the classes themselves, so `except dali_pipes.ShardReadError` catches what the loader raises.
+    from dali_pipes.errors import ShardReadError, WorkerDiedError
+    from dali_pipes.pipelines.config import DecoderHints
+
+    assert dali_pipes.ShardReadError is ShardReadError
+    assert dali_pipes.WorkerDiedError is WorkerDiedError
+    assert dali_pipes.DecoderHints is DecoderHints
+    assert issubclass(dali_pipes.ShardReadError, (dali_pipes.LoaderError, dali_pipes.StoreError))
+    assert issubclass(dali_pipes.WorkerDiedError, dali_pipes.LoaderError)
 
 
 def test_importing_the_package_does_not_load_dali_or_torch():

@@ -1,0 +1,131 @@
+"""The DALI pipeline a :class:`~dali_pipes.DALILoader` runs: the store's external source into the user's spec.
+
+:func:`bind_spec` and :func:`required_fields` fit the spec to the dataset (with
+an error naming the spec that would fit); :func:`build_pipeline` wires the
+external source into ``spec.build`` and appends the loader's own outputs
+(:data:`RESERVED_OUTPUTS`). DALI is imported when a pipeline is built.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from dali_pipes.sources import dali_output_types
+from dali_pipes.stores import Store
+
+if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
+    from dali_pipes.pipelines import PipelineSpec
+
+__all__ = ["RESERVED_OUTPUTS", "bind_spec", "build_pipeline", "fitting_spec", "pipeline_seed", "required_fields"]
+
+#: Outputs the loader adds to every batch; a spec may not return these names.
+RESERVED_OUTPUTS = ("is_pad", "index")
+
+
+def build_pipeline(
+    spec: "PipelineSpec",
+    source: Any,
+    fields: Sequence[str],
+    store: Store,
+    *,
+    device: str,
+    device_id: int | None,
+    batch_size: int,
+    batch_reads: bool,
+    with_index: bool,
+    prefetch: int,
+    threads: int,
+    workers: int,
+    start_method: str,
+    seed: int,
+) -> tuple[Any, tuple[str, ...]]:
+    """The built DALI pipeline (``source`` into ``spec.build``, then ``is_pad``/``index``) and its output names."""
+    from nvidia.dali import fn, pipeline_def
+
+    dtypes, ndims = dali_output_types(store, fields, with_index)
+    names: list[str] = []
+
+    # DALI accepts a source prefetch depth only for parallel sources.
+    parallel = dict(parallel=True, prefetch_queue_depth=prefetch) if workers > 0 else {}
+
+    def define():
+        nodes = fn.external_source(
+            source,
+            num_outputs=len(dtypes),
+            batch=batch_reads,
+            batch_info=batch_reads,
+            dtype=dtypes,
+            ndim=ndims,
+            **parallel,
+        )
+        outputs = dict(spec.build(dict(zip(fields, nodes[: len(fields)])), device=device))
+        clash = [name for name in RESERVED_OUTPUTS if name in outputs]
+        if clash:
+            raise ValueError(f"{type(spec).__name__}.build returned {clash[0]!r}, a name the loader adds itself")
+        extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) :]))  # is_pad, and index if asked for
+        outputs.update({name: node.gpu() if device == "gpu" else node for name, node in extra.items()})
+        names.extend(outputs)
+        return tuple(outputs.values())
+
+    extra: dict[str, Any] = {}
+    if workers > 0:
+        extra = dict(py_num_workers=workers, py_start_method=start_method)
+        if start_method == "fork":
+            # A forked worker inherits the parent's uncollected garbage; if its own GC
+            # then finalizes an old DALI pipeline, the C++ destructor waits for executor
+            # threads that do not exist in the child and the worker hangs for ever.
+            gc.collect()
+    pipe = pipeline_def(define, enable_conditionals=bool(getattr(spec, "needs_conditionals", False)))(
+        batch_size=batch_size,
+        num_threads=threads,
+        device_id=device_id,
+        prefetch_queue_depth=prefetch,
+        seed=seed,
+        **extra,
+    )
+    pipe.build()
+    return pipe, tuple(names)
+
+
+def bind_spec(spec: Any, store: Store) -> Any:
+    """The spec specialised to this dataset: ``spec.bind(manifest)`` for specs that read it (detection labels)."""
+    bind = getattr(spec, "bind", None)
+    return bind(store.manifest) if callable(bind) else spec
+
+
+def required_fields(spec: Any, store: Store) -> tuple[str, ...]:
+    """The fields ``spec`` reads, checked against the dataset's; TypeError for what is not a spec."""
+    fields = getattr(spec, "required_fields", None)
+    if fields is None or not callable(getattr(spec, "build", None)):
+        raise TypeError(
+            f"pipeline must be a pipeline spec (with required_fields and build()), such as "
+            f"dali_pipes.ClassificationTrain(), got {spec!r}"
+        )
+    fields = tuple(fields)
+    missing = [name for name in fields if name not in store.fields]
+    if missing:
+        raise ValueError(
+            f"{store.root}: {type(spec).__name__} needs the field(s) {', '.join(map(repr, missing))}, but the dataset "
+            f"has only {', '.join(map(repr, store.fields))}; {fitting_spec(store.fields)}"
+        )
+    return fields
+
+
+def fitting_spec(fields: Any) -> str:
+    """Which spec reads a dataset of these fields (a :class:`~dali_pipes.manifest.Field` by name), in words."""
+    images = [name for name, f in fields.items() if f.is_image]
+    if not images:
+        arrays = tuple(name for name, f in fields.items() if f.kind == "array")
+        return f"for feature arrays use dali_pipes.Features(fields={arrays!r})"
+    if {"boxes", "category_id"} <= set(fields):
+        return "for images with boxes use dali_pipes.Detection() (or DetectionVal())"
+    return "for labelled images use dali_pipes.ClassificationTrain() (or ClassificationVal())"
+
+
+def pipeline_seed(seed: int, rank: int) -> int:
+    """The DALI pipeline's seed for the loader's ``seed`` on ``rank``."""
+    # Augmentation randomness: reproducible for a seed, different on every rank.
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0] & 0x7FFFFFFF)
