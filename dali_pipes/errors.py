@@ -1,4 +1,18 @@
-"""What :class:`~dali_pipes.DALILoader` raises while training, apart so that its diagnosis can raise it too."""
+"""What :class:`~dali_pipes.DALILoader` raises while training, apart so that its diagnosis can raise it too.
+
+Failures while iterating
+------------------------
+Every failure while iterating raises a :class:`LoaderError` that names the
+dataset and, where it can be found, the shard and sample: a shard that is
+missing, truncated or swapped (:class:`ShardReadError`, also a
+:class:`~dali_pipes.stores.StoreError`), an image DALI cannot decode, or a
+Python worker process that died (:class:`WorkerDiedError`).
+
+A dead worker needs watching from outside DALI, or the training thread can
+wait for ever on it: with ``py_num_workers > 0`` every call into DALI goes
+through :mod:`dali_pipes._workers`, which checks the workers every
+:data:`~dali_pipes._workers.WATCH_INTERVAL` seconds and gives up on the call when one died.
+"""
 
 from __future__ import annotations
 

@@ -12,18 +12,8 @@ without either, the next pass after a complete one (or after one left part-way)
 covers the next epoch, so the order changes every epoch even if ``set_epoch`` is
 never called.
 
-Failures while iterating
-------------------------
-Every failure while iterating raises a :class:`LoaderError` that names the
-dataset and, where it can be found, the shard and sample: a shard that is
-missing, truncated or swapped (:class:`ShardReadError`, also a
-:class:`~dali_pipes.stores.StoreError`), an image DALI cannot decode, or a
-Python worker process that died (:class:`WorkerDiedError`).
-
-A dead worker needs watching from outside DALI, or the training thread can
-wait for ever on it: with ``py_num_workers > 0`` every call into DALI goes
-through :mod:`dali_pipes._workers`, which checks the workers every
-:data:`WATCH_INTERVAL` seconds and gives up on the call when one died.
+Failures while iterating are :mod:`dali_pipes.errors`; the diagnosis that names
+the sample behind one is :mod:`dali_pipes._diagnose`.
 """
 
 from __future__ import annotations
@@ -31,7 +21,6 @@ from __future__ import annotations
 import logging
 import multiprocessing.util
 import os
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 from dali_pipes import _lifetime
@@ -40,6 +29,8 @@ from dali_pipes._start_method import check_spawn_safe, choose_start_method
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.batch_source import BatchStoreSource
 from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.loader_state import Pass as _Pass
+from dali_pipes.loader_state import loader_state, restored_position
 from dali_pipes.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
 from dali_pipes.pipeline_build import bind_spec as _bind
 from dali_pipes.pipeline_build import build_pipeline, pipeline_seed
@@ -66,20 +57,7 @@ __all__ = [
 ]
 
 #: Outputs the loader adds to those of the pipeline spec.
-_STATE_VERSION = 1
 _T = TypeVar("_T")
-
-
-@dataclass
-class _Pass:
-    """One iteration over (the rest of) an epoch on this rank."""
-
-    epoch: int
-    start: int
-    batches: int
-    samples: int  # this rank's samples, so the last batch can be trimmed to them
-    handed: int = 0  # batches given to the user
-    drained: bool = True  # DALI has reported the end of this pass's epoch
 
 
 class DALILoader:
@@ -349,47 +327,15 @@ class DALILoader:
         world size or batch size.
         """
         epoch, consumed = self._pending if self._pending is not None else self._position
-        return {
-            "version": _STATE_VERSION,
-            "epoch": epoch,
-            "samples_consumed": consumed,
-            "num_samples": len(self.store),
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "last_batch": self.last_batch,
-        }
+        return loader_state(epoch, consumed, **self._state_identity())
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
-        if not isinstance(state, Mapping):
-            raise ValueError(f"load_state_dict expects the dict from state_dict(), got {type(state).__name__}")
-        missing = [
-            k
-            for k in ("version", "epoch", "samples_consumed", "num_samples", "seed", "shuffle", "last_batch")
-            if k not in state
-        ]
-        if missing:
-            raise ValueError(f"loader state is missing {missing}; pass the dict that DALILoader.state_dict() returned")
-        if state["version"] != _STATE_VERSION:
-            raise ValueError(f"loader state version {state['version']!r} is not {_STATE_VERSION}")
-        for key, mine in (
-            ("num_samples", len(self.store)),
-            ("seed", self.seed),
-            ("shuffle", self.shuffle),
-            ("last_batch", self.last_batch),
-        ):
-            if state[key] != mine:
-                raise ValueError(
-                    f"{self.store.root}: the saved loader state has {key}={state[key]!r} but this loader has "
-                    f"{key}={mine!r}; resuming would not give the rest of the saved epoch"
-                )
-        epoch = _check_int("epoch", state["epoch"], 0)
-        consumed = _check_int("samples_consumed", state["samples_consumed"], 0)
-        if consumed > len(self.store):
-            raise ValueError(f"samples_consumed {consumed} is more than the {len(self.store)} samples of the dataset")
-        if consumed == len(self.store):
-            epoch, consumed = epoch + 1, 0
-        self._pending = (epoch, consumed)
+        self._pending = restored_position(state, self.store.root, **self._state_identity())
+
+    def _state_identity(self) -> dict[str, Any]:
+        # What a saved state must agree on to mean the same epoch order here.
+        return dict(num_samples=len(self.store), seed=self.seed, shuffle=self.shuffle, last_batch=self.last_batch)
 
     # --- iteration ----------------------------------------------------------------------------
 
@@ -489,15 +435,12 @@ class DALILoader:
         def check() -> None:
             dead = self._workers.dead()
             if dead is not None:
-                raise WorkerDiedError(self._worker_died_message(dead, current))
+                raise WorkerDiedError(worker_died_message(self.store, self.world, dead, current))
 
         check()
         if self.device == "gpu":
             call = on_stream_of_this_thread(call, self._device_id)
         return self._caller.call(call, check, WATCH_INTERVAL)
-
-    def _worker_died_message(self, dead: str, current: _Pass | None) -> str:
-        return worker_died_message(self.store, self.world, dead, current)
 
     def _finish_pass(self) -> None:
         """Bring DALI to the end of its epoch, cutting short a pass the user left part-way."""
@@ -515,7 +458,7 @@ class DALILoader:
             return exc
         dead = self._workers.dead()
         if dead is not None:  # DALI's own report of it is "Worker data receiving interrupted" at best
-            return WorkerDiedError(self._worker_died_message(dead, current))
+            return WorkerDiedError(worker_died_message(self.store, self.world, dead, current))
 
         def candidates() -> Any:
             # The failed batch is the next one or one DALI was preparing ahead of it.

@@ -1,0 +1,78 @@
+"""A loader's saved position (``DALILoader.state_dict()``): what it holds and how it is checked on resume.
+
+The state is the epoch and the global samples of it consumed, plus what must
+match for the rest of that epoch to be the same samples here (dataset size,
+seed, shuffle, last-batch policy). It does not depend on the world size or the
+batch size, so a run resumes on another.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from dali_pipes.sampling import check_int
+
+__all__ = ["STATE_VERSION", "Pass", "loader_state", "restored_position"]
+
+STATE_VERSION = 1
+#: What :func:`loader_state` writes, each checked by :func:`restored_position`.
+STATE_KEYS = ("version", "epoch", "samples_consumed", "num_samples", "seed", "shuffle", "last_batch")
+
+
+def loader_state(epoch: int, consumed: int, *, num_samples: int, seed: int, shuffle: bool, last_batch: str) -> dict:
+    """The dict ``DALILoader.state_dict()`` returns."""
+    return {
+        "version": STATE_VERSION,
+        "epoch": epoch,
+        "samples_consumed": consumed,
+        "num_samples": num_samples,
+        "seed": seed,
+        "shuffle": shuffle,
+        "last_batch": last_batch,
+    }
+
+
+def restored_position(
+    state: Mapping[str, Any],
+    root: str | os.PathLike,
+    *,
+    num_samples: int,
+    seed: int,
+    shuffle: bool,
+    last_batch: str,
+) -> tuple[int, int]:
+    """``(epoch, samples consumed)`` to resume from ``state``; ValueError naming what does not match this loader."""
+    if not isinstance(state, Mapping):
+        raise ValueError(f"load_state_dict expects the dict from state_dict(), got {type(state).__name__}")
+    missing = [k for k in STATE_KEYS if k not in state]
+    if missing:
+        raise ValueError(f"loader state is missing {missing}; pass the dict that DALILoader.state_dict() returned")
+    if state["version"] != STATE_VERSION:
+        raise ValueError(f"loader state version {state['version']!r} is not {STATE_VERSION}")
+    for key, mine in (("num_samples", num_samples), ("seed", seed), ("shuffle", shuffle), ("last_batch", last_batch)):
+        if state[key] != mine:
+            raise ValueError(
+                f"{root}: the saved loader state has {key}={state[key]!r} but this loader has "
+                f"{key}={mine!r}; resuming would not give the rest of the saved epoch"
+            )
+    epoch = check_int("epoch", state["epoch"], 0)
+    consumed = check_int("samples_consumed", state["samples_consumed"], 0)
+    if consumed > num_samples:
+        raise ValueError(f"samples_consumed {consumed} is more than the {num_samples} samples of the dataset")
+    if consumed == num_samples:
+        epoch, consumed = epoch + 1, 0
+    return epoch, consumed
+
+
+@dataclass
+class Pass:
+    """One iteration over (the rest of) an epoch on this rank."""
+
+    epoch: int
+    start: int
+    batches: int
+    samples: int  # this rank's samples, so the last batch can be trimmed to them
+    handed: int = 0  # batches given to the user
+    drained: bool = True  # DALI has reported the end of this pass's epoch
