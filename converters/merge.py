@@ -47,10 +47,13 @@ from tqdm import tqdm
 from converters.base import ConversionError
 from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.writers._h5file import GuardedFile
-from dali_pipes._fileio import fsync_dir
+from dali_pipes.fileio import fsync_dir
 from dali_pipes.manifest import Field, Manifest, load_manifest, resolve_inside
-from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, RECORD_CRC32C
-from dali_pipes.stores.hdf5 import (
+from dali_pipes.stores.checksum import RECORD_CRC32C
+from dali_pipes.stores.hdf5 import open_file
+from dali_pipes.stores.hdf5_layout import (
+    CRC_DATASET,
+    CRC_DTYPE,
     LIBVER,
     MANIFEST_ATTR,
     chunk_rows,
@@ -59,7 +62,6 @@ from dali_pipes.stores.hdf5 import (
     is_ragged,
     layout_attrs,
     offsets_path,
-    open_file,
     row_shape,
 )
 
@@ -157,7 +159,7 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
 
 
 def _crc_table(path: Path) -> np.ndarray:
-    """A shard's record CRCs (see :mod:`dali_pipes.stores._checksum`)."""
+    """A shard's record CRCs (see :mod:`dali_pipes.stores.checksum`)."""
     with open_file(path) as f:
         if CRC_DATASET not in f:
             raise ConversionError(f"{path}: has no record CRCs ({CRC_DATASET!r}), though the manifest says it has")

@@ -47,8 +47,8 @@ from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_d
 from converters.engines import LocalEngine, WorkerDied, make_engine
 from converters.planner import ShardPlan, plan_shards
 from converters.writers import writer_class
-from dali_pipes._fileio import atomic_write_bytes, fsync_dir, sha256_file
 from dali_pipes._version import __version__
+from dali_pipes.fileio import atomic_write_bytes, fsync_dir, sha256_file
 from dali_pipes.manifest import (
     ERRORS_NAME,
     FORMATS,

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from dali_pipes._fileio import atomic_write_json
+from dali_pipes.fileio import atomic_write_json
 from dali_pipes.manifest import FORMATS, ManifestError
 
 log = logging.getLogger("dali_pipes.cli")

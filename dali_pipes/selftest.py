@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dali_pipes._fileio import atomic_write_json
 from dali_pipes._selftest_checks import check_batch
 from dali_pipes._selftest_data import CATEGORY_IDS, CLASSES, SampleData, make_sample_data
+from dali_pipes.fileio import atomic_write_json
 
 log = logging.getLogger(__name__)
 

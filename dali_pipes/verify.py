@@ -19,10 +19,10 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes._fileio import sha256_file
+from dali_pipes.fileio import sha256_file
 from dali_pipes.manifest import ManifestError, load_manifest, resolve_inside
 from dali_pipes.stores import Store, StoreError
-from dali_pipes.stores._checksum import RecordChecksumError
+from dali_pipes.stores.checksum import RecordChecksumError
 
 log = logging.getLogger(__name__)
 

@@ -450,7 +450,7 @@ def _tf_type(field: Field) -> str:
 
 def test_tfrecord_shards_of_the_raw_bytes_layout_still_read(samples):
     """Shards written before the int64/float lists kept every array but float32 and wide ints as raw bytes."""
-    from dali_pipes.stores._codec import array_to_bytes
+    from dali_pipes.stores.codec import array_to_bytes
     from dali_pipes.stores.tfexample import decode_sample, encode_example
 
     want = samples[3]

@@ -20,7 +20,7 @@ import pytest
 from converters.merge import merge_hdf5
 from dali_pipes import StoreError, open_store
 from dali_pipes.manifest import ManifestError, load_manifest, parse_manifest
-from dali_pipes.stores._checksum import CRC_DATASET, RecordChecksumError
+from dali_pipes.stores.checksum import CRC_DATASET, RecordChecksumError
 from dali_pipes.stores.lmdb import crc_key
 from dali_pipes.verify import verify_dataset
 

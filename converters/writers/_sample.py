@@ -12,8 +12,8 @@ from typing import Mapping, Union
 import numpy as np
 
 from dali_pipes.manifest import Field, ManifestError
-from dali_pipes.stores._checksum import CRC_DATASET
-from dali_pipes.stores._codec import check_field
+from dali_pipes.stores.checksum import CRC_DATASET
+from dali_pipes.stores.codec import check_field
 
 Value = Union[bytes, np.ndarray]
 

@@ -36,8 +36,9 @@ from converters.base import Sample, ShardWriter
 from converters.writers._h5file import GuardedFile
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.manifest import Field
-from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, sample_crcs
-from dali_pipes.stores.hdf5 import (
+from dali_pipes.stores.hdf5_layout import (
+    CRC_DATASET,
+    CRC_DTYPE,
     LIBVER,
     chunk_rows,
     data_dtype,
@@ -46,6 +47,7 @@ from dali_pipes.stores.hdf5 import (
     layout_attrs,
     offsets_path,
     row_shape,
+    sample_crcs,
 )
 
 #: Ragged values stay in memory up to this many bytes per field, then spill to the temporary file.

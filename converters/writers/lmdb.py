@@ -30,9 +30,7 @@ from converters.base import Sample, ShardWriter
 from converters.diskfull import DISK_FULL_ERRNOS
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.manifest import Field
-from dali_pipes.stores._checksum import sample_crcs
-from dali_pipes.stores._codec import array_to_bytes
-from dali_pipes.stores.lmdb import LEN_KEY, crc_key, sample_key
+from dali_pipes.stores.lmdb_layout import LEN_KEY, array_to_bytes, crc_key, sample_crcs, sample_key
 
 log = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dali_pipes._fileio import atomic_write_json
 from dali_pipes.bench.streams import dali_in_flight
+from dali_pipes.fileio import atomic_write_json
 
 # Reading the file lives below the loader, in dali_pipes.settings; these names stay importable from here.
 from dali_pipes.settings import HW_DECODER_GPUS as HW_DECODER_GPUS

@@ -15,8 +15,8 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 
 from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
-from dali_pipes.stores._checksum import RECORD_CRC32C
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
+from dali_pipes.stores.checksum import RECORD_CRC32C
 
 logger = logging.getLogger(__name__)
 #: Datasets without record CRCs already reported in this process.

@@ -11,7 +11,7 @@ from typing import Any, Iterable, Mapping, Union
 import numpy as np
 
 from dali_pipes.manifest import Field
-from dali_pipes.stores._checksum import crc_columns
+from dali_pipes.stores.checksum import crc_columns
 from dali_pipes.stores.errors import StoreError, error_chain
 
 #: What ``store[i]`` returns: field name -> ``bytes`` (bytes fields) or a numpy array.
@@ -71,7 +71,7 @@ class ShardReader(ABC):
     for another file after conversion. Content hashes are ``dali-pipes verify``'s job.
 
     With ``record_crc`` (the manifest lists per-record checksums, see
-    :mod:`dali_pipes.stores._checksum`) every field read is checked against its
+    :mod:`dali_pipes.stores.checksum`) every field read is checked against its
     stored CRC32C; a format without them ignores it.
     """
 

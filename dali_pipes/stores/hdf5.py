@@ -1,33 +1,8 @@
-"""HDF5 shard reader, and the layout shared with the writer and the merge.
-
-Layout of a shard (and of a merged file, which is one big shard)::
-
-    /                      attrs: layout = "dali-pipes-hdf5", layout_version = 2,
-                                  num_samples = n, fields = JSON of the manifest fields
-    /<fixed array field>   dataset (n, *shape) of the field's dtype, chunked
-    /<ragged field>/data   dataset: every sample's values, concatenated along axis 0
-    /<ragged field>/offsets  int64 (n + 1,): sample i is data[offsets[i]:offsets[i + 1]]
-    /__crc32c__            uint32 (n, number of fields): the CRC32C of each field of each sample,
-                           fields in byte order of their names (since shard layout 3, when the
-                           manifest's ``checksums`` lists ``crc32c``; checked on every read)
-
-A *ragged* field is a ``bytes`` field (``data`` is uint8: the encoded images or
-text back to back) or an array field with a variable first dimension (``data``
-is ``(total_rows, *shape[1:])``, offsets count rows). Ragged ``data`` is one
-contiguous dataset, so reading a sample reads exactly its bytes. Fixed arrays
-are chunked with about 64 KiB per chunk (:func:`chunk_rows`): one sample per
-chunk for big samples, many for small ones such as labels.
+"""HDF5 shard reader, and the reading of merged files. The layout is :mod:`dali_pipes.stores.hdf5_layout`.
 
 A reader opens and checks a field's datasets, and reads a ragged field's
 offsets, when that field is first read: a reader asked for some fields never
 touches the others (see :meth:`Hdf5ShardReader.read`).
-
-Reading a shard with plain h5py::
-
-    with h5py.File("shard-00000.h5", "r") as f:
-        o = f["image/offsets"]
-        jpeg = f["image/data"][o[7]:o[8]].tobytes()
-        label = f["label"][7]
 
 A merged file (:mod:`converters.merge`) also carries ``attrs["manifest"]``,
 the dataset's manifest JSON, which :func:`merged_manifest` turns into a
@@ -41,74 +16,37 @@ import math
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable
 
 import h5py
 import numpy as np
 
 from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
-from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, check_record
 from dali_pipes.stores._h5map import MappedRows, map_rows
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
+from dali_pipes.stores.hdf5_layout import (  # noqa: F401  (MANIFEST_ATTR and the layout stay importable from here)
+    CHUNK_BYTES,
+    CRC_DATASET,
+    CRC_DTYPE,
+    LAYOUT,
+    LAYOUT_VERSION,
+    LIBVER,
+    MANIFEST_ATTR,
+    check_record,
+    chunk_rows,
+    data_dtype,
+    data_path,
+    is_ragged,
+    layout_attrs,
+    offsets_path,
+    row_shape,
+)
 
-LAYOUT = "dali-pipes-hdf5"
-#: 2: with the record CRCs (:data:`CRC_DATASET`); 1: without.
-LAYOUT_VERSION = 2
-#: Fixed file-format bounds, so the same data gives the same bytes whatever h5py defaults to.
-LIBVER = ("v110", "v110")
-#: Target size of one chunk of a fixed array dataset.
-CHUNK_BYTES = 64 << 10
 #: A batch read of a fixed field reads the whole span of its rows as one hyperslab when the
 #: span holds at most this many bytes per row asked for, else only those rows (a point selection).
 #: Measured on 64-byte rows: a point selection costs about 2.7 us a row, a hyperslab about
 #: 0.1 ms a MB, and random rows of small fields touch most chunks of the span anyway.
 SPAN_BYTES_PER_ROW = 16 << 10
-#: The attribute of a merged file that holds the dataset's manifest JSON.
-MANIFEST_ATTR = "manifest"
-
-
-def is_ragged(field: Field) -> bool:
-    """True for fields stored as concatenated ``data`` plus ``offsets``."""
-    return field.kind == "bytes" or field.variable_length
-
-
-def data_path(name: str, field: Field) -> str:
-    """The dataset holding a field's values."""
-    return f"{name}/data" if is_ragged(field) else name
-
-
-def offsets_path(name: str) -> str:
-    """The offsets dataset of a ragged field."""
-    return f"{name}/offsets"
-
-
-def data_dtype(field: Field) -> np.dtype:
-    """The dtype of a field's ``data`` (uint8 for bytes fields)."""
-    return np.dtype(np.uint8) if field.kind == "bytes" else np.dtype(field.dtype)
-
-
-def row_shape(field: Field) -> tuple[int, ...]:
-    """The shape of one row of a field's dataset: the sample shape, or a ragged field's trailing dims."""
-    if field.kind == "bytes":
-        return ()
-    shape = tuple(field.shape or ())
-    return shape[1:] if field.variable_length else shape
-
-
-def chunk_rows(field: Field) -> int:
-    """Samples per chunk of a fixed array field: about :data:`CHUNK_BYTES` a chunk, at least one sample."""
-    row_bytes = data_dtype(field).itemsize * math.prod(row_shape(field))
-    return max(1, CHUNK_BYTES // max(row_bytes, 1))
-
-
-def layout_attrs(fields: Mapping[str, Field], num_samples: int) -> dict[str, object]:
-    """The root attributes every shard and merged file carries."""
-    return {
-        "layout": LAYOUT,
-        "layout_version": LAYOUT_VERSION,
-        "num_samples": num_samples,
-        "fields": json.dumps({name: f.to_json() for name, f in fields.items()}, sort_keys=True),
-    }
 
 
 def open_file(path: str | os.PathLike) -> h5py.File:

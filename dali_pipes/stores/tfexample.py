@@ -52,8 +52,8 @@ import google_crc32c
 import numpy as np
 
 from dali_pipes.manifest import Field
-from dali_pipes.stores._codec import array_from_bytes, array_to_bytes, reshape
 from dali_pipes.stores.base import SampleDict, StoreError
+from dali_pipes.stores.codec import array_from_bytes, array_to_bytes, reshape
 
 #: Bytes before a record's data (length + its CRC) and after it (data CRC).
 HEADER_SIZE = 12

@@ -5,7 +5,7 @@ after conversion would otherwise reach the decoder, which often decodes damaged
 JPEG data into a damaged image without a word. Each field of each sample has
 the CRC32C (Castagnoli, hardware-accelerated by ``google-crc32c``) of its
 stored bytes: a ``bytes`` field's bytes, an array field's elements in C order,
-little-endian (:func:`~dali_pipes.stores._codec.array_to_bytes`). Where the CRCs
+little-endian (:func:`~dali_pipes.stores.codec.array_to_bytes`). Where the CRCs
 live is the format's business (see :mod:`dali_pipes.stores.lmdb` and
 :mod:`dali_pipes.stores.hdf5`); the manifest's ``checksums`` says whether a
 dataset has them (:data:`RECORD_CRC32C`).
@@ -21,7 +21,7 @@ from typing import Iterable, Mapping, Union
 import google_crc32c
 import numpy as np
 
-from dali_pipes.stores._codec import array_to_bytes
+from dali_pipes.stores.codec import array_to_bytes
 from dali_pipes.stores.errors import StoreError
 
 #: The manifest's ``checksums`` entry of a dataset whose records carry a CRC32C each.
