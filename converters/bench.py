@@ -101,24 +101,7 @@ def run_conversion_benchmark(
         rows: list[dict[str, Any]] = []
 
         def timed(name: str, run) -> None:
-            seconds = []
-            for r in range(repeats):
-                target = tmp_path / f"{name}-{r}"
-                start = time.perf_counter()
-                run(target)
-                seconds.append(time.perf_counter() - start)
-                shutil.rmtree(target, ignore_errors=True)
-            median = statistics.median(seconds)
-            rows.append(
-                {
-                    "name": name,
-                    "seconds": median,
-                    "seconds_all": seconds,
-                    "images_per_s": len(files) / median,
-                    "mb_per_s": total_bytes / median / 1e6,
-                }
-            )
-            log.info("%-12s %.2f s", name, median)
+            rows.append(_timed_row(name, run, tmp_path, repeats, len(files), total_bytes))
 
         timed("copy", lambda target: _copy_files(files, Path(images), target, workers))
         timed("load+check", lambda target: _load_all(source, items, workers))
@@ -189,3 +172,23 @@ def _load_all(source, items, workers: int) -> None:
     chunks = [(source, items[i : i + 64]) for i in range(0, len(items), 64)]
     with ProcessPoolExecutor(workers, mp_context=mp.get_context("spawn")) as pool:
         list(pool.map(_load_chunk, chunks))
+
+
+def _timed_row(name: str, run, tmp_path: Path, repeats: int, images: int, total_bytes: int) -> dict[str, Any]:
+    """Run ``run(target)`` ``repeats`` times into fresh folders under ``tmp_path``; the row of its median time."""
+    seconds = []
+    for r in range(repeats):
+        target = tmp_path / f"{name}-{r}"
+        start = time.perf_counter()
+        run(target)
+        seconds.append(time.perf_counter() - start)
+        shutil.rmtree(target, ignore_errors=True)
+    median = statistics.median(seconds)
+    log.info("%-12s %.2f s", name, median)
+    return {
+        "name": name,
+        "seconds": median,
+        "seconds_all": seconds,
+        "images_per_s": images / median,
+        "mb_per_s": total_bytes / median / 1e6,
+    }

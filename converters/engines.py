@@ -226,7 +226,7 @@ class DaskEngine:
                             f"shard-{futures[future]:05d}: every Dask worker that ran it died ({exc}); "
                             "the finished shards are kept: run the same command again to resume"
                         ) from exc
-                    progress(record["num_samples"] + len(record["errors"]))
+                    progress(record.num_samples + len(record.errors))
                     yield futures[future], record
             except BaseException:
                 _stop_dask_run(client, run_id, prefix, list(futures))

@@ -28,9 +28,7 @@ Dask) before the job's files are removed, so nothing is written afterwards.
 from __future__ import annotations
 
 import errno
-import fcntl
 import glob
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +43,21 @@ from tqdm import tqdm
 from converters.base import ConversionError, Item, SampleError, Source
 from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.engines import LocalEngine, WorkerDied, make_engine
+from converters.jobdir import (
+    TMP_SUFFIX,
+    OutputLock,
+    ShardRecord,
+    claim_output,
+    discard_job,
+    done_record,
+    finished_dataset,
+    job_digest,
+    read_errors,
+    remove_paths,
+    remove_temporaries,
+    save_record,
+    shard_name,
+)
 from converters.planner import ShardPlan, plan_shards
 from converters.writers import writer_class
 from dali_pipes._version import __version__
@@ -53,19 +66,13 @@ from dali_pipes.manifest import (
     ERRORS_NAME,
     FORMATS,
     JOB_DIR,
-    MANIFEST_NAME,
     Manifest,
-    ManifestError,
-    Shard,
-    load_manifest,
     write_manifest,
 )
 
 log = logging.getLogger(__name__)
 
-LOCK_NAME = ".dali-pipes.lock"
 ON_ERROR = ("skip", "fail")
-_TMP_SUFFIX = ".tmp"
 _PROGRESS_EVERY = 8  # samples between progress messages from a worker
 
 
@@ -87,11 +94,6 @@ class ConvertResult:
     @property
     def bytes(self) -> int:
         return sum(s.bytes for s in self.manifest.shards)
-
-
-def shard_name(number: int, suffix: str) -> str:
-    """The file name of shard ``number``: ``shard-00042.lmdb``."""
-    return f"shard-{number:05d}{suffix}"
 
 
 def convert(
@@ -135,22 +137,22 @@ def convert(
     plans = plan_shards(
         items, samples_per_shard=samples_per_shard, shard_size=shard_size, boundaries=source.input_boundaries()
     )
-    digest = _job_digest(source, format, items, plans)
+    digest = job_digest(source, format, items, plans)
 
-    finished = _finished_dataset(out, digest)
+    finished = finished_dataset(out, digest)
     if finished is not None:
         # Said once, by the caller (the CLI's summary line); here only for debugging.
         log.debug("%s is already a complete conversion of this input; nothing to do", out)
-        return ConvertResult(out, finished, _read_errors(out), time.perf_counter() - started, already_complete=True)
+        return ConvertResult(out, finished, read_errors(out), time.perf_counter() - started, already_complete=True)
 
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     job_dir = out / JOB_DIR
     with OutputLock(out):
-        _claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
+        claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
         suffix = writer_class(format).suffix
-        _remove_temporaries(out)
-        results = {p.number: r for p in plans if (r := _done_record(out, p, suffix)) is not None}
+        remove_temporaries(out)
+        results = {p.number: r for p in plans if (r := done_record(out, p, suffix)) is not None}
         if results:
             log.info("resuming: %d of %d shards were already written", len(results), len(plans))
         todo = [p for p in plans if p.number not in results]
@@ -158,11 +160,11 @@ def convert(
             _run_shards(source, format, items, todo, out, on_error, runner, progress, results, len(items))
         except SampleError:
             # --on-error fail: nothing of this job may look usable afterwards.
-            _discard_job(out, created)
+            discard_job(out, created)
             raise
         manifest = _assemble(out, source, format, plans, results, digest)
         shutil.rmtree(job_dir, ignore_errors=True)
-    errors = [e for p in plans for e in results[p.number]["errors"]]
+    errors = [e for p in plans for e in results[p.number].errors]
     result = ConvertResult(out, manifest, errors, time.perf_counter() - started, resumed_shards=len(plans) - len(todo))
     log.debug(  # the caller reports the result (the CLI's summary line); this is for debugging only
         "wrote %d samples in %d shards to %s (%d inputs left out) in %.1f s",
@@ -186,149 +188,14 @@ def convert(
 SHARD_LAYOUT_VERSION = 3
 
 
-def _job_digest(source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan]) -> str:
-    """A hash of everything that determines the output bytes, to recognise the same job on a re-run."""
-    digest = hashlib.sha256()
-    header = {
-        "format": fmt,
-        "source": source.describe(),
-        "shards": [[p.start, p.stop] for p in plans],
-    }
-    digest.update(json.dumps(header, sort_keys=True, default=str).encode())
-    for item in items:
-        digest.update(f"{item.name}\0{item.size}\n".encode())
-    return digest.hexdigest()
-
-
-def _finished_dataset(out: Path, digest: str) -> Manifest | None:
-    """The manifest of ``out`` when it is a complete conversion of this very job."""
-    if not (out / MANIFEST_NAME).exists():
-        return None
-    try:
-        manifest = load_manifest(out)
-    except ManifestError as exc:
-        raise ConversionError(
-            f"{out} already holds a dataset whose manifest cannot be read ({exc}); choose another output folder"
-        ) from exc
-    if manifest.source.get("job") != digest:
-        raise ConversionError(
-            f"{out} already holds a different dataset; choose another output folder or delete this one"
-        )
-    return manifest
-
-
-def _claim_output(out: Path, digest: str, source: Source, fmt: str, created: bool) -> None:
-    """Make ``out`` this job's folder, or refuse when it holds anything else."""
-    job_file = out / JOB_DIR / "job.json"
-    if job_file.exists():
-        try:
-            previous = json.loads(job_file.read_text())
-        except (OSError, json.JSONDecodeError):
-            previous = {}
-        if previous.get("digest") != digest:
-            raise ConversionError(
-                f"{out} holds an unfinished conversion of a different input, with other options or by "
-                "another version of dali-pipes; re-run that command to finish it, or choose another output folder"
-            )
-        return
-    others = [p.name for p in out.iterdir() if p.name not in (JOB_DIR, LOCK_NAME)]
-    if others:
-        raise ConversionError(
-            f"{out} exists and is not empty ({', '.join(sorted(others)[:3])}...); choose a new or empty output folder"
-        )
-    (out / JOB_DIR).mkdir(exist_ok=True)
-    record = {"digest": digest, "format": fmt, "source": source.describe(), "created_output": created}
-    atomic_write_bytes(job_file, json.dumps(record, indent=1, default=str).encode())
-
-
-class OutputLock:
-    """An exclusive lock on the output folder: two conversions into one folder refuse to run at once."""
-
-    def __init__(self, out: Path) -> None:
-        self.path = out / LOCK_NAME
-        self.fd: int | None = None
-
-    def __enter__(self) -> "OutputLock":
-        self.fd = os.open(self.path, os.O_CREAT | os.O_RDWR, 0o644)
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(self.fd)
-            self.fd = None
-            raise ConversionError(
-                f"another conversion is writing into {self.path.parent} right now; wait for it to finish"
-            ) from None
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if self.fd is not None:
-            try:
-                self.path.unlink()
-            except FileNotFoundError:
-                pass
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
-
-
-def _remove_temporaries(out: Path) -> None:
-    """Delete shard files a killed run left half-written."""
-    for path in out.glob(f"shard-*{_TMP_SUFFIX}*"):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-
-
-def _done_record(out: Path, plan: ShardPlan, suffix: str) -> dict[str, Any] | None:
-    """The recorded result of a shard finished by an earlier run, if its files are intact."""
-    record_file = out / JOB_DIR / f"{shard_name(plan.number, '')}.json"
-    if not record_file.exists():
-        return None
-    try:
-        record = json.loads(record_file.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    shard_file = out / record["path"]
-    if not shard_file.exists() or shard_file.stat().st_size != record["bytes"]:
-        return None
-    if record.get("index_path") and not (out / record["index_path"]).exists():
-        return None
-    return record
-
-
-def _discard_job(out: Path, created: bool) -> None:
-    """Remove everything this job wrote (after ``--on-error fail``)."""
-    for path in out.glob("shard-*"):
-        if path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            path.unlink(missing_ok=True)
-    shutil.rmtree(out / JOB_DIR, ignore_errors=True)
-    (out / LOCK_NAME).unlink(missing_ok=True)
-    if created:
-        try:
-            out.rmdir()
-        except OSError:
-            pass
-
-
 def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) -> Manifest:
     """Write ``errors.jsonl`` and then the manifest, in shard order."""
     shards = []
     errors = []
     for plan in plans:
         record = results[plan.number]
-        shards.append(
-            Shard(
-                path=record["path"],
-                num_samples=record["num_samples"],
-                bytes=record["bytes"],
-                sha256=record["sha256"],
-                index_path=record.get("index_path"),
-                index_sha256=record.get("index_sha256"),
-            )
-        )
-        errors.extend(record["errors"])
+        shards.append(record.shard())
+        errors.extend(record.errors)
     if sum(s.num_samples for s in shards) == 0:
         raise ConversionError(f"no input could be converted: all {len(errors)} inputs failed (see the messages above)")
     lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors)
@@ -344,13 +211,6 @@ def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) 
     )
     write_manifest(out, manifest)
     return manifest
-
-
-def _read_errors(out: Path) -> list[dict[str, str]]:
-    path = out / ERRORS_NAME
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 # --- running shards ------------------------------------------------------------------------
@@ -372,7 +232,7 @@ class _Stopped(Exception):
 
 def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, results, total) -> None:
     """Write the shards of ``todo`` with ``engine`` (or in this process when there is one worker or shard)."""
-    done_before = sum(results[n]["num_samples"] + len(results[n]["errors"]) for n in results)
+    done_before = sum(r.num_samples + len(r.errors) for r in results.values())
     bar = tqdm(
         total=total, initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05
     )
@@ -390,7 +250,7 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
                 results[number] = record
         except WorkerDied as exc:
             # Every worker has ended: what they left half-written is garbage. Say which shard killed its worker.
-            _remove_temporaries(out)
+            remove_temporaries(out)
             which = "a shard" if exc.key is None else str(out / shard_name(exc.key, writer_class(fmt).suffix))
             raise ConversionError(
                 f"{which}: the worker writing this shard died ({exc.how}); nothing of it was kept "
@@ -426,7 +286,7 @@ def write_shard(
     on_progress=None,
     *,
     stop: Callable[[], bool] | None = None,
-) -> dict[str, Any]:
+) -> ShardRecord:
     """Write one shard under a temporary name, rename it into place, and record it as done.
 
     ``stop`` says whether to abandon the shard (another shard failed with
@@ -435,42 +295,16 @@ def write_shard(
     """
     writer_cls = writer_class(fmt)
     final = out / shard_name(plan.number, writer_cls.suffix)
-    tmp = final.with_name(final.name + _TMP_SUFFIX)
-    fields = source.fields()
-    errors: list[dict[str, str]] = []
-    count = 0
-    unreported = 0
+    tmp = final.with_name(final.name + TMP_SUFFIX)
     if stop is None:
         stop = _stop_requested
     # A retried task (a Dask worker died mid-shard) finds the dead attempt's half-written files.
-    for stale in out.glob(f"{glob.escape(tmp.name)}*"):
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
+    remove_paths(out.glob(f"{glob.escape(tmp.name)}*"))
     writer = None
     try:
         _check_job_alive(out, stop)
-        writer = writer_cls(tmp, fields)
-        for item in items:
-            if stop():
-                raise _Stopped()
-            try:
-                sample = source.load(item)
-            except SampleError as exc:
-                if on_error == "fail":
-                    raise
-                log.warning("left out %s: %s", exc.name, exc.reason)
-                errors.append({"input": exc.name, "reason": exc.reason, "shard": final.name})
-            else:
-                if sample.keys() != fields.keys():
-                    raise ValueError(f"{item.name}: the source gave fields {sorted(sample)}, expected {sorted(fields)}")
-                writer.write(sample)
-                count += 1
-            unreported += 1
-            if unreported >= _PROGRESS_EVERY:
-                _report(unreported, on_progress)
-                unreported = 0
+        writer = writer_cls(tmp, source.fields())
+        count, errors = _write_samples(writer, source, items, on_error, final.name, stop, on_progress)
         writer.close()
         # The job may have been given up while this shard was written (a Dask task that ran on).
         _check_job_alive(out, stop)
@@ -481,31 +315,72 @@ def write_shard(
             except Exception as abort_exc:  # noqa: BLE001 - closing may flush, and fail again (disk full)
                 # The shard is discarded anyway: its removal below, and the first error, are what matter.
                 log.debug("closing the abandoned %s failed too: %s", tmp.name, abort_exc)
-        for leftover in out.glob(f"{glob.escape(tmp.name)}*"):  # the shard and its sidecar index
-            leftover.unlink(missing_ok=True)
+        remove_paths(out.glob(f"{glob.escape(tmp.name)}*"))  # the shard and its sidecar index
         if is_disk_full(exc):
             raise ConversionError(disk_full_message(final, out, exc)) from exc
         raise
-    _report(unreported, on_progress)
+    return _publish_shard(writer, tmp, final, out, plan, count, errors)
 
-    record: dict[str, Any] = {
-        "path": final.name,
-        "num_samples": count,
-        "bytes": tmp.stat().st_size,
-        "sha256": sha256_file(tmp),
-        "index_path": None,
-        "index_sha256": None,
-        "errors": errors,
-    }
+
+def _write_samples(
+    writer: Any,
+    source: Source,
+    items: Sequence[Item],
+    on_error: str,
+    shard: str,
+    stop: Callable[[], bool],
+    on_progress,
+) -> tuple[int, list[dict[str, str]]]:
+    """Load and write each item; returns the samples written and the inputs left out (``--on-error skip``)."""
+    fields = source.fields()
+    errors: list[dict[str, str]] = []
+    count = 0
+    unreported = 0
+    for item in items:
+        if stop():
+            raise _Stopped()
+        try:
+            sample = source.load(item)
+        except SampleError as exc:
+            if on_error == "fail":
+                raise
+            log.warning("left out %s: %s", exc.name, exc.reason)
+            errors.append({"input": exc.name, "reason": exc.reason, "shard": shard})
+        else:
+            if sample.keys() != fields.keys():
+                raise ValueError(f"{item.name}: the source gave fields {sorted(sample)}, expected {sorted(fields)}")
+            writer.write(sample)
+            count += 1
+        unreported += 1
+        if unreported >= _PROGRESS_EVERY:
+            _report(unreported, on_progress)
+            unreported = 0
+    _report(unreported, on_progress)
+    return count, errors
+
+
+def _publish_shard(
+    writer: Any, tmp: Path, final: Path, out: Path, plan: ShardPlan, count: int, errors: list[dict[str, str]]
+) -> ShardRecord:
+    """Hash the written shard (and its index), rename them into place, and save the shard's job record."""
+    index_path = index_sha256 = None
     tmp_index = writer.index_path()
     if tmp_index is not None:
         final_index = final.with_name(final.name + tmp_index.name[len(tmp.name) :])
-        record["index_path"] = final_index.name
-        record["index_sha256"] = sha256_file(tmp_index)
+        index_path, index_sha256 = final_index.name, sha256_file(tmp_index)
         os.replace(tmp_index, final_index)
+    record = ShardRecord(
+        path=final.name,
+        num_samples=count,
+        bytes=tmp.stat().st_size,
+        sha256=sha256_file(tmp),
+        index_path=index_path,
+        index_sha256=index_sha256,
+        errors=errors,
+    )
     os.replace(tmp, final)
     fsync_dir(out)
-    atomic_write_bytes(out / JOB_DIR / f"{shard_name(plan.number, '')}.json", json.dumps(record).encode())
+    save_record(out, plan.number, record)
     return record
 
 

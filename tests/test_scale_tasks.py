@@ -109,7 +109,7 @@ def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, 
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
         read.append(_bytes_read() - before)
-        assert record["num_samples"] == PER_SHARD and not record["errors"]
+        assert record.num_samples == PER_SHARD and not record.errors
     # Identical shards of 10 items; only absolute paths (tmp folder names) may differ by a few bytes.
     assert abs(sizes[2] - sizes[1]) < 200, sizes
     # The larger input is 10x the smaller (a list file of ~40 KB more): a task reading it would show.
@@ -125,5 +125,5 @@ def test_a_list_shard_task_never_parses_the_list_file(tmp_path, imagenet_mini):
     source = args[0]
     os.unlink(source.list_file)  # a task that needs the list file now fails instead of re-reading it
     record = write_shard(*args)
-    assert record["num_samples"] == PER_SHARD
+    assert record.num_samples == PER_SHARD
     assert source._entries is None and "label" in source.fields()

@@ -127,14 +127,11 @@ def run_doctor(
     is timed first: the run's length is logged, and a run estimated to exceed
     ``max_minutes`` raises ValueError naming smaller models, before the long part.
     """
-    import torch
     from tqdm import tqdm
 
     from dali_pipes.bench.inputs import bench_inputs
-    from dali_pipes.bench.models import build_model
     from dali_pipes.bench.report import machine_description
-    from dali_pipes.bench.streams import dali_loader_stream
-    from dali_pipes.loader import DALILoader, resolve_device
+    from dali_pipes.world import resolve_device
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
@@ -143,19 +140,8 @@ def run_doctor(
     target = Target()
     classes = inputs.manifest.classes
     num_classes = len(classes) if classes else 1000
-    net = build_model(model, num_classes).to(target.device)
-    if target.is_cuda:
-        net = net.to(memory_format=torch.channels_last)
-    net.train()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-    # A model's first steps are slow (allocator, oneDNN/cuDNN algorithm choice): warm up on time too.
-    plan = TimingPlan(
-        warmup_batches=3 if quick else 5,
-        repeats=3,
-        min_batches=max(1, steps // 3),
-        min_seconds=0.0,
-        warmup_seconds=0.5 if quick else 3.0,
-    )
+    net, optimizer = _training_model(model, num_classes, target)
+    plan = _doctor_plan(steps, quick)
     in_flight = dali_in_flight(inputs.loader_settings)
     per_job = plan.warmup_batches + plan.repeats * plan.min_batches
     step_s = _time_training_step(model, net, optimizer, batch_size, inputs.spec.size, num_classes, target)
@@ -168,6 +154,78 @@ def run_doctor(
         steps=2 * per_job + in_flight,  # the model alone, then fed by the loader
         max_minutes=max_minutes,
     )
+
+    jobs = _doctor_jobs(inputs, model, net, optimizer, batch_size, num_classes, loader_device, target)
+    rows = []
+    with tqdm(total=3 * per_job + 2 * in_flight, desc="doctor", unit="step", disable=not progress) as bar:
+        for job in jobs:
+            bar.set_postfix_str(job.name)
+            job.params = {"batch_size": batch_size}
+            job.factory = functools.partial(counted, job.factory, bar.update)
+            rows.append(measure(job, plan, target))
+    loader_row, model_row, combined_row = rows
+    data_bound, verdict, advice, figures = diagnose(
+        loader_row.images_per_s,
+        model_row.images_per_s,
+        combined_row.images_per_s,
+        loader_device=loader_device,
+        cuda=target.is_cuda,
+        cores=inputs.cores,
+        tuned=settings is not None,
+    )
+    context = {
+        **inputs.describe(),
+        "loader_device": loader_device,
+        "model_device": target.device,
+        "steps": steps,
+        "quick": quick,
+        "num_classes": num_classes,
+    }
+    return DoctorReport(
+        model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
+    )
+
+
+def _training_model(model: str, num_classes: int, target: Target) -> tuple[Any, Any]:
+    """A freshly initialised ``model`` in training mode on the target device, and its SGD optimizer."""
+    import torch
+
+    from dali_pipes.bench.models import build_model
+
+    net = build_model(model, num_classes).to(target.device)
+    if target.is_cuda:
+        net = net.to(memory_format=torch.channels_last)
+    net.train()
+    return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+
+def _doctor_plan(steps: int, quick: bool) -> TimingPlan:
+    """Three timed windows of ``steps // 3`` batches after the warm-up."""
+    # A model's first steps are slow (allocator, oneDNN/cuDNN algorithm choice): warm up on time too.
+    return TimingPlan(
+        warmup_batches=3 if quick else 5,
+        repeats=3,
+        min_batches=max(1, steps // 3),
+        min_seconds=0.0,
+        warmup_seconds=0.5 if quick else 3.0,
+    )
+
+
+def _doctor_jobs(
+    inputs: Any,
+    model: str,
+    net: Any,
+    optimizer: Any,
+    batch_size: int,
+    num_classes: int,
+    loader_device: str,
+    target: Target,
+) -> list[Job]:
+    """The three rows of ``doctor``: the loader alone, the model alone, and the loader feeding the model."""
+    from dali_pipes.bench.streams import dali_loader_stream
+    from dali_pipes.loader import DALILoader
+
+    in_flight = dali_in_flight(inputs.loader_settings)
 
     @contextlib.contextmanager
     def loader_factory():
@@ -185,7 +243,7 @@ def run_doctor(
         finally:
             loader.close()
 
-    jobs = [
+    return [
         Job(
             "loader",
             lambda: dali_loader_stream(
@@ -218,34 +276,6 @@ def run_doctor(
             in_flight=in_flight,
         ),
     ]
-    rows = []
-    with tqdm(total=3 * per_job + 2 * in_flight, desc="doctor", unit="step", disable=not progress) as bar:
-        for job in jobs:
-            bar.set_postfix_str(job.name)
-            job.params = {"batch_size": batch_size}
-            job.factory = functools.partial(counted, job.factory, bar.update)
-            rows.append(measure(job, plan, target))
-    loader_row, model_row, combined_row = rows
-    data_bound, verdict, advice, figures = diagnose(
-        loader_row.images_per_s,
-        model_row.images_per_s,
-        combined_row.images_per_s,
-        loader_device=loader_device,
-        cuda=target.is_cuda,
-        cores=inputs.cores,
-        tuned=settings is not None,
-    )
-    context = {
-        **inputs.describe(),
-        "loader_device": loader_device,
-        "model_device": target.device,
-        "steps": steps,
-        "quick": quick,
-        "num_classes": num_classes,
-    }
-    return DoctorReport(
-        model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
-    )
 
 
 def _time_training_step(

@@ -28,9 +28,18 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dali_pipes.bench.inputs import BenchInputs, bench_inputs
-from dali_pipes.bench.report import BenchReport, machine_description
-from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, run_jobs, warm_page_cache
-from dali_pipes.bench.streams import dali_in_flight
+from dali_pipes.bench.jobs import (
+    anchor_job,
+    dali_job,
+    dataloader_job,
+    file_dataset,
+    original_files,
+    pil_transform,
+    store_dataset,
+    suite_report,
+)
+from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.runner import Job, Target, TimingPlan, run_jobs, warm_page_cache
 
 log = logging.getLogger(__name__)
 
@@ -91,102 +100,6 @@ def run_bench(
     return report
 
 
-def _report(suite: str, title: str, inputs: BenchInputs, rows: list, **kwargs: Any) -> BenchReport:
-    return BenchReport(suite, title, rows, inputs.describe(), machine_description(), **kwargs)
-
-
-# --- row factories ---------------------------------------------------------------------------
-
-
-def _dali_job(
-    name: str, inputs: BenchInputs, device: str, target: Target, dataset: Path | None = None, **params: Any
-) -> Job:
-    from dali_pipes.bench.streams import dali_loader_stream
-
-    factory = functools.partial(
-        dali_loader_stream,
-        dataset or inputs.dataset,
-        inputs.spec,
-        batch_size=params.get("batch_size", inputs.batch_size),
-        device=device,
-        target=target,
-        settings=inputs.loader_settings,
-    )
-    where = "the GPU (mixed decoder)" if device == "gpu" else "the CPU"
-    in_flight = dali_in_flight(inputs.loader_settings)
-    return Job(
-        name,
-        factory,
-        f"DALILoader over the shards, decode and augment on {where}",
-        {**inputs.loader_settings, **params},
-        in_flight=in_flight,
-    )
-
-
-def _dataloader_job(
-    name: str, make_dataset: Callable[[], Any], inputs: BenchInputs, target: Target, description: str, **params: Any
-) -> Job:
-    from dali_pipes.bench.streams import dataloader_stream
-
-    num_workers = params.setdefault("num_workers", inputs.cores)
-    batch_size = params.get("batch_size", inputs.batch_size)
-
-    def factory():
-        # The dataset is made inside the row, so an optional backend that does not import skips it.
-        return dataloader_stream(make_dataset(), batch_size=batch_size, num_workers=num_workers, target=target)
-
-    # torch's default prefetch_factor: two batches per worker; one in the main process.
-    return Job(name, factory, description, params, in_flight=2 * num_workers + 1)
-
-
-def _files(inputs: BenchInputs) -> tuple:
-    if not inputs.files:
-        raise Skipped(inputs.files_reason or "no original image files")
-    return inputs.files
-
-
-def _anchor_job(
-    name: str, inputs: BenchInputs, device: str, target: Target, files: Callable[[], tuple] | None = None, **params: Any
-) -> Job:
-    from dali_pipes.bench.anchor import file_reader_stream
-
-    def factory():
-        return file_reader_stream(
-            (files or functools.partial(_files, inputs))(),
-            inputs.spec,
-            batch_size=inputs.batch_size,
-            device=device,
-            num_threads=inputs.loader_settings.get("num_threads", inputs.cores),
-            target=target,
-        )
-
-    return Job(
-        name,
-        factory,
-        f"DALI fn.readers.file over the original files, the same graph on the {device.upper()}",
-        {"num_threads": inputs.loader_settings.get("num_threads", inputs.cores), **params},
-        in_flight=2 + 1,
-    )  # DALI's default prefetch_queue_depth
-
-
-def _pil(inputs: BenchInputs):
-    from dali_pipes.bench.baselines import PilTrainTransform
-
-    return PilTrainTransform.from_spec(inputs.spec)
-
-
-def _store_dataset(inputs: BenchInputs, transform: Callable[[], Any], dataset: Path | None = None) -> Callable[[], Any]:
-    from dali_pipes.bench.baselines import StoreImageDataset
-
-    return lambda: StoreImageDataset(dataset or inputs.dataset, transform())
-
-
-def _file_dataset(files: Callable[[], tuple], transform: Callable[[], Any]) -> Callable[[], Any]:
-    from dali_pipes.bench.baselines import FileImageDataset
-
-    return lambda: FileImageDataset(files(), transform())
-
-
 # --- suites ----------------------------------------------------------------------------------
 
 
@@ -196,41 +109,41 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
     from dali_pipes.bench.decode import decode_stream, reducible_fraction
 
     spec, cores = inputs.spec, inputs.cores
-    files = functools.partial(_files, inputs)
+    files = functools.partial(original_files, inputs)
     decode = functools.partial(decode_stream, str(inputs.dataset), workers=cores, chunk=inputs.batch_size, spec=spec)
     jobs = [
-        _dali_job("dali-pipes gpu", inputs, "gpu", target),
-        _dali_job("dali-pipes cpu", inputs, "cpu", target),
-        _dataloader_job(
+        dali_job("dali-pipes gpu", inputs, "gpu", target),
+        dali_job("dali-pipes cpu", inputs, "cpu", target),
+        dataloader_job(
             BASELINE,
-            _store_dataset(inputs, lambda: _pil(inputs)),
+            store_dataset(inputs, lambda: pil_transform(inputs)),
             inputs,
             target,
             "DataLoader, PIL decode + torchvision-style PIL/numpy transforms, over the shards",
         ),
-        _dataloader_job(
+        dataloader_job(
             "DataLoader+PIL files",
-            _file_dataset(files, lambda: _pil(inputs)),
+            file_dataset(files, lambda: pil_transform(inputs)),
             inputs,
             target,
             "the same, over the original image files",
         ),
-        _dataloader_job(
+        dataloader_job(
             "DataLoader+torchvision shards",
-            _store_dataset(inputs, lambda: TorchvisionTrainTransform(spec)),
+            store_dataset(inputs, lambda: TorchvisionTrainTransform(spec)),
             inputs,
             target,
             "DataLoader, PIL decode + torchvision transforms, over the shards",
         ),
-        _dataloader_job(
+        dataloader_job(
             "DataLoader+Albumentations shards",
-            _store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
+            store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
             inputs,
             target,
             "DataLoader, OpenCV decode + Albumentations transforms, over the shards",
         ),
-        _anchor_job("DALI readers.file gpu", inputs, "gpu", target),
-        _anchor_job("DALI readers.file cpu", inputs, "cpu", target),
+        anchor_job("DALI readers.file gpu", inputs, "gpu", target),
+        anchor_job("DALI readers.file cpu", inputs, "cpu", target),
         Job(
             "decode-ceiling (full)",
             functools.partial(decode, mode="full"),
@@ -246,7 +159,7 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
             in_flight=2 * cores,
         ),
     ]
-    report = _report(
+    report = suite_report(
         "main",
         "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
         inputs,
@@ -303,16 +216,16 @@ def albumentations_suite(
 
     spec = inputs.spec
     backends = [
-        ("PIL (torchvision-style)", lambda: _pil(inputs), "PIL decode + PIL/numpy transforms"),
+        ("PIL (torchvision-style)", lambda: pil_transform(inputs), "PIL decode + PIL/numpy transforms"),
         ("torchvision", lambda: TorchvisionTrainTransform(spec), "PIL decode + torchvision transforms"),
         ("Albumentations", lambda: AlbumentationsTrainTransform(spec), "OpenCV decode + Albumentations transforms"),
     ]
     jobs = [
-        _dataloader_job(name, _store_dataset(inputs, make), inputs, target, description, num_workers=workers)
+        dataloader_job(name, store_dataset(inputs, make), inputs, target, description, num_workers=workers)
         for workers in sorted({0, inputs.cores})
         for name, make, description in backends
     ]
-    return _report(
+    return suite_report(
         "albumentations",
         "augmentation libraries in a DataLoader over the shards",
         inputs,
@@ -330,15 +243,15 @@ def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quic
     jobs = []
     for count in counts:
         for job in (
-            _dataloader_job(
+            dataloader_job(
                 "DataLoader+PIL cpu",
-                _store_dataset(inputs, lambda: _pil(inputs)),
+                store_dataset(inputs, lambda: pil_transform(inputs)),
                 inputs,
                 target,
                 "DataLoader + PIL over the shards, workers started in the timing",
             ),
-            _dali_job("dali-pipes cpu", inputs, "cpu", target),
-            _dali_job("dali-pipes gpu", inputs, "gpu", target),
+            dali_job("dali-pipes cpu", inputs, "cpu", target),
+            dali_job("dali-pipes gpu", inputs, "gpu", target),
         ):
             job.params = {"images": count}
             job.cold_images = count
@@ -348,7 +261,7 @@ def cpu_vs_gpu_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quic
     for row in rows:
         if row.images_per_s:
             row.extra["seconds"] = row.params["images"] / row.images_per_s
-    report = _report(
+    report = suite_report(
         "cpu-vs-gpu",
         "CPU against GPU augmentation: N images from a cold start (build + workers included)",
         inputs,
@@ -368,9 +281,9 @@ def workers_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     batch_sizes = sorted({max(1, b // 2), b}) if quick else sorted({s for s in (16, 32, 64, 128, 256) if s <= n} | {b})
     settings = [(w, b) for w in worker_counts] + [(cores, s) for s in batch_sizes if s != b]
     jobs = [
-        _dataloader_job(
+        dataloader_job(
             BASELINE,
-            _store_dataset(inputs, lambda: _pil(inputs)),
+            store_dataset(inputs, lambda: pil_transform(inputs)),
             inputs,
             target,
             "DataLoader + PIL over the shards",
@@ -379,7 +292,7 @@ def workers_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
         )
         for w, s in settings
     ]
-    return _report(
+    return suite_report(
         "workers",
         "DataLoader num_workers and batch size sweeps (PIL over the shards)",
         inputs,
@@ -412,10 +325,10 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
                 "read the encoded bytes only, one process",
                 {"reader": "read-only"},
             ),
-            _anchor_job("files", inputs, device, target, files=files, reader=f"dali {device}"),
-            _dataloader_job(
+            anchor_job("files", inputs, device, target, files=files, reader=f"dali {device}"),
+            dataloader_job(
                 "files",
-                _file_dataset(files, lambda: _pil(inputs)),
+                file_dataset(files, lambda: pil_transform(inputs)),
                 inputs,
                 target,
                 "DataLoader + PIL",
@@ -430,10 +343,10 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
                     "read the encoded bytes only, one process",
                     {"reader": "read-only"},
                 ),
-                _dali_job(fmt, inputs, device, target, dataset=dataset, reader=f"dali {device}"),
-                _dataloader_job(
+                dali_job(fmt, inputs, device, target, dataset=dataset, reader=f"dali {device}"),
+                dataloader_job(
                     fmt,
-                    _store_dataset(inputs, lambda: _pil(inputs), dataset),
+                    store_dataset(inputs, lambda: pil_transform(inputs), dataset),
                     inputs,
                     target,
                     "DataLoader + PIL",
@@ -444,7 +357,7 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
             job.params = {"reader": job.params["reader"]}
         rows = run_jobs(jobs, plan, target, progress=progress, title="formats")
         size = copies.bytes
-    report = _report(
+    report = suite_report(
         "formats",
         f"storage formats at equal content ({copies.count} images, {size / 1e6:.1f} MB)",
         inputs,
@@ -469,7 +382,7 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
     jobs = []
     for device in ("gpu", "cpu"):
         for steps, name in enumerate(names):
-            job = _dali_job(name, dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, steps)), device, target)
+            job = dali_job(name, dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, steps)), device, target)
             job.params["device"] = device  # the table's and the JSON's way to tell the two devices apart
             jobs.append(job)
     rows = run_jobs(jobs, plan, target, progress=progress, title="bench stages")
@@ -478,7 +391,7 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         for row, cost in zip(mine, step_costs([row.images_per_s for row in mine])):
             if cost is not None:
                 row.extra["ms_per_image_added"] = round(cost, 3)
-    report = _report(
+    report = suite_report(
         "stages",
         "what each step of the training graph costs: the loader with its first k steps",
         inputs,
