@@ -322,6 +322,12 @@ def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
+def check_field_name(name: object, where: str) -> None:
+    """Refuse a field name no format can store (it names files, keys and HDF5 paths): ManifestError naming it."""
+    if not isinstance(name, str) or not name or "/" in name or _has_nul(name) or name in (".", ".."):
+        raise ManifestError(f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)")
+
+
 def _has_nul(value: str) -> bool:
     return "\0" in value
 
@@ -350,10 +356,7 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         raise ManifestError(f"{where}: 'fields' must be a non-empty object")
     fields = {}
     for name, spec in raw_fields.items():
-        if not isinstance(name, str) or not name or "/" in name or _has_nul(name) or name in (".", ".."):
-            raise ManifestError(
-                f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)"
-            )
+        check_field_name(name, where)
         fields[name] = Field.from_json(name, spec, where)
 
     classes = data.get("classes")

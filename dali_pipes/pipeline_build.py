@@ -13,16 +13,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from dali_pipes.sources import dali_output_types
+from dali_pipes.sources import RESERVED_OUTPUTS, dali_output_types
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
 
 __all__ = ["RESERVED_OUTPUTS", "bind_spec", "build_pipeline", "fitting_spec", "pipeline_seed", "required_fields"]
-
-#: Outputs the loader adds to every batch; a spec may not return these names.
-RESERVED_OUTPUTS = ("is_pad", "index")
 
 
 def build_pipeline(

@@ -47,7 +47,10 @@ _DALI_EPOCH, _EPOCH, _START, _CANCELLED = range(4)
 _SLOTS = 4
 
 #: numpy dtype name -> name of the ``nvidia.dali.types`` constant.
-_DALI_TYPE_NAMES = {
+#: Outputs the loader adds after the fields (``is_pad``, then ``index`` when asked for); no spec may return these.
+RESERVED_OUTPUTS = ("is_pad", "index")
+#: The DALI type (a ``nvidia.dali.types`` name) of each numpy dtype a field may have, by numpy name.
+DALI_TYPE_NAMES = {
     "bool": "BOOL",
     "float16": "FLOAT16",
     "float32": "FLOAT",
@@ -289,7 +292,7 @@ def dali_output_types(store: Store, fields: Sequence[str], with_index: bool = Tr
             dtypes.append(types.UINT8)
             ndims.append(1)
         else:
-            dtypes.append(getattr(types, _DALI_TYPE_NAMES[spec.dtype]))
+            dtypes.append(getattr(types, DALI_TYPE_NAMES[spec.dtype]))
             ndims.append(len(spec.shape or ()))
     dtypes.append(types.BOOL)
     ndims.append(0)

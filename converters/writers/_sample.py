@@ -11,7 +11,7 @@ from typing import Mapping, Union
 
 import numpy as np
 
-from dali_pipes.manifest import Field, ManifestError
+from dali_pipes.manifest import Field, ManifestError, check_field_name
 from dali_pipes.stores.checksum import CRC_DATASET
 from dali_pipes.stores.codec import check_field
 
@@ -23,8 +23,7 @@ def check_fields(fields: Mapping[str, Field], where: str) -> None:
     if not fields:
         raise ValueError(f"{where}: a shard needs at least one field")
     for name, field in fields.items():
-        if not name or "/" in name or "\0" in name or name in (".", ".."):
-            raise ValueError(f"{where}: field name {name!r} is not allowed (empty, '.', '..', or contains '/' or NUL)")
+        check_field_name(name, where)  # a ManifestError, which is a ValueError
         if name == CRC_DATASET:
             raise ValueError(f"{where}: field name {name!r} is reserved for the record checksums")
         check_field(name, field, where)

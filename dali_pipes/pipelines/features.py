@@ -31,24 +31,10 @@ from nvidia.dali.data_node import DataNode
 
 from dali_pipes.manifest import Manifest
 from dali_pipes.pipelines.base import check_build_call
+from dali_pipes.sources import DALI_TYPE_NAMES, RESERVED_OUTPUTS
 
 #: Output dtypes a field may be cast to, by numpy name.
-FEATURE_DTYPES: dict[str, Any] = {
-    "bool": types.BOOL,
-    "float16": types.FLOAT16,
-    "float32": types.FLOAT,
-    "float64": types.FLOAT64,
-    "int8": types.INT8,
-    "int16": types.INT16,
-    "int32": types.INT32,
-    "int64": types.INT64,
-    "uint8": types.UINT8,
-    "uint16": types.UINT16,
-    "uint32": types.UINT32,
-    "uint64": types.UINT64,
-}
-#: Output names the loader adds itself.
-_RESERVED = ("is_pad", "index")
+FEATURE_DTYPES: dict[str, Any] = {name: getattr(types, dali) for name, dali in DALI_TYPE_NAMES.items()}
 
 Stat = Union[float, tuple[float, ...]]
 
@@ -82,7 +68,7 @@ class Features:
             raise ValueError("Features.fields is empty: name at least one array field of the dataset")
         if len(set(fields)) != len(fields):
             raise ValueError(f"Features.fields names a field twice: {fields!r}")
-        clash = [f for f in fields if f in _RESERVED]
+        clash = [f for f in fields if f in RESERVED_OUTPUTS]
         if clash:
             raise ValueError(f"Features.fields: {clash[0]!r} is an output the loader adds itself; rename the field")
         object.__setattr__(self, "fields", fields)

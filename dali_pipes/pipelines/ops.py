@@ -16,8 +16,9 @@ import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
 from dali_pipes.pipelines.config import ColorJitter, DecoderHints
+from dali_pipes.sources import DALI_TYPE_NAMES
 
-_DALI_DTYPES = {"float16": types.FLOAT16, "float32": types.FLOAT, "uint8": types.UINT8}
+_DALI_DTYPES = {name: getattr(types, DALI_TYPE_NAMES[name]) for name in ("float16", "float32", "uint8")}
 # DALI lays out single samples; the batch dimension N is added by the iterator.
 _DALI_LAYOUTS = {"NCHW": "CHW", "NHWC": "HWC"}
 
