@@ -1,26 +1,23 @@
 """The ``dali-pipes`` command: convert, inspect, verify, merge, synth and the benchmarks.
 
-Each subcommand parses its arguments here and calls one library function; the
-work lives in the library. Errors a user can fix are printed as one line
+Each subcommand parses its arguments here (the measuring ones in :mod:`dali_pipes.cli_measure`)
+and calls one library function; the work lives in the library. Errors a user can fix are printed as one line
 (``dali-pipes: error: ...``) with a non-zero exit, never as a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
-from dali_pipes.fileio import atomic_write_json
+from dali_pipes._cli_exit import EXIT_ERROR, EXIT_FAILED
+from dali_pipes.cli_measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
 from dali_pipes.manifest import FORMATS, ManifestError
 
 log = logging.getLogger("dali_pipes.cli")
-
-EXIT_ERROR = 2  # a usage or input problem the user can fix
-EXIT_FAILED = 1  # the command ran and found problems (verify)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,13 +69,13 @@ def build_parser() -> argparse.ArgumentParser:
     _add_merge(commands)
     _add_stage(commands)
     _add_synth(commands)
-    _add_bench_convert(commands)
+    add_bench_convert(commands)
     _add_demo(commands)
     _add_show(commands)
-    _add_bench(commands)
-    _add_tune(commands)
-    _add_doctor(commands)
-    _add_selftest(commands)
+    add_bench(commands)
+    add_tune(commands)
+    add_doctor(commands)
+    add_selftest(commands)
     return parser
 
 
@@ -372,36 +369,6 @@ def _synth(args) -> int:
     return 0
 
 
-def _add_bench_convert(commands) -> None:
-    p = commands.add_parser(
-        "bench-convert", help="conversion throughput of each format against a plain file copy, side by side"
-    )
-    p.add_argument(
-        "images", type=Path, nargs="?", help="an image folder (default: a synthetic one in a temporary folder)"
-    )
-    p.add_argument("--num", type=int, default=1000, help="synthetic images when no folder is given (default: 1000)")
-    p.add_argument("--workers", type=int, default=2, help="writer processes (default: 2)")
-    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated formats (default: all)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per row; the median is reported (default: 3)")
-    p.add_argument("--json", type=Path, help="also write the figures to this JSON file")
-    p.set_defaults(handler=_bench_convert)
-
-
-def _bench_convert(args) -> int:
-    from converters.bench import format_report, run_conversion_benchmark
-
-    report = run_conversion_benchmark(
-        images=args.images,
-        num=args.num,
-        workers=args.workers,
-        formats=[f.strip() for f in args.formats.split(",") if f.strip()],
-        repeats=args.repeats,
-        json_out=args.json,
-    )
-    print(format_report(report))
-    return 0
-
-
 def _add_demo(commands) -> None:
     p = commands.add_parser("demo", help="the main job end to end on a built-in synthetic dataset (or --data DIR)")
     p.add_argument("--data", type=Path, help="your own ImageNet-style image folder (default: synthetic images)")
@@ -462,213 +429,6 @@ def _show(args) -> int:
 
 
 # --- loader benchmarks, tuning and the bottleneck report -----------------------------------
-
-
-def _add_bench(commands) -> None:
-    from dali_pipes.bench.suites import SUITES
-
-    p = commands.add_parser(
-        "bench",
-        help="images/s of this package's loader against the DataLoader baselines, DALI's file reader and decode-only",
-    )
-    p.add_argument(
-        "dataset",
-        type=Path,
-        nargs="?",
-        help="a dataset folder written by 'dali-pipes convert' (--suite scale: the folder for its synthetic data)",
-    )
-    p.add_argument("--suite", choices=(*SUITES, "scale"), default="main", help="which comparison (default: main)")
-    p.add_argument(
-        "--max-n",
-        type=int,
-        default=1_000_000,
-        metavar="N",
-        help="--suite scale: the largest sample count (10k, 100k, 1M, 10M up to it; default 1M)",
-    )
-    p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
-    p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
-    p.add_argument(
-        "--quick", action="store_true", help="tiny timing windows: checks that every row runs, figures are noise"
-    )
-    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size of every row (default: 64)")
-    p.add_argument(
-        "--images", type=Path, metavar="DIR", help="the original image folder (default: the manifest's source)"
-    )
-    p.add_argument(
-        "--settings",
-        type=Path,
-        metavar="FILE",
-        help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows",
-    )
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "float16"),
-        default="float32",
-        help="output dtype of the DALI rows (default: float32, as the baselines)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(handler=_bench)
-
-
-def _bench_scale(args) -> int:
-    import tempfile
-
-    from dali_pipes.bench.scale import format_scale, run_scale, write_scale_json
-
-    if args.max_n < 1:
-        raise SystemExit(f"dali-pipes bench: --max-n must be at least 1, got {args.max_n}")
-    with contextlib.ExitStack() as stack:
-        folder = args.dataset or Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="dali-pipes-scale-")))
-        rows = run_scale(folder, max_n=args.max_n)
-    print(format_scale(rows))
-    if args.json is not None:
-        print(f"figures: {write_scale_json(rows, args.json)}")
-    return 0
-
-
-@contextlib.contextmanager
-def _quiet_loaders(args) -> Iterator[None]:
-    # The benchmarks build dozens of loaders; one log line each would bury the table.
-    logger = logging.getLogger("dali_pipes.loader")
-    level = logger.level
-    if not args.verbose:
-        logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        logger.setLevel(level)  # main() may run in-process (tests, notebooks): leave logging as found
-
-
-def _bench(args) -> int:
-    from dali_pipes.bench.report import format_table, write_json, write_plot
-    from dali_pipes.bench.suites import run_bench
-
-    if args.suite == "scale":
-        return _bench_scale(args)
-    if args.dataset is None:
-        raise SystemExit("dali-pipes bench: give the dataset folder to benchmark")
-    with _quiet_loaders(args):
-        report = run_bench(
-            args.dataset,
-            suite=args.suite,
-            batch_size=args.batch_size,
-            images=args.images,
-            quick=args.quick,
-            settings=args.settings,
-            dtype=args.dtype,
-            progress=not args.no_progress,
-        )
-    print(format_table(report))
-    if args.json is not None:
-        print(f"figures: {write_json(report, args.json)}")
-    if args.plot is not None:
-        plot = write_plot(report, args.plot)
-        print(
-            f"plot: {plot}" if plot else 'plot: skipped, matplotlib does not import (pip install "dali-pipes[bench]")'
-        )
-    return EXIT_FAILED if report.failed else 0
-
-
-def _add_tune(commands) -> None:
-    p = commands.add_parser(
-        "tune", help="search num_threads, py_num_workers, prefetch (and hw_decoder_load) for the fastest loader"
-    )
-    p.add_argument("dataset", type=Path)
-    p.add_argument(
-        "--out",
-        type=Path,
-        default=Path("dali-pipes-settings.json"),
-        metavar="FILE",
-        help="where to save the settings (default: dali-pipes-settings.json)",
-    )
-    p.add_argument("--quick", action="store_true", help="a few short trials: checks that tuning runs")
-    p.add_argument(
-        "--batch-size", type=int, default=64, metavar="B", help="the batch size you train with (default: 64)"
-    )
-    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the pipeline")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(handler=_tune)
-
-
-def _tune(args) -> int:
-    from dali_pipes.bench.tune import format_tune, save_settings, tune
-
-    with _quiet_loaders(args):
-        result = tune(
-            args.dataset,
-            batch_size=args.batch_size,
-            quick=args.quick,
-            device=args.device,
-            dtype=args.dtype,
-            progress=not args.no_progress,
-        )
-    print(format_tune(result, save_settings(result, args.out)))
-    return 0
-
-
-def _add_doctor(commands) -> None:
-    from dali_pipes.bench.doctor import MODELS
-
-    p = commands.add_parser("doctor", help="is training data-bound? loader-only, model-only and combined throughput")
-    p.add_argument("dataset", type=Path)
-    p.add_argument("--model", choices=MODELS, default="resnet50", help="the model to train (default: resnet50)")
-    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="(default: 64)")
-    p.add_argument(
-        "--steps", type=int, default=30, metavar="N", help="timed training steps per measurement (default: 30)"
-    )
-    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"), help="where the loader runs")
-    p.add_argument("--settings", type=Path, metavar="FILE", help="loader settings saved by 'dali-pipes tune'")
-    p.add_argument("--json", type=Path, metavar="OUT.json", help="also write the figures and the verdict here")
-    p.add_argument("--quick", action="store_true", help="shorter warm-up: checks that every measurement runs")
-    p.add_argument(
-        "--max-minutes",
-        type=float,
-        default=10.0,
-        metavar="M",
-        help="refuse up front a run estimated to take longer, naming smaller models (default: 10)",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(handler=_doctor)
-
-
-def _doctor(args) -> int:
-
-    from dali_pipes.bench.doctor import format_doctor, run_doctor
-
-    with _quiet_loaders(args):
-        report = run_doctor(
-            args.dataset,
-            model=args.model,
-            batch_size=args.batch_size,
-            steps=args.steps,
-            quick=args.quick,
-            device=args.device,
-            settings=args.settings,
-            progress=not args.no_progress,
-            max_minutes=args.max_minutes,
-        )
-    print(format_doctor(report))
-    if args.json is not None:
-        print(f"figures: {atomic_write_json(args.json, report.to_json())}")
-    return 0
-
-
-def _add_selftest(commands) -> None:
-    p = commands.add_parser(
-        "selftest", help="run every pipeline through the loader on this machine's devices, on small sample data"
-    )
-    p.add_argument("--device", default="auto", choices=("auto", "cpu", "gpu"), help="default: the CPU and any GPU")
-    p.add_argument("--json", type=Path, help="also write every line and figure to this JSON file")
-    p.set_defaults(handler=_selftest)
-
-
-def _selftest(args) -> int:
-    from dali_pipes.selftest import format_lines, run_selftest
-
-    report = run_selftest(args.device, json_out=args.json)
-    format_lines(report, print)
-    return 0 if report.passed else EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -23,6 +23,8 @@ MAX_FUNCTION_LINES = 80
 TOOL_PREFIXES = (
     "dali_pipes.bench",
     "dali_pipes.cli",
+    "dali_pipes.cli_measure",
+    "dali_pipes._cli_exit",
     "dali_pipes.show",
     "dali_pipes.demo",
     "dali_pipes.selftest",
@@ -34,9 +36,7 @@ TOOL_PREFIXES = (
 )
 
 #: Files over MAX_FILE_LINES today, each to be cut up; a new one fails the test. Shrink this list, never grow it.
-LONG_FILES_ALLOWED: set[str] = {
-    "dali_pipes/cli.py",  # one parser per command: to become a package of commands
-}
+LONG_FILES_ALLOWED: set[str] = set()
 
 #: Functions over MAX_FUNCTION_LINES today ("path::qualified name"); a new one fails the test.
 LONG_FUNCTIONS_ALLOWED: set[str] = {
