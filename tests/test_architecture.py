@@ -12,6 +12,8 @@ implicit import of a parent package's ``__init__`` that Python performs for
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -163,6 +165,14 @@ def test_converters_do_not_import_the_loader_package():
         if target in ("dali_pipes", "dali_pipes.loader")
     )
     assert not wrong, "\n".join(wrong)
+
+
+def test_importing_the_converters_does_not_load_the_loader():
+    # What the source says (above) and what Python does: `import dali_pipes.manifest` runs the package's
+    # __init__, which must not pull in the loader for a conversion.
+    code = "import sys, converters.runner, converters.merge; print('dali_pipes.loader' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert out.strip() == "False"
 
 
 def test_no_source_file_is_too_long():
