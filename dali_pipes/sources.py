@@ -39,7 +39,7 @@ import numpy as np
 
 from dali_pipes.epoch_plan import plan_path, read_plan, remove_plan, write_plan
 from dali_pipes.sampling import World, rank_indices
-from dali_pipes.stores import Store, StoreError
+from dali_pipes.stores import Store, StoreError, select_fields
 
 __all__ = ["EpochControl", "StoreSource", "dali_output_types"]
 
@@ -166,9 +166,7 @@ class StoreSource:
         control: EpochControl,
         with_index: bool = True,
     ) -> None:
-        missing = [name for name in fields if name not in store.fields]
-        if missing:
-            raise ValueError(f"{store.root}: the dataset has no field {missing[0]!r} (fields: {sorted(store.fields)})")
+        select_fields(store.fields, fields, str(store.root))  # the stores' one check: names a missing field
         self.store = store
         self.fields = tuple(fields)
         self.batch_size = int(batch_size)
