@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, process_wide_error
 from converters.images import prepare_image
 from converters.sources._inputs import add_common_arguments, expand_inputs, file_boundaries, read_classes_file
 from dali_pipes.manifest import Field
@@ -141,6 +141,9 @@ class ParquetSource(Source):
                 table = _open(row.path).read_row_group(row.group, columns=columns)
                 values: dict[str, list] | str = {c: table.column(c).to_pylist() for c in columns}
             except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
+                fatal = process_wide_error(exc, row.path)
+                if fatal is not None:
+                    raise fatal from exc
                 why = " ".join(str(exc).split())  # pyarrow's messages run over several lines
                 values = f"cannot read row group {row.group} ({type(exc).__name__}: {why})"
             # A damaged group is kept as its reason too: each of its rows fails without reading it again.
