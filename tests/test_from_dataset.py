@@ -118,3 +118,25 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     assert _start(rows_file, out, 1).wait(timeout=240) == 0
     assert shard_digests(out) == shard_digests(tmp_path / "reference")
     assert (out / "index.json").read_bytes() == (tmp_path / "reference" / "index.json").read_bytes()
+
+
+def test_image_and_text_fields_take_only_what_they_can_hold(photo_bytes, tmp_path):
+    photo = photo_bytes[0]
+    # A 1-D uint8 array (torchvision.io.read_file's result) is encoded bytes and is checked as an image;
+    # pixels in an image field, or a number in a text field, are bad samples rather than stored unchecked.
+    good = np.frombuffer(photo, np.uint8)
+    broken = np.frombuffer(photo[: len(photo) // 2], np.uint8)
+    pixels = np.zeros((4, 4, 3), np.uint8)
+    rows = [(good, "a"), (broken, "b"), (pixels, "c"), (photo, 7), (photo, "e")]
+    fields = {"image": Field.image(), "key": Field.text()}
+    result = from_dataset(rows, tmp_path / "out", fields=fields, format="hdf5", workers=1, progress=False)
+    from dali_pipes import open_store
+
+    store = open_store(tmp_path / "out")
+    assert [store[i]["key"] for i in range(len(store))] == [b"a", b"e"]
+    assert store[0]["image"] == photo
+    errors = error_inputs(tmp_path / "out")
+    assert set(errors) == {"sample 1", "sample 2", "sample 3"} and len(result.errors) == 3
+    assert "truncated" in errors["sample 1"].lower()
+    assert "Field.array('uint8'" in errors["sample 2"]
+    assert "text field" in errors["sample 3"] and "int" in errors["sample 3"]
