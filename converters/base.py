@@ -114,7 +114,7 @@ class Source(ABC):
         """For an input of several files: the index in :meth:`items` where each file after the first begins.
 
         The planner never lets a shard span one (each shard task opens one input
-        file) and, without a shard count or size, writes one shard per input file.
+        file); shards are cut within a file by the usual count or size rule.
         ``None`` (the default): the input is not sharded. Called after :meth:`items`.
         """
         return None
