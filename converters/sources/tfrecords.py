@@ -55,7 +55,7 @@ class TFRecordSource(Source):
 
     Both CRCs of every record are checked. A damaged record is a bad input; where
     a damaged header makes the rest of a file unreadable, that is one bad input
-    naming the byte. Files are read as they are (not GZIP-compressed).
+    naming the byte. Files are read as they are: a GZIP- or ZLIB-compressed file is refused.
     """
 
     kind: ClassVar[str] = KIND
@@ -175,16 +175,29 @@ def _records(path: str) -> list[_Record]:
         for offset, size in walk_records(fd, path):
             records.append(_Record(path, len(records), offset, size))
     except StoreError as exc:
+        # A compressed file fails at its first header; refused whole, not counted as one bad record.
+        compression = None if records else _compression(os.pread(fd, 2, 0))
+        if compression is not None:
+            raise ConversionError(
+                f"{path}: the file is {compression}-compressed; TFRecord files are read in place, so decompress it "
+                f"first (TensorFlow's compression_type={compression!r})"
+            ) from None
         where = records[-1].offset + records[-1].size if records else 0
-        hint = ""
-        if not records and os.pread(fd, 2, 0) == b"\x1f\x8b":
-            hint = " (the file is GZIP-compressed: decompress it first)"
-        damage = f"{str(exc).removeprefix(f'{path}: ')}{hint}; the rest of the file from byte {where} cannot be read"
+        damage = f"{str(exc).removeprefix(f'{path}: ')}; the rest of the file from byte {where} cannot be read"
         log.warning("%s: %s", path, damage)
         records.append(_Record(path, len(records), where, 0, damage))
     finally:
         os.close(fd)
     return records
+
+
+def _compression(head: bytes) -> str | None:
+    """``"GZIP"`` or ``"ZLIB"`` when ``head`` (a file's first two bytes) is that format's magic, else ``None``."""
+    if head == b"\x1f\x8b":
+        return "GZIP"
+    if len(head) == 2 and head[0] == 0x78 and head[1] in (0x01, 0x5E, 0x9C, 0xDA):
+        return "ZLIB"
+    return None
 
 
 def _one(features: dict[str, tuple[str, Any]], name: str, kind: str, where: str) -> Any:
