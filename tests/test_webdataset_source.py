@@ -66,6 +66,11 @@ def test_tars_convert_byte_for_byte_one_shard_per_tar(tars, tmp_path, fmt):
     assert [s.num_samples for s in manifest.shards] == [20, 15, 12]  # one shard per tar: each task opens one
     assert manifest.classes[3] == "class-3"
     assert "json" in manifest.fields  # the webdataset tar's .json members are kept, empty where there is none
+    store = open_store(tmp_path / "out")
+    with tarfile.open(paths[2]) as tar:
+        written = {key: tar.extractfile(f"{key}.json").read() for key, _, _ in expected[35:]}
+    assert all(written.values())
+    assert [store[i]["json"] for i in range(len(expected))] == [b""] * 35 + list(written.values())
 
 
 def test_bad_members_are_listed_and_the_rest_converted(imagenet_mini, tmp_path):
