@@ -16,6 +16,9 @@ from typing import Any, Sequence
 
 from converters.base import ConversionError, SampleError, process_wide_error
 
+#: An integer written as text (a label in a list file, a key list or a ``.cls`` member).
+INTEGER = re.compile(r"[+-]?\d+\Z")
+
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
 
@@ -50,6 +53,7 @@ def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     found: list[str] = []
+    seen: set[str] = set()
     for pattern in patterns:
         for name in expand_braces(str(pattern)):
             matches = sorted(glob.glob(name)) if glob.has_magic(name) else [name]
@@ -59,11 +63,38 @@ def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]
             for path in existing:
                 if not os.path.isfile(path):
                     raise ConversionError(f"{path}: not a file; give {what}s (or a pattern matching them)")
-                if path not in found:
+                if path not in seen:
+                    seen.add(path)
                     found.append(path)
     if not found:
         raise ConversionError(f"no {what} given")
     return found
+
+
+def input_patterns(files: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    """The input patterns a source keeps (and writes in its manifest): one or several, as strings."""
+    return [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+
+
+def inputs_and_output(positional: Sequence[str], what: str) -> tuple[list[str], str]:
+    """The command line's input patterns and its output folder (the last positional argument)."""
+    *inputs, out = positional
+    if not inputs:
+        raise ConversionError(f"give one or more {what} and then the output folder")
+    return inputs, out
+
+
+class PlannedInputs:
+    """A source that plans its inputs in the main process: the plan is not pickled into each task.
+
+    A task carries its own items; the plan of every input file must not travel with
+    each. :attr:`_not_pickled` names the attributes left out (``None`` in the copy).
+    """
+
+    _not_pickled: tuple[str, ...] = ("_items",)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, **dict.fromkeys(self._not_pickled)}
 
 
 def file_boundaries(items: Sequence[Any], file_of) -> list[int]:

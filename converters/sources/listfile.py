@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Sequence
@@ -13,6 +12,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, Source
 from converters.images import load_image_file
+from converters.sources._inputs import INTEGER
 from dali_pipes.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,6 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "path label": ("path", "label"),
     "path": ("path",),
 }
-
-_INTEGER = re.compile(r"[+-]?\d+\Z")
 
 #: How two-column lines are read when no layout is given; for the CLI help.
 TWO_COLUMN_RULE = (
@@ -196,7 +194,7 @@ def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
         row = dict(zip(columns, parts))
         label = None
         if "label" in row:
-            if not _INTEGER.match(row["label"]):
+            if not INTEGER.match(row["label"]):
                 raise ConversionError(f"{list_file}:{number}: label {row['label']!r} is not an integer")
             label = int(row["label"])
         key = row.get("key", row["path"])
@@ -214,12 +212,12 @@ def _infer_layout(list_file: Path, width: int, rows: list[tuple[int, list[str]]]
     if width == 1:
         return LAYOUTS["path"]
     if width == 2:
-        integer = [n for n, parts in rows if _INTEGER.match(parts[1])]
+        integer = [n for n, parts in rows if INTEGER.match(parts[1])]
         if len(integer) == len(rows):
             return LAYOUTS["path label"]
         if not integer:
             return LAYOUTS["key path"]
-        other = next(n for n, parts in rows if not _INTEGER.match(parts[1]))
+        other = next(n for n, parts in rows if not INTEGER.match(parts[1]))
         raise ConversionError(
             f"{list_file}:{other}: the second column is not an integer, but on line {integer[0]} it is, so the "
             "list is neither all 'PATH LABEL' nor all 'KEY PATH'; fix the line, or say which: --columns 'key path' (columns= in Python)"

@@ -13,9 +13,12 @@ from converters.base import ConversionError, ImageOptions, Item, Sample, SampleE
 from converters.images import prepare_image
 from converters.sources._inputs import (
     OpenFiles,
+    PlannedInputs,
     add_common_arguments,
     expand_inputs,
     file_boundaries,
+    input_patterns,
+    inputs_and_output,
     read_classes_file,
 )
 from dali_pipes.manifest import Field
@@ -41,7 +44,7 @@ class _Record:
     damage: str | None = None
 
 
-class TFRecordSource(Source):
+class TFRecordSource(PlannedInputs, Source):
     """Samples of TFRecord files of ``tf.train.Example`` records, one per record, in file order.
 
     Features by name (the defaults are the TF/TPU ImageNet layout of
@@ -71,7 +74,7 @@ class TFRecordSource(Source):
         bbox_prefix: str | None = "image/object/bbox/",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+        self.patterns = input_patterns(files)
         self.image_options = image_options
         self.image_feature = image_feature
         self.label_feature = label_feature or None
@@ -81,10 +84,6 @@ class TFRecordSource(Source):
         self._items: list[Item] | None = None
         self._has_boxes: bool | None = None  # kept when pickled: every shard task asks fields()
         self._files = OpenFiles()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A task carries its own items; the plan of every file must not travel with each.
-        return {**self.__dict__, "_items": None}
 
     def _scan(self) -> list[Item]:
         if self._items is None:
@@ -249,9 +248,7 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[TFRecordSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    *files, out = args.files
-    if not files:
-        raise ConversionError("give one or more TFRecord files and then the output folder")
+    files, out = inputs_and_output(args.files, "TFRecord files")
     source = TFRecordSource(
         files,
         image_options,
