@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from packed_helpers import PhotoDataset, assert_converted, error_inputs, photos
+from packed_helpers import CountedPickles, PhotoDataset, assert_converted, error_inputs, photos
 from test_resume import _records
 
 from converters.base import ConversionError
@@ -140,3 +140,24 @@ def test_image_and_text_fields_take_only_what_they_can_hold(photo_bytes, tmp_pat
     assert "truncated" in errors["sample 1"].lower()
     assert "Field.array('uint8'" in errors["sample 2"]
     assert "text field" in errors["sample 3"] and "int" in errors["sample 3"]
+
+
+def test_the_dataset_is_sent_once_per_worker_not_once_per_shard(imagenet_mini, tmp_path):
+    # A large dataset pickled into every shard task cost its whole size per task (101 MB for 1.28M rows).
+    rows, expected = dataset_rows(imagenet_mini, tmp_path)
+    rows, expected = rows[:12], expected[:12]
+    rows[5] = (rows[5][0], rows[4][1], expected[4][2])  # photo 5 is a truncated copy in dataset_rows
+    expected[5] = (rows[5][0], expected[4][1], expected[4][2])
+    CountedPickles.pickled = 0
+    from_dataset(
+        CountedPickles(rows),
+        tmp_path / "out",
+        fields=["image", "label", "key"],
+        format="lmdb",
+        workers=2,
+        samples_per_shard=2,
+        progress=False,
+    )
+    assert len(load_manifest(tmp_path / "out").shards) == 6
+    assert CountedPickles.pickled <= 2  # once per worker process
+    assert_converted(tmp_path / "out", expected)
