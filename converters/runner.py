@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import functools
 import glob
 import hashlib
 import json
@@ -129,8 +128,7 @@ def convert(
     workers = (os.cpu_count() or 1) if workers is None else workers
     if workers < 1:
         raise ConversionError(f"--workers must be at least 1, got {workers}")
-    initializer = functools.partial(_init_worker, source=source)
-    runner = make_engine(engine, workers=workers, scheduler=scheduler, initializer=initializer)
+    runner = make_engine(engine, workers=workers, scheduler=scheduler, initializer=_init_worker)
 
     out = Path(out)
     items = source.items()
@@ -356,23 +354,15 @@ def _read_errors(out: Path) -> list[dict[str, str]]:
 
 # --- running shards ------------------------------------------------------------------------
 
-# Set in each worker process by _init_worker: where to report progress, when to stop early, and the source
-# (sent once per local worker process, not once per shard: a dataset may be large to pickle).
+# Set in each worker process by _init_worker: where to report progress, and when to stop early.
 _progress_queue: Any = None
 _stop_event: Any = None
-_worker_source: Source | None = None
 
 
-def _init_worker(progress_queue: Any, stop_event: Any, source: Source | None = None) -> None:
-    global _progress_queue, _stop_event, _worker_source
+def _init_worker(progress_queue: Any, stop_event: Any) -> None:
+    global _progress_queue, _stop_event
     _progress_queue = progress_queue
     _stop_event = stop_event
-    _worker_source = source
-
-
-def _write_shard_with_worker_source(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """:func:`write_shard` with the source this worker process was started with."""
-    return write_shard(_worker_source, *args, **kwargs)
 
 
 class _Stopped(Exception):
@@ -394,23 +384,12 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
             return
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
         where = out.absolute()
-        if isinstance(engine, LocalEngine):
-            # The engine's initializer carries the source: pickled once per worker process.
-            tasks = [
-                (
-                    plan.number,
-                    _write_shard_with_worker_source,
-                    (fmt, plan, items[plan.start : plan.stop], where, on_error),
-                )
-                for plan in todo
-            ]
-        else:
-            tasks = [
-                (plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], where, on_error))
-                for plan in todo
-            ]
+        # The source goes to each worker once (shared), not into every task: a dataset may be large to pickle.
+        tasks = [
+            (plan.number, write_shard, (fmt, plan, items[plan.start : plan.stop], where, on_error)) for plan in todo
+        ]
         try:
-            for number, record in engine.run(tasks, bar.update):
+            for number, record in engine.run(tasks, bar.update, shared=(source,)):
                 results[number] = record
         except WorkerDied as exc:
             # Every worker has ended: what they left half-written is garbage. Say which shard killed its worker.
