@@ -28,7 +28,7 @@ class DatasetSource(Source):
     Encoded images (``bytes``, or a 1-D uint8 array, in an image field) are checked as every source's are.
     An exception from ``dataset[i]`` makes sample ``i`` a bad input.
 
-    The dataset is pickled into each shard task, as a ``DataLoader`` pickles it
+    The dataset is pickled once into each worker process, as a ``DataLoader`` pickles it
     into its workers, so it must be picklable (its class importable) and give the
     same samples on every call; it should hold paths rather than loaded data.
     Re-running a job resumes it when the dataset's class, length and ``name`` are the same.
