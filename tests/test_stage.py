@@ -76,6 +76,18 @@ def test_a_damaged_source_shard_is_not_staged(tmp_path):
     assert not list((tmp_path / "dest").glob(f"{TMP_PREFIX}*"))
 
 
+def test_a_second_dataset_is_refused_in_a_folder_holding_another(tmp_path):
+    first = write_dataset(tmp_path / "a", 20, fmt="lmdb")
+    other = write_dataset(tmp_path / "b", 12, fmt="lmdb")  # same shard names, other samples
+    dest = tmp_path / "dest"
+    stage_dataset(first, dest, progress=False)
+    expected = sample_digests(dest)
+    with pytest.raises(StageError, match=f"{dest}: already holds a staged copy of {first}.*into another folder"):
+        stage_dataset(other, dest, progress=False)
+    assert sample_digests(dest) == expected  # the first copy is untouched
+    assert stage_dataset(first, dest, progress=False).reused  # its own source still reuses it
+
+
 def blob_dataset(out: Path, shards: int, blob_bytes: int) -> Path:
     """An LMDB dataset of ``shards`` shards of 4 incompressible samples each (slow enough to kill mid-copy)."""
     out.mkdir(parents=True)
