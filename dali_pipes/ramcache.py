@@ -10,8 +10,12 @@ once per rank and not once per worker.
 The budget (``cache_bytes``) is never exceeded: shards are taken in order, each
 one that still fits, and the rest are read from where they are. The budget is
 also capped by the free space of the tmpfs and by the memory the machine (or its
-cgroup) has available, so that caching ends in a disk fallback and never in an
-out-of-memory kill. The folder is removed when the loader closes or the process
+cgroup) has available, less a reserve, so that caching ends in a disk fallback and
+never in an out-of-memory kill. The ranks of a node share its memory: the default
+budget (half the available memory) is split between the node's ranks
+(``LOCAL_WORLD_SIZE``, else the world size), and the room left is measured again
+before each shard is copied, since the other ranks are filling it at the same
+time; when a shard would not leave the reserve free, caching stops there. The folder is removed when the loader closes or the process
 exits; one left by a process that was killed (its lock file is free) is removed
 by the next cache made on the machine.
 
@@ -50,6 +54,9 @@ FOLDER_PREFIX = "dali-pipes-cache-"
 OWNER_LOCK = ".owner.lock"
 #: The share of the available memory a cache may take when no ``cache_bytes`` is given.
 DEFAULT_SHARE = 0.5
+#: Memory always left free: this share of the room measured, and at least :data:`RESERVE_MIN` bytes.
+RESERVE_SHARE = 0.1
+RESERVE_MIN = 256 << 20
 _TMPFS = "/dev/shm"
 
 
@@ -80,6 +87,7 @@ class RamCache:
 
     folder: Path
     budget: int
+    room: int = 0  # memory and tmpfs space free when the budget was set
     copies: dict[int, Path] = field(default_factory=dict)
     bytes: int = 0
     on_disk: list[int] = field(default_factory=list)  # shards read from where they are
@@ -96,17 +104,25 @@ class RamCache:
 
 
 def cache_in_ram(
-    store: Store, shards: Iterable[int], *, cache_bytes: int | None = None, progress: bool = True
+    store: Store,
+    shards: Iterable[int],
+    *,
+    cache_bytes: int | None = None,
+    progress: bool = True,
+    sharers: int = 1,
 ) -> tuple[Store, RamCache]:
     """Copy ``shards`` of ``store`` into a tmpfs folder within the budget; return the store reading them.
 
-    ``store`` is closed and replaced by a :class:`CachedStore` (also when nothing fits).
+    ``sharers`` is how many processes on this machine cache at the same time (the
+    node's ranks): the default budget is split between them. ``store`` is closed
+    and replaced by a :class:`CachedStore` (also when nothing fits).
     """
     if cache_bytes is not None and (isinstance(cache_bytes, bool) or int(cache_bytes) < 0):
         raise ValueError(f"cache_bytes must be a non-negative number of bytes, got {cache_bytes!r}")
     _remove_orphans()
     folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_tmpfs()))
-    cache = RamCache(folder, _budget(cache_bytes, folder))
+    room = _room(folder)
+    cache = RamCache(folder, _budget(cache_bytes, room, max(1, sharers)), room)
     manifest = store.manifest
     wanted = [n for n in sorted(set(shards)) if not _is_virtual_merge(store, n)]
     chosen, total = [], 0
@@ -150,6 +166,16 @@ def _copy_shard(store: Store, number: int, cache: RamCache, advance) -> bool:
     shard = store.manifest.shards[number]
     source = resolve_inside(store.root, shard.path)
     target = cache.folder / f"{number:06d}-{source.name}"
+    room = _room(cache.folder)  # again: the node's other ranks are caching too
+    if shard.bytes > room - _reserve(room):
+        log.warning(
+            "cache in RAM: %s free is too little to cache %s (%s) and keep a reserve; the remaining shards are "
+            "read from disk",
+            human_bytes(room),
+            shard.path,
+            human_bytes(shard.bytes),
+        )
+        return False
     try:
         copy_checked(StageItem(shard.path, source, shard.bytes, shard.sha256 or None), target, advance)
     except StageError as exc:
@@ -174,20 +200,33 @@ def _is_virtual_merge(store: Store, number: int) -> bool:
     return virtual
 
 
-def _budget(cache_bytes: int | None, folder: Path) -> int:
-    """The bytes the cache may take: ``cache_bytes`` (default: half the available memory), capped by what is free."""
-    room = min(shutil.disk_usage(folder).free, available_memory())
+def _budget(cache_bytes: int | None, room: int, sharers: int) -> int:
+    """The bytes the cache may take: ``cache_bytes``, by default half the room split between ``sharers``.
+
+    Never more than ``room`` (free memory and tmpfs space) less the reserve.
+    """
+    most = max(0, room - _reserve(room))
     if cache_bytes is None:
-        return int(room * DEFAULT_SHARE)
-    if cache_bytes > room:
+        return min(most, int(room * DEFAULT_SHARE / sharers))
+    if cache_bytes > most:
         log.warning(
-            "cache in RAM: cache_bytes=%s is more than the %s of memory free; caching at most %s",
+            "cache in RAM: cache_bytes=%s is more than the %s of memory free (less a reserve); caching at most %s",
             human_bytes(cache_bytes),
             human_bytes(room),
-            human_bytes(room * DEFAULT_SHARE),
+            human_bytes(most),
         )
-        return int(room * DEFAULT_SHARE)
+        return most
     return int(cache_bytes)
+
+
+def _room(folder: Path) -> int:
+    """Bytes a cache in ``folder`` could take now: the tmpfs's free space or the available memory, the less."""
+    return min(shutil.disk_usage(folder).free, available_memory())
+
+
+def _reserve(room: int) -> int:
+    """Memory a cache always leaves free, out of ``room``."""
+    return max(RESERVE_MIN, int(room * RESERVE_SHARE))
 
 
 def available_memory() -> int:
@@ -278,4 +317,15 @@ def cache_for_loader(
         indices, _ = rank_indices(
             len(store), batch_size, world.rank, world.world_size, 0, seed, shuffle=False, last_batch=last_batch
         )
-    return cache_in_ram(store, shards_for_rank(store.manifest, indices), cache_bytes=cache_bytes)
+    return cache_in_ram(
+        store, shards_for_rank(store.manifest, indices), cache_bytes=cache_bytes, sharers=local_world_size(world)
+    )
+
+
+def local_world_size(world) -> int:
+    """The ranks on this node: ``LOCAL_WORLD_SIZE`` (set by torchrun), else the whole world (the safe guess)."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
+    except ValueError:
+        local = 0
+    return local if 1 <= local <= world.world_size else world.world_size

@@ -16,7 +16,7 @@ from test_ddp import free_port
 
 from dali_pipes import DALILoader
 from dali_pipes.manifest import MANIFEST_NAME
-from dali_pipes.ramcache import FOLDER_PREFIX, available_memory
+from dali_pipes.ramcache import DEFAULT_SHARE, FOLDER_PREFIX, RESERVE_MIN, RESERVE_SHARE
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
 
@@ -134,11 +134,31 @@ def test_a_budget_beyond_free_memory_is_capped(tmp_path, caplog):
 
     store, cache = cache_in_ram(open_store(source), [0, 1], cache_bytes=1 << 62, progress=False)
     try:
-        assert cache.budget <= available_memory()
+        # The room measured (free memory and tmpfs space), less the reserve always left free.
+        assert cache.room > 0
+        assert cache.budget == cache.room - max(RESERVE_MIN, int(cache.room * RESERVE_SHARE))
         assert "caching at most" in caplog.text
     finally:
         store.close()
         cache.close()
+
+
+@pytest.mark.parametrize(("local_world_size", "sharers"), [("2", 2), (None, 4)])
+def test_the_default_budget_is_split_between_the_ranks_of_a_node(tmp_path, monkeypatch, local_world_size, sharers):
+    # Each rank of a node measures the same free memory at the same moment: half of it each would ask for
+    # world_size/2 times what there is. Without LOCAL_WORLD_SIZE the whole world is taken to be on this node.
+    if local_world_size is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    loader = DALILoader(
+        source, TinySpec(), batch_size=2, device="cpu", rank=1, world_size=4, py_num_workers=0, cache="ram"
+    )
+    try:
+        assert loader.cache.budget == int(loader.cache.room * DEFAULT_SHARE / sharers)
+    finally:
+        loader.close()
 
 
 def test_cache_folders_of_killed_loaders_are_removed(tmp_path):
