@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
-from dali_pipes._start_method import check_spawn_safe, choose_start_method
+from dali_pipes._start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
@@ -220,10 +220,9 @@ class DALILoader:
         )
         # Chosen after resolve_device: torch.cuda.is_available() initialises the CUDA driver.
         py_start_method = choose_start_method(py_start_method)
-        if workers > 0 and py_start_method == "spawn":
-            check_spawn_safe()
         self.py_start_method = py_start_method
-        self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
+        with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
+            self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
         self._device_id = device_id
         self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
