@@ -121,8 +121,35 @@ def cache_in_ram(
         raise ValueError(f"cache_bytes must be a non-negative number of bytes, got {cache_bytes!r}")
     _remove_orphans()
     folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_tmpfs()))
-    room = _room(folder)
-    cache = RamCache(folder, _budget(cache_bytes, room, max(1, sharers)), room)
+    try:
+        room = _room(folder)
+        cache = RamCache(folder, _budget(cache_bytes, room, max(1, sharers)), room)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        store.close()
+        raise
+    try:
+        _fill(store, shards, cache, progress)
+    except BaseException:  # a damaged shard: the caller gets the error, and no store or copy outlives it
+        store.close()
+        cache.close()
+        raise
+    root, manifest = store.root, store.manifest
+    store.close()
+    log.info(
+        "cache in RAM: %d of %d shard(s), %s of a %s budget, in %s; %d shard(s) read from disk",
+        len(cache.copies),
+        len(manifest.shards),
+        human_bytes(cache.bytes),
+        human_bytes(cache.budget),
+        folder,
+        len(cache.on_disk),
+    )
+    return CachedStore(root, manifest, cache.copies), cache
+
+
+def _fill(store: Store, shards: Iterable[int], cache: RamCache, progress: bool) -> None:
+    """Copy the shards that fit the budget, in order, into ``cache``; record the others as read from disk."""
     manifest = store.manifest
     wanted = [n for n in sorted(set(shards)) if not _is_virtual_merge(store, n)]
     chosen, total = [], 0
@@ -139,18 +166,6 @@ def cache_in_ram(
             if not _copy_shard(store, number, cache, bar.update):
                 cache.on_disk = sorted(set(cache.on_disk) | (set(chosen) - set(cache.copies)))
                 break
-    root = store.root
-    store.close()
-    log.info(
-        "cache in RAM: %d of %d shard(s), %s of a %s budget, in %s; %d shard(s) read from disk",
-        len(cache.copies),
-        len(manifest.shards),
-        human_bytes(cache.bytes),
-        human_bytes(cache.budget),
-        folder,
-        len(cache.on_disk),
-    )
-    return CachedStore(root, manifest, cache.copies), cache
 
 
 def shards_for_rank(manifest: Manifest, indices: np.ndarray | None) -> list[int]:

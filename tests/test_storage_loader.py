@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -222,3 +223,54 @@ def test_a_cache_copy_that_fails_to_write_falls_back_to_disk(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["[] [0, 1, 2, 3] ['.owner.lock']", "True"]  # no partial copy left
     assert "the remaining shards are read from disk" in proc.stderr
+
+
+def own_cache_folders() -> list[Path]:
+    """This process's RAM cache folders in /dev/shm."""
+    return sorted(Path("/dev/shm").glob(f"{FOLDER_PREFIX}{os.getpid()}-*"))
+
+
+def test_a_bad_start_method_is_refused_before_staging_or_caching(tmp_path):
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    before = own_cache_folders()
+    with pytest.raises(ValueError, match="py_start_method"):
+        DALILoader(
+            source, TinySpec(), batch_size=2, device="cpu", stage_to=tmp_path / "dest", py_start_method="forkserver"
+        )
+    assert not (tmp_path / "dest").exists()  # nothing copied for a loader that could never start
+    with pytest.raises(ValueError, match="py_start_method"):
+        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache="ram", py_start_method="forkserver")
+    assert own_cache_folders() == before
+
+
+class ClashingSpec(TinySpec):
+    """A spec whose build fails after the cache is made: it returns a name the loader adds itself."""
+
+    def build(self, inputs, *, device):
+        return {**super().build(inputs, device=device), "is_pad": inputs["label"]}
+
+
+def test_a_loader_that_fails_to_start_removes_its_ram_cache(tmp_path):
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    before = own_cache_folders()
+    with pytest.raises(ValueError, match="a name the loader adds itself") as failure:
+        DALILoader(source, ClashingSpec(), batch_size=2, device="cpu", py_num_workers=0, cache="ram")
+    assert failure.traceback  # the failed loader is still referenced from here, so no finalizer ran yet
+    assert own_cache_folders() == before
+
+
+def test_a_damaged_shard_met_while_caching_leaves_no_cache(tmp_path):
+    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.stage import StageError
+    from dali_pipes.stores import open_store
+
+    source = write_dataset(tmp_path / "src", 8, fmt="tfrecord")
+    shard = sorted(source.glob("shard-*.tfrecord"))[1]
+    raw = bytearray(shard.read_bytes())
+    raw[-5] ^= 0xFF  # same size, other content
+    shard.write_bytes(bytes(raw))
+    before = own_cache_folders()
+    with pytest.raises(StageError, match=f"{shard}: SHA-256 does not match") as failure:
+        cache_in_ram(open_store(source), range(2), progress=False)
+    assert failure.traceback
+    assert own_cache_folders() == before
