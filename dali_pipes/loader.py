@@ -39,6 +39,7 @@ import numpy as np
 
 from dali_pipes._start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
+from dali_pipes.ramcache import CACHE_KINDS
 from dali_pipes.sampling import LAST_BATCH_POLICIES, World, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.stores import Store, StoreError, open_store
@@ -165,7 +166,7 @@ class DALILoader:
         _check_int("num_threads", threads, 1)
         if last_batch not in LAST_BATCH_POLICIES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
-        if cache not in (None, "ram"):
+        if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be None or 'ram', got {cache!r}")
         if cache_bytes is not None and cache != "ram":
             raise ValueError("cache_bytes is the budget of cache='ram'; pass cache='ram' too")

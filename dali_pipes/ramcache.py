@@ -27,12 +27,9 @@ sources are found relative to its own folder).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
-import tempfile
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -40,6 +37,7 @@ from typing import Iterable
 import numpy as np
 from tqdm import tqdm
 
+from dali_pipes._tmpfs import TMPFS, OwnedFolder
 from dali_pipes.manifest import Manifest, human_bytes, resolve_inside
 from dali_pipes.stage import StageError, StageItem, copy_checked
 from dali_pipes.stores import Store
@@ -50,14 +48,11 @@ log = logging.getLogger(__name__)
 CACHE_KINDS = (None, "ram")
 #: Prefix of the cache folders in the tmpfs: ``dali-pipes-cache-<pid>-<random>``.
 FOLDER_PREFIX = "dali-pipes-cache-"
-#: The lock file its owner holds in each cache folder.
-OWNER_LOCK = ".owner.lock"
 #: The share of the available memory a cache may take when no ``cache_bytes`` is given.
 DEFAULT_SHARE = 0.5
 #: Memory always left free: this share of the room measured, and at least :data:`RESERVE_MIN` bytes.
 RESERVE_SHARE = 0.1
 RESERVE_MIN = 256 << 20
-_TMPFS = "/dev/shm"
 
 
 class CachedStore(Store):
@@ -91,16 +86,12 @@ class RamCache:
     copies: dict[int, Path] = field(default_factory=dict)
     bytes: int = 0
     on_disk: list[int] = field(default_factory=list)  # shards read from where they are
-
-    def __post_init__(self) -> None:
-        # Held for the cache's life: a folder whose lock can be taken belongs to a process that ended.
-        lock_fd = os.open(self.folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        self._finalizer = weakref.finalize(self, _remove_folder, self.folder, os.getpid(), lock_fd)
+    owner: OwnedFolder | None = field(default=None, repr=False)  # removes the folder
 
     def close(self) -> None:
         """Remove the cached copies (readers that still have them open keep their pages until they close)."""
-        self._finalizer()
+        if self.owner is not None:
+            self.owner.close()
 
 
 def cache_in_ram(
@@ -119,15 +110,15 @@ def cache_in_ram(
     """
     if cache_bytes is not None and (isinstance(cache_bytes, bool) or int(cache_bytes) < 0):
         raise ValueError(f"cache_bytes must be a non-negative number of bytes, got {cache_bytes!r}")
-    _remove_orphans()
-    folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_tmpfs()))
     try:
-        room = _room(folder)
-        cache = RamCache(folder, _budget(cache_bytes, room, max(1, sharers)), room)
+        _check_tmpfs()
+        owner = OwnedFolder(FOLDER_PREFIX)  # removes the folders of killed loaders first
     except BaseException:
-        shutil.rmtree(folder, ignore_errors=True)
         store.close()
         raise
+    folder = owner.path
+    room = _room(folder)
+    cache = RamCache(folder, _budget(cache_bytes, room, max(1, sharers)), room, owner=owner)
     try:
         _fill(store, shards, cache, progress)
     except BaseException:  # a damaged shard: the caller gets the error, and no store or copy outlives it
@@ -272,46 +263,12 @@ def _meminfo_available() -> int:
     return 0  # unknown: cache nothing rather than risk the machine's memory
 
 
-def _tmpfs() -> str:
-    if os.path.isdir(_TMPFS) and os.access(_TMPFS, os.W_OK):
-        return _TMPFS
-    raise ValueError(
-        f"cache='ram' needs a writable tmpfs at {_TMPFS}, which this machine lacks; "
-        "leave cache unset (the OS page cache still keeps recently read shards in memory)"
-    )
-
-
-def _remove_folder(folder: Path, owner_pid: int, lock_fd: int) -> None:
-    # A forked worker inherits the finalizer; only the process that made the cache removes it.
-    if os.getpid() == owner_pid:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.close(lock_fd)
-
-
-def _remove_orphans() -> None:
-    """Remove cache folders whose owner ended without cleaning up (killed): their lock is free.
-
-    A lock rather than a process id: a process in another PID namespace sharing
-    ``/dev/shm`` (a container with ``--ipc=host``) has ids that look dead from here.
-    """
-    try:
-        names = [name for name in os.listdir(_TMPFS) if name.startswith(FOLDER_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        folder = Path(_TMPFS) / name
-        try:
-            fd = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue  # being made right now, or not ours
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # its loader is alive
-        finally:
-            os.close(fd)
-        log.info("cache in RAM: removing %s, left by a loader that was killed", folder)
-        shutil.rmtree(folder, ignore_errors=True)
+def _check_tmpfs() -> None:
+    if not (os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK)):
+        raise ValueError(
+            f"cache='ram' needs a writable tmpfs at {TMPFS}, which this machine lacks; "
+            "leave cache unset (the OS page cache still keeps recently read shards in memory)"
+        )
 
 
 def cache_for_loader(

@@ -165,7 +165,7 @@ def test_the_default_budget_is_split_between_the_ranks_of_a_node(tmp_path, monke
 def test_cache_folders_of_killed_loaders_are_removed(tmp_path):
     import fcntl
 
-    from dali_pipes.ramcache import OWNER_LOCK
+    from dali_pipes._tmpfs import OWNER_LOCK
 
     # A folder whose owner lock is free (its loader was killed), and one whose lock is held.
     orphan = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}1-", dir="/dev/shm"))
@@ -274,3 +274,62 @@ def test_a_damaged_shard_met_while_caching_leaves_no_cache(tmp_path):
         cache_in_ram(open_store(source), range(2), progress=False)
     assert failure.traceback
     assert own_cache_folders() == before
+
+
+HOLD_A_FOLDER = """
+import sys, time
+from dali_pipes._tmpfs import OwnedFolder
+folder = OwnedFolder(sys.argv[1])
+(folder.path / "staged-shard").write_bytes(b"x" * 1000)
+print(folder.path, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_benchs_staging_folder_is_removed_by_the_next(tmp_path):
+    import signal
+
+    from dali_pipes._tmpfs import OwnedFolder
+    from dali_pipes.bench.storage import STAGE_PREFIX
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_A_FOLDER, STAGE_PREFIX], stdout=subprocess.PIPE, text=True)
+    try:
+        killed = Path(proc.stdout.readline().strip())
+        assert killed.name.startswith(STAGE_PREFIX) and (killed / "staged-shard").exists()
+        following = OwnedFolder(STAGE_PREFIX)  # its owner is alive: kept
+        assert killed.exists()
+        following.close()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        following = OwnedFolder(STAGE_PREFIX)
+        try:
+            assert not killed.exists()
+            assert following.path.exists()
+        finally:
+            following.close()
+        assert not following.path.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_a_folder_whose_maker_died_before_locking_it_is_removed_later(tmp_path):
+    import time
+
+    from dali_pipes._tmpfs import OWNER_LOCK, UNLOCKED_GRACE_S, OwnedFolder
+
+    prefix = "dali-pipes-test-unlocked-"
+    young = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))  # as if being made right now
+    old = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    then = time.time() - 2 * UNLOCKED_GRACE_S
+    os.utime(old, (then, then))  # its maker was killed between mkdtemp and the lock
+    try:
+        owned = OwnedFolder(prefix)
+        assert young.exists() and not old.exists()
+        assert (owned.path / OWNER_LOCK).exists()
+        owned.close()
+    finally:
+        shutil.rmtree(young, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
