@@ -40,7 +40,8 @@ from tqdm import tqdm
 from dali_pipes._tmpfs import TMPFS, OwnedFolder
 from dali_pipes.manifest import Manifest, human_bytes, resolve_inside
 from dali_pipes.stage import StageError, StageItem, copy_checked
-from dali_pipes.stores import Store
+from dali_pipes.stores import Store, StoreError
+from dali_pipes.stores.base import SampleDict
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +59,9 @@ RESERVE_MIN = 256 << 20
 class CachedStore(Store):
     """A :class:`~dali_pipes.stores.Store` whose shards in ``copies`` are read from their cached copies.
 
-    Messages still name the dataset; picklable like any store (the copies are
-    files, which a worker process opens by path).
+    Messages name the dataset and its shard files, not the copies (the error
+    they wrap, chained, names the copy); picklable like any store (the copies
+    are files, which a worker process opens by path).
     """
 
     def __init__(self, root: str | os.PathLike, manifest: Manifest, copies: dict[int, Path]) -> None:
@@ -74,6 +76,16 @@ class CachedStore(Store):
                 original.index_path,
                 expected_bytes=original.expected_bytes,
             )
+
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """As :meth:`Store.read`; an error names the dataset's shard file, not its copy in the tmpfs."""
+        try:
+            return super().read(index, fields)
+        except StoreError as exc:
+            message = str(exc)
+            for number, copy in self.copies.items():
+                message = message.replace(str(copy), str(resolve_inside(self.root, self.manifest.shards[number].path)))
+            raise StoreError(message) from exc
 
 
 @dataclass

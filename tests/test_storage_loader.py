@@ -333,3 +333,23 @@ def test_a_folder_whose_maker_died_before_locking_it_is_removed_later(tmp_path):
     finally:
         shutil.rmtree(young, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
+
+
+def test_errors_reading_a_cached_shard_name_the_datasets_shard_not_the_copy(tmp_path):
+    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.stores import StoreError, open_store
+
+    source = write_dataset(tmp_path / "src", 8, fmt="tfrecord")
+    store, cache = cache_in_ram(open_store(source), range(2), progress=False)
+    try:
+        copy = cache.copies[0]
+        with open(copy, "r+b") as f:  # the copy shrinks after it was checked (as a full tmpfs could leave it)
+            f.truncate(copy.stat().st_size - 10)
+        with pytest.raises(StoreError) as failure:
+            store[0]
+        shard = source / json.loads((source / MANIFEST_NAME).read_text())["shards"][0]["path"]
+        assert str(shard) in str(failure.value) and str(copy) not in str(failure.value)
+        assert str(copy) in str(failure.value.__cause__)  # the copy is still in the chained error
+    finally:
+        store.close()
+        cache.close()
