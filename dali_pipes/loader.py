@@ -115,7 +115,7 @@ class DALILoader:
     per folder copies, the others on the node wait for it, and a complete copy
     is reused (:mod:`dali_pipes.stage`). ``cache="ram"`` holds the shards this
     rank reads in shared memory, within ``cache_bytes`` (default: half the free
-    memory), the rest read from disk (:mod:`dali_pipes.ramcache`).
+    memory, split between the node's ranks), the rest read from disk (:mod:`dali_pipes.ramcache`).
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
