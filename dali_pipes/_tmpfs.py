@@ -35,6 +35,11 @@ UNLOCKED_GRACE_S = 60.0
 _MAKING_LOCK = ".owner.lock.making"
 
 
+def writable_tmpfs() -> str | None:
+    """:data:`TMPFS` when this process may write there, else ``None``."""
+    return TMPFS if os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK) else None
+
+
 class OwnedFolder:
     """A new folder ``TMPFS/<prefix><pid>-<random>``, removed by :meth:`close`, at exit, or after a kill.
 

@@ -37,7 +37,7 @@ from typing import Iterable
 import numpy as np
 from tqdm import tqdm
 
-from dali_pipes._tmpfs import TMPFS, OwnedFolder
+from dali_pipes._tmpfs import TMPFS, OwnedFolder, writable_tmpfs
 from dali_pipes.manifest import Manifest, human_bytes, resolve_inside
 from dali_pipes.stage import StageError, StageItem, copy_checked
 from dali_pipes.stores import Store, StoreError
@@ -276,7 +276,7 @@ def _meminfo_available() -> int:
 
 
 def _check_tmpfs() -> None:
-    if not (os.path.isdir(TMPFS) and os.access(TMPFS, os.W_OK)):
+    if writable_tmpfs() is None:
         raise ValueError(
             f"cache='ram' needs a writable tmpfs at {TMPFS}, which this machine lacks; "
             "leave cache unset (the OS page cache still keeps recently read shards in memory)"
