@@ -58,7 +58,9 @@ _DALI_TYPE_NAMES = {
 
 def _shm_dir() -> str | None:
     # A tmpfs keeps the control block off the disk; fall back to the default temp folder.
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+    from dali_pipes._tmpfs import writable_tmpfs
+
+    return writable_tmpfs()
 
 
 def _unlink(path: str, owner_pid: int) -> None:
