@@ -47,7 +47,7 @@ import h5py
 import numpy as np
 
 from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
-from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, check_record
+from dali_pipes.stores._checksum import CRC_DATASET, CRC_DTYPE, check_record, check_rows
 from dali_pipes.stores._h5map import MappedRows, map_rows
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 
@@ -357,9 +357,13 @@ class Hdf5ShardReader(ShardReader):
         """Check each of the sorted distinct ``rows`` read for field ``name`` against its stored CRC."""
         if self._h_crcs is None:
             return
-        column = self.crc_column[name]
-        for k, row in enumerate(rows.tolist()):
-            check_record(values[k], self._h_crcs[row, column], f"{self.path}: record {row}", name)
+        expected = self._h_crcs[rows, self.crc_column[name]]
+        row_list = rows.tolist()
+        if isinstance(values, np.ndarray):  # a fixed-shape field: its rows checked together
+            check_rows(values, expected, lambda k: f"{self.path}: record {row_list[k]}", name)
+            return
+        for k, row in enumerate(row_list):
+            check_record(values[k], expected[k], f"{self.path}: record {row}", name)
 
     def _ragged_record(self, ds: h5py.Dataset, name: str, field: Field, row: int):
         start, stop = self._h_offsets[name][row : row + 2]

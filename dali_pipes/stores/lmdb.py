@@ -33,7 +33,7 @@ from typing import Iterable
 import lmdb
 import numpy as np
 
-from dali_pipes.stores._checksum import CRC_DTYPE, check_record
+from dali_pipes.stores._checksum import CRC_DTYPE, check_record, check_rows
 from dali_pipes.stores._codec import array_from_bytes, little_endian
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 
@@ -290,13 +290,16 @@ class LmdbShardReader(ShardReader):
         size = dtype.itemsize * math.prod(field.shape or ())
         payloads = []
         for k, (row, (_, value)) in enumerate(zip(rows, found)):
-            where = f"{self.path}: record {row}"
-            if crcs is not None:
-                check_record(value, crcs[k, self.crc_column[name]], where, name)
-            if len(value) != size:  # the one-record decode names what is wrong with it
+            if len(value) != size:  # the one-record decode names what is wrong with it (after its CRC)
+                where = f"{self.path}: record {row}"
+                if crcs is not None:
+                    check_record(value, crcs[k, self.crc_column[name]], where, name)
                 array_from_bytes(value, name, field, where)
             payloads.append(value)
-        flat = np.frombuffer(b"".join(payloads), dtype=little_endian(dtype))
+        stored = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(rows), size)
+        if crcs is not None:  # every row's CRC at once, over the bytes as stored
+            check_rows(stored, crcs[:, self.crc_column[name]], lambda k: f"{self.path}: record {rows[k]}", name)
+        flat = stored.reshape(-1).view(little_endian(dtype))
         return flat.astype(dtype).reshape(len(rows), *(field.shape or ()))
 
     def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
