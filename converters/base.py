@@ -8,6 +8,7 @@ The runner in :mod:`converters.runner` joins the two; neither side knows the oth
 
 from __future__ import annotations
 
+import errno
 import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -40,6 +41,23 @@ class SampleError(Exception):
     def __reduce__(self):
         # Rebuilt from (name, reason) when it crosses from a worker process to the runner.
         return (SampleError, (self.name, self.reason))
+
+
+#: errno values that say the process (or the machine) is out of a resource, not that an input is bad.
+PROCESS_WIDE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOMEM)
+
+
+def process_wide_error(exc: BaseException, path: str) -> ConversionError | None:
+    """A :class:`ConversionError` for ``exc`` when it is a process-wide ``OSError`` (too many open files, no
+    memory), which must stop the job instead of being counted against one sample; ``None`` for anything else.
+    """
+    if not isinstance(exc, OSError) or exc.errno not in PROCESS_WIDE_ERRNOS:
+        return None
+    todo = "raise the limit ('ulimit -n')" if exc.errno != errno.ENOMEM else "free memory or use fewer --workers"
+    return ConversionError(
+        f"{path}: cannot read it ({exc.strerror or exc}); this is the process's limit, not a bad input: "
+        f"{todo} and run the same command again to continue"
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +116,7 @@ class Source(ABC):
         """For an input of several files: the index in :meth:`items` where each file after the first begins.
 
         The planner never lets a shard span one (each shard task opens one input
-        file) and, without a shard count or size, writes one shard per input file.
+        file); shards are cut within a file by the usual count or size rule.
         ``None`` (the default): the input is not sharded. Called after :meth:`items`.
         """
         return None

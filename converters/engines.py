@@ -37,7 +37,8 @@ log = logging.getLogger(__name__)
 ENGINES = ("local", "dask")
 
 #: One shard task: a key (the shard number), the function and its arguments. The function
-#: also takes a keyword ``stop``: a callable that says whether to abandon the task.
+#: also takes a keyword ``stop``: a callable that says whether to abandon the task. An engine's
+#: ``shared`` arguments (the source) come first: sent once to each worker, not in every task.
 Task = tuple[int, Callable[..., dict[str, Any]], tuple[Any, ...]]
 Progress = Callable[[int], None]
 
@@ -76,14 +77,17 @@ class _TrackingSpawnContext(SpawnContext):
         return process
 
 
-# In each local worker process: its row in the table of (pid, running task key) shared with the runner.
+# In each local worker process: its row in the table of (pid, running task key) shared with the runner,
+# and the arguments every task takes first (sent once, when the process starts).
 _task_table: Any = None
 _task_row: int | None = None
+_shared_args: tuple[Any, ...] = ()
 
 
-def _init_local_worker(table: Any, initializer: Callable[..., None], *initargs: Any) -> None:
-    global _task_table, _task_row
+def _init_local_worker(table: Any, shared: tuple[Any, ...], initializer: Callable[..., None], *initargs: Any) -> None:
+    global _task_table, _task_row, _shared_args
     _task_table = table
+    _shared_args = shared
     with table.get_lock():
         for row in range(len(table) // 2):
             if table[2 * row] == 0:
@@ -99,7 +103,7 @@ def _run_local_task(key: int, fn: Callable[..., dict[str, Any]], args: tuple[Any
     if _task_row is not None:
         _task_table[2 * _task_row + 1] = key
     try:
-        return fn(*args)
+        return fn(*_shared_args, *args)
     finally:
         if _task_row is not None:
             _task_table[2 * _task_row + 1] = -1
@@ -112,8 +116,12 @@ class LocalEngine:
         self.workers = workers
         self.initializer = initializer
 
-    def run(self, tasks: Sequence[Task], progress: Progress) -> Iterator[tuple[int, dict[str, Any]]]:
+    def run(
+        self, tasks: Sequence[Task], progress: Progress, shared: tuple[Any, ...] = ()
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
         """Run ``tasks`` and yield ``(key, record)`` as each completes; the first failure is raised.
+
+        ``shared`` is pickled once per worker process (with its initializer) and passed first to every task.
 
         A worker that dies (a crash in a C library, a signal) raises :class:`WorkerDied`
         naming the task it was running, once every worker has ended.
@@ -125,7 +133,7 @@ class LocalEngine:
         # (pid, key) per worker process; a pool never starts more processes than workers.
         table = ctx.Array("q", 2 * workers)
         broken: BrokenProcessPool | None = None
-        initargs = (table, self.initializer, queue, stop)
+        initargs = (table, tuple(shared), self.initializer, queue, stop)
         with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_local_worker, initargs=initargs) as pool:
             pending: dict[Future, int] = {pool.submit(_run_local_task, key, fn, args): key for key, fn, args in tasks}
             try:
@@ -201,8 +209,13 @@ class DaskEngine:
     def __init__(self, scheduler: str) -> None:
         self.scheduler = scheduler
 
-    def run(self, tasks: Sequence[Task], progress: Progress) -> Iterator[tuple[int, dict[str, Any]]]:
-        """Run ``tasks`` on the cluster and yield ``(key, record)`` as each completes."""
+    def run(
+        self, tasks: Sequence[Task], progress: Progress, shared: tuple[Any, ...] = ()
+    ) -> Iterator[tuple[int, dict[str, Any]]]:
+        """Run ``tasks`` on the cluster and yield ``(key, record)`` as each completes.
+
+        ``shared`` is scattered to every worker once and passed first to every task.
+        """
         distributed = _import_distributed()
         try:
             # How long to try is Dask's own setting, distributed.comm.timeouts.connect (30 s by default).
@@ -213,8 +226,12 @@ class DaskEngine:
             # Keys unique to this run: the scheduler must not hand back a result held from an earlier run.
             run_id = uuid.uuid4().hex[:12]
             prefix = f"dali-pipes-{run_id}-"
+            # Wrapped in a list: scatter would spread a collection (a dataset that is a list) element by element.
+            on_workers = [client.scatter([arg], broadcast=True, hash=False)[0] for arg in shared]
             futures = {
-                client.submit(_run_dask_task, run_id, fn, args, key=f"{prefix}shard-{key:05d}", pure=False): key
+                client.submit(
+                    _run_dask_task, run_id, fn, args, *on_workers, key=f"{prefix}shard-{key:05d}", pure=False
+                ): key
                 for key, fn, args in tasks
             }
             try:
@@ -237,9 +254,11 @@ class DaskEngine:
 _stopped_runs: set[str] = set()
 
 
-def _run_dask_task(run_id: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[str, Any]:
-    """Run one task on a Dask worker; it gives up as soon as its run is stopped."""
-    return fn(*args, stop=functools.partial(_run_stopped, run_id))
+def _run_dask_task(
+    run_id: str, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...], *shared: Any
+) -> dict[str, Any]:
+    """Run one task on a Dask worker (``shared``: the scattered arguments); it gives up as soon as its run is stopped."""
+    return fn(*shared, *args, stop=functools.partial(_run_stopped, run_id))
 
 
 def _run_stopped(run_id: str) -> bool:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from PIL import Image, ImageOps
 
-from converters.base import ImageOptions, SampleError
+from converters.base import ImageOptions, SampleError, process_wide_error
 from converters.image_formats import HEAD_BYTES, image_format, refusal
 
 #: Decompression-bomb guard: images with more pixels than this are refused before
@@ -104,6 +104,9 @@ def load_image_file(path: str | os.PathLike, name: str, options: ImageOptions) -
     except FileNotFoundError:
         raise SampleError(name, "file not found") from None
     except OSError as exc:
+        fatal = process_wide_error(exc, str(path))
+        if fatal is not None:
+            raise fatal from exc
         raise SampleError(name, f"cannot read the file ({exc.strerror or exc})") from None
     return prepare_image(data, name, options)
 

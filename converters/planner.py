@@ -87,7 +87,8 @@ def plan_shards(
 
     ``boundaries`` (from :meth:`Source.input_boundaries`) are the item indices where
     a new input file begins: no shard spans one, so each shard task reads one input
-    file. Without a count or size, each input file then becomes one shard.
+    file. Shards are cut within each file by the same rule (the automatic size
+    being that of the whole input), so a large file is still spread over workers.
     """
     if not items:
         raise ConversionError("nothing to convert: the input holds no samples")
@@ -97,16 +98,12 @@ def plan_shards(
         raise ConversionError(f"--samples-per-shard must be at least 1, got {samples_per_shard}")
     if shard_size is not None and shard_size < 1:
         raise ConversionError(f"--shard-size must be positive, got {shard_size}")
-    if boundaries is None:
-        if samples_per_shard is None and shard_size is None:
-            shard_size = auto_shard_size(sum(item.size for item in items))
-        spans = _cut(items, 0, len(items), samples_per_shard, shard_size)
-    else:
-        edges = sorted({0, len(items), *(b for b in boundaries if 0 < b < len(items))})
-        spans = []
-        for a, b in zip(edges[:-1], edges[1:]):
-            whole = samples_per_shard is None and shard_size is None
-            spans += [(a, b)] if whole else _cut(items, a, b, samples_per_shard, shard_size)
+    if samples_per_shard is None and shard_size is None:
+        shard_size = auto_shard_size(sum(item.size for item in items))
+    edges = sorted({0, len(items), *(b for b in boundaries or () if 0 < b < len(items))})
+    spans = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        spans += _cut(items, a, b, samples_per_shard, shard_size)
     return [ShardPlan(k, a, b) for k, (a, b) in enumerate(spans)]
 
 

@@ -246,7 +246,7 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
         tasks = shard_tasks(source, fmt, items, todo, out.absolute(), on_error)
         try:
-            for number, record in engine.run(tasks, bar.update):
+            for number, record in engine.run(tasks, bar.update, shared=(source,)):
                 results[number] = record
         except WorkerDied as exc:
             # Every worker has ended: what they left half-written is garbage. Say which shard killed its worker.
@@ -263,17 +263,17 @@ def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, resul
 
 def shard_tasks(
     source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan], out: Path, on_error: str
-) -> list[tuple[int, Callable[..., dict[str, Any]], tuple[Any, ...]]]:
+) -> list[tuple[int, Callable[..., ShardRecord], tuple[Any, ...]]]:
     """One engine task per shard: its :func:`write_shard` call, carrying only that shard's items.
 
-    The source's fields are asked for first, in this process: a source that works
-    them out lazily (a list file's labels) then carries the answer into every task
-    instead of each task re-reading the whole input to find it.
+    The source is not in the tasks: the engine sends it to each worker once and
+    passes it first (``engine.run(..., shared=(source,))``), since a dataset may be
+    large to pickle. Its fields are asked for first, in this process: a source that
+    works them out lazily (a list file's labels) then carries the answer to the
+    workers instead of each task re-reading the whole input to find it.
     """
     source.fields()
-    return [
-        (plan.number, write_shard, (source, fmt, plan, items[plan.start : plan.stop], out, on_error)) for plan in plans
-    ]
+    return [(plan.number, write_shard, (fmt, plan, items[plan.start : plan.stop], out, on_error)) for plan in plans]
 
 
 def write_shard(

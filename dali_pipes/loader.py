@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 from dali_pipes import _lifetime
 from dali_pipes._diagnose import explain_failure, worker_died_message
-from dali_pipes._start_method import check_spawn_safe, choose_start_method
+from dali_pipes._start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.batch_source import BatchStoreSource
 from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
@@ -35,6 +35,7 @@ from dali_pipes.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
 from dali_pipes.pipeline_build import bind_spec as _bind
 from dali_pipes.pipeline_build import build_pipeline, pipeline_seed
 from dali_pipes.pipeline_build import required_fields as _required_fields
+from dali_pipes.ramcache import CACHE_KINDS
 from dali_pipes.sampling import LAST_BATCH_POLICIES, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sampling import check_int as _check_int
 from dali_pipes.sources import EpochControl, StoreSource
@@ -56,7 +57,6 @@ __all__ = [
     "resolve_device",
 ]
 
-#: Outputs the loader adds to those of the pipeline spec.
 _T = TypeVar("_T")
 
 
@@ -92,7 +92,7 @@ class DALILoader:
     per folder copies, the others on the node wait for it, and a complete copy
     is reused (:mod:`dali_pipes.stage`). ``cache="ram"`` holds the shards this
     rank reads in shared memory, within ``cache_bytes`` (default: half the free
-    memory), the rest read from disk (:mod:`dali_pipes.ramcache`).
+    memory, split between the node's ranks), the rest read from disk (:mod:`dali_pipes.ramcache`).
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -146,23 +146,15 @@ class DALILoader:
         _check_int("num_threads", threads, 1)
         if last_batch not in LAST_BATCH_POLICIES:
             raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
-        if cache not in (None, "ram"):
+        if cache not in CACHE_KINDS:
             raise ValueError(f"cache must be None or 'ram', got {cache!r}")
         if cache_bytes is not None and cache != "ram":
             raise ValueError("cache_bytes is the budget of cache='ram'; pass cache='ram' too")
-        #: What staging did (``stage_to``): the files copied, or that a staged copy was reused.
-        self.staged = None
-        if stage_to is not None:
-            from dali_pipes.stage import stage_dataset  # one process per DEST copies; the others wait and reuse
-
-            self.staged = stage_dataset(path, stage_to)
-            path = self.staged.path
-        self.store: Store = open_store(path)
-        pipeline = _bind(pipeline, self.store)
-        self.pipeline = pipeline
-        fields = _required_fields(pipeline, self.store)
         self.world, local_rank = detect_world(rank, world_size)
         self.device, device_id = resolve_device(device, local_rank)
+        # Chosen after resolve_device: torch.cuda.is_available() initialises the CUDA driver.
+        # Checked before anything is staged or cached, so that a bad value copies nothing.
+        py_start_method = choose_start_method(py_start_method)
         chosen = f"GPU {device_id}" if device_id is not None else "CPU"
         if device == "auto":
             chosen += " (device='auto': " + ("CUDA is available)" if device_id is not None else "no CUDA here)")
@@ -171,42 +163,35 @@ class DALILoader:
         self.seed = int(seed)
         self.last_batch = last_batch
         self.with_index = bool(with_index)
-        #: The RAM cache (``cache="ram"``): the shards it holds, its budget. Made before the workers start.
-        self.cache = None
-        if cache == "ram":
-            from dali_pipes.ramcache import cache_for_loader
-
-            self.store, self.cache = cache_for_loader(
+        self.store: Store = self._prepare_store(path, stage_to, cache, cache_bytes)
+        try:
+            pipeline = _bind(pipeline, self.store)
+            self.pipeline = pipeline
+            fields = _required_fields(pipeline, self.store)
+            self._fields = fields
+            self._prefetch = int(prefetch)
+            self._control = EpochControl()
+            # One Python call per batch (sorted, coalesced shard reads), or one per sample.
+            self._batch_reads = bool(batch_reads)
+            self._source = (BatchStoreSource if self._batch_reads else StoreSource)(
                 self.store,
-                cache_bytes,
-                world=self.world,
+                fields,
                 batch_size=self.batch_size,
+                world=self.world,
                 seed=self.seed,
                 shuffle=self.shuffle,
                 last_batch=last_batch,
+                control=self._control,
+                with_index=self.with_index,
             )
-        self._fields = fields
-        self._prefetch = int(prefetch)
-        self._control = EpochControl()
-        # One Python call per batch (sorted, coalesced shard reads), or one per sample.
-        self._batch_reads = bool(batch_reads)
-        self._source = (BatchStoreSource if self._batch_reads else StoreSource)(
-            self.store,
-            fields,
-            batch_size=self.batch_size,
-            world=self.world,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            last_batch=last_batch,
-            control=self._control,
-            with_index=self.with_index,
-        )
-        # Chosen after resolve_device: torch.cuda.is_available() initialises the CUDA driver.
-        py_start_method = choose_start_method(py_start_method)
-        if workers > 0 and py_start_method == "spawn":
-            check_spawn_safe()
-        self.py_start_method = py_start_method
-        self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
+            self.py_start_method = py_start_method
+            with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
+                self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
+        except BaseException:
+            self.store.close()  # and the RAM cache's copies: nothing outlives a loader that failed to start
+            if self.cache is not None:
+                self.cache.close()
+            raise
         _lifetime.track(self._pipe)  # a process forked from this one must never shut it down
         self._device_id = device_id
         self._workers = Workers(self._pipe)
@@ -236,6 +221,34 @@ class DALILoader:
             self.batch_size,
             self.batches_per_epoch,
         )
+
+    def _prepare_store(
+        self, path: str | os.PathLike, stage_to: str | os.PathLike | None, cache: str | None, cache_bytes: int | None
+    ) -> Store:
+        """Stage the dataset (``stage_to``), open it, and cache this rank's shards (``cache="ram"``)."""
+        #: What staging did (``stage_to``): the files copied, or that a staged copy was reused.
+        self.staged = None
+        if stage_to is not None:
+            from dali_pipes.stage import stage_dataset  # one process per DEST copies; the others wait and reuse
+
+            self.staged = stage_dataset(path, stage_to)
+            path = self.staged.path
+        store = open_store(path)
+        #: The RAM cache (``cache="ram"``): the shards it holds, its budget. Made before the workers start.
+        self.cache = None
+        if cache == "ram":
+            from dali_pipes.ramcache import cache_for_loader
+
+            store, self.cache = cache_for_loader(
+                store,
+                cache_bytes,
+                world=self.world,
+                batch_size=self.batch_size,
+                seed=self.seed,
+                shuffle=self.shuffle,
+                last_batch=self.last_batch,
+            )
+        return store
 
     @property
     def worker_pids(self) -> list[int]:

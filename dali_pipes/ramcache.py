@@ -10,8 +10,12 @@ once per rank and not once per worker.
 The budget (``cache_bytes``) is never exceeded: shards are taken in order, each
 one that still fits, and the rest are read from where they are. The budget is
 also capped by the free space of the tmpfs and by the memory the machine (or its
-cgroup) has available, so that caching ends in a disk fallback and never in an
-out-of-memory kill. The folder is removed when the loader closes or the process
+cgroup) has available, less a reserve, so that caching ends in a disk fallback and
+never in an out-of-memory kill. The ranks of a node share its memory: the default
+budget (half the available memory) is split between the node's ranks
+(``LOCAL_WORLD_SIZE``, else the world size), and the room left is measured again
+before each shard is copied, since the other ranks are filling it at the same
+time; when a shard would not leave the reserve free, caching stops there. The folder is removed when the loader closes or the process
 exits; one left by a process that was killed (its lock file is free) is removed
 by the next cache made on the machine.
 
@@ -23,12 +27,9 @@ sources are found relative to its own folder).
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import shutil
-import tempfile
-import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -36,9 +37,11 @@ from typing import Iterable
 import numpy as np
 from tqdm import tqdm
 
+from dali_pipes._tmpfs import TMPFS, OwnedFolder, writable_tmpfs
 from dali_pipes.manifest import Manifest, human_bytes, resolve_inside
 from dali_pipes.stage import StageError, StageItem, copy_checked
-from dali_pipes.stores import Store
+from dali_pipes.stores import Store, StoreError
+from dali_pipes.stores.base import SampleDict
 
 log = logging.getLogger(__name__)
 
@@ -46,18 +49,19 @@ log = logging.getLogger(__name__)
 CACHE_KINDS = (None, "ram")
 #: Prefix of the cache folders in the tmpfs: ``dali-pipes-cache-<pid>-<random>``.
 FOLDER_PREFIX = "dali-pipes-cache-"
-#: The lock file its owner holds in each cache folder.
-OWNER_LOCK = ".owner.lock"
 #: The share of the available memory a cache may take when no ``cache_bytes`` is given.
 DEFAULT_SHARE = 0.5
-_TMPFS = "/dev/shm"
+#: Memory always left free: this share of the room measured, and at least :data:`RESERVE_MIN` bytes.
+RESERVE_SHARE = 0.1
+RESERVE_MIN = 256 << 20
 
 
 class CachedStore(Store):
     """A :class:`~dali_pipes.stores.Store` whose shards in ``copies`` are read from their cached copies.
 
-    Messages still name the dataset; picklable like any store (the copies are
-    files, which a worker process opens by path).
+    Messages name the dataset and its shard files, not the copies (the error
+    they wrap, chained, names the copy); picklable like any store (the copies
+    are files, which a worker process opens by path).
     """
 
     def __init__(self, root: str | os.PathLike, manifest: Manifest, copies: dict[int, Path]) -> None:
@@ -71,7 +75,18 @@ class CachedStore(Store):
                 original.num_samples,
                 original.index_path,
                 expected_bytes=original.expected_bytes,
+                record_crc=original.record_crc,  # the copy's records are checked like the original's
             )
+
+    def read(self, index: int, fields: Iterable[str] | None = None) -> SampleDict:
+        """As :meth:`Store.read`; an error names the dataset's shard file, not its copy in the tmpfs."""
+        try:
+            return super().read(index, fields)
+        except StoreError as exc:
+            message = str(exc)
+            for number, copy in self.copies.items():
+                message = message.replace(str(copy), str(resolve_inside(self.root, self.manifest.shards[number].path)))
+            raise StoreError(message) from exc
 
 
 @dataclass
@@ -80,33 +95,65 @@ class RamCache:
 
     folder: Path
     budget: int
+    room: int = 0  # memory and tmpfs space free when the budget was set
     copies: dict[int, Path] = field(default_factory=dict)
     bytes: int = 0
     on_disk: list[int] = field(default_factory=list)  # shards read from where they are
-
-    def __post_init__(self) -> None:
-        # Held for the cache's life: a folder whose lock can be taken belongs to a process that ended.
-        lock_fd = os.open(self.folder / OWNER_LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        self._finalizer = weakref.finalize(self, _remove_folder, self.folder, os.getpid(), lock_fd)
+    owner: OwnedFolder | None = field(default=None, repr=False)  # removes the folder
 
     def close(self) -> None:
         """Remove the cached copies (readers that still have them open keep their pages until they close)."""
-        self._finalizer()
+        if self.owner is not None:
+            self.owner.close()
 
 
 def cache_in_ram(
-    store: Store, shards: Iterable[int], *, cache_bytes: int | None = None, progress: bool = True
+    store: Store,
+    shards: Iterable[int],
+    *,
+    cache_bytes: int | None = None,
+    progress: bool = True,
+    sharers: int = 1,
 ) -> tuple[Store, RamCache]:
     """Copy ``shards`` of ``store`` into a tmpfs folder within the budget; return the store reading them.
 
-    ``store`` is closed and replaced by a :class:`CachedStore` (also when nothing fits).
+    ``sharers`` is how many processes on this machine cache at the same time (the
+    node's ranks): the default budget is split between them. ``store`` is closed
+    and replaced by a :class:`CachedStore` (also when nothing fits).
     """
     if cache_bytes is not None and (isinstance(cache_bytes, bool) or int(cache_bytes) < 0):
         raise ValueError(f"cache_bytes must be a non-negative number of bytes, got {cache_bytes!r}")
-    _remove_orphans()
-    folder = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}{os.getpid()}-", dir=_tmpfs()))
-    cache = RamCache(folder, _budget(cache_bytes, folder))
+    try:
+        _check_tmpfs()
+        owner = OwnedFolder(FOLDER_PREFIX)  # removes the folders of killed loaders first
+    except BaseException:
+        store.close()
+        raise
+    folder = owner.path
+    room = _room(folder)
+    cache = RamCache(folder, _budget(cache_bytes, room, max(1, sharers)), room, owner=owner)
+    try:
+        _fill(store, shards, cache, progress)
+    except BaseException:  # a damaged shard: the caller gets the error, and no store or copy outlives it
+        store.close()
+        cache.close()
+        raise
+    root, manifest = store.root, store.manifest
+    store.close()
+    log.info(
+        "cache in RAM: %d of %d shard(s), %s of a %s budget, in %s; %d shard(s) read from disk",
+        len(cache.copies),
+        len(manifest.shards),
+        human_bytes(cache.bytes),
+        human_bytes(cache.budget),
+        folder,
+        len(cache.on_disk),
+    )
+    return CachedStore(root, manifest, cache.copies), cache
+
+
+def _fill(store: Store, shards: Iterable[int], cache: RamCache, progress: bool) -> None:
+    """Copy the shards that fit the budget, in order, into ``cache``; record the others as read from disk."""
     manifest = store.manifest
     wanted = [n for n in sorted(set(shards)) if not _is_virtual_merge(store, n)]
     chosen, total = [], 0
@@ -123,18 +170,6 @@ def cache_in_ram(
             if not _copy_shard(store, number, cache, bar.update):
                 cache.on_disk = sorted(set(cache.on_disk) | (set(chosen) - set(cache.copies)))
                 break
-    root = store.root
-    store.close()
-    log.info(
-        "cache in RAM: %d of %d shard(s), %s of a %s budget, in %s; %d shard(s) read from disk",
-        len(cache.copies),
-        len(manifest.shards),
-        human_bytes(cache.bytes),
-        human_bytes(cache.budget),
-        folder,
-        len(cache.on_disk),
-    )
-    return CachedStore(root, manifest, cache.copies), cache
 
 
 def shards_for_rank(manifest: Manifest, indices: np.ndarray | None) -> list[int]:
@@ -150,6 +185,16 @@ def _copy_shard(store: Store, number: int, cache: RamCache, advance) -> bool:
     shard = store.manifest.shards[number]
     source = resolve_inside(store.root, shard.path)
     target = cache.folder / f"{number:06d}-{source.name}"
+    room = _room(cache.folder)  # again: the node's other ranks are caching too
+    if shard.bytes > room - _reserve(room):
+        log.warning(
+            "cache in RAM: %s free is too little to cache %s (%s) and keep a reserve; the remaining shards are "
+            "read from disk",
+            human_bytes(room),
+            shard.path,
+            human_bytes(shard.bytes),
+        )
+        return False
     try:
         copy_checked(StageItem(shard.path, source, shard.bytes, shard.sha256 or None), target, advance)
     except StageError as exc:
@@ -174,20 +219,33 @@ def _is_virtual_merge(store: Store, number: int) -> bool:
     return virtual
 
 
-def _budget(cache_bytes: int | None, folder: Path) -> int:
-    """The bytes the cache may take: ``cache_bytes`` (default: half the available memory), capped by what is free."""
-    room = min(shutil.disk_usage(folder).free, available_memory())
+def _budget(cache_bytes: int | None, room: int, sharers: int) -> int:
+    """The bytes the cache may take: ``cache_bytes``, by default half the room split between ``sharers``.
+
+    Never more than ``room`` (free memory and tmpfs space) less the reserve.
+    """
+    most = max(0, room - _reserve(room))
     if cache_bytes is None:
-        return int(room * DEFAULT_SHARE)
-    if cache_bytes > room:
+        return min(most, int(room * DEFAULT_SHARE / sharers))
+    if cache_bytes > most:
         log.warning(
-            "cache in RAM: cache_bytes=%s is more than the %s of memory free; caching at most %s",
+            "cache in RAM: cache_bytes=%s is more than the %s of memory free (less a reserve); caching at most %s",
             human_bytes(cache_bytes),
             human_bytes(room),
-            human_bytes(room * DEFAULT_SHARE),
+            human_bytes(most),
         )
-        return int(room * DEFAULT_SHARE)
+        return most
     return int(cache_bytes)
+
+
+def _room(folder: Path) -> int:
+    """Bytes a cache in ``folder`` could take now: the tmpfs's free space or the available memory, the less."""
+    return min(shutil.disk_usage(folder).free, available_memory())
+
+
+def _reserve(room: int) -> int:
+    """Memory a cache always leaves free, out of ``room``."""
+    return max(RESERVE_MIN, int(room * RESERVE_SHARE))
 
 
 def available_memory() -> int:
@@ -218,46 +276,12 @@ def _meminfo_available() -> int:
     return 0  # unknown: cache nothing rather than risk the machine's memory
 
 
-def _tmpfs() -> str:
-    if os.path.isdir(_TMPFS) and os.access(_TMPFS, os.W_OK):
-        return _TMPFS
-    raise ValueError(
-        f"cache='ram' needs a writable tmpfs at {_TMPFS}, which this machine lacks; "
-        "leave cache unset (the OS page cache still keeps recently read shards in memory)"
-    )
-
-
-def _remove_folder(folder: Path, owner_pid: int, lock_fd: int) -> None:
-    # A forked worker inherits the finalizer; only the process that made the cache removes it.
-    if os.getpid() == owner_pid:
-        shutil.rmtree(folder, ignore_errors=True)
-        os.close(lock_fd)
-
-
-def _remove_orphans() -> None:
-    """Remove cache folders whose owner ended without cleaning up (killed): their lock is free.
-
-    A lock rather than a process id: a process in another PID namespace sharing
-    ``/dev/shm`` (a container with ``--ipc=host``) has ids that look dead from here.
-    """
-    try:
-        names = [name for name in os.listdir(_TMPFS) if name.startswith(FOLDER_PREFIX)]
-    except OSError:
-        return
-    for name in names:
-        folder = Path(_TMPFS) / name
-        try:
-            fd = os.open(folder / OWNER_LOCK, os.O_RDWR | os.O_CLOEXEC)
-        except OSError:
-            continue  # being made right now, or not ours
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue  # its loader is alive
-        finally:
-            os.close(fd)
-        log.info("cache in RAM: removing %s, left by a loader that was killed", folder)
-        shutil.rmtree(folder, ignore_errors=True)
+def _check_tmpfs() -> None:
+    if writable_tmpfs() is None:
+        raise ValueError(
+            f"cache='ram' needs a writable tmpfs at {TMPFS}, which this machine lacks; "
+            "leave cache unset (the OS page cache still keeps recently read shards in memory)"
+        )
 
 
 def cache_for_loader(
@@ -278,4 +302,15 @@ def cache_for_loader(
         indices, _ = rank_indices(
             len(store), batch_size, world.rank, world.world_size, 0, seed, shuffle=False, last_batch=last_batch
         )
-    return cache_in_ram(store, shards_for_rank(store.manifest, indices), cache_bytes=cache_bytes)
+    return cache_in_ram(
+        store, shards_for_rank(store.manifest, indices), cache_bytes=cache_bytes, sharers=local_world_size(world)
+    )
+
+
+def local_world_size(world) -> int:
+    """The ranks on this node: ``LOCAL_WORLD_SIZE`` (set by torchrun), else the whole world (the safe guess)."""
+    try:
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", ""))
+    except ValueError:
+        local = 0
+    return local if 1 <= local <= world.world_size else world.world_size

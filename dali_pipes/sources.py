@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dali_pipes._tmpfs import OwnedFolder, writable_tmpfs
 from dali_pipes.epoch_plan import plan_path, read_plan, remove_plan, write_plan
 from dali_pipes.sampling import World, rank_indices
 from dali_pipes.stores import Store, StoreError, select_fields
@@ -59,9 +60,8 @@ DALI_TYPE_NAMES = {
 }
 
 
-def _shm_dir() -> str | None:
-    # A tmpfs keeps the control block off the disk; fall back to the default temp folder.
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else None
+#: Prefix of the tmpfs folder that holds a loader's control block and epoch plan.
+CONTROL_PREFIX = "dali-pipes-epoch-"
 
 
 def _unlink(path: str, owner_pid: int) -> None:
@@ -83,13 +83,22 @@ class EpochControl:
     """
 
     def __init__(self) -> None:
-        fd, path = tempfile.mkstemp(prefix="dali-pipes-epoch-", dir=_shm_dir())
-        with os.fdopen(fd, "wb") as f:
+        if writable_tmpfs() is not None:
+            # A tmpfs keeps the block and the plan (9 bytes a sample) off the disk, in a folder
+            # that a loader killed with SIGKILL does not leave behind for good: the next one removes it.
+            self._folder: OwnedFolder | None = OwnedFolder(CONTROL_PREFIX)
+            path = str(self._folder.path / "control")
+            self._finalizer = None
+        else:
+            self._folder = None
+            fd, path = tempfile.mkstemp(prefix=CONTROL_PREFIX)
+            os.close(fd)
+            self._finalizer = weakref.finalize(self, _unlink, path, os.getpid())
+        with open(path, "wb") as f:
             f.write(np.array([-1, 0, 0, 0], dtype=np.int64).tobytes())
         self.path = path
         self._view: np.ndarray | None = None
         self._pid: int | None = None
-        self._finalizer = weakref.finalize(self, _unlink, path, os.getpid())
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path}
@@ -98,7 +107,7 @@ class EpochControl:
         self.path = state["path"]
         self._view = None
         self._pid = None
-        self._finalizer = None  # an attached copy never deletes the owner's file
+        self._folder = self._finalizer = None  # an attached copy never deletes the owner's file
 
     @property
     def values(self) -> np.ndarray:
@@ -135,6 +144,8 @@ class EpochControl:
     def close(self) -> None:
         """Delete the file (owner only); attached copies keep their mapping until they exit."""
         self._view = None
+        if self._folder is not None:
+            self._folder.close()
         if self._finalizer is not None:
             self._finalizer()
 

@@ -18,6 +18,8 @@ on a local SSD or a tmpfs (``/dev/shm``) is read at memory or disk speed. Stagin
   in place whose hash still matches and copies the rest; a copy found complete
   (its marker matches the source) is reused after a size check (``verify=True``
   re-hashes it);
+- refuses a ``DEST`` that holds another dataset's copy (``DEST/.dali-pipes-staged-from``
+  records the source, before the first file is copied): one folder, one dataset;
 - is serialised by a lock file in ``DEST``: of several processes staging the same
   dataset on one node (the ranks of a DDP job), one copies and the others wait
   for it and then reuse its copy. A process that dies holding the lock releases
@@ -47,6 +49,8 @@ log = logging.getLogger(__name__)
 
 #: The lock file that serialises stagers into one folder.
 LOCK_NAME = ".dali-pipes-stage.lock"
+#: Records which dataset a folder holds a copy of (written before its first file is copied).
+SOURCE_RECORD = ".dali-pipes-staged-from"
 #: Prefix of the temporary names of files being copied (removed by the next stager).
 TMP_PREFIX = ".dali-pipes-staging-"
 _CHUNK = 8 << 20
@@ -105,6 +109,7 @@ def stage_dataset(
     dest.mkdir(parents=True, exist_ok=True)
     with _StageLock(dest):
         report = StageReport(path=target)
+        _claim(dest, source)
         marker_path, marker_bytes = marker
         if _complete(dest, items, marker_path, marker_bytes):
             report.reused = True
@@ -213,6 +218,26 @@ def _size(path: Path) -> int:
 
 
 # --- reuse ---------------------------------------------------------------------------------------
+
+
+def _claim(dest: Path, source: Path) -> None:
+    """Record that ``dest`` holds a copy of ``source``; refuse a folder that holds another dataset's copy.
+
+    Two datasets staged into one folder would overwrite each other's shards, and a
+    loader still reading the first could then read the second's files.
+    """
+    record = dest / SOURCE_RECORD
+    origin = str(source.resolve())
+    try:
+        recorded = record.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        atomic_write_bytes(record, (origin + "\n").encode())
+        return
+    if recorded != origin:
+        raise StageError(
+            f"{dest}: already holds a staged copy of {recorded}, not of {source}; stage {source} into another "
+            f"folder (or delete {dest} if the copy of {recorded} is no longer used)"
+        )
 
 
 def _complete(dest: Path, items: list[StageItem], marker_path: Path, marker_bytes: bytes) -> bool:

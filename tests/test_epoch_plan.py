@@ -105,3 +105,34 @@ def test_the_loader_publishes_exactly_the_sampling_order(dataset, world):
             assert plan[1][: len(expected)].tolist() == expected_pad.tolist()
     finally:
         loader.close()
+
+
+_KILLED_LOADER = """
+import os, signal, sys
+import numpy as np
+from dali_pipes.sources import EpochControl
+control = EpochControl()
+control.publish(0, 0, 0, (np.arange(1000), np.zeros(1000, dtype=bool)))
+print(os.path.dirname(control.path), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not os.access("/dev/shm", os.W_OK), reason="needs a writable /dev/shm")
+def test_the_plan_of_a_killed_loader_does_not_stay_in_shared_memory(tmp_path):
+    # The plan is 9 bytes a sample (90 MB at 10M) in the tmpfs, which is memory until deleted:
+    # a training process killed with SIGKILL (the OOM killer) must not leave it there for good.
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _KILLED_LOADER], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -9, proc.stderr
+    left = proc.stdout.strip()
+    assert os.path.isfile(os.path.join(left, "control.plan"))  # the kill left it behind...
+    control = EpochControl()  # ...until the next loader starts
+    try:
+        assert not os.path.exists(left)
+        assert os.path.isfile(control.path) and not os.path.samefile(os.path.dirname(control.path), "/dev/shm")
+    finally:
+        control.close()
+    assert not os.path.exists(os.path.dirname(control.path))  # close removes its own folder

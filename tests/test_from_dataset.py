@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from packed_helpers import PhotoDataset, assert_converted, error_inputs, photos
+from packed_helpers import CountedPickles, PhotoDataset, assert_converted, error_inputs, photos
 from test_resume import _records
 
 from converters.base import ConversionError
@@ -118,3 +118,46 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     assert _start(rows_file, out, 1).wait(timeout=240) == 0
     assert shard_digests(out) == shard_digests(tmp_path / "reference")
     assert (out / "index.json").read_bytes() == (tmp_path / "reference" / "index.json").read_bytes()
+
+
+def test_image_and_text_fields_take_only_what_they_can_hold(photo_bytes, tmp_path):
+    photo = photo_bytes[0]
+    # A 1-D uint8 array (torchvision.io.read_file's result) is encoded bytes and is checked as an image;
+    # pixels in an image field, or a number in a text field, are bad samples rather than stored unchecked.
+    good = np.frombuffer(photo, np.uint8)
+    broken = np.frombuffer(photo[: len(photo) // 2], np.uint8)
+    pixels = np.zeros((4, 4, 3), np.uint8)
+    rows = [(good, "a"), (broken, "b"), (pixels, "c"), (photo, 7), (photo, "e")]
+    fields = {"image": Field.image(), "key": Field.text()}
+    result = from_dataset(rows, tmp_path / "out", fields=fields, format="hdf5", workers=1, progress=False)
+    from dali_pipes import open_store
+
+    store = open_store(tmp_path / "out")
+    assert [store[i]["key"] for i in range(len(store))] == [b"a", b"e"]
+    assert store[0]["image"] == photo
+    errors = error_inputs(tmp_path / "out")
+    assert set(errors) == {"sample 1", "sample 2", "sample 3"} and len(result.errors) == 3
+    assert "truncated" in errors["sample 1"].lower()
+    assert "Field.array('uint8'" in errors["sample 2"]
+    assert "text field" in errors["sample 3"] and "int" in errors["sample 3"]
+
+
+def test_the_dataset_is_sent_once_per_worker_not_once_per_shard(imagenet_mini, tmp_path):
+    # A large dataset pickled into every shard task cost its whole size per task (101 MB for 1.28M rows).
+    rows, expected = dataset_rows(imagenet_mini, tmp_path)
+    rows, expected = rows[:12], expected[:12]
+    rows[5] = (rows[5][0], rows[4][1], expected[4][2])  # photo 5 is a truncated copy in dataset_rows
+    expected[5] = (rows[5][0], expected[4][1], expected[4][2])
+    CountedPickles.pickled = 0
+    from_dataset(
+        CountedPickles(rows),
+        tmp_path / "out",
+        fields=["image", "label", "key"],
+        format="lmdb",
+        workers=2,
+        samples_per_shard=2,
+        progress=False,
+    )
+    assert len(load_manifest(tmp_path / "out").shards) == 6
+    assert CountedPickles.pickled <= 2  # once per worker process
+    assert_converted(tmp_path / "out", expected)

@@ -277,3 +277,38 @@ def test_a_folder_without_manifest_says_why_and_what_to_do(tmp_path):
     (unfinished / ".dali-pipes-job").mkdir(parents=True)
     with pytest.raises(ManifestError, match="did not finish; run the same 'dali-pipes convert' command again"):
         load_manifest(unfinished)
+
+
+def test_missing_manifest_names_the_convert_command_for_a_foreign_dataset(tmp_path):
+    # A folder of WebDataset tars, TFRecords, Parquet files or an LMDB is a dataset from elsewhere:
+    # the message names the converter that fits, not only the image-folder ones.
+    import tarfile
+
+    import lmdb
+
+    tars = tmp_path / "wds"
+    tars.mkdir()
+    with tarfile.open(tars / "train-000000.tar", "w") as tar:
+        tar.addfile(tarfile.TarInfo("empty.cls"))
+    env = lmdb.open(str(tmp_path / "imgs.lmdb"))
+    with env.begin(write=True) as txn:
+        txn.put(b"k", b"v")
+    env.close()
+    records = tmp_path / "tfr"
+    records.mkdir()
+    (records / "train-00000-of-00002").write_bytes(b"")
+    for folder, command in [
+        (tars, f"dali-pipes convert webdataset '{tars}/*.tar' OUT"),
+        (tmp_path / "imgs.lmdb", f"dali-pipes convert lmdb {tmp_path / 'imgs.lmdb'} OUT"),
+        (records, f"dali-pipes convert tfrecord '{records}/*-of-*' OUT"),
+    ]:
+        with pytest.raises(ManifestError, match="no index.json") as info:
+            load_manifest(folder)
+        assert command in str(info.value)
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.table({"label": [1]}), tmp_path / "tfr" / "x.parquet")
+    with pytest.raises(ManifestError, match="no index.json") as info:
+        load_manifest(records)
+    assert "convert tfrecord" in str(info.value) and f"convert parquet '{records}/*.parquet' OUT" in str(info.value)

@@ -63,7 +63,7 @@ def test_empty_input_and_conflicting_options_are_refused():
 
 def test_shards_never_span_an_input_file():
     items = _items([10] * 10)
-    # Files of 4, 3 and 3 items: by default one shard each; by count or size, cut within each file.
+    # Files of 4, 3 and 3 small items: by default one shard each; by count or size, cut within each file.
     assert [(p.start, p.stop) for p in plan_shards(items, boundaries=[4, 7])] == [(0, 4), (4, 7), (7, 10)]
     by_count = plan_shards(items, samples_per_shard=3, boundaries=[4, 7])
     assert [(p.start, p.stop) for p in by_count] == [(0, 3), (3, 4), (4, 7), (7, 10)]
@@ -72,3 +72,13 @@ def test_shards_never_span_an_input_file():
     assert [p.number for p in by_size] == list(range(6))
     # An empty input file (a repeated boundary) and out-of-range ones add no shard.
     assert len(plan_shards(items, boundaries=[0, 4, 4, 10, 12])) == 2
+
+
+def test_a_large_input_file_is_cut_by_the_automatic_size():
+    # One 2 GB file and a small one, no count or size given: the big file is spread over several shards
+    # (it was one shard, written by one core), and still no shard spans the two files.
+    items = _items([50 * 1000**2] * 40)
+    plan = plan_shards(items, boundaries=[38])
+    auto = auto_shard_size(sum(item.size for item in items))
+    assert [(p.start, p.stop) for p in plan] == [(a, a + 2) for a in range(0, 38, 2)] + [(38, 40)]
+    assert all(sum(item.size for item in items[p.start : p.stop]) <= auto for p in plan)

@@ -157,3 +157,12 @@ def test_batch_reads_check_each_record_too(tmp_path, fmt):
         store.read_batch([0, 8, 9], ["label"])
     batch = store.read_batch([9, 5, 0], ["image", "label"])  # undamaged records still read
     assert batch["image"][1] == encode_jpeg(grey_level(5)) and batch["label"].ravel().tolist() == [4, 0, 0]
+
+
+@pytest.mark.parametrize("width", [0, 1, 3, 4, 7, 8, 64, 65, 255, 256])
+def test_rows_checked_together_get_the_crc32c_of_each_row(width):
+    # Feature rows are checked together (numpy across rows); the values must be google_crc32c's, row by row.
+    from dali_pipes.stores.checksum import crc32c_rows
+
+    rows = np.random.default_rng(width).integers(0, 256, (40, width), dtype=np.uint8)
+    assert crc32c_rows(rows).tolist() == [google_crc32c.value(row.tobytes()) for row in rows]

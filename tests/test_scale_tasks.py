@@ -84,7 +84,7 @@ def _first_task(make, root: Path, n: int, photo: Path) -> tuple[bytes, Path]:
     out = root / "out"
     (out / JOB_DIR).mkdir(parents=True)
     _, _, args = shard_tasks(source, "lmdb", items, plans[:1], out, "fail")[0]
-    return pickle.dumps(args), out
+    return pickle.dumps((source, *args)), out  # what a worker gets: the shared source, then the task
 
 
 def _bytes_read() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -17,6 +18,7 @@ from converters.merge import merge_hdf5
 from converters.writers import writer_class
 from dali_pipes._fileio import sha256_file
 from dali_pipes.manifest import MANIFEST_NAME, Field, Manifest, Shard, write_manifest
+from dali_pipes.stage import _CHUNK as STAGE_CHUNK
 from dali_pipes.stage import TMP_PREFIX, StageError, stage_dataset
 from dali_pipes.verify import verify_dataset
 
@@ -76,6 +78,18 @@ def test_a_damaged_source_shard_is_not_staged(tmp_path):
     assert not list((tmp_path / "dest").glob(f"{TMP_PREFIX}*"))
 
 
+def test_a_second_dataset_is_refused_in_a_folder_holding_another(tmp_path):
+    first = write_dataset(tmp_path / "a", 20, fmt="lmdb")
+    other = write_dataset(tmp_path / "b", 12, fmt="lmdb")  # same shard names, other samples
+    dest = tmp_path / "dest"
+    stage_dataset(first, dest, progress=False)
+    expected = sample_digests(dest)
+    with pytest.raises(StageError, match=f"{dest}: already holds a staged copy of {first}.*into another folder"):
+        stage_dataset(other, dest, progress=False)
+    assert sample_digests(dest) == expected  # the first copy is untouched
+    assert stage_dataset(first, dest, progress=False).reused  # its own source still reuses it
+
+
 def blob_dataset(out: Path, shards: int, blob_bytes: int) -> Path:
     """An LMDB dataset of ``shards`` shards of 4 incompressible samples each (slow enough to kill mid-copy)."""
     out.mkdir(parents=True)
@@ -93,28 +107,55 @@ def blob_dataset(out: Path, shards: int, blob_bytes: int) -> Path:
     return out
 
 
+def open_fifo_writer(path: Path, reader: subprocess.Popen):
+    """The write end of the FIFO ``path``, once ``reader`` has opened it (failing if ``reader`` ends first)."""
+    while True:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK)  # ENXIO while no process reads it
+        except OSError as exc:
+            if exc.errno != errno.ENXIO:
+                raise
+            assert reader.poll() is None, "the stage ended before it reached the FIFO"
+            time.sleep(0.01)
+            continue
+        os.set_blocking(fd, True)
+        return open(fd, "wb", buffering=0)
+
+
 @pytest.mark.timeout(120)
 def test_a_stage_killed_with_sigkill_resumes_keeping_the_whole_files(tmp_path):
     source = blob_dataset(tmp_path / "src", shards=24, blob_bytes=1 << 20)
     dest = tmp_path / "dest"
+    # Shard 12 of the source is, for now, a FIFO with no writer: one stager (--workers 1, in order) copies
+    # shards 0-11 and then reads only what the test writes into it, so the kill lands mid-copy of shard 12
+    # however busy the machine is (the copy would fail its hash check anyway).
+    blocker = source / shard_name("lmdb", 12)
+    real = blocker.rename(tmp_path / "shard-12-aside")
+    os.mkfifo(blocker)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen(
         [sys.executable, "-m", "dali_pipes.cli", "stage", str(source), str(dest), "--workers", "1", "--no-progress"],
         env=env,
     )
     try:
-        first = dest / shard_name("lmdb", 0)
-        while not first.exists():  # the first shard renamed into place: the stage is under way
-            assert proc.poll() is None, "the stage ended before it could be killed"
-            time.sleep(0.001)
-        proc.send_signal(signal.SIGKILL)
+        # The FIFO opens for writing once the stager opened it to read: shards 0-11 are then in place.
+        with open_fifo_writer(blocker, proc) as fifo:
+            # One chunk and a byte: the stager writes the chunk to its temporary file, then waits for more.
+            fifo.write(bytes(STAGE_CHUNK + 1))
+            while not any(p.stat().st_size for p in dest.glob(f"{TMP_PREFIX}*")):
+                assert proc.poll() is None, "the stage ended before it could be killed"
+                time.sleep(0.01)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
     finally:
         proc.kill()
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
     assert not (dest / MANIFEST_NAME).exists()  # not a dataset yet
     in_place = {p.name for p in dest.glob("shard-*.lmdb")}
-    assert 1 <= len(in_place) < 24
+    assert in_place == {shard_name("lmdb", i) for i in range(12)}
+    assert list(dest.glob(f"{TMP_PREFIX}*"))  # the killed copy of shard 12, half written
+    os.replace(real, blocker)  # the source is whole again
 
     report = stage_dataset(source, dest, progress=False)
     assert set(report.kept) == in_place  # whole files were kept (after a hash check), not copied again

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from test_ddp import free_port
 
 from dali_pipes import DALILoader
 from dali_pipes.manifest import MANIFEST_NAME
-from dali_pipes.ramcache import FOLDER_PREFIX, available_memory
+from dali_pipes.ramcache import DEFAULT_SHARE, FOLDER_PREFIX, RESERVE_MIN, RESERVE_SHARE
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
 
@@ -134,17 +135,37 @@ def test_a_budget_beyond_free_memory_is_capped(tmp_path, caplog):
 
     store, cache = cache_in_ram(open_store(source), [0, 1], cache_bytes=1 << 62, progress=False)
     try:
-        assert cache.budget <= available_memory()
+        # The room measured (free memory and tmpfs space), less the reserve always left free.
+        assert cache.room > 0
+        assert cache.budget == cache.room - max(RESERVE_MIN, int(cache.room * RESERVE_SHARE))
         assert "caching at most" in caplog.text
     finally:
         store.close()
         cache.close()
 
 
+@pytest.mark.parametrize(("local_world_size", "sharers"), [("2", 2), (None, 4)])
+def test_the_default_budget_is_split_between_the_ranks_of_a_node(tmp_path, monkeypatch, local_world_size, sharers):
+    # Each rank of a node measures the same free memory at the same moment: half of it each would ask for
+    # world_size/2 times what there is. Without LOCAL_WORLD_SIZE the whole world is taken to be on this node.
+    if local_world_size is None:
+        monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    else:
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    loader = DALILoader(
+        source, TinySpec(), batch_size=2, device="cpu", rank=1, world_size=4, py_num_workers=0, cache="ram"
+    )
+    try:
+        assert loader.cache.budget == int(loader.cache.room * DEFAULT_SHARE / sharers)
+    finally:
+        loader.close()
+
+
 def test_cache_folders_of_killed_loaders_are_removed(tmp_path):
     import fcntl
 
-    from dali_pipes.ramcache import OWNER_LOCK
+    from dali_pipes._tmpfs import OWNER_LOCK
 
     # A folder whose owner lock is free (its loader was killed), and one whose lock is held.
     orphan = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}1-", dir="/dev/shm"))
@@ -202,3 +223,133 @@ def test_a_cache_copy_that_fails_to_write_falls_back_to_disk(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines() == ["[] [0, 1, 2, 3] ['.owner.lock']", "True"]  # no partial copy left
     assert "the remaining shards are read from disk" in proc.stderr
+
+
+def own_cache_folders() -> list[Path]:
+    """This process's RAM cache folders in /dev/shm."""
+    return sorted(Path("/dev/shm").glob(f"{FOLDER_PREFIX}{os.getpid()}-*"))
+
+
+def test_a_bad_start_method_is_refused_before_staging_or_caching(tmp_path):
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    before = own_cache_folders()
+    with pytest.raises(ValueError, match="py_start_method"):
+        DALILoader(
+            source, TinySpec(), batch_size=2, device="cpu", stage_to=tmp_path / "dest", py_start_method="forkserver"
+        )
+    assert not (tmp_path / "dest").exists()  # nothing copied for a loader that could never start
+    with pytest.raises(ValueError, match="py_start_method"):
+        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache="ram", py_start_method="forkserver")
+    assert own_cache_folders() == before
+
+
+class ClashingSpec(TinySpec):
+    """A spec whose build fails after the cache is made: it returns a name the loader adds itself."""
+
+    def build(self, inputs, *, device):
+        return {**super().build(inputs, device=device), "is_pad": inputs["label"]}
+
+
+def test_a_loader_that_fails_to_start_removes_its_ram_cache(tmp_path):
+    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
+    before = own_cache_folders()
+    with pytest.raises(ValueError, match="a name the loader adds itself") as failure:
+        DALILoader(source, ClashingSpec(), batch_size=2, device="cpu", py_num_workers=0, cache="ram")
+    assert failure.traceback  # the failed loader is still referenced from here, so no finalizer ran yet
+    assert own_cache_folders() == before
+
+
+def test_a_damaged_shard_met_while_caching_leaves_no_cache(tmp_path):
+    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.stage import StageError
+    from dali_pipes.stores import open_store
+
+    source = write_dataset(tmp_path / "src", 8, fmt="tfrecord")
+    shard = sorted(source.glob("shard-*.tfrecord"))[1]
+    raw = bytearray(shard.read_bytes())
+    raw[-5] ^= 0xFF  # same size, other content
+    shard.write_bytes(bytes(raw))
+    before = own_cache_folders()
+    with pytest.raises(StageError, match=f"{shard}: SHA-256 does not match") as failure:
+        cache_in_ram(open_store(source), range(2), progress=False)
+    assert failure.traceback
+    assert own_cache_folders() == before
+
+
+HOLD_A_FOLDER = """
+import sys, time
+from dali_pipes._tmpfs import OwnedFolder
+folder = OwnedFolder(sys.argv[1])
+(folder.path / "staged-shard").write_bytes(b"x" * 1000)
+print(folder.path, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_killed_benchs_staging_folder_is_removed_by_the_next(tmp_path):
+    import signal
+
+    from dali_pipes._tmpfs import OwnedFolder
+    from dali_pipes.bench.storage import STAGE_PREFIX
+
+    proc = subprocess.Popen([sys.executable, "-c", HOLD_A_FOLDER, STAGE_PREFIX], stdout=subprocess.PIPE, text=True)
+    try:
+        killed = Path(proc.stdout.readline().strip())
+        assert killed.name.startswith(STAGE_PREFIX) and (killed / "staged-shard").exists()
+        following = OwnedFolder(STAGE_PREFIX)  # its owner is alive: kept
+        assert killed.exists()
+        following.close()
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        following = OwnedFolder(STAGE_PREFIX)
+        try:
+            assert not killed.exists()
+            assert following.path.exists()
+        finally:
+            following.close()
+        assert not following.path.exists()
+    finally:
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+
+
+def test_a_folder_whose_maker_died_before_locking_it_is_removed_later(tmp_path):
+    import time
+
+    from dali_pipes._tmpfs import OWNER_LOCK, UNLOCKED_GRACE_S, OwnedFolder
+
+    prefix = "dali-pipes-test-unlocked-"
+    young = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))  # as if being made right now
+    old = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))
+    then = time.time() - 2 * UNLOCKED_GRACE_S
+    os.utime(old, (then, then))  # its maker was killed between mkdtemp and the lock
+    try:
+        owned = OwnedFolder(prefix)
+        assert young.exists() and not old.exists()
+        assert (owned.path / OWNER_LOCK).exists()
+        owned.close()
+    finally:
+        shutil.rmtree(young, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def test_errors_reading_a_cached_shard_name_the_datasets_shard_not_the_copy(tmp_path):
+    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.stores import StoreError, open_store
+
+    source = write_dataset(tmp_path / "src", 8, fmt="tfrecord")
+    store, cache = cache_in_ram(open_store(source), range(2), progress=False)
+    try:
+        copy = cache.copies[0]
+        with open(copy, "r+b") as f:  # the copy shrinks after it was checked (as a full tmpfs could leave it)
+            f.truncate(copy.stat().st_size - 10)
+        with pytest.raises(StoreError) as failure:
+            store[0]
+        shard = source / json.loads((source / MANIFEST_NAME).read_text())["shards"][0]["path"]
+        assert str(shard) in str(failure.value) and str(copy) not in str(failure.value)
+        assert str(copy) in str(failure.value.__cause__)  # the copy is still in the chained error
+    finally:
+        store.close()
+        cache.close()

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -101,6 +103,19 @@ def test_missing_image_feature_is_refused_naming_the_features(tmp_path):
     with pytest.raises(ConversionError, match="--image-feature") as info:
         TFRecordSource(path).items()
     assert "jpeg" in str(info.value)
+
+
+@pytest.mark.parametrize("compression", ["GZIP", "ZLIB"])
+def test_a_compressed_file_is_refused_before_converting(imagenet_records, tmp_path, compression):
+    # Among good files, a compressed one used to cost all its records while counting as one bad input.
+    paths, _ = imagenet_records
+    data = paths[1].read_bytes()
+    packed = tmp_path / "train-00001-of-00003"
+    packed.write_bytes(gzip.compress(data, mtime=0) if compression == "GZIP" else zlib.compress(data))
+    source = TFRecordSource([paths[0], packed, paths[2]])
+    with pytest.raises(ConversionError, match=f"{packed}: the file is {compression}-compressed.*decompress it"):
+        convert(source, tmp_path / "out", format="lmdb", workers=1, progress=False)
+    assert not (tmp_path / "out" / "index.json").exists()
 
 
 @pytest.mark.timeout(300)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -14,6 +15,15 @@ import dali_pipes
 
 def test_version_comes_from_the_installed_metadata():
     assert dali_pipes.__version__ == version("dali-pipes")
+
+
+def test_the_package_writes_no_version_of_its_own():
+    # One place for the version: dali_pipes/__init__.py reads it, it must not spell one out.
+    text = Path(dali_pipes.__file__).read_text()
+    assert f'"{version("dali-pipes")}"' not in text and f"'{version('dali-pipes')}'" not in text
+    assert not re.search(
+        r"""__version__\s*(?::[^=]*)?=\s*['"]\d+\.\d""", text
+    )  # "0+unknown" (not installed) is no version
 
 
 def test_the_metadata_is_pyproject_s_version():

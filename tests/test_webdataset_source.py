@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
@@ -14,6 +16,7 @@ from converters.base import ConversionError
 from converters.runner import convert
 from converters.sources import WebDatasetSource
 from converters.synth import make_imagefolder
+from dali_pipes import open_store
 from dali_pipes.manifest import load_manifest
 
 from test_convert import run_cli, shard_digests
@@ -63,6 +66,11 @@ def test_tars_convert_byte_for_byte_one_shard_per_tar(tars, tmp_path, fmt):
     assert [s.num_samples for s in manifest.shards] == [20, 15, 12]  # one shard per tar: each task opens one
     assert manifest.classes[3] == "class-3"
     assert "json" in manifest.fields  # the webdataset tar's .json members are kept, empty where there is none
+    store = open_store(tmp_path / "out")
+    with tarfile.open(paths[2]) as tar:
+        written = {key: tar.extractfile(f"{key}.json").read() for key, _, _ in expected[35:]}
+    assert all(written.values())
+    assert [store[i]["json"] for i in range(len(expected))] == [b""] * 35 + list(written.values())
 
 
 def test_bad_members_are_listed_and_the_rest_converted(imagenet_mini, tmp_path):
@@ -158,3 +166,45 @@ def test_a_damaged_tar_keeps_the_samples_before_and_lists_the_damage(imagenet_mi
         errors = error_inputs(tmp_path / name)
         assert list(errors) == [f"{path}:byte {third}"], name
         assert f"from byte {third} on cannot be read" in errors[f"{path}:byte {third}"]
+
+
+_LOW_FILE_LIMIT = r"""
+import os, resource, sys
+from pathlib import Path
+from converters.base import ConversionError
+from converters.runner import convert
+from converters.sources import WebDatasetSource
+from converters.sources._inputs import OpenFiles
+
+folder = Path(sys.argv[1])
+tars = sorted(folder.glob("*.tar"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+result = convert(WebDatasetSource(tars), folder / "out", format="hdf5", workers=1, progress=False)
+print("errors", len(result.errors))
+# Out of file descriptors: the job stops; no sample is blamed for it.
+hog = []
+try:
+    while True:
+        hog.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+try:
+    OpenFiles().read(str(tars[0]), 0, 10, "first")
+except ConversionError as exc:
+    print("fatal", exc)
+"""
+
+
+def test_many_tars_with_one_worker_stay_within_the_open_file_limit(imagenet_mini, tmp_path):
+    # One source serves every shard of a one-worker run: keeping each tar open ran past `ulimit -n`,
+    # and every read past it was left out as a bad sample.
+    key, image, label = photos(imagenet_mini)[0]
+    for n in range(80):
+        write_tar(tmp_path / f"part-{n:03d}.tar", sample_members(f"{key}-{n}", image, label))
+    child = subprocess.run(
+        [sys.executable, "-c", _LOW_FILE_LIMIT, str(tmp_path)], capture_output=True, text=True, timeout=120
+    )
+    assert child.returncode == 0, child.stderr[-2000:]
+    assert "errors 0" in child.stdout
+    assert "fatal " in child.stdout and "part-000.tar" in child.stdout and "ulimit -n" in child.stdout
+    assert len(open_store(tmp_path / "out")) == 80

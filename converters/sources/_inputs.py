@@ -2,7 +2,7 @@
 
 The packed sources (WebDataset tars, TFRecord files, Parquet files, an LMDB) plan
 every sample in the main process and read it back in a worker by position. A
-worker keeps its input files open between samples (:class:`OpenFiles`); nothing
+worker keeps its input file open between samples (:class:`OpenFiles`); nothing
 open travels when a source is pickled into a task.
 """
 
@@ -14,7 +14,10 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from converters.base import ConversionError, SampleError
+from converters.base import ConversionError, SampleError, process_wide_error
+
+#: An integer written as text (a label in a list file, a key list or a ``.cls`` member).
+INTEGER = re.compile(r"[+-]?\d+\Z")
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
@@ -50,6 +53,7 @@ def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]
     if isinstance(patterns, (str, os.PathLike)):
         patterns = [patterns]
     found: list[str] = []
+    seen: set[str] = set()
     for pattern in patterns:
         for name in expand_braces(str(pattern)):
             matches = sorted(glob.glob(name)) if glob.has_magic(name) else [name]
@@ -59,11 +63,38 @@ def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]
             for path in existing:
                 if not os.path.isfile(path):
                     raise ConversionError(f"{path}: not a file; give {what}s (or a pattern matching them)")
-                if path not in found:
+                if path not in seen:
+                    seen.add(path)
                     found.append(path)
     if not found:
         raise ConversionError(f"no {what} given")
     return found
+
+
+def input_patterns(files: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
+    """The input patterns a source keeps (and writes in its manifest): one or several, as strings."""
+    return [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+
+
+def inputs_and_output(positional: Sequence[str], what: str) -> tuple[list[str], str]:
+    """The command line's input patterns and its output folder (the last positional argument)."""
+    *inputs, out = positional
+    if not inputs:
+        raise ConversionError(f"give one or more {what} and then the output folder")
+    return inputs, out
+
+
+class PlannedInputs:
+    """A source that plans its inputs in the main process: the plan is not pickled into each task.
+
+    A task carries its own items; the plan of every input file must not travel with
+    each. :attr:`_not_pickled` names the attributes left out (``None`` in the copy).
+    """
+
+    _not_pickled: tuple[str, ...] = ("_items",)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, **dict.fromkeys(self._not_pickled)}
 
 
 def file_boundaries(items: Sequence[Any], file_of) -> list[int]:
@@ -72,15 +103,19 @@ def file_boundaries(items: Sequence[Any], file_of) -> list[int]:
 
 
 class OpenFiles:
-    """The input files a worker process has open, by path: read by offset, never seeked.
+    """The input file a worker process reads, read by offset, never seeked.
 
     Opened on first use in each process (a source pickled into a task, or forked,
-    opens its own) and kept, since a task reads one input file sample after sample.
+    opens its own) and kept while samples come from it, since a task reads one
+    input file sample after sample. Only the last file stays open: one source
+    serves every shard of a one-worker run, and a file per input would run past
+    the limit on open files.
     """
 
     def __init__(self) -> None:
         self._pid = os.getpid()
-        self._fds: dict[str, int] = {}
+        self._path: str | None = None
+        self._fd: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {}
@@ -89,29 +124,35 @@ class OpenFiles:
         self.__init__()
 
     def read(self, path: str, offset: int, size: int, name: str) -> bytes:
-        """``size`` bytes of ``path`` at ``offset``; :class:`SampleError` for ``name`` if the file is short or unreadable."""
+        """``size`` bytes of ``path`` at ``offset``; :class:`SampleError` for ``name`` if the file is short or unreadable.
+
+        Out of file descriptors or memory is the process's trouble, not the sample's: a :class:`ConversionError`.
+        """
         if self._pid != os.getpid():
             self.__init__()
         try:
-            fd = self._fds.get(path)
-            if fd is None:
-                fd = self._fds[path] = os.open(path, os.O_RDONLY)
-            data = os.pread(fd, size, offset)
+            if path != self._path:
+                self.close()
+                self._fd = os.open(path, os.O_RDONLY)
+                self._path = path
+            data = os.pread(self._fd, size, offset)
         except OSError as exc:
+            fatal = process_wide_error(exc, path)
+            if fatal is not None:
+                raise fatal from exc
             raise SampleError(name, f"cannot read {path} ({exc.strerror or exc})") from None
         if len(data) != size:
             raise SampleError(name, f"{path} ends at byte {offset + len(data)}, inside this sample (truncated file)")
         return data
 
     def close(self) -> None:
-        """Close every file this process opened."""
-        if self._pid == os.getpid():
-            for fd in self._fds.values():
-                os.close(fd)
-        self._fds.clear()
+        """Close the file this process opened."""
+        fd, self._fd, self._path = self._fd, None, None
+        if fd is not None and self._pid == os.getpid():
+            os.close(fd)
 
     def __del__(self) -> None:
-        # A long-lived worker (Dask) unpickles a copy of the source per task: each copy's files close with it.
+        # A long-lived worker (Dask) unpickles a copy of the source per task: each copy's file closes with it.
         try:
             self.close()
         except OSError:

@@ -25,10 +25,10 @@ class DatasetSource(Source):
     A sample is a tuple or list (its values in the order of ``fields``) or a dict
     (by field name). ``fields`` maps names to :class:`~dali_pipes.manifest.Field`,
     or only names them and each type follows from ``dataset[0]`` (:data:`INFERRED`).
-    Encoded images (``bytes`` of an image field) are checked as every source's are.
+    Encoded images (``bytes``, or a 1-D uint8 array, in an image field) are checked as every source's are.
     An exception from ``dataset[i]`` makes sample ``i`` a bad input.
 
-    The dataset is pickled into each shard task, as a ``DataLoader`` pickles it
+    The dataset is pickled once into each worker process, as a ``DataLoader`` pickles it
     into its workers, so it must be picklable (its class importable) and give the
     same samples on every call; it should hold paths rather than loaded data.
     Re-running a job resumes it when the dataset's class, length and ``name`` are the same.
@@ -88,10 +88,10 @@ class DatasetSource(Source):
         sample: Sample = {}
         for name, value in self._values(item.data, raw).items():
             field = self._fields[name]
-            if field.is_image and not isinstance(value, np.ndarray):
-                sample[name] = prepare_image(bytes(value), item.name, self.image_options)
+            if field.is_image:
+                sample[name] = prepare_image(_encoded_image(value, item.name, name), item.name, self.image_options)
             elif field.kind == "bytes":
-                sample[name] = value.encode("utf-8") if isinstance(value, str) else bytes(value)
+                sample[name] = _text(value, item.name, name)
             else:
                 sample[name] = np.asarray(value)
         return sample
@@ -106,6 +106,33 @@ class DatasetSource(Source):
             "fields": {name: field.to_json() for name, field in self._fields.items()},
             "image_options": self.image_options.to_json(),
         }
+
+
+def _encoded_image(value: Any, where: str, name: str) -> bytes:
+    """The encoded image bytes of an image field: bytes, or a 1-D uint8 array or tensor of them (as
+    ``torchvision.io.read_file`` gives); pixels or other arrays are refused (they are an array field).
+    """
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    if isinstance(value, np.ndarray) or hasattr(value, "numpy"):
+        array = np.asarray(value)
+        if array.dtype == np.uint8 and array.ndim == 1:
+            return array.tobytes()
+        raise SampleError(
+            where,
+            f"field {name!r} is an image field (encoded image bytes) but holds a {array.dtype} array of shape "
+            f"{array.shape}; declare it as Field.array({str(array.dtype)!r}, ...) to store the array",
+        )
+    raise SampleError(where, f"field {name!r} is an image field but holds a {type(value).__name__}, not bytes")
+
+
+def _text(value: Any, where: str, name: str) -> bytes:
+    """A text field's bytes: ``str`` as UTF-8, bytes-like as they are; anything else is refused."""
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return bytes(value)
+    raise SampleError(where, f"field {name!r} is a text field but holds a {type(value).__name__}; give str or bytes")
 
 
 def _infer_fields(names: list[str], dataset: Any) -> dict[str, Field]:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
@@ -13,6 +12,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, Source
 from converters.images import load_image_file
+from converters.sources._inputs import INTEGER
 from dali_pipes.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -25,8 +25,6 @@ LAYOUTS: dict[str, tuple[str, ...]] = {
     "path label": ("path", "label"),
     "path": ("path",),
 }
-
-_INTEGER = re.compile(r"[+-]?\d+\Z")
 
 #: How two-column lines are read when no layout is given; for the CLI help.
 TWO_COLUMN_RULE = (
@@ -193,7 +191,7 @@ def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
                 "every line needs the same columns (either every line has a label or none does)"
             )
         if width == 2:
-            if _INTEGER.match(parts[1]):
+            if INTEGER.match(parts[1]):
                 integer_line = integer_line or number
             else:
                 other_line = other_line or number
@@ -213,7 +211,7 @@ def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
         row = dict(zip(columns, parts))
         label = None
         if "label" in row:
-            if not _INTEGER.match(row["label"]):
+            if not INTEGER.match(row["label"]):
                 raise ConversionError(f"{list_file}:{number}: label {row['label']!r} is not an integer")
             label = int(row["label"])
         key = row.get("key", row["path"])

@@ -14,9 +14,17 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, process_wide_error
 from converters.images import prepare_image
-from converters.sources._inputs import add_common_arguments, expand_inputs, file_boundaries, read_classes_file
+from converters.sources._inputs import (
+    PlannedInputs,
+    add_common_arguments,
+    expand_inputs,
+    file_boundaries,
+    input_patterns,
+    inputs_and_output,
+    read_classes_file,
+)
 from dali_pipes.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -33,7 +41,7 @@ class _Row:
     row: int  # row within the file
 
 
-class ParquetSource(Source):
+class ParquetSource(PlannedInputs, Source):
     """One sample per row of Parquet files, file by file, in row order.
 
     ``image_column`` holds the encoded image: binary, or a struct with a
@@ -48,6 +56,7 @@ class ParquetSource(Source):
     """
 
     kind: ClassVar[str] = KIND
+    _not_pickled = ("_items", "_class_names", "_group")
 
     def __init__(
         self,
@@ -58,7 +67,7 @@ class ParquetSource(Source):
         label_column: str | None = "label",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+        self.patterns = input_patterns(files)
         self.image_options = image_options
         self.image_column = image_column
         self.label_column = label_column or None
@@ -66,10 +75,6 @@ class ParquetSource(Source):
         self._items: list[Item] | None = None
         self._class_names: list[str] | None = None
         self._group: tuple[int, str, int, dict[str, list] | str] | None = None  # (pid, path, group, columns or why not)
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A task carries its own items; the plan of every file must not travel with each.
-        return {**self.__dict__, "_items": None, "_class_names": None, "_group": None}
 
     def items(self) -> list[Item]:
         """One item per row; ``Item.size`` is the row group's bytes shared out over its rows."""
@@ -141,6 +146,9 @@ class ParquetSource(Source):
                 table = _open(row.path).read_row_group(row.group, columns=columns)
                 values: dict[str, list] | str = {c: table.column(c).to_pylist() for c in columns}
             except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for damaged files
+                fatal = process_wide_error(exc, row.path)
+                if fatal is not None:
+                    raise fatal from exc
                 why = " ".join(str(exc).split())  # pyarrow's messages run over several lines
                 values = f"cannot read row group {row.group} ({type(exc).__name__}: {why})"
             # A damaged group is kept as its reason too: each of its rows fails without reading it again.
@@ -222,9 +230,7 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[ParquetSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    *files, out = args.files
-    if not files:
-        raise ConversionError("give one or more Parquet files and then the output folder")
+    files, out = inputs_and_output(args.files, "Parquet files")
     source = ParquetSource(
         files,
         image_options,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +14,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
 from converters.images import prepare_image
-from converters.sources._inputs import add_common_arguments, read_classes_file
+from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file
 from dali_pipes.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -23,7 +22,6 @@ log = logging.getLogger(__name__)
 KIND = "lmdb"
 HELP = "a plain LMDB whose values are encoded images (keys in byte order or from --keys)"
 
-_INTEGER = re.compile(r"[+-]?\d+\Z")
 #: Values checked before the job starts: when none of them is an image, the LMDB is not one of images.
 _PROBE = 8
 
@@ -192,7 +190,7 @@ def _read_keys_file(path: Path) -> list[_Entry]:
             continue
         if len(parts) > 2 or (width is not None and len(parts) != width):
             raise ConversionError(f"{path}:{number}: expected 'KEY LABEL' or 'KEY' on every line, as on the first")
-        if len(parts) == 2 and not _INTEGER.match(parts[1]):
+        if len(parts) == 2 and not INTEGER.match(parts[1]):
             raise ConversionError(f"{path}:{number}: label {parts[1]!r} is not an integer")
         width = len(parts)
         entries.append(_Entry(parts[0].encode("utf-8"), int(parts[1]) if len(parts) == 2 else None))

@@ -13,9 +13,12 @@ from converters.base import ConversionError, ImageOptions, Item, Sample, SampleE
 from converters.images import prepare_image
 from converters.sources._inputs import (
     OpenFiles,
+    PlannedInputs,
     add_common_arguments,
     expand_inputs,
     file_boundaries,
+    input_patterns,
+    inputs_and_output,
     read_classes_file,
 )
 from dali_pipes.manifest import Field
@@ -41,7 +44,7 @@ class _Record:
     damage: str | None = None
 
 
-class TFRecordSource(Source):
+class TFRecordSource(PlannedInputs, Source):
     """Samples of TFRecord files of ``tf.train.Example`` records, one per record, in file order.
 
     Features by name (the defaults are the TF/TPU ImageNet layout of
@@ -55,7 +58,7 @@ class TFRecordSource(Source):
 
     Both CRCs of every record are checked. A damaged record is a bad input; where
     a damaged header makes the rest of a file unreadable, that is one bad input
-    naming the byte. Files are read as they are (not GZIP-compressed).
+    naming the byte. Files are read as they are: a GZIP- or ZLIB-compressed file is refused.
     """
 
     kind: ClassVar[str] = KIND
@@ -71,7 +74,7 @@ class TFRecordSource(Source):
         bbox_prefix: str | None = "image/object/bbox/",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+        self.patterns = input_patterns(files)
         self.image_options = image_options
         self.image_feature = image_feature
         self.label_feature = label_feature or None
@@ -81,10 +84,6 @@ class TFRecordSource(Source):
         self._items: list[Item] | None = None
         self._has_boxes: bool | None = None  # kept when pickled: every shard task asks fields()
         self._files = OpenFiles()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A task carries its own items; the plan of every file must not travel with each.
-        return {**self.__dict__, "_items": None}
 
     def _scan(self) -> list[Item]:
         if self._items is None:
@@ -175,16 +174,29 @@ def _records(path: str) -> list[_Record]:
         for offset, size in walk_records(fd, path):
             records.append(_Record(path, len(records), offset, size))
     except StoreError as exc:
+        # A compressed file fails at its first header; refused whole, not counted as one bad record.
+        compression = None if records else _compression(os.pread(fd, 2, 0))
+        if compression is not None:
+            raise ConversionError(
+                f"{path}: the file is {compression}-compressed; TFRecord files are read in place, so decompress it "
+                f"first (TensorFlow's compression_type={compression!r})"
+            ) from None
         where = records[-1].offset + records[-1].size if records else 0
-        hint = ""
-        if not records and os.pread(fd, 2, 0) == b"\x1f\x8b":
-            hint = " (the file is GZIP-compressed: decompress it first)"
-        damage = f"{str(exc).removeprefix(f'{path}: ')}{hint}; the rest of the file from byte {where} cannot be read"
+        damage = f"{str(exc).removeprefix(f'{path}: ')}; the rest of the file from byte {where} cannot be read"
         log.warning("%s: %s", path, damage)
         records.append(_Record(path, len(records), where, 0, damage))
     finally:
         os.close(fd)
     return records
+
+
+def _compression(head: bytes) -> str | None:
+    """``"GZIP"`` or ``"ZLIB"`` when ``head`` (a file's first two bytes) is that format's magic, else ``None``."""
+    if head == b"\x1f\x8b":
+        return "GZIP"
+    if len(head) == 2 and head[0] == 0x78 and head[1] in (0x01, 0x5E, 0x9C, 0xDA):
+        return "ZLIB"
+    return None
 
 
 def _one(features: dict[str, tuple[str, Any]], name: str, kind: str, where: str) -> Any:
@@ -236,9 +248,7 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[TFRecordSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    *files, out = args.files
-    if not files:
-        raise ConversionError("give one or more TFRecord files and then the output folder")
+    files, out = inputs_and_output(args.files, "TFRecord files")
     source = TFRecordSource(
         files,
         image_options,

@@ -15,9 +15,12 @@ from converters.base import ConversionError, ImageOptions, Item, Sample, SampleE
 from converters.images import prepare_image
 from converters.sources._inputs import (
     OpenFiles,
+    PlannedInputs,
     add_common_arguments,
     expand_inputs,
     file_boundaries,
+    input_patterns,
+    inputs_and_output,
     parse_label,
     read_classes_file,
 )
@@ -48,7 +51,7 @@ class _Members:
     damage: str | None = None  # where the tar cannot be read on from here: why
 
 
-class WebDatasetSource(Source):
+class WebDatasetSource(PlannedInputs, Source):
     """Samples of WebDataset tar shards: members sharing a key (``KEY.jpg``, ``KEY.cls``, ...) are one sample.
 
     Members are grouped as WebDataset groups them: consecutive members with the
@@ -76,7 +79,7 @@ class WebDatasetSource(Source):
         json_ext: str | None = "json",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = [str(shards)] if isinstance(shards, (str, os.PathLike)) else [str(s) for s in shards]
+        self.patterns = input_patterns(shards)
         self.image_options = image_options
         self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
         self.label_ext = label_ext.lower().lstrip(".") if label_ext else None
@@ -87,10 +90,6 @@ class WebDatasetSource(Source):
         self._items: list[Item] | None = None
         self._has_json: bool | None = None  # kept when pickled: every shard task asks fields()
         self._files = OpenFiles()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A task carries its own items; the plan of every tar must not travel with each.
-        return {**self.__dict__, "_items": None}
 
     def _scan(self) -> list[Item]:
         if self._items is None:
@@ -241,9 +240,7 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[WebDatasetSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    *shards, out = args.shards
-    if not shards:
-        raise ConversionError("give one or more tar shards and then the output folder")
+    shards, out = inputs_and_output(args.shards, "tar shards")
     source = WebDatasetSource(
         shards,
         image_options,

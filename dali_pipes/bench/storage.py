@@ -24,26 +24,26 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+from dali_pipes._tmpfs import TMPFS, OwnedFolder
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, machine_description
 from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
 
 log = logging.getLogger(__name__)
 
-ORIGINAL, STAGED, CACHED = "original", "staged /dev/shm", "cache=ram"
+ORIGINAL, STAGED, CACHED = "original", f"staged {TMPFS}", "cache=ram"
 MODES = {
     ORIGINAL: "read where it is (epoch 1 from the disk, epoch 2 from the page cache)",
-    STAGED: "dali-pipes stage into /dev/shm first (the copy counts in epoch 1)",
+    STAGED: f"dali-pipes stage into {TMPFS} first (the copy counts in epoch 1)",
     CACHED: "DALILoader(cache='ram') (the copy into memory counts in epoch 1)",
 }
-_SHM = "/dev/shm"
+#: Prefix of the staged row's folder in the tmpfs; one left by a killed bench is removed by the next.
+STAGE_PREFIX = "dali-pipes-bench-stage-"
 #: Epochs timed after the first, each one window of the epoch=2 row (one epoch of a small set is short).
 LATER_EPOCHS = 3
 
@@ -118,9 +118,9 @@ def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
         if mode == STAGED:
             from dali_pipes.stage import stage_dataset
 
-            folder = tempfile.mkdtemp(prefix="dali-pipes-bench-stage-", dir=_SHM)
-            stack.callback(shutil.rmtree, folder, True)
-            staged = stage_dataset(inputs.dataset, folder, progress=False)
+            folder = OwnedFolder(STAGE_PREFIX)  # removed at the end, or by the next bench if this one is killed
+            stack.callback(folder.close)
+            staged = stage_dataset(inputs.dataset, folder.path, progress=False)
             path, shm = staged.path, staged.bytes_copied
         elif mode == CACHED:
             kwargs = {"cache": "ram"}

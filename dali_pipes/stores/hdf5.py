@@ -33,6 +33,7 @@ from dali_pipes.stores.hdf5_layout import (  # noqa: F401  (MANIFEST_ATTR and th
     LIBVER,
     MANIFEST_ATTR,
     check_record,
+    check_rows,
     chunk_rows,
     data_dtype,
     data_path,
@@ -295,9 +296,13 @@ class Hdf5ShardReader(ShardReader):
         """Check each of the sorted distinct ``rows`` read for field ``name`` against its stored CRC."""
         if self._h_crcs is None:
             return
-        column = self.crc_column[name]
-        for k, row in enumerate(rows.tolist()):
-            check_record(values[k], self._h_crcs[row, column], f"{self.path}: record {row}", name)
+        expected = self._h_crcs[rows, self.crc_column[name]]
+        row_list = rows.tolist()
+        if isinstance(values, np.ndarray):  # a fixed-shape field: its rows checked together
+            check_rows(values, expected, lambda k: f"{self.path}: record {row_list[k]}", name)
+            return
+        for k, row in enumerate(row_list):
+            check_record(values[k], expected[k], f"{self.path}: record {row}", name)
 
     def _ragged_record(self, ds: h5py.Dataset, name: str, field: Field, row: int):
         start, stop = self._h_offsets[name][row : row + 2]

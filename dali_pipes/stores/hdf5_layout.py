@@ -35,7 +35,7 @@ from typing import Mapping
 import numpy as np
 
 from dali_pipes.manifest import Field
-from dali_pipes.stores.checksum import CRC_DATASET, CRC_DTYPE, check_record, sample_crcs
+from dali_pipes.stores.checksum import CRC_DATASET, CRC_DTYPE, check_record, check_rows, sample_crcs
 
 __all__ = [
     "CHUNK_BYTES",
@@ -46,6 +46,7 @@ __all__ = [
     "LIBVER",
     "MANIFEST_ATTR",
     "check_record",
+    "check_rows",
     "chunk_rows",
     "data_dtype",
     "data_path",

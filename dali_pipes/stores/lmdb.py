@@ -17,6 +17,7 @@ from dali_pipes.stores.lmdb_layout import (
     LEN_KEY,
     array_from_bytes,
     check_record,
+    check_rows,
     crc_key,
     little_endian,
     sample_key,
@@ -262,13 +263,16 @@ class LmdbShardReader(ShardReader):
         size = dtype.itemsize * math.prod(field.shape or ())
         payloads = []
         for k, (row, (_, value)) in enumerate(zip(rows, found)):
-            where = f"{self.path}: record {row}"
-            if crcs is not None:
-                check_record(value, crcs[k, self.crc_column[name]], where, name)
-            if len(value) != size:  # the one-record decode names what is wrong with it
+            if len(value) != size:  # the one-record decode names what is wrong with it (after its CRC)
+                where = f"{self.path}: record {row}"
+                if crcs is not None:
+                    check_record(value, crcs[k, self.crc_column[name]], where, name)
                 array_from_bytes(value, name, field, where)
             payloads.append(value)
-        flat = np.frombuffer(b"".join(payloads), dtype=little_endian(dtype))
+        stored = np.frombuffer(b"".join(payloads), dtype=np.uint8).reshape(len(rows), size)
+        if crcs is not None:  # every row's CRC at once, over the bytes as stored
+            check_rows(stored, crcs[:, self.crc_column[name]], lambda k: f"{self.path}: record {rows[k]}", name)
+        flat = stored.reshape(-1).view(little_endian(dtype))
         return flat.astype(dtype).reshape(len(rows), *(field.shape or ()))
 
     def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
