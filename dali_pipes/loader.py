@@ -33,7 +33,7 @@ from dali_pipes.loader_state import Pass as _Pass
 from dali_pipes.loader_state import loader_state, restored_position
 from dali_pipes.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
 from dali_pipes.pipeline_build import bind_spec as _bind
-from dali_pipes.pipeline_build import build_pipeline, pipeline_seed
+from dali_pipes.pipeline_build import build_pipeline, dali_iterator, pipeline_seed
 from dali_pipes.pipeline_build import required_fields as _required_fields
 from dali_pipes.ramcache import CACHE_KINDS
 from dali_pipes.sampling import LAST_BATCH_POLICIES, num_batches, samples_consumed, samples_per_rank
@@ -197,7 +197,7 @@ class DALILoader:
         self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
         self._caller = Caller(f"dali-pipes-loader-{self.world.rank}") if self._workers.processes else None
-        self._iterator = self._make_iterator()
+        self._iterator = dali_iterator(self._pipe, self.output_names)
         # DALI stops its Python workers only when the pipeline is garbage collected or
         # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
         # joins its children *before* that, so live workers would hang its exit; this
@@ -273,15 +273,6 @@ class DALILoader:
             workers=workers,
             start_method=start_method,
             seed=pipeline_seed(self.seed, self.world.rank),
-        )
-
-    def _make_iterator(self):
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
-        # size=-1: the source ends each epoch itself (its length changes on resume);
-        # nothing is scheduled before the first epoch's plan is published.
-        return DALIGenericIterator(
-            [self._pipe], list(self.output_names), size=-1, auto_reset=False, prepare_first_batch=False
         )
 
     # --- epochs and state ---------------------------------------------------------------------

@@ -19,7 +19,15 @@ from dali_pipes.stores import Store
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
 
-__all__ = ["RESERVED_OUTPUTS", "bind_spec", "build_pipeline", "fitting_spec", "pipeline_seed", "required_fields"]
+__all__ = [
+    "RESERVED_OUTPUTS",
+    "bind_spec",
+    "build_pipeline",
+    "dali_iterator",
+    "fitting_spec",
+    "pipeline_seed",
+    "required_fields",
+]
 
 
 def build_pipeline(
@@ -85,6 +93,15 @@ def build_pipeline(
     )
     pipe.build()
     return pipe, tuple(names)
+
+
+def dali_iterator(pipe: Any, output_names: Sequence[str]) -> Any:
+    """DALI's PyTorch iterator over the built pipeline, driven epoch by epoch by the loader."""
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator
+
+    # size=-1: the source ends each epoch itself (its length changes on resume);
+    # nothing is scheduled before the first epoch's plan is published.
+    return DALIGenericIterator([pipe], list(output_names), size=-1, auto_reset=False, prepare_first_batch=False)
 
 
 def bind_spec(spec: Any, store: Store) -> Any:

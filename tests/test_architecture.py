@@ -39,9 +39,8 @@ TOOL_PREFIXES = (
 
 #: Files over MAX_FILE_LINES today, each to be cut up; a new one fails the test. Shrink this list, never grow it.
 LONG_FILES_ALLOWED: set[str] = {
-    # Both grew past 500 on main while this refactor was under way, and both are being edited on other
-    # branches right now (DALILoader.__init__ and _prepare_store; the manifest's messages): cut them next.
-    "dali_pipes/loader.py",
+    # Grew past 500 on main while this refactor was under way, and is being edited on another branch
+    # (the missing-manifest message): to be cut next (the field and shard parsing into their own module).
     "dali_pipes/manifest.py",
 }
 
