@@ -29,15 +29,15 @@ from dali_pipes._start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.batch_source import BatchStoreSource
 from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.loader_options import check_options, device_description, resolve_counts
 from dali_pipes.loader_state import Pass as _Pass
 from dali_pipes.loader_state import loader_state, restored_position
 from dali_pipes.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
 from dali_pipes.pipeline_build import bind_spec as _bind
 from dali_pipes.pipeline_build import build_pipeline, dali_iterator, pipeline_seed
 from dali_pipes.pipeline_build import required_fields as _required_fields
-from dali_pipes.ramcache import CACHE_KINDS
-from dali_pipes.sampling import LAST_BATCH_POLICIES, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sampling import check_int as _check_int
+from dali_pipes.sampling import num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sources import EpochControl, StoreSource
 from dali_pipes.stores import Store, open_store
 from dali_pipes.world import detect_world, resolve_device
@@ -125,39 +125,13 @@ class DALILoader:
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         _lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
-        if settings is not None:
-            # A file saved by `dali-pipes tune`: its values fill in what the caller left unset.
-            from dali_pipes.settings import apply_settings, load_settings
-
-            tuned = load_settings(settings)
-            num_threads = tuned.get("num_threads") if num_threads is None else num_threads
-            py_num_workers = tuned.get("py_num_workers") if py_num_workers is None else py_num_workers
-            prefetch = tuned.get("prefetch") if prefetch is None else prefetch
-            pipeline = apply_settings(pipeline, settings)
-        prefetch = 2 if prefetch is None else prefetch
-        _check_int("batch_size", batch_size, 1)
-        _check_int("seed", seed, 0)
-        _check_int("prefetch", prefetch, 1)
-        cpus = os.cpu_count() or 1
-        # Defaults that leave cores for the training process: a few readers, a few DALI threads.
-        workers = max(1, min(4, cpus // 2)) if py_num_workers is None else py_num_workers
-        threads = max(1, min(4, cpus)) if num_threads is None else num_threads
-        _check_int("py_num_workers", workers, 0)
-        _check_int("num_threads", threads, 1)
-        if last_batch not in LAST_BATCH_POLICIES:
-            raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
-        if cache not in CACHE_KINDS:
-            raise ValueError(f"cache must be None or 'ram', got {cache!r}")
-        if cache_bytes is not None and cache != "ram":
-            raise ValueError("cache_bytes is the budget of cache='ram'; pass cache='ram' too")
+        pipeline, threads, workers, prefetch = resolve_counts(pipeline, settings, num_threads, py_num_workers, prefetch)
+        check_options(batch_size, seed, last_batch, cache, cache_bytes)
         self.world, local_rank = detect_world(rank, world_size)
         self.device, device_id = resolve_device(device, local_rank)
         # Chosen after resolve_device: torch.cuda.is_available() initialises the CUDA driver.
         # Checked before anything is staged or cached, so that a bad value copies nothing.
         py_start_method = choose_start_method(py_start_method)
-        chosen = f"GPU {device_id}" if device_id is not None else "CPU"
-        if device == "auto":
-            chosen += " (device='auto': " + ("CUDA is available)" if device_id is not None else "no CUDA here)")
         self.batch_size = int(batch_size)
         self.shuffle = bool(shuffle)
         self.seed = int(seed)
@@ -169,21 +143,9 @@ class DALILoader:
             self.pipeline = pipeline
             fields = _required_fields(pipeline, self.store)
             self._fields = fields
-            self._prefetch = int(prefetch)
+            self._prefetch = prefetch
             self._control = EpochControl()
-            # One Python call per batch (sorted, coalesced shard reads), or one per sample.
-            self._batch_reads = bool(batch_reads)
-            self._source = (BatchStoreSource if self._batch_reads else StoreSource)(
-                self.store,
-                fields,
-                batch_size=self.batch_size,
-                world=self.world,
-                seed=self.seed,
-                shuffle=self.shuffle,
-                last_batch=last_batch,
-                control=self._control,
-                with_index=self.with_index,
-            )
+            self._source = self._make_source(fields, batch_reads)
             self.py_start_method = py_start_method
             with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
                 self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
@@ -192,6 +154,41 @@ class DALILoader:
             if self.cache is not None:
                 self.cache.close()
             raise
+        self._start(device_id)
+
+        self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
+        self._position = (0, 0)  # (epoch, global samples consumed) after the batches handed so far
+        self._pending: tuple[int, int] | None = None  # set by set_epoch / load_state_dict
+        self._pass: _Pass | None = None
+        self._failure: str | None = None
+        logger.info(
+            "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
+            self.store.root,
+            self.world.rank,
+            self.world.world_size,
+            device_description(device, device_id),
+            len(self.store),
+            self.batch_size,
+            self.batches_per_epoch,
+        )
+
+    def _make_source(self, fields: tuple[str, ...], batch_reads: bool) -> StoreSource:
+        """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
+        self._batch_reads = bool(batch_reads)
+        return (BatchStoreSource if self._batch_reads else StoreSource)(
+            self.store,
+            fields,
+            batch_size=self.batch_size,
+            world=self.world,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            last_batch=self.last_batch,
+            control=self._control,
+            with_index=self.with_index,
+        )
+
+    def _start(self, device_id: int | None) -> None:
+        """Watch the built pipeline's workers and make its iterator (the last step of construction)."""
         _lifetime.track(self._pipe)  # a process forked from this one must never shut it down
         self._device_id = device_id
         self._workers = Workers(self._pipe)
@@ -204,22 +201,6 @@ class DALILoader:
         # finalizer runs first (exitpriority >= 0), and also when the loader is dropped.
         self._stop_workers = multiprocessing.util.Finalize(
             self, close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
-        )
-
-        self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
-        self._position = (0, 0)  # (epoch, global samples consumed) after the batches handed so far
-        self._pending: tuple[int, int] | None = None  # set by set_epoch / load_state_dict
-        self._pass: _Pass | None = None
-        self._failure: str | None = None
-        logger.info(
-            "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
-            self.store.root,
-            self.world.rank,
-            self.world.world_size,
-            chosen,
-            len(self.store),
-            self.batch_size,
-            self.batches_per_epoch,
         )
 
     def _prepare_store(

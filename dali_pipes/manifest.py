@@ -33,11 +33,11 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from dali_pipes._fileio import atomic_write_bytes
+from dali_pipes.dataset_folder import JOB_DIR as JOB_DIR
+from dali_pipes.dataset_folder import MANIFEST_NAME as MANIFEST_NAME
+from dali_pipes.dataset_folder import no_manifest_message
+from dali_pipes.fileio import atomic_write_bytes
 
-MANIFEST_NAME = "index.json"
-#: The folder of an unfinished conversion's records (:mod:`converters.runner`), inside the output folder.
-JOB_DIR = ".dali-pipes-job"
 ERRORS_NAME = "errors.jsonl"
 KIND = "dali-pipes"
 VERSION = 1
@@ -272,64 +272,6 @@ def write_manifest(dataset: str | os.PathLike, manifest: Manifest) -> Path:
     return target
 
 
-def _no_manifest(folder: Path) -> str:
-    """Why ``folder`` is not a dataset, and what to do: it is missing, unfinished, or not ours."""
-    if not folder.exists():
-        return f"{folder}: no such folder, so no {MANIFEST_NAME}; give the folder of a dataset written by 'dali-pipes convert'"
-    if not folder.is_dir():
-        return f"{folder}: not a folder; give the folder of a dataset written by 'dali-pipes convert'"
-    if (folder / JOB_DIR).is_dir():
-        return (
-            f"{folder}: no {MANIFEST_NAME} here yet: a conversion into this folder did not finish; run the same "
-            "'dali-pipes convert' command again to complete it (it resumes)"
-        )
-    packed = _packed_input_commands(folder)
-    if packed:
-        return (
-            f"{folder}: no {MANIFEST_NAME} here, so this is not a dataset written by 'dali-pipes convert'; "
-            f"it holds {' and '.join(what for what, _ in packed)}, converted first with: "
-            + "; ".join(command for _, command in packed)
-        )
-    return (
-        f"{folder}: no {MANIFEST_NAME} here, so this is not a dataset written by 'dali-pipes convert'; image "
-        "folders, COCO annotations, list files and arrays from elsewhere are converted first: "
-        "dali-pipes convert {imagefolder,coco,list,arrays} ... (see dali-pipes convert --help); so are "
-        "WebDataset tars, TFRecord files, Parquet files and LMDBs (webdataset, tfrecord, parquet, lmdb)"
-    )
-
-
-#: Foreign packed datasets told apart by their file names: (what, a name regex, the glob to give, the source).
-_PACKED_INPUTS = (
-    ("WebDataset tar shards", r".*\.tar", "*.tar", "webdataset"),
-    ("Parquet files", r".*\.parquet", "*.parquet", "parquet"),
-    ("TFRecord files", r".*\.tfrecords?", "*.tfrecord*", "tfrecord"),
-    ("TFRecord files", r".*-of-\d+", "*-of-*", "tfrecord"),  # TensorFlow's train-00000-of-01024
-    ("an LMDB", r"data\.mdb", "", "lmdb"),
-)
-#: Entries of a folder looked at for foreign inputs: a huge image folder is not listed whole for an error message.
-_LOOK_AT = 10_000
-
-
-def _packed_input_commands(folder: Path) -> list[tuple[str, str]]:
-    """``(what, command)`` for each kind of foreign packed dataset whose files lie in ``folder`` (by name only)."""
-    names = []
-    try:
-        with os.scandir(folder) as entries:
-            for entry in entries:
-                names.append(entry.name)
-                if len(names) >= _LOOK_AT:
-                    break
-    except OSError:
-        return []
-    found: dict[str, tuple[str, str]] = {}
-    for what, name_re, pattern, kind in _PACKED_INPUTS:
-        if kind in found or not any(re.fullmatch(name_re, name) for name in names):
-            continue
-        given = f"'{folder / pattern}'" if pattern else str(folder)
-        found[kind] = (what, f"dali-pipes convert {kind} {given} OUT")
-    return list(found.values())
-
-
 def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Manifest:
     """Read and validate a dataset's ``index.json``.
 
@@ -339,7 +281,7 @@ def load_manifest(dataset: str | os.PathLike, *, check_paths: bool = True) -> Ma
     """
     path = manifest_path(dataset)
     if not path.is_file():
-        raise ManifestError(_no_manifest(path.parent))
+        raise ManifestError(no_manifest_message(path.parent))
     try:
         data = json.loads(path.read_text(encoding="utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError

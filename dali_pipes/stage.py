@@ -42,7 +42,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from dali_pipes._fileio import atomic_write_bytes, fsync_dir, sha256_file
+from dali_pipes.fileio import atomic_write_bytes, fsync_dir, sha256_file
 from dali_pipes.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
 
 log = logging.getLogger(__name__)

@@ -60,7 +60,7 @@ def write_dataset():
     :func:`~dali_pipes.manifest.write_manifest`, without the parallel runner.
     """
     from converters.writers import writer_class
-    from dali_pipes._fileio import sha256_file
+    from dali_pipes.fileio import sha256_file
     from dali_pipes.manifest import Manifest, Shard, write_manifest
 
     def write(root: Path, fmt: str, fields, samples, per_shard: int = 4, classes=None) -> Path:

@@ -20,7 +20,7 @@ import numpy as np
 from PIL import Image
 
 from converters.writers import writer_class
-from dali_pipes._fileio import sha256_file
+from dali_pipes.fileio import sha256_file
 from dali_pipes.manifest import Field, Manifest, Shard, write_manifest
 
 SIZE = 16  # side of the images the test spec outputs

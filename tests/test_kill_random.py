@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from converters.synth import make_imagefolder
-from dali_pipes._fileio import sha256_file
+from dali_pipes.fileio import sha256_file
 from dali_pipes.manifest import FORMATS, load_manifest
 from dali_pipes.verify import verify_dataset
 

@@ -16,7 +16,7 @@ import pytest
 
 from converters.merge import merge_hdf5
 from converters.writers import writer_class
-from dali_pipes._fileio import sha256_file
+from dali_pipes.fileio import sha256_file
 from dali_pipes.manifest import MANIFEST_NAME, Field, Manifest, Shard, write_manifest
 from dali_pipes.stage import _CHUNK as STAGE_CHUNK
 from dali_pipes.stage import TMP_PREFIX, StageError, stage_dataset

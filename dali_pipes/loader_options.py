@@ -1,0 +1,67 @@
+"""The :class:`~dali_pipes.loader.DALILoader` arguments that need filling in or checking before anything starts.
+
+Kept apart from the loader so that its constructor reads as: check the
+arguments, resolve world and device, prepare the store, bind the spec, build.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+from dali_pipes.ramcache import CACHE_KINDS
+from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
+
+if TYPE_CHECKING:
+    from dali_pipes.pipelines.base import PipelineSpec
+
+
+def resolve_counts(
+    pipeline: "PipelineSpec",
+    settings: str | os.PathLike | None,
+    num_threads: int | None,
+    py_num_workers: int | None,
+    prefetch: int | None,
+) -> tuple["PipelineSpec", int, int, int]:
+    """``(pipeline, num_threads, py_num_workers, prefetch)`` with what the caller left unset filled in.
+
+    A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
+    decoder hints go to the spec); then defaults that leave cores for the
+    training process: a few readers, a few DALI threads.
+    """
+    if settings is not None:
+        from dali_pipes.settings import apply_settings, load_settings
+
+        tuned = load_settings(settings)
+        num_threads = tuned.get("num_threads") if num_threads is None else num_threads
+        py_num_workers = tuned.get("py_num_workers") if py_num_workers is None else py_num_workers
+        prefetch = tuned.get("prefetch") if prefetch is None else prefetch
+        pipeline = apply_settings(pipeline, settings)
+    cpus = os.cpu_count() or 1
+    prefetch = 2 if prefetch is None else prefetch
+    workers = max(1, min(4, cpus // 2)) if py_num_workers is None else py_num_workers
+    threads = max(1, min(4, cpus)) if num_threads is None else num_threads
+    check_int("prefetch", prefetch, 1)
+    check_int("py_num_workers", workers, 0)
+    check_int("num_threads", threads, 1)
+    return pipeline, int(threads), int(workers), int(prefetch)
+
+
+def check_options(batch_size: int, seed: int, last_batch: str, cache: str | None, cache_bytes: int | None) -> None:
+    """Refuse, with a message naming the argument, values the loader cannot work with."""
+    check_int("batch_size", batch_size, 1)
+    check_int("seed", seed, 0)
+    if last_batch not in LAST_BATCH_POLICIES:
+        raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+    if cache not in CACHE_KINDS:
+        raise ValueError(f"cache must be None or 'ram', got {cache!r}")
+    if cache_bytes is not None and cache != "ram":
+        raise ValueError("cache_bytes is the budget of cache='ram'; pass cache='ram' too")
+
+
+def device_description(device: str, device_id: int | None) -> str:
+    """What the loader runs on, for its start-up log line (and why, with ``device='auto'``)."""
+    chosen = f"GPU {device_id}" if device_id is not None else "CPU"
+    if device == "auto":
+        chosen += " (device='auto': " + ("CUDA is available)" if device_id is not None else "no CUDA here)")
+    return chosen
