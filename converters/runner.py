@@ -157,7 +157,7 @@ def convert(
             log.info("resuming: %d of %d shards were already written", len(results), len(plans))
         todo = [p for p in plans if p.number not in results]
         try:
-            _run_shards(source, format, items, todo, out, on_error, runner, progress, results, len(items))
+            _run_shards(_Job(source, format, items, out, on_error), todo, runner, progress, results)
         except SampleError:
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
@@ -230,11 +230,25 @@ class _Stopped(Exception):
     """Another worker failed with --on-error fail; this shard is abandoned."""
 
 
-def _run_shards(source, fmt, items, todo, out, on_error, engine, progress, results, total) -> None:
+@dataclass(frozen=True)
+class _Job:
+    """What every shard of one conversion shares: the input, the format, the output folder, the bad-input policy."""
+
+    source: Source
+    fmt: str
+    items: Sequence[Item]
+    out: Path
+    on_error: str
+
+
+def _run_shards(
+    job: _Job, todo: Sequence[ShardPlan], engine: Any, progress: bool, results: dict[int, ShardRecord]
+) -> None:
     """Write the shards of ``todo`` with ``engine`` (or in this process when there is one worker or shard)."""
+    source, fmt, items, out, on_error = job.source, job.fmt, job.items, job.out, job.on_error
     done_before = sum(r.num_samples + len(r.errors) for r in results.values())
     bar = tqdm(
-        total=total, initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05
+        total=len(items), initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05
     )
     try:
         if isinstance(engine, LocalEngine) and (engine.workers == 1 or len(todo) <= 1):
