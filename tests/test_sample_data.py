@@ -68,16 +68,21 @@ def test_every_sample_file_is_package_data():
     assert (sample_data.SAMPLE_DATA / "LICENSE.DALI_extra").read_text().lstrip().startswith("Apache License")
 
 
-#: The data folder beside the repository, however it is spelt: a path string or a join of its parts
-#: (with ``/`` or as arguments); built in pieces so that this file does not match.
-_BESIDE = re.compile("shar" + r"""ed['"]?\s*[/,]\s*['"]?data""")
+#: The folder beside the repository, however it is spelt: the relative path (even in a comment), or a
+#: join of its parts with its data folder (with ``/`` or as arguments); built in pieces so that this file does not match.
+_BESIDE = re.compile(r"\.\./shar" + r"ed\b|" + "shar" + r"""ed['"]?\s*[/,]\s*['"]?data""")
 
 
 def test_nothing_reads_data_from_beside_the_repository():
     listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=False)
     if listed.returncode != 0:
         pytest.skip("not a git checkout")
-    for spelling in ("../shar" + "ed/data", 'parents[2] / "shar' + 'ed" / "data"', "join('..', 'shar" + "ed', 'data')"):
+    for spelling in (
+        "../shar" + "ed",
+        "../shar" + "ed/data",
+        'parents[2] / "shar' + 'ed" / "data"',
+        "join('..', 'shar" + "ed', 'data')",
+    ):
         assert _BESIDE.search(spelling), spelling  # the spellings the check must catch
     readers = [
         f for f in listed.stdout.split() if f.endswith((".py", ".ipynb", ".toml", ".cfg")) or f.startswith(".ci/")
