@@ -217,7 +217,6 @@ def add_doctor(commands) -> None:
 
 
 def _doctor(args) -> int:
-
     from dali_pipes.bench.doctor import format_doctor, run_doctor
 
     with _quiet_loaders(args):

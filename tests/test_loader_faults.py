@@ -258,6 +258,18 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _two_ranks_raise_shard_read_error(dataset, out, options) -> None:
+    """Run two spawned gloo ranks of ``ddp_worker`` over ``dataset``; the job must end with a ShardReadError."""
+    with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
+        mp.start_processes(
+            ddp_worker,
+            args=(2, _free_port(), str(dataset), str(out), options),
+            nprocs=2,
+            join=True,
+            start_method="spawn",
+        )
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_ddp_ranks_reading_a_truncated_shard_all_raise_naming_it(tmp_path, fmt):
@@ -272,14 +284,7 @@ def test_ddp_ranks_reading_a_truncated_shard_all_raise_naming_it(tmp_path, fmt):
     out = tmp_path / "out"
     out.mkdir()
     options = {"batch_size": 3, "epochs": 1, "workers": 1, "shuffle": False}
-    with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
-        mp.start_processes(
-            ddp_worker,
-            args=(2, _free_port(), str(dataset), str(out), options),
-            nprocs=2,
-            join=True,
-            start_method="spawn",
-        )
+    _two_ranks_raise_shard_read_error(dataset, out, options)
     name = shard_name(fmt, 0)
     for rank, sample in ((0, 0), (1, 3)):
         message = (out / f"rank-{rank}.error").read_text()
@@ -304,14 +309,7 @@ def test_ddp_ranks_reading_damaged_records_all_raise_naming_them(tmp_path, fmt):
     out = tmp_path / "out"
     out.mkdir()
     options = {"batch_size": 3, "epochs": 1, "workers": 2, "shuffle": False}
-    with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
-        mp.start_processes(
-            ddp_worker,
-            args=(2, _free_port(), str(dataset), str(out), options),
-            nprocs=2,
-            join=True,
-            start_method="spawn",
-        )
+    _two_ranks_raise_shard_read_error(dataset, out, options)
     name = shard_name(fmt, 0)
     crc = "data CRC mismatch" if fmt == "tfrecord" else "fails its record CRC32C check"
     for rank, sample in ((0, 1), (1, 4)):
