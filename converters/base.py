@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Mapping, Union
 
 import numpy as np
 
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 #: One sample: field name -> bytes (``bytes`` fields) or a numpy array (``array`` fields).
 Sample = dict[str, Union[bytes, np.ndarray]]

@@ -31,8 +31,8 @@ from typing import Any, Sequence
 from converters.runner import convert
 from converters.sources import ImageFolderSource
 from dali_pipes._version import __version__
-from dali_pipes.fileio import atomic_write_json
-from dali_pipes.manifest import FORMATS
+from dali_pipes.dataset.fileio import atomic_write_json
+from dali_pipes.dataset.manifest import FORMATS
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import resource
 from pathlib import Path
 from typing import Iterator
 
-from dali_pipes.manifest import human_bytes
+from dali_pipes.dataset.manifest import human_bytes
 
 #: errno values that mean "no room for these bytes": a full disk, a full quota, or a file-size limit.
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)

@@ -20,8 +20,16 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from converters.base import ConversionError, Item, Source
 from converters.planner import ShardPlan
-from dali_pipes.fileio import atomic_write_bytes
-from dali_pipes.manifest import ERRORS_NAME, JOB_DIR, MANIFEST_NAME, Manifest, ManifestError, Shard, load_manifest
+from dali_pipes.dataset.fileio import atomic_write_bytes
+from dali_pipes.dataset.manifest import (
+    ERRORS_NAME,
+    JOB_DIR,
+    MANIFEST_NAME,
+    Manifest,
+    ManifestError,
+    Shard,
+    load_manifest,
+)
 
 LOCK_NAME = ".dali-pipes.lock"
 #: Appended to a shard's name while it is written.

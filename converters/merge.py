@@ -47,8 +47,8 @@ from tqdm import tqdm
 from converters.base import ConversionError
 from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.writers._h5file import GuardedFile
-from dali_pipes.fileio import fsync_dir
-from dali_pipes.manifest import Field, Manifest, load_manifest, resolve_inside
+from dali_pipes.dataset.fileio import fsync_dir
+from dali_pipes.dataset.manifest import Field, Manifest, load_manifest, resolve_inside
 from dali_pipes.stores.checksum import RECORD_CRC32C
 from dali_pipes.stores.hdf5 import open_file
 from dali_pipes.stores.hdf5_layout import (

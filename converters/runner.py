@@ -61,8 +61,8 @@ from converters.jobdir import (
 from converters.planner import ShardPlan, plan_shards
 from converters.writers import writer_class
 from dali_pipes._version import __version__
-from dali_pipes.fileio import atomic_write_bytes, fsync_dir, sha256_file
-from dali_pipes.manifest import (
+from dali_pipes.dataset.fileio import atomic_write_bytes, fsync_dir, sha256_file
+from dali_pipes.dataset.manifest import (
     ERRORS_NAME,
     FORMATS,
     JOB_DIR,

@@ -15,8 +15,8 @@ import importlib
 from typing import Any
 
 from dali_pipes._version import __version__
-from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
-from dali_pipes.manifest import Manifest, ManifestError, load_manifest
+from dali_pipes.dataset.manifest import Manifest, ManifestError, load_manifest
+from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
 from dali_pipes.stores import Store, StoreError, open_store
 
@@ -55,7 +55,7 @@ def __getattr__(name: str) -> Any:
     if name in _PIPELINE_NAMES:
         return getattr(importlib.import_module("dali_pipes.pipelines"), name)
     if name == "DALILoader":
-        # Loaded on first use, so that the converters (which import dali_pipes.manifest, and so this
+        # Loaded on first use, so that the converters (which import dali_pipes.dataset.manifest, and so this
         # package) do not load the loader and its worker machinery.
-        return importlib.import_module("dali_pipes.loader").DALILoader
+        return importlib.import_module("dali_pipes.loading.loader").DALILoader
     raise AttributeError(f"module 'dali_pipes' has no attribute {name!r}")

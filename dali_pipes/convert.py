@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 from converters.base import ImageOptions
 from converters.runner import ConvertResult, convert
 from converters.sources.dataset import DatasetSource
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 __all__ = ["Field", "from_dataset"]
 

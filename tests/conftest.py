@@ -57,11 +57,11 @@ def write_dataset():
     """A function ``(root, fmt, fields, samples, per_shard=...) -> root`` that writes a dataset folder.
 
     Shards go through the format's writer directly and ``index.json`` through
-    :func:`~dali_pipes.manifest.write_manifest`, without the parallel runner.
+    :func:`~dali_pipes.dataset.manifest.write_manifest`, without the parallel runner.
     """
     from converters.writers import writer_class
-    from dali_pipes.fileio import sha256_file
-    from dali_pipes.manifest import Manifest, Shard, write_manifest
+    from dali_pipes.dataset.fileio import sha256_file
+    from dali_pipes.dataset.manifest import Manifest, Shard, write_manifest
 
     def write(root: Path, fmt: str, fields, samples, per_shard: int = 4, classes=None) -> Path:
         root.mkdir(parents=True, exist_ok=True)

@@ -20,8 +20,8 @@ import numpy as np
 from PIL import Image
 
 from converters.writers import writer_class
-from dali_pipes.fileio import sha256_file
-from dali_pipes.manifest import Field, Manifest, Shard, write_manifest
+from dali_pipes.dataset.fileio import sha256_file
+from dali_pipes.dataset.manifest import Field, Manifest, Shard, write_manifest
 
 SIZE = 16  # side of the images the test spec outputs
 
@@ -49,7 +49,7 @@ def skip_if_fork_refused() -> None:
     import pytest
     import torch
 
-    from dali_pipes._start_method import driver_initialized
+    from dali_pipes.loading.start_method import driver_initialized
 
     torch.cuda.is_available()  # what DALILoader does first; on a CUDA machine it initialises the driver
     if driver_initialized():

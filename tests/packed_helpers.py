@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from dali_pipes import open_store
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
 
 
 def photos(imagenet_mini: Path) -> list[tuple[str, bytes, int]]:

@@ -25,13 +25,13 @@ MAX_FUNCTION_LINES = 80
 TOOL_PREFIXES = (
     "dali_pipes.bench",
     "dali_pipes.cli",
-    "dali_pipes.cli_measure",
-    "dali_pipes._cli_exit",
-    "dali_pipes.show",
-    "dali_pipes.demo",
-    "dali_pipes.selftest",
-    "dali_pipes._selftest_checks",
-    "dali_pipes._selftest_data",
+    "dali_pipes.cli.measure",
+    "dali_pipes.cli.exit_codes",
+    "dali_pipes.cli.show",
+    "dali_pipes.cli.demo",
+    "dali_pipes.selftest.runner",
+    "dali_pipes.selftest.checks",
+    "dali_pipes.selftest.data",
     "dali_pipes.__main__",
     "dali_pipes.examples",
     "converters.__main__",
@@ -131,8 +131,8 @@ def test_the_checker_sees_a_cycle_and_a_submodule_import():
     # The rules below are only as good as the graph: a planted loop must be found.
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     graph = _graph()
-    assert "dali_pipes.settings" in graph["dali_pipes.loader_options"]  # a function-level import counts
-    assert "dali_pipes._lifetime" in graph["dali_pipes.loader"]  # `from dali_pipes import _lifetime`
+    assert "dali_pipes.settings" in graph["dali_pipes.loading.options"]  # a function-level import counts
+    assert "dali_pipes.loading.lifetime" in graph["dali_pipes.loading.loader"]  # `from dali_pipes import _lifetime`
 
 
 def test_no_import_cycles():
@@ -160,15 +160,15 @@ def test_converters_do_not_import_the_loader_package():
         for name, targets in _graph().items()
         if name.startswith("converters.") and name != "converters.__main__"
         for target in targets
-        if target in ("dali_pipes", "dali_pipes.loader")
+        if target in ("dali_pipes", "dali_pipes.loading.loader")
     )
     assert not wrong, "\n".join(wrong)
 
 
 def test_importing_the_converters_does_not_load_the_loader():
-    # What the source says (above) and what Python does: `import dali_pipes.manifest` runs the package's
+    # What the source says (above) and what Python does: `import dali_pipes.dataset.manifest` runs the package's
     # __init__, which must not pull in the loader for a conversion.
-    code = "import sys, converters.runner, converters.merge; print('dali_pipes.loader' in sys.modules)"
+    code = "import sys, converters.runner, converters.merge; print('dali_pipes.loading.loader' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT).stdout
     assert out.strip() == "False"
 

@@ -18,7 +18,7 @@ import pytest
 from PIL import Image
 
 from dali_pipes import open_store
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
 
 from test_convert import run_cli  # noqa: E402 - shared helper
 

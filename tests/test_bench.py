@@ -381,7 +381,7 @@ def test_a_row_is_measured_skipped_or_failed_never_lost():
 
 def test_the_image_folder_is_found_or_its_absence_explained(dataset, tmp_path):
     from dali_pipes.bench.inputs import find_image_folder
-    from dali_pipes.manifest import load_manifest
+    from dali_pipes.dataset.manifest import load_manifest
 
     manifest = load_manifest(dataset)
     root, reason = find_image_folder(dataset, manifest, None)

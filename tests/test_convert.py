@@ -15,8 +15,8 @@ from converters.base import ConversionError, SampleError
 from converters.runner import convert
 from converters.sources import CocoSource, ImageFolderSource
 from dali_pipes import open_store
-from dali_pipes.manifest import FORMATS, load_manifest
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
+from dali_pipes.dataset.manifest import FORMATS, load_manifest
 
 CLI = [sys.executable, "-m", "dali_pipes"]  # the CLI wherever the package imports, no script needed
 

@@ -1,4 +1,4 @@
-"""The DALI external-source callable (dali_pipes.sources) on its own: SampleInfo in, arrays out."""
+"""The DALI external-source callable (dali_pipes.loading.sources) on its own: SampleInfo in, arrays out."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from dali_pipes import StoreError, open_store
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
+from dali_pipes.loading.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.sampling import World, rank_indices
-from dali_pipes.sources import EpochControl, StoreSource, dali_output_types
 from dali_pipes.stores import tfexample
 
 from loader_helpers import encode_jpeg, grey_level, write_dataset

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from converters.synth import make_imagefolder
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
 
 from loader_helpers import skip_if_fork_refused
 from test_convert import CLI, run_cli, shard_digests  # noqa: E402 - shared helpers

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from dali_pipes import open_store
-from dali_pipes.epoch_plan import plan_path, read_plan, write_plan
+from dali_pipes.loading.epoch_plan import plan_path, read_plan, write_plan
+from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.sampling import World, rank_indices
-from dali_pipes.sources import EpochControl, StoreSource
 
 from loader_helpers import write_dataset
 
@@ -110,7 +110,7 @@ def test_the_loader_publishes_exactly_the_sampling_order(dataset, world):
 _KILLED_LOADER = """
 import os, signal, sys
 import numpy as np
-from dali_pipes.sources import EpochControl
+from dali_pipes.loading.sources import EpochControl
 control = EpochControl()
 control.publish(0, 0, 0, (np.arange(1000), np.zeros(1000, dtype=bool)))
 print(os.path.dirname(control.path), flush=True)

@@ -20,7 +20,7 @@ from nvidia.dali import Pipeline, fn
 from converters.runner import convert
 from converters.sources.arrays import ArraysSource
 from dali_pipes import DALILoader, load_manifest, open_store
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.pipelines import Features, PipelineSpec
 
 N = 23  # not a multiple of the batch size (4) times the world size (2)

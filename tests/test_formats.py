@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from converters.writers import WRITERS, LmdbShardWriter, writer_class
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores import StoreError, open_store, reader_class, tfexample
 
 FORMATS = ["lmdb", "hdf5", "tfrecord"]

@@ -18,7 +18,7 @@ from test_resume import _records
 from converters.base import ConversionError
 from converters.synth import make_imagefolder
 from dali_pipes.convert import Field, from_dataset
-from dali_pipes.manifest import load_manifest
+from dali_pipes.dataset.manifest import load_manifest
 
 from test_convert import shard_digests
 

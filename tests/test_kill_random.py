@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from converters.synth import make_imagefolder
-from dali_pipes.fileio import sha256_file
-from dali_pipes.manifest import FORMATS, load_manifest
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
+from dali_pipes.dataset.fileio import sha256_file
+from dali_pipes.dataset.manifest import FORMATS, load_manifest
 
 from test_convert import CLI, run_cli, shard_digests  # shared helpers
 

@@ -14,7 +14,7 @@ from converters.base import ConversionError
 from converters.runner import convert
 from converters.sources import LmdbSource
 from converters.synth import make_imagefolder
-from dali_pipes.manifest import load_manifest
+from dali_pipes.dataset.manifest import load_manifest
 
 from test_convert import run_cli, shard_digests
 

@@ -288,7 +288,7 @@ def test_auto_device_is_the_cpu_without_cuda(dataset, caplog, monkeypatch):
     caplog.set_level("INFO", logger="dali_pipes")
     loader = make(dataset, device="auto")
     assert loader.device == "cpu"
-    lines = [r.getMessage() for r in caplog.records if r.name == "dali_pipes.loader"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "dali_pipes.loading.loader"]
     assert len(lines) == 1 and "on CPU (device='auto': no CUDA here)" in lines[0]
     assert next(iter(loader))["image"].device.type == "cpu"
 

@@ -37,7 +37,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from dali_pipes import DALILoader, LoaderError, StoreError
-from dali_pipes.loader import ShardReadError, WorkerDiedError
+from dali_pipes.loading.loader import ShardReadError, WorkerDiedError
 
 from loader_helpers import (
     DAMAGES,

@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from dali_pipes.manifest import (
+from dali_pipes.dataset.manifest import (
     Field,
     Manifest,
     ManifestError,

@@ -14,7 +14,7 @@ import pytest
 
 from converters.base import ConversionError
 from converters.merge import merge_hdf5
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores import StoreError, open_store
 
 from test_convert import CLI, run_cli  # noqa: E402 - shared helpers
@@ -144,7 +144,7 @@ def test_merge_refuses_other_formats_and_existing_outputs(samples, tmp_path, wri
 
 
 def test_open_store_refuses_an_h5_file_that_is_not_a_merge(dataset):
-    from dali_pipes.manifest import ManifestError
+    from dali_pipes.dataset.manifest import ManifestError
 
     with pytest.raises(ManifestError, match="not a merged"):
         open_store(dataset / "shard-00000.h5")

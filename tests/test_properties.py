@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dali_pipes.manifest import (
+from dali_pipes.dataset.manifest import (
     ARRAY_DTYPE_KINDS,
     BYTES_ENCODINGS,
     FORMATS,

@@ -41,7 +41,7 @@ def test_exported_names_are_pinned_and_resolve():
 
 def test_the_loader_errors_and_decoder_hints_are_the_ones_the_library_raises_and_reads():
     # Exported names are the classes themselves, so `except dali_pipes.ShardReadError` catches what the loader raises.
-    from dali_pipes.errors import ShardReadError, WorkerDiedError
+    from dali_pipes.loading.errors import ShardReadError, WorkerDiedError
     from dali_pipes.pipelines.config import DecoderHints
 
     assert dali_pipes.ShardReadError is ShardReadError

@@ -19,10 +19,10 @@ import pytest
 
 from converters.merge import merge_hdf5
 from dali_pipes import StoreError, open_store
-from dali_pipes.manifest import ManifestError, load_manifest, parse_manifest
+from dali_pipes.cli.verify import verify_dataset
+from dali_pipes.dataset.manifest import ManifestError, load_manifest, parse_manifest
 from dali_pipes.stores.checksum import CRC_DATASET, RecordChecksumError
 from dali_pipes.stores.lmdb import crc_key
-from dali_pipes.verify import verify_dataset
 
 from loader_helpers import encode_jpeg, grey_level, scribble_image, shard_name, write_dataset
 

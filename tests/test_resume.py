@@ -12,8 +12,8 @@ import pytest
 
 from converters.runner import OutputLock
 from converters.synth import make_imagefolder
-from dali_pipes.manifest import FORMATS
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
+from dali_pipes.dataset.manifest import FORMATS
 
 from test_convert import CLI, run_cli, shard_digests  # noqa: E402 - shared helpers
 

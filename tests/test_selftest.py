@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from dali_pipes._selftest_data import make_sample_data
 from dali_pipes.pipelines import ClassificationTrain
-from dali_pipes.selftest import SPEC_NAMES, _run_one, check_batches
+from dali_pipes.selftest.data import make_sample_data
+from dali_pipes.selftest.runner import SPEC_NAMES, _run_one, check_batches
 
 from loader_helpers import write_dataset
 

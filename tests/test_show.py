@@ -11,7 +11,7 @@ from PIL import Image
 from converters.runner import convert
 from converters.sources import CocoSource, ImageFolderSource
 from converters.synth import make_imagefolder
-from dali_pipes.show import BOX_WIDTH, CAPTION, box_color, write_grid
+from dali_pipes.cli.show import BOX_WIDTH, CAPTION, box_color, write_grid
 
 from test_convert import run_cli  # noqa: E402 - shared helper
 
@@ -69,7 +69,7 @@ def test_show_coco_draws_the_boxes(coco, tmp_path):
 
     # The same batch, recomputed: the first real box of a sample is outlined in its class colour.
     from dali_pipes import DALILoader
-    from dali_pipes.show import make_spec
+    from dali_pipes.cli.show import make_spec
 
     with DALILoader(
         coco, make_spec("detection-val", size=128), batch_size=4, shuffle=True, seed=0, device="cpu", py_num_workers=0
@@ -102,7 +102,7 @@ def test_write_grid_draws_only_the_real_box_rows(tmp_path):
 
 
 def test_show_rejects_an_unknown_pipeline(classification, tmp_path):
-    from dali_pipes.show import show
+    from dali_pipes.cli.show import show
 
     with pytest.raises(ValueError, match="unknown pipeline"):
         show(classification, tmp_path / "x.png", pipeline="segmentation")

@@ -16,11 +16,11 @@ import pytest
 
 from converters.merge import merge_hdf5
 from converters.writers import writer_class
-from dali_pipes.fileio import sha256_file
-from dali_pipes.manifest import MANIFEST_NAME, Field, Manifest, Shard, write_manifest
-from dali_pipes.stage import _CHUNK as STAGE_CHUNK
-from dali_pipes.stage import TMP_PREFIX, StageError, stage_dataset
-from dali_pipes.verify import verify_dataset
+from dali_pipes.cli.verify import verify_dataset
+from dali_pipes.dataset.fileio import sha256_file
+from dali_pipes.dataset.manifest import MANIFEST_NAME, Field, Manifest, Shard, write_manifest
+from dali_pipes.staging.stage import _CHUNK as STAGE_CHUNK
+from dali_pipes.staging.stage import TMP_PREFIX, StageError, stage_dataset
 
 from loader_helpers import sample_digests, shard_name, write_dataset
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 from test_ddp import free_port
 
-from dali_pipes._start_method import choose_start_method, driver_initialized
+from dali_pipes.loading.start_method import choose_start_method, driver_initialized
 
 from loader_helpers import write_dataset
 

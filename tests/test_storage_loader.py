@@ -16,8 +16,8 @@ from stage_helpers import staging_rank
 from test_ddp import free_port
 
 from dali_pipes import DALILoader
-from dali_pipes.manifest import MANIFEST_NAME
-from dali_pipes.ramcache import DEFAULT_SHARE, FOLDER_PREFIX, RESERVE_MIN, RESERVE_SHARE
+from dali_pipes.dataset.manifest import MANIFEST_NAME
+from dali_pipes.staging.ramcache import DEFAULT_SHARE, FOLDER_PREFIX, RESERVE_MIN, RESERVE_SHARE
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
 
@@ -130,7 +130,7 @@ def test_ram_cache_without_shuffle_holds_only_this_ranks_shards(tmp_path):
 
 def test_a_budget_beyond_free_memory_is_capped(tmp_path, caplog):
     source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
-    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.staging.ramcache import cache_in_ram
     from dali_pipes.stores import open_store
 
     store, cache = cache_in_ram(open_store(source), [0, 1], cache_bytes=1 << 62, progress=False)
@@ -165,7 +165,7 @@ def test_the_default_budget_is_split_between_the_ranks_of_a_node(tmp_path, monke
 def test_cache_folders_of_killed_loaders_are_removed(tmp_path):
     import fcntl
 
-    from dali_pipes._tmpfs import OWNER_LOCK
+    from dali_pipes.staging.tmpfs import OWNER_LOCK
 
     # A folder whose owner lock is free (its loader was killed), and one whose lock is held.
     orphan = Path(tempfile.mkdtemp(prefix=f"{FOLDER_PREFIX}1-", dir="/dev/shm"))
@@ -194,7 +194,7 @@ def test_bad_cache_arguments(tmp_path):
 
 FALLBACK_SCRIPT = """
 import resource, signal, sys
-from dali_pipes.ramcache import cache_in_ram
+from dali_pipes.staging.ramcache import cache_in_ram
 from dali_pipes.stores import open_store
 sys.path.insert(0, sys.argv[3])
 from loader_helpers import sample_digests, _digest
@@ -260,8 +260,8 @@ def test_a_loader_that_fails_to_start_removes_its_ram_cache(tmp_path):
 
 
 def test_a_damaged_shard_met_while_caching_leaves_no_cache(tmp_path):
-    from dali_pipes.ramcache import cache_in_ram
-    from dali_pipes.stage import StageError
+    from dali_pipes.staging.ramcache import cache_in_ram
+    from dali_pipes.staging.stage import StageError
     from dali_pipes.stores import open_store
 
     source = write_dataset(tmp_path / "src", 8, fmt="tfrecord")
@@ -278,7 +278,7 @@ def test_a_damaged_shard_met_while_caching_leaves_no_cache(tmp_path):
 
 HOLD_A_FOLDER = """
 import sys, time
-from dali_pipes._tmpfs import OwnedFolder
+from dali_pipes.staging.tmpfs import OwnedFolder
 folder = OwnedFolder(sys.argv[1])
 (folder.path / "staged-shard").write_bytes(b"x" * 1000)
 print(folder.path, flush=True)
@@ -290,8 +290,8 @@ time.sleep(600)
 def test_a_killed_benchs_staging_folder_is_removed_by_the_next(tmp_path):
     import signal
 
-    from dali_pipes._tmpfs import OwnedFolder
     from dali_pipes.bench.storage import STAGE_PREFIX
+    from dali_pipes.staging.tmpfs import OwnedFolder
 
     proc = subprocess.Popen([sys.executable, "-c", HOLD_A_FOLDER, STAGE_PREFIX], stdout=subprocess.PIPE, text=True)
     try:
@@ -318,7 +318,7 @@ def test_a_killed_benchs_staging_folder_is_removed_by_the_next(tmp_path):
 def test_a_folder_whose_maker_died_before_locking_it_is_removed_later(tmp_path):
     import time
 
-    from dali_pipes._tmpfs import OWNER_LOCK, UNLOCKED_GRACE_S, OwnedFolder
+    from dali_pipes.staging.tmpfs import OWNER_LOCK, UNLOCKED_GRACE_S, OwnedFolder
 
     prefix = "dali-pipes-test-unlocked-"
     young = Path(tempfile.mkdtemp(prefix=prefix, dir="/dev/shm"))  # as if being made right now
@@ -336,7 +336,7 @@ def test_a_folder_whose_maker_died_before_locking_it_is_removed_later(tmp_path):
 
 
 def test_errors_reading_a_cached_shard_name_the_datasets_shard_not_the_copy(tmp_path):
-    from dali_pipes.ramcache import cache_in_ram
+    from dali_pipes.staging.ramcache import cache_in_ram
     from dali_pipes.stores import StoreError, open_store
 
     source = write_dataset(tmp_path / "src", 8, fmt="tfrecord")

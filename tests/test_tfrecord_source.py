@@ -17,7 +17,7 @@ from converters.runner import convert
 from converters.sources import TFRecordSource
 from converters.synth import make_imagefolder
 from dali_pipes import open_store
-from dali_pipes.manifest import load_manifest
+from dali_pipes.dataset.manifest import load_manifest
 
 from test_convert import run_cli, shard_digests
 

@@ -28,7 +28,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from converters.base import ConversionError, Item, Sample, SampleError, Source
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
 

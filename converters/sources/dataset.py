@@ -9,7 +9,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
 from converters.images import prepare_image
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ class DatasetSource(Source):
     """The samples of a map-style dataset, ``dataset[0]`` to ``dataset[len(dataset) - 1]``, read in the workers.
 
     A sample is a tuple or list (its values in the order of ``fields``) or a dict
-    (by field name). ``fields`` maps names to :class:`~dali_pipes.manifest.Field`,
+    (by field name). ``fields`` maps names to :class:`~dali_pipes.dataset.manifest.Field`,
     or only names them and each type follows from ``dataset[0]`` (:data:`INFERRED`).
     Encoded images (``bytes``, or a 1-D uint8 array, in an image field) are checked as every source's are.
     An exception from ``dataset[i]`` makes sample ``i`` a bad input.

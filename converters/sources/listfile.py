@@ -13,7 +13,7 @@ import numpy as np
 from converters.base import ConversionError, ImageOptions, Item, Sample, Source
 from converters.images import load_image_file
 from converters.sources._inputs import INTEGER
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ from converters.sources._inputs import (
     inputs_and_output,
     read_classes_file,
 )
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
 

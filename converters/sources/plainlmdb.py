@@ -15,7 +15,7 @@ import numpy as np
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
 from converters.images import prepare_image
 from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from converters.sources._inputs import (
     inputs_and_output,
     read_classes_file,
 )
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.base import StoreError
 from dali_pipes.stores.tfexample import BYTES_LIST, FLOAT_LIST, INT64_LIST, decode_example, unframe
 from dali_pipes.stores.tfrecord import walk_records

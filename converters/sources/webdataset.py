@@ -24,7 +24,7 @@ from converters.sources._inputs import (
     parse_label,
     read_classes_file,
 )
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
 

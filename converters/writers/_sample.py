@@ -11,7 +11,7 @@ from typing import Mapping, Union
 
 import numpy as np
 
-from dali_pipes.manifest import Field, ManifestError, check_field_name
+from dali_pipes.dataset.manifest import Field, ManifestError, check_field_name
 from dali_pipes.stores.checksum import CRC_DATASET
 from dali_pipes.stores.codec import check_field
 

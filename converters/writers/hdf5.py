@@ -35,7 +35,7 @@ import numpy as np
 from converters.base import Sample, ShardWriter
 from converters.writers._h5file import GuardedFile
 from converters.writers._sample import check_fields, normalize_sample
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.hdf5_layout import (
     CRC_DATASET,
     CRC_DTYPE,

@@ -29,7 +29,7 @@ import lmdb
 from converters.base import Sample, ShardWriter
 from converters.diskfull import DISK_FULL_ERRNOS
 from converters.writers._sample import check_fields, normalize_sample
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.lmdb_layout import LEN_KEY, array_to_bytes, crc_key, sample_crcs, sample_key
 
 log = logging.getLogger(__name__)

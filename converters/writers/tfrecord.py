@@ -14,7 +14,7 @@ from typing import Mapping
 
 from converters.base import Sample, ShardWriter
 from converters.writers._sample import check_fields, normalize_sample
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.tfexample import FOOTER_SIZE, HEADER_SIZE, encode_sample, frame_footer, frame_header, index_line
 
 

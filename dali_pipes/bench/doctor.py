@@ -131,7 +131,7 @@ def run_doctor(
 
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
-    from dali_pipes.world import resolve_device
+    from dali_pipes.loading.world import resolve_device
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
@@ -223,7 +223,7 @@ def _doctor_jobs(
 ) -> list[Job]:
     """The three rows of ``doctor``: the loader alone, the model alone, and the loader feeding the model."""
     from dali_pipes.bench.streams import dali_loader_stream
-    from dali_pipes.loader import DALILoader
+    from dali_pipes.loading.loader import DALILoader
 
     in_flight = dali_in_flight(inputs.loader_settings)
 

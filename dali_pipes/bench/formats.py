@@ -57,7 +57,7 @@ def equal_content(
     from converters.runner import convert
     from converters.sources import ImageFolderSource
     from dali_pipes.bench.baselines import imagefolder_files
-    from dali_pipes.manifest import FORMATS
+    from dali_pipes.dataset.manifest import FORMATS
     from dali_pipes.stores import open_store
 
     store = open_store(dataset)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dali_pipes.manifest import Manifest, load_manifest
+from dali_pipes.dataset.manifest import Manifest, load_manifest
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dali_pipes.bench.runner import Row
-from dali_pipes.fileio import atomic_write_json
+from dali_pipes.dataset.fileio import atomic_write_json
 
 log = logging.getLogger(__name__)
 

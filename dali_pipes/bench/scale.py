@@ -240,6 +240,6 @@ def format_scale(rows: list[ScaleRow]) -> str:
 
 def write_scale_json(rows: list[ScaleRow], path: str | os.PathLike) -> Path:
     """Every figure as JSON."""
-    from dali_pipes.fileio import atomic_write_json
+    from dali_pipes.dataset.fileio import atomic_write_json
 
     return atomic_write_json(Path(path), {"suite": "scale", "rows": [r.__dict__ for r in rows]})

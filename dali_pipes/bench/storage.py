@@ -3,9 +3,9 @@
 Three ways to read the same dataset with the same loader settings:
 
 - ``original``: the dataset where it is;
-- ``staged /dev/shm``: staged into a tmpfs first (:mod:`dali_pipes.stage`); the
+- ``staged /dev/shm``: staged into a tmpfs first (:mod:`dali_pipes.staging.stage`); the
   copy is part of epoch 1, as it is for a training job;
-- ``cache=ram``: ``DALILoader(cache="ram")`` (:mod:`dali_pipes.ramcache`); the
+- ``cache=ram``: ``DALILoader(cache="ram")`` (:mod:`dali_pipes.staging.ramcache`); the
   copy into memory is part of epoch 1 too.
 
 Every row runs the loader's read-only graph (the stages suite's "read shards"
@@ -29,10 +29,10 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from dali_pipes._tmpfs import TMPFS, OwnedFolder
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, machine_description
 from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
+from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     repeats = 1 if quick else plan.repeats
     rows = []
     with (
-        _quiet("dali_pipes.stage", "dali_pipes.ramcache"),
+        _quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
         tqdm(list(MODES), desc="bench storage", unit="row", disable=not progress, leave=False) as bar,
     ):
         for mode in bar:
@@ -109,14 +109,14 @@ def _measure_mode(mode: str, inputs: BenchInputs, spec: Any, repeats: int) -> li
 
 def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
     """Time a loader's epoch 1 (from a dropped page cache) and later epochs; the memory it held at the end."""
-    from dali_pipes.loader import DALILoader
+    from dali_pipes.loading.loader import DALILoader
 
     drop_page_cache(p for p in Path(inputs.dataset).rglob("*") if p.is_file())
     with contextlib.ExitStack() as stack:
         start = time.perf_counter()
         path, kwargs, shm = inputs.dataset, {}, 0
         if mode == STAGED:
-            from dali_pipes.stage import stage_dataset
+            from dali_pipes.staging.stage import stage_dataset
 
             folder = OwnedFolder(STAGE_PREFIX)  # removed at the end, or by the next bench if this one is killed
             stack.callback(folder.close)

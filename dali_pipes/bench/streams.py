@@ -45,7 +45,7 @@ def dali_loader_stream(
     settings: Mapping[str, int] | None = None,
 ) -> Iterator[Iterator[int]]:
     """:class:`~dali_pipes.DALILoader` over the shards, shuffled, epoch after epoch."""
-    from dali_pipes.loader import DALILoader
+    from dali_pipes.loading.loader import DALILoader
 
     if device == "gpu":
         require_cuda()

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from dali_pipes.bench.streams import dali_in_flight
-from dali_pipes.fileio import atomic_write_json
+from dali_pipes.dataset.fileio import atomic_write_json
 
 # Reading the file lives below the loader, in dali_pipes.settings; these names stay importable from here.
 from dali_pipes.settings import HW_DECODER_GPUS as HW_DECODER_GPUS
@@ -114,7 +114,7 @@ def tune(
     from dali_pipes.bench.report import machine_description
     from dali_pipes.bench.runner import Job, Target, TimingPlan, measure
     from dali_pipes.bench.streams import dali_loader_stream
-    from dali_pipes.loader import resolve_device
+    from dali_pipes.loading.loader import resolve_device
 
     inputs = bench_inputs(dataset, batch_size=batch_size, dtype=dtype)
     device, _ = resolve_device(device, int(os.environ.get("LOCAL_RANK") or 0))

@@ -55,7 +55,7 @@ import nvidia.dali.math as dmath
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
-from dali_pipes.manifest import Manifest
+from dali_pipes.dataset.manifest import Manifest
 from dali_pipes.pipelines import ops
 from dali_pipes.pipelines.base import check_build_call
 from dali_pipes.pipelines.classification import _ImageOutput

@@ -29,9 +29,9 @@ import nvidia.dali.fn as fn
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
-from dali_pipes.manifest import Manifest
+from dali_pipes.dataset.manifest import Manifest
+from dali_pipes.loading.sources import DALI_TYPE_NAMES, RESERVED_OUTPUTS
 from dali_pipes.pipelines.base import check_build_call
-from dali_pipes.sources import DALI_TYPE_NAMES, RESERVED_OUTPUTS
 
 #: Output dtypes a field may be cast to, by numpy name.
 FEATURE_DTYPES: dict[str, Any] = {name: getattr(types, dali) for name, dali in DALI_TYPE_NAMES.items()}

@@ -15,8 +15,8 @@ import nvidia.dali.math as dali_math
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
+from dali_pipes.loading.sources import DALI_TYPE_NAMES
 from dali_pipes.pipelines.config import ColorJitter, DecoderHints
-from dali_pipes.sources import DALI_TYPE_NAMES
 
 _DALI_DTYPES = {name: getattr(types, DALI_TYPE_NAMES[name]) for name in ("float16", "float32", "uint8")}
 # DALI lays out single samples; the batch dimension N is added by the iterator.

@@ -14,7 +14,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dali_pipes.manifest import Manifest, load_manifest, resolve_inside
+from dali_pipes.dataset.manifest import Manifest, load_manifest, resolve_inside
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
 from dali_pipes.stores.checksum import RECORD_CRC32C
 
@@ -161,7 +161,7 @@ class Store:
 
     @property
     def fields(self):
-        """The manifest's fields (name -> :class:`~dali_pipes.manifest.Field`)."""
+        """The manifest's fields (name -> :class:`~dali_pipes.dataset.manifest.Field`)."""
         return self.manifest.fields
 
     def close(self) -> None:

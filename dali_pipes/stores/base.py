@@ -10,7 +10,7 @@ from typing import Any, Iterable, Mapping, Union
 
 import numpy as np
 
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.checksum import crc_columns
 from dali_pipes.stores.errors import StoreError, error_chain
 

@@ -2,7 +2,7 @@
 
 An array field is stored as its elements in C order, little-endian, with no
 header: the dtype and the per-sample shape come from the manifest's
-:class:`~dali_pipes.manifest.Field`. A variable-length field (shape ``(-1, ...)``)
+:class:`~dali_pipes.dataset.manifest.Field`. A variable-length field (shape ``(-1, ...)``)
 recovers its first dimension from the byte count, which is why such a field
 must have a non-empty row (see :func:`check_field`).
 """
@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.errors import StoreError
 
 #: numpy dtype kinds a field may have: bool, signed and unsigned integers, floats, complex.

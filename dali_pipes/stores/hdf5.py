@@ -6,7 +6,7 @@ touches the others (see :meth:`Hdf5ShardReader.read`).
 
 A merged file (:mod:`converters.merge`) also carries ``attrs["manifest"]``,
 the dataset's manifest JSON, which :func:`merged_manifest` turns into a
-one-shard :class:`~dali_pipes.manifest.Manifest` so that ``open_store`` reads it.
+one-shard :class:`~dali_pipes.dataset.manifest.Manifest` so that ``open_store`` reads it.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Iterable
 import h5py
 import numpy as np
 
-from dali_pipes.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
+from dali_pipes.dataset.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
 from dali_pipes.stores._h5map import MappedRows, map_rows
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
 from dali_pipes.stores.hdf5_layout import (  # noqa: F401  (MANIFEST_ATTR and the layout stay importable from here)
@@ -105,7 +105,7 @@ def merged_manifest(path: str | os.PathLike) -> Manifest:
     """The one-shard manifest of a merged HDF5 file, from its ``manifest`` attribute.
 
     The shard's ``sha256`` is empty: a file cannot hold its own hash.
-    Raises :class:`~dali_pipes.manifest.ManifestError` for a file without the attribute.
+    Raises :class:`~dali_pipes.dataset.manifest.ManifestError` for a file without the attribute.
     """
     path = Path(path)
     with open_file(path) as f:

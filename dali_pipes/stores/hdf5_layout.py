@@ -34,7 +34,7 @@ from typing import Mapping
 
 import numpy as np
 
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.checksum import CRC_DATASET, CRC_DTYPE, check_record, check_rows, sample_crcs
 
 __all__ = [

@@ -51,7 +51,7 @@ from typing import Mapping, Union
 import google_crc32c
 import numpy as np
 
-from dali_pipes.manifest import Field
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.base import SampleDict, StoreError
 from dali_pipes.stores.codec import array_from_bytes, array_to_bytes, reshape
 

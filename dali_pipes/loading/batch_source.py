@@ -8,8 +8,8 @@ samples sorted and read together) and returns every output as a batch: a fixed
 array field as one ``(B, *shape)`` array, bytes fields as lists of ``uint8``
 arrays, then ``is_pad`` and ``index`` as ``(B,)`` arrays.
 
-Everything else is :class:`~dali_pipes.sources.StoreSource`'s: the epoch plan
-(shared by the loader, see :mod:`dali_pipes.epoch_plan`), the padding to whole
+Everything else is :class:`~dali_pipes.loading.sources.StoreSource`'s: the epoch plan
+(shared by the loader, see :mod:`dali_pipes.loading.epoch_plan`), the padding to whole
 batches, the end of an epoch and cancellation by ``StopIteration``. Batch
 ``iteration`` holds exactly the samples ``iteration * B .. (iteration + 1) * B - 1``
 the per-sample source would have returned, in the same order. A read error
@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dali_pipes.sources import _CANCELLED, _DALI_EPOCH, StoreSource
+from dali_pipes.loading.sources import _CANCELLED, _DALI_EPOCH, StoreSource
 from dali_pipes.stores import StoreError
 
 __all__ = ["BatchStoreSource"]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
-from dali_pipes.errors import LoaderError, ShardReadError
+from dali_pipes.loading.errors import LoaderError, ShardReadError
 from dali_pipes.sampling import World
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.errors import error_chain
@@ -72,7 +72,7 @@ def _first_line(exc: BaseException) -> str:
 
 
 def worker_died_message(store: Store, world: World, dead: str, current: Any) -> str:
-    """What a :class:`~dali_pipes.errors.WorkerDiedError` says: which worker, where in the epoch, what to do."""
+    """What a :class:`~dali_pipes.loading.errors.WorkerDiedError` says: which worker, where in the epoch, what to do."""
     where = f"rank {world.rank}"
     if current is not None:
         where = f"epoch {current.epoch}, batch {current.handed} on {where}"

@@ -10,8 +10,8 @@ Python worker process that died (:class:`WorkerDiedError`).
 
 A dead worker needs watching from outside DALI, or the training thread can
 wait for ever on it: with ``py_num_workers > 0`` every call into DALI goes
-through :mod:`dali_pipes._workers`, which checks the workers every
-:data:`~dali_pipes._workers.WATCH_INTERVAL` seconds and gives up on the call when one died.
+through :mod:`dali_pipes.loading.workers`, which checks the workers every
+:data:`~dali_pipes.loading.workers.WATCH_INTERVAL` seconds and gives up on the call when one died.
 """
 
 from __future__ import annotations

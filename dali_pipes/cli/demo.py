@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from dali_pipes.show import write_grid  # the grid moved to `dali-pipes show`; kept importable from here
+from dali_pipes.cli.show import write_grid  # the grid moved to `dali-pipes show`; kept importable from here
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ def run_demo(
     from converters.synth import make_imagefolder
     from dali_pipes.bench.baselines import StoreImageDataset, pil_dataloader
     from dali_pipes.bench.runner import cycle
-    from dali_pipes.loader import DALILoader
+    from dali_pipes.loading.loader import DALILoader
     from dali_pipes.pipelines import ClassificationTrain
 
     workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dali-pipes-demo-"))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from dali_pipes.sources import RESERVED_OUTPUTS, dali_output_types
+from dali_pipes.loading.sources import RESERVED_OUTPUTS, dali_output_types
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
@@ -129,7 +129,7 @@ def required_fields(spec: Any, store: Store) -> tuple[str, ...]:
 
 
 def fitting_spec(fields: Any) -> str:
-    """Which spec reads a dataset of these fields (a :class:`~dali_pipes.manifest.Field` by name), in words."""
+    """Which spec reads a dataset of these fields (a :class:`~dali_pipes.dataset.manifest.Field` by name), in words."""
     images = [name for name, f in fields.items() if f.is_image]
     if not images:
         arrays = tuple(name for name, f in fields.items() if f.kind == "array")

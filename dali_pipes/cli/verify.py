@@ -19,8 +19,8 @@ from pathlib import Path
 from PIL import Image
 from tqdm import tqdm
 
-from dali_pipes.fileio import sha256_file
-from dali_pipes.manifest import ManifestError, load_manifest, resolve_inside
+from dali_pipes.dataset.fileio import sha256_file
+from dali_pipes.dataset.manifest import ManifestError, load_manifest, resolve_inside
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.checksum import RecordChecksumError
 
@@ -46,7 +46,7 @@ class VerifyReport:
 def verify_dataset(path: str | os.PathLike, *, decode: bool = False, progress: bool = True) -> VerifyReport:
     """Check sizes, hashes and records of every shard; with ``decode``, decode every image too.
 
-    Raises :class:`~dali_pipes.manifest.ManifestError` when the manifest itself is
+    Raises :class:`~dali_pipes.dataset.manifest.ManifestError` when the manifest itself is
     unusable; problems with shards are returned in the report.
     """
     root = Path(path)

@@ -1,7 +1,7 @@
 """``dali-pipes selftest``: does every pipeline run on this machine, on each of its devices?
 
 The first thing to run on a new machine or cluster node. On small datasets made
-at run time (:mod:`dali_pipes._selftest_data`), it runs every pipeline spec
+at run time (:mod:`dali_pipes.selftest.data`), it runs every pipeline spec
 (classification train and val, auto-augment, detection train and val, features)
 through the real :class:`~dali_pipes.DALILoader` on each device, with 0 and with
 1 Python worker, for two epochs; checks the outputs (shape, dtype, device, value
@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from dali_pipes._selftest_checks import check_batch
-from dali_pipes._selftest_data import CATEGORY_IDS, CLASSES, SampleData, make_sample_data
-from dali_pipes.fileio import atomic_write_json
+from dali_pipes.dataset.fileio import atomic_write_json
+from dali_pipes.selftest.checks import check_batch
+from dali_pipes.selftest.data import CATEGORY_IDS, CLASSES, SampleData, make_sample_data
 
 log = logging.getLogger(__name__)
 
@@ -188,7 +188,7 @@ def _run_spec(name: str, device: str, data: SampleData, *, asked_for_gpu: bool) 
 
 def _run_one(name: str, device: str, workers: int, data: SampleData) -> Row:
     """One spec, device and worker count through the real loader: build, an epoch checked, an epoch timed."""
-    from dali_pipes.loader import DALILoader
+    from dali_pipes.loading.loader import DALILoader
 
     row = Row(name, device, workers, "failed")
     loader = None

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dali_pipes.manifest import ERRORS_NAME, human_bytes, load_manifest
+from dali_pipes.dataset.manifest import ERRORS_NAME, human_bytes, load_manifest
 
 _SHOWN_CLASSES = 8
 _SHOWN_SHARDS = 10

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dali_pipes._selftest_data import SampleData
+from dali_pipes.selftest.data import SampleData
 
 _FLOAT_SLACK = 0.02  # float16 rounding and interpolation overshoot, in normalised units
 

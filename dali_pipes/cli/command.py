@@ -1,6 +1,6 @@
 """The ``dali-pipes`` command: convert, inspect, verify, merge, synth and the benchmarks.
 
-Each subcommand parses its arguments here (the measuring ones in :mod:`dali_pipes.cli_measure`)
+Each subcommand parses its arguments here (the measuring ones in :mod:`dali_pipes.cli.measure`)
 and calls one library function; the work lives in the library. Errors a user can fix are printed as one line
 (``dali-pipes: error: ...``) with a non-zero exit, never as a traceback.
 """
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-from dali_pipes._cli_exit import EXIT_ERROR, EXIT_FAILED
-from dali_pipes.cli_measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
-from dali_pipes.manifest import FORMATS, ManifestError
+from dali_pipes.cli.exit_codes import EXIT_ERROR, EXIT_FAILED
+from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
+from dali_pipes.dataset.manifest import FORMATS, ManifestError
 
 log = logging.getLogger("dali_pipes.cli")
 
@@ -215,7 +215,7 @@ def _convert_packed(args) -> int:
 def _convert(source, out: Path, args) -> int:
     from converters.planner import parse_size
     from converters.runner import convert
-    from dali_pipes.manifest import ERRORS_NAME, human_bytes
+    from dali_pipes.dataset.manifest import ERRORS_NAME, human_bytes
 
     result = convert(
         source,
@@ -262,7 +262,7 @@ def _add_inspect(commands) -> None:
 
 
 def _inspect(args) -> int:
-    from dali_pipes.inspect import format_summary, summarize, summary_json
+    from dali_pipes.cli.inspect import format_summary, summarize, summary_json
 
     print(summary_json(args.dataset) if args.json else format_summary(summarize(args.dataset)))
     return 0
@@ -277,7 +277,7 @@ def _add_verify(commands) -> None:
 
 
 def _verify(args) -> int:
-    from dali_pipes.verify import verify_dataset
+    from dali_pipes.cli.verify import verify_dataset
 
     report = verify_dataset(args.dataset, decode=args.decode, progress=not args.no_progress)
     if report.ok:
@@ -323,7 +323,7 @@ def _add_stage(commands) -> None:
 
 
 def _stage(args) -> int:
-    from dali_pipes.stage import stage_dataset
+    from dali_pipes.staging.stage import stage_dataset
 
     # A StageError is a ValueError: _run prints it as one line.
     report = stage_dataset(
@@ -384,7 +384,7 @@ def _add_demo(commands) -> None:
 
 
 def _demo(args) -> int:
-    from dali_pipes.demo import format_report, run_demo
+    from dali_pipes.cli.demo import format_report, run_demo
 
     for name in ("num_images", "batches", "baseline_batches", "batch_size"):
         if getattr(args, name) < 1:
@@ -403,7 +403,7 @@ def _demo(args) -> int:
 
 
 def _add_show(commands) -> None:
-    from dali_pipes.show import PIPELINES
+    from dali_pipes.cli.show import PIPELINES
 
     p = commands.add_parser(
         "show", help="a PNG grid of augmented samples with their labels (and boxes), to check by eye"
@@ -419,7 +419,7 @@ def _add_show(commands) -> None:
 
 
 def _show(args) -> int:
-    from dali_pipes.show import show
+    from dali_pipes.cli.show import show
 
     path = show(
         args.dataset, args.out, pipeline=args.pipeline, num=args.num, seed=args.seed, size=args.size, device=args.device
@@ -429,7 +429,3 @@ def _show(args) -> int:
 
 
 # --- loader benchmarks, tuning and the bottleneck report -----------------------------------
-
-
-if __name__ == "__main__":
-    sys.exit(main())

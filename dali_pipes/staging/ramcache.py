@@ -37,9 +37,9 @@ from typing import Iterable
 import numpy as np
 from tqdm import tqdm
 
-from dali_pipes._tmpfs import TMPFS, OwnedFolder, writable_tmpfs
-from dali_pipes.manifest import Manifest, human_bytes, resolve_inside
-from dali_pipes.stage import StageError, StageItem, copy_checked
+from dali_pipes.dataset.manifest import Manifest, human_bytes, resolve_inside
+from dali_pipes.staging.stage import StageError, StageItem, copy_checked
+from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.base import SampleDict
 

@@ -11,9 +11,9 @@ import logging
 from pathlib import Path
 from typing import Iterator
 
-from dali_pipes._cli_exit import EXIT_FAILED
-from dali_pipes.fileio import atomic_write_json
-from dali_pipes.manifest import FORMATS
+from dali_pipes.cli.exit_codes import EXIT_FAILED
+from dali_pipes.dataset.fileio import atomic_write_json
+from dali_pipes.dataset.manifest import FORMATS
 
 log = logging.getLogger("dali_pipes.cli")
 
@@ -113,7 +113,7 @@ def _bench_scale(args) -> int:
 @contextlib.contextmanager
 def _quiet_loaders(args) -> Iterator[None]:
     # The benchmarks build dozens of loaders; one log line each would bury the table.
-    logger = logging.getLogger("dali_pipes.loader")
+    logger = logging.getLogger("dali_pipes.loading.loader")
     level = logger.level
     if not args.verbose:
         logger.setLevel(logging.WARNING)
@@ -247,7 +247,7 @@ def add_selftest(commands) -> None:
 
 
 def _selftest(args) -> int:
-    from dali_pipes.selftest import format_lines, run_selftest
+    from dali_pipes.selftest.runner import format_lines, run_selftest
 
     report = run_selftest(args.device, json_out=args.json)
     format_lines(report, print)

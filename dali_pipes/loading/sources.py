@@ -19,7 +19,7 @@ cancelled)``. The loader writes it *before* it resets the pipeline, and DALI
 schedules the tasks of a new ``epoch_idx`` only in that reset, so a worker always
 finds the plan of the epoch it is asked for. The loader computes this rank's
 order once per epoch and shares it in a file beside the control block
-(:mod:`dali_pipes.epoch_plan`); a worker maps it once per ``epoch_idx``, and per
+(:mod:`dali_pipes.loading.epoch_plan`); a worker maps it once per ``epoch_idx``, and per
 sample only checks two integers.
 
 ``cancelled`` ends an epoch early: a loader whose user stopped iterating
@@ -37,9 +37,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from dali_pipes._tmpfs import OwnedFolder, writable_tmpfs
-from dali_pipes.epoch_plan import plan_path, read_plan, remove_plan, write_plan
+from dali_pipes.loading.epoch_plan import plan_path, read_plan, remove_plan, write_plan
 from dali_pipes.sampling import World, rank_indices
+from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError, select_fields
 
 __all__ = ["EpochControl", "StoreSource", "dali_output_types"]
@@ -125,7 +125,7 @@ class EpochControl:
         """Announce that DALI epoch ``dali_epoch`` covers ``epoch`` from global sample ``start``.
 
         ``plan``: this rank's ``(indices, is_pad)`` for it, written first to the
-        shared plan file (:mod:`dali_pipes.epoch_plan`) so that the workers map it
+        shared plan file (:mod:`dali_pipes.loading.epoch_plan`) so that the workers map it
         instead of each computing the epoch order again.
         """
         if plan is not None:

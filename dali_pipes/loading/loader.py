@@ -2,7 +2,7 @@
 
 The loader joins the pieces: the store (:mod:`dali_pipes.stores`), this rank's
 share of each epoch (:mod:`dali_pipes.sampling`), the external source that reads
-it inside DALI's workers (:mod:`dali_pipes.sources`) and the user's pipeline spec
+it inside DALI's workers (:mod:`dali_pipes.loading.sources`) and the user's pipeline spec
 (:mod:`dali_pipes.pipelines`), and wraps DALI's ``DALIGenericIterator`` so that it
 behaves like a PyTorch ``DataLoader`` with a ``DistributedSampler``.
 
@@ -12,8 +12,8 @@ without either, the next pass after a complete one (or after one left part-way)
 covers the next epoch, so the order changes every epoch even if ``set_epoch`` is
 never called.
 
-Failures while iterating are :mod:`dali_pipes.errors`; the diagnosis that names
-the sample behind one is :mod:`dali_pipes._diagnose`.
+Failures while iterating are :mod:`dali_pipes.loading.errors`; the diagnosis that names
+the sample behind one is :mod:`dali_pipes.loading.diagnose`.
 """
 
 from __future__ import annotations
@@ -23,24 +23,24 @@ import multiprocessing.util
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
-from dali_pipes import _lifetime
-from dali_pipes._diagnose import explain_failure, worker_died_message
-from dali_pipes._start_method import choose_start_method, main_hidden_from_spawn
-from dali_pipes._workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
-from dali_pipes.batch_source import BatchStoreSource
-from dali_pipes.errors import LoaderError, ShardReadError, WorkerDiedError
-from dali_pipes.loader_options import check_options, device_description, resolve_counts
-from dali_pipes.loader_state import Pass as _Pass
-from dali_pipes.loader_state import loader_state, restored_position
-from dali_pipes.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
-from dali_pipes.pipeline_build import bind_spec as _bind
-from dali_pipes.pipeline_build import build_pipeline, dali_iterator, pipeline_seed
-from dali_pipes.pipeline_build import required_fields as _required_fields
+from dali_pipes.loading import lifetime
+from dali_pipes.loading.batch_source import BatchStoreSource
+from dali_pipes.loading.diagnose import explain_failure, worker_died_message
+from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.loading.options import check_options, device_description, resolve_counts
+from dali_pipes.loading.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
+from dali_pipes.loading.pipeline_build import bind_spec as _bind
+from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, pipeline_seed
+from dali_pipes.loading.pipeline_build import required_fields as _required_fields
+from dali_pipes.loading.sources import EpochControl, StoreSource
+from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
+from dali_pipes.loading.state import Pass as _Pass
+from dali_pipes.loading.state import loader_state, restored_position
+from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
+from dali_pipes.loading.world import detect_world, resolve_device
 from dali_pipes.sampling import check_int as _check_int
 from dali_pipes.sampling import num_batches, samples_consumed, samples_per_rank
-from dali_pipes.sources import EpochControl, StoreSource
 from dali_pipes.stores import Store, open_store
-from dali_pipes.world import detect_world, resolve_device
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
@@ -84,15 +84,15 @@ class DALILoader:
     ``dali-pipes tune``: its thread, worker and prefetch counts fill in the
     arguments left unset, and its decoder hints go to the spec. ``batch_reads``
     (default) reads each batch with one call into the store, sorted and coalesced
-    per shard (:mod:`dali_pipes.batch_source`); ``False`` reads sample by sample,
+    per shard (:mod:`dali_pipes.loading.batch_source`); ``False`` reads sample by sample,
     the same samples in the same order.
 
     ``stage_to`` copies the dataset to a local folder (a local disk, or a tmpfs such
     as ``/dev/shm/NAME``) before the first epoch and reads it there: one process
     per folder copies, the others on the node wait for it, and a complete copy
-    is reused (:mod:`dali_pipes.stage`). ``cache="ram"`` holds the shards this
+    is reused (:mod:`dali_pipes.staging.stage`). ``cache="ram"`` holds the shards this
     rank reads in shared memory, within ``cache_bytes`` (default: half the free
-    memory, split between the node's ranks), the rest read from disk (:mod:`dali_pipes.ramcache`).
+    memory, split between the node's ranks), the rest read from disk (:mod:`dali_pipes.staging.ramcache`).
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -124,7 +124,7 @@ class DALILoader:
         batch_reads: bool = True,
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
-        _lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
+        lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         pipeline, threads, workers, prefetch = resolve_counts(pipeline, settings, num_threads, py_num_workers, prefetch)
         check_options(batch_size, seed, last_batch, cache, cache_bytes)
         self.world, local_rank = detect_world(rank, world_size)
@@ -189,7 +189,7 @@ class DALILoader:
 
     def _start(self, device_id: int | None) -> None:
         """Watch the built pipeline's workers and make its iterator (the last step of construction)."""
-        _lifetime.track(self._pipe)  # a process forked from this one must never shut it down
+        lifetime.track(self._pipe)  # a process forked from this one must never shut it down
         self._device_id = device_id
         self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
@@ -210,7 +210,7 @@ class DALILoader:
         #: What staging did (``stage_to``): the files copied, or that a staged copy was reused.
         self.staged = None
         if stage_to is not None:
-            from dali_pipes.stage import stage_dataset  # one process per DEST copies; the others wait and reuse
+            from dali_pipes.staging.stage import stage_dataset  # one process per DEST copies; the others wait and reuse
 
             self.staged = stage_dataset(path, stage_to)
             path = self.staged.path
@@ -218,7 +218,7 @@ class DALILoader:
         #: The RAM cache (``cache="ram"``): the shards it holds, its budget. Made before the workers start.
         self.cache = None
         if cache == "ram":
-            from dali_pipes.ramcache import cache_for_loader
+            from dali_pipes.staging.ramcache import cache_for_loader
 
             store, self.cache = cache_for_loader(
                 store,

@@ -1,4 +1,4 @@
-"""The :class:`~dali_pipes.loader.DALILoader` arguments that need filling in or checking before anything starts.
+"""The :class:`~dali_pipes.loading.loader.DALILoader` arguments that need filling in or checking before anything starts.
 
 Kept apart from the loader so that its constructor reads as: check the
 arguments, resolve world and device, prepare the store, bind the spec, build.
@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from dali_pipes.ramcache import CACHE_KINDS
 from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
+from dali_pipes.staging.ramcache import CACHE_KINDS
 
 if TYPE_CHECKING:
     from dali_pipes.pipelines.base import PipelineSpec

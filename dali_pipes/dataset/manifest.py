@@ -33,10 +33,10 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from dali_pipes.dataset_folder import JOB_DIR as JOB_DIR
-from dali_pipes.dataset_folder import MANIFEST_NAME as MANIFEST_NAME
-from dali_pipes.dataset_folder import no_manifest_message
-from dali_pipes.fileio import atomic_write_bytes
+from dali_pipes.dataset.fileio import atomic_write_bytes
+from dali_pipes.dataset.folder import JOB_DIR as JOB_DIR
+from dali_pipes.dataset.folder import MANIFEST_NAME as MANIFEST_NAME
+from dali_pipes.dataset.folder import no_manifest_message
 
 ERRORS_NAME = "errors.jsonl"
 KIND = "dali-pipes"

@@ -1,7 +1,7 @@
 """A dataset folder's names (its manifest, the job folder of an unfinished conversion), and what to say
 when a folder given as a dataset has no manifest: missing, unfinished, or foreign packed files.
 
-:mod:`dali_pipes.manifest` re-exports the names; the message is advice, kept apart from the contract.
+:mod:`dali_pipes.dataset.manifest` re-exports the names; the message is advice, kept apart from the contract.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ from typing import Callable
 
 from tqdm import tqdm
 
-from dali_pipes.fileio import atomic_write_bytes, fsync_dir, sha256_file
-from dali_pipes.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
+from dali_pipes.dataset.fileio import atomic_write_bytes, fsync_dir, sha256_file
+from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def stage_dataset(
     folder itself, or the merged file in it. See the module docstring for the
     guarantees. ``verify`` re-hashes a copy found complete (and every file kept
     from an earlier run is re-hashed anyway). Raises :class:`StageError` or
-    :class:`~dali_pipes.manifest.ManifestError` naming the file at fault.
+    :class:`~dali_pipes.dataset.manifest.ManifestError` naming the file at fault.
     """
     source = Path(dataset)
     dest = Path(dest)
@@ -189,7 +189,7 @@ def _plan_merged(source: Path, dest: Path) -> tuple[list[StageItem], tuple[Path,
 
 def _original_shards(source: Path, f) -> dict:
     """The dataset's own shards, by file name: a merged file's manifest attribute is its dataset's manifest."""
-    from dali_pipes.manifest import parse_manifest
+    from dali_pipes.dataset.manifest import parse_manifest
     from dali_pipes.stores.hdf5 import MANIFEST_ATTR
 
     manifest = parse_manifest(json.loads(f.attrs[MANIFEST_ATTR]), where=str(source))

@@ -74,7 +74,7 @@ def show(
     The samples are the first batch of a shuffled epoch with ``seed``, so
     another seed shows other samples and other random augmentations.
     """
-    from dali_pipes.loader import DALILoader
+    from dali_pipes.loading.loader import DALILoader
 
     if num < 1:
         raise ValueError(f"num must be at least 1, got {num}")
