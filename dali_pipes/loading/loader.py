@@ -28,7 +28,6 @@ from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.options import check_options, device_description, resolve_counts
-from dali_pipes.loading.pipeline_build import RESERVED_OUTPUTS as RESERVED_OUTPUTS
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
 from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, pipeline_seed
 from dali_pipes.loading.pipeline_build import required_fields as _required_fields

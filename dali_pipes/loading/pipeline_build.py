@@ -3,7 +3,7 @@
 :func:`bind_spec` and :func:`required_fields` fit the spec to the dataset (with
 an error naming the spec that would fit); :func:`build_pipeline` wires the
 external source into ``spec.build`` and appends the loader's own outputs
-(:data:`RESERVED_OUTPUTS`). DALI is imported when a pipeline is built.
+(:data:`~dali_pipes.dataset.outputs.RESERVED_OUTPUTS`). DALI is imported when a pipeline is built.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from dali_pipes.loading.sources import RESERVED_OUTPUTS, dali_output_types
+from dali_pipes.dataset.outputs import RESERVED_OUTPUTS
+from dali_pipes.loading.sources import dali_output_types
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
 
 __all__ = [
-    "RESERVED_OUTPUTS",
     "bind_spec",
     "build_pipeline",
     "dali_iterator",

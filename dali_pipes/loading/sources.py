@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
 from dali_pipes.loading.epoch_plan import plan_path, read_plan, remove_plan, write_plan
 from dali_pipes.sampling import World, rank_indices
 from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
@@ -46,18 +47,6 @@ __all__ = ["EpochControl", "StoreSource", "dali_output_types"]
 
 _DALI_EPOCH, _EPOCH, _START, _CANCELLED = range(4)
 _SLOTS = 4
-
-#: numpy dtype name -> name of the ``nvidia.dali.types`` constant.
-#: Outputs the loader adds after the fields (``is_pad``, then ``index`` when asked for); no spec may return these.
-RESERVED_OUTPUTS = ("is_pad", "index")
-#: The DALI type (a ``nvidia.dali.types`` name) of each numpy dtype a field may have, by numpy name.
-DALI_TYPE_NAMES = {
-    "bool": "BOOL",
-    "float16": "FLOAT16",
-    "float32": "FLOAT",
-    "float64": "FLOAT64",
-    **{name: name.upper() for name in ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")},
-}
 
 
 #: Prefix of the tmpfs folder that holds a loader's control block and epoch plan.

@@ -30,7 +30,7 @@ import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
 from dali_pipes.dataset.manifest import Manifest
-from dali_pipes.loading.sources import DALI_TYPE_NAMES, RESERVED_OUTPUTS
+from dali_pipes.dataset.outputs import DALI_TYPE_NAMES, RESERVED_OUTPUTS
 from dali_pipes.pipelines.base import check_build_call
 
 #: Output dtypes a field may be cast to, by numpy name.

@@ -15,7 +15,7 @@ import nvidia.dali.math as dali_math
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
-from dali_pipes.loading.sources import DALI_TYPE_NAMES
+from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
 from dali_pipes.pipelines.config import ColorJitter, DecoderHints
 
 _DALI_DTYPES = {name: getattr(types, DALI_TYPE_NAMES[name]) for name in ("float16", "float32", "uint8")}
