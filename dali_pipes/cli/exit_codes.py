@@ -1,4 +1,4 @@
-"""Exit codes of the ``dali-pipes`` command, shared by :mod:`dali_pipes.cli` and :mod:`dali_pipes.cli.measure`."""
+"""Exit codes of the ``dali-pipes`` command, shared by :mod:`dali_pipes.cli.command` and :mod:`dali_pipes.cli.measure`."""
 
 EXIT_ERROR = 2  # a usage or input problem the user can fix
 EXIT_FAILED = 1  # the command ran and found problems (verify)

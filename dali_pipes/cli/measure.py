@@ -1,6 +1,6 @@
 """The measuring subcommands of ``dali-pipes``: bench, bench-convert, tune, doctor and selftest.
 
-Each ``add_*`` adds one subcommand to the parser of :mod:`dali_pipes.cli`; its
+Each ``add_*`` adds one subcommand to the parser of :mod:`dali_pipes.cli.command`; its
 handler parses the arguments and calls one library function.
 """
 
