@@ -1,8 +1,10 @@
-"""The ``dali-pipes`` command: ``convert``, ``stage``, ``inspect``, ``verify``, ``show``, ``demo`` and the measuring commands.
+"""The ``dali-pipes`` command, for people: it parses, calls one library function, and prints.
 
-``command`` builds the parser and runs a subcommand; ``measure`` adds ``bench``,
-``bench-convert``, ``tune``, ``doctor`` and ``selftest``; the other modules are
-the subcommands that print for people.
+``command`` builds the parser and runs ``convert``, ``inspect``, ``verify``,
+``merge``, ``stage``, ``synth``, ``demo`` and ``show``; ``measure`` adds
+``bench``, ``bench-convert``, ``tune``, ``doctor`` and ``selftest``;
+``exit_codes`` holds the exit codes both share. ``demo``, ``show``, ``verify``
+and ``inspect`` are the subcommands with more to them than a call.
 """
 
 from dali_pipes.cli.command import build_parser, main

@@ -1,4 +1,4 @@
-"""Real sample photographs shipped with the package, for tests, examples, notebooks and ``selftest``.
+"""Real sample photographs shipped with the package, for the tests, examples and notebooks.
 
 Two small sets from NVIDIA DALI_extra (Apache-2.0, ``LICENSE.DALI_extra`` beside them),
 downscaled to 3/8 of their size (see ``README.md`` here): :func:`imagenet_mini` and

@@ -1,5 +1,6 @@
-"""``dali-pipes selftest``: every pipeline spec on every device of this machine, on the sample photos.
+"""``dali-pipes selftest``: every pipeline spec on every device of this machine, on small datasets made at run time.
 
 ``runner`` runs the specs and formats the report, ``checks`` says what a good
-batch looks like, ``data`` converts the sample photos it reads.
+batch looks like, ``data`` makes the synthetic image, COCO-style and feature
+datasets it reads (with the real converters).
 """
