@@ -37,6 +37,7 @@ LAST_BATCH_POLICIES: tuple[str, ...] = ("pad", "drop")
 __all__ = [
     "LAST_BATCH_POLICIES",
     "World",
+    "check_int",
     "epoch_order",
     "num_batches",
     "rank_indices",
