@@ -67,10 +67,13 @@ class DoctorReport:
 
 
 def _train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
+    """One SGD step; on a GPU in bfloat16 mixed precision (as GPU training runs), which needs no loss scaling."""
+    import torch
     import torch.nn.functional as F
 
     optimizer.zero_grad(set_to_none=True)
-    loss = F.cross_entropy(model(images), labels)
+    with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=images.is_cuda):
+        loss = F.cross_entropy(model(images), labels)
     loss.backward()
     optimizer.step()
 
@@ -127,17 +130,22 @@ def run_doctor(
     is timed first: the run's length is logged, and a run estimated to exceed
     ``max_minutes`` raises ValueError naming smaller models, before the long part.
     """
+    import torch
     from tqdm import tqdm
 
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
-    from dali_pipes.loading.world import resolve_device
+    from dali_pipes.loading.world import pick_gpu, resolve_device
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
     inputs = bench_inputs(dataset, batch_size=batch_size, settings=settings)
-    loader_device, _ = resolve_device(device, int(os.environ.get("LOCAL_RANK") or 0))
-    target = Target()
+    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+    loader_device, device_id = resolve_device(device, local_rank)
+    # The model trains on the GPU the loader feeds (cuda:LOCAL_RANK, not the current device).
+    if device_id is None and torch.cuda.is_available():
+        device_id = pick_gpu(local_rank)
+    target = Target("cpu" if device_id is None else f"cuda:{device_id}")
     classes = inputs.manifest.classes
     num_classes = len(classes) if classes else 1000
     net, optimizer = _training_model(model, num_classes, target)

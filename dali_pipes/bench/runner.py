@@ -138,13 +138,13 @@ class Target:
         self._torch = torch
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        if device not in ("cpu", "cuda"):
-            raise ValueError(f"target device must be 'cpu' or 'cuda', got {device!r}")
+        if device not in ("cpu", "cuda") and not (device.startswith("cuda:") and device[5:].isdigit()):
+            raise ValueError(f"target device must be 'cpu', 'cuda' or 'cuda:N', got {device!r}")
         self.device = device
 
     @property
     def is_cuda(self) -> bool:
-        return self.device == "cuda"
+        return self.device.startswith("cuda")
 
     def put(self, tensor: Any) -> Any:
         """``tensor`` on the target device (asynchronous from pinned memory; :meth:`sync` waits)."""
@@ -155,7 +155,7 @@ class Target:
     def sync(self) -> None:
         """Wait for queued GPU work (copies, DALI's GPU stages, kernels); a no-op on the host."""
         if self.is_cuda:
-            self._torch.cuda.synchronize()
+            self._torch.cuda.synchronize(self.device)
 
 
 def delivered(pairs: Iterable[Sequence[Any]], target: Target) -> Iterator[int]:

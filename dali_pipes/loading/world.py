@@ -7,12 +7,15 @@ into a GPU or the CPU. ``torch`` is imported when called, not at import.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from dali_pipes.sampling import World
 from dali_pipes.sampling import check_int as _check_int
 
-__all__ = ["detect_world", "resolve_device"]
+__all__ = ["detect_world", "pick_gpu", "resolve_device"]
+
+logger = logging.getLogger(__name__)
 
 
 def _env_int(name: str) -> int | None:
@@ -58,7 +61,10 @@ def detect_world(rank: int | None = None, world_size: int | None = None) -> tupl
 
 
 def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
-    """``("gpu", local_rank)`` or ``("cpu", None)`` for ``device`` in ``auto``, ``gpu``/``cuda``, ``cpu``."""
+    """``("gpu", device_id)`` or ``("cpu", None)`` for ``device`` in ``auto``, ``gpu``/``cuda``, ``cpu``.
+
+    The GPU is chosen by :func:`pick_gpu`, as launchers hand devices out.
+    """
     import torch
 
     if device not in ("auto", "gpu", "cuda", "cpu"):
@@ -69,13 +75,40 @@ def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
     if device in ("gpu", "cuda"):
         if not cuda:
             raise ValueError("device='gpu' but CUDA is not available here; use device='auto' or 'cpu'")
-        if local_rank >= torch.cuda.device_count():
-            raise ValueError(
-                f"LOCAL_RANK {local_rank} has no GPU: this machine has {torch.cuda.device_count()}; "
-                "start one process per GPU"
-            )
-        return "gpu", local_rank
+        return "gpu", pick_gpu(local_rank)
     return "cpu", None
+
+
+def pick_gpu(local_rank: int) -> int:
+    """The CUDA device this process feeds, as its launcher meant it; one log line says which and why.
+
+    In order: the device the process already chose (``torch.cuda.set_device`` to
+    other than device 0); ``local_rank`` when that many devices are visible (torchrun
+    with every GPU visible); else the first visible device when the launcher gave
+    this process its own (``CUDA_VISIBLE_DEVICES`` per process, as SLURM's
+    ``--gpus-per-task`` does). Only more processes than devices on a node whose
+    devices are all visible is refused.
+    """
+    import torch
+
+    count = torch.cuda.device_count()
+    if torch.cuda.is_initialized() and torch.cuda.current_device() != 0:
+        chosen, why = torch.cuda.current_device(), "the device this process set (torch.cuda.set_device)"
+    elif local_rank < count:
+        chosen, why = local_rank, f"LOCAL_RANK {local_rank} of {count} visible device(s)"
+    elif count == 1 or os.environ.get("CUDA_VISIBLE_DEVICES"):
+        chosen = torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        given = f"CUDA_VISIBLE_DEVICES={visible!r} gives" if visible else "it sees"
+        why = f"{given} this process {count} device(s), which LOCAL_RANK {local_rank} does not index"
+    else:
+        raise ValueError(
+            f"LOCAL_RANK {local_rank} has no GPU: this node shows all of its {count} GPU(s) to every process, so it "
+            f"runs more processes than GPUs; start at most {count} per node (torchrun --nproc_per_node={count}), or "
+            "give each process its own GPU (CUDA_VISIBLE_DEVICES, SLURM --gpus-per-task=1)"
+        )
+    logger.info("feeding cuda:%d: %s", chosen, why)
+    return chosen
 
 
 def _cuda_device_count() -> int:
