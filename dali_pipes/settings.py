@@ -82,12 +82,21 @@ def load_settings(path: str | os.PathLike) -> dict[str, int]:
     return settings
 
 
-def decoder_settings(path: str | os.PathLike) -> dict[str, float]:
-    """The GPU decoder hints saved by ``dali-pipes tune`` (``{"hw_decoder_load": x}``, or empty)."""
+def decoder_settings(path: str | os.PathLike) -> dict[str, Any]:
+    """The GPU decoder hints saved by ``dali-pipes tune``: ``hw_decoder_load`` and ``jpeg_fancy_upsampling``, or none."""
     decoder = _read(path).get("decoder") or {}
-    if not isinstance(decoder, dict) or set(decoder) - {"hw_decoder_load"}:
-        raise ValueError(f"{path}: 'decoder' may only hold hw_decoder_load, got {decoder!r}")
-    return {key: float(value) for key, value in decoder.items()}
+    if not isinstance(decoder, dict) or set(decoder) - {"hw_decoder_load", "jpeg_fancy_upsampling"}:
+        raise ValueError(f"{path}: 'decoder' may only hold hw_decoder_load and jpeg_fancy_upsampling, got {decoder!r}")
+    hints: dict[str, Any] = {}
+    if "hw_decoder_load" in decoder:
+        hints["hw_decoder_load"] = float(decoder["hw_decoder_load"])
+    if "jpeg_fancy_upsampling" in decoder:
+        if not isinstance(decoder["jpeg_fancy_upsampling"], bool):
+            raise ValueError(
+                f"{path}: jpeg_fancy_upsampling must be true or false, got {decoder['jpeg_fancy_upsampling']!r}"
+            )
+        hints["jpeg_fancy_upsampling"] = decoder["jpeg_fancy_upsampling"]
+    return hints
 
 
 def apply_settings(spec: Any, path: str | os.PathLike) -> Any:

@@ -36,7 +36,7 @@ def node(monkeypatch):
 
 def test_torchrun_with_every_gpu_visible_feeds_local_rank(node, caplog):
     node(8)
-    with caplog.at_level(logging.INFO, logger="dali_pipes.loading.world"):
+    with caplog.at_level(logging.DEBUG, logger="dali_pipes.loading.world"):
         assert resolve_device("auto", 3) == ("gpu", 3)
     assert [r.getMessage() for r in caplog.records] == ["feeding cuda:3: LOCAL_RANK 3 of 8 visible device(s)"]
 

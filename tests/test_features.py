@@ -45,14 +45,19 @@ def arrays(tmp_path_factory) -> tuple[Path, dict[str, np.ndarray]]:
     return root, data
 
 
-@pytest.fixture(scope="module", params=FORMATS)
-def dataset(request, arrays) -> tuple[str, Path, dict[str, np.ndarray]]:
+def converted(arrays: tuple[Path, dict[str, np.ndarray]], fmt: str) -> Path:
+    """The arrays converted to ``fmt`` shards of 7 samples, once per module, whichever test asks first."""
     root, data = arrays
-    out = root / request.param
+    out = root / fmt
     if not (out / "index.json").exists():
         files = [root / f"{name}.npy" for name in data]
-        convert(ArraysSource(files), out, format=request.param, workers=1, progress=False, samples_per_shard=7)
-    return request.param, out, data
+        convert(ArraysSource(files), out, format=fmt, workers=1, progress=False, samples_per_shard=7)
+    return out
+
+
+@pytest.fixture(scope="module", params=FORMATS)
+def dataset(request, arrays) -> tuple[str, Path, dict[str, np.ndarray]]:
+    return request.param, converted(arrays, request.param), arrays[1]
 
 
 def loader(path: Path, spec: Features, **kwargs) -> DALILoader:
@@ -205,8 +210,8 @@ def test_reading_a_sample_copies_its_arrays_once(arrays, fmt):
 def test_gpu_batches_are_on_the_gpu_and_equal(arrays):
     import torch
 
-    root, data = arrays
-    path = root / "lmdb"
+    data = arrays[1]
+    path = converted(arrays, "lmdb")  # not left to the dataset fixture: `pytest -m gpu` runs this test alone
     mean8, std8 = np.linspace(-1, 1, 8), np.linspace(0.5, 2, 8)
     spec = Features(fields=FIELDS, normalize={"emb": (mean8, std8)}, dtype={"mix": "float16"})
     with DALILoader(

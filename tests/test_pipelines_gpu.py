@@ -111,7 +111,9 @@ def test_flip_is_an_exact_mirror_on_gpu(photos):
         np.testing.assert_array_equal(b, a[..., ::-1])
 
 
-@pytest.mark.parametrize("dtype, layout, atol", [("float32", "NCHW", 1e-5), ("float16", "NHWC", 2e-3)])
+# DALI's GPU kernel normalises float16 output in half precision: up to two float16 steps (2 x 2**-9 near the
+# largest value, 2.64) from the exact value, as measured on an H100 (DALI 2.4); float32 is exact to rounding.
+@pytest.mark.parametrize("dtype, layout, atol", [("float32", "NCHW", 1e-5), ("float16", "NHWC", 2 * 2**-9)])
 def test_normalisation_dtype_and_layout_on_gpu(photos, dtype, layout, atol):
     raw, _, _, _ = run_spec(ClassificationTrain(dtype="uint8", layout="NHWC"), photos, device="gpu", seed=8)
     norm, _, _, _ = run_spec(ClassificationTrain(dtype=dtype, layout=layout), photos, device="gpu", seed=8)

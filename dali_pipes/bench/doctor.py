@@ -130,22 +130,15 @@ def run_doctor(
     is timed first: the run's length is logged, and a run estimated to exceed
     ``max_minutes`` raises ValueError naming smaller models, before the long part.
     """
-    import torch
     from tqdm import tqdm
 
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
-    from dali_pipes.loading.world import pick_gpu, resolve_device
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
     inputs = bench_inputs(dataset, batch_size=batch_size, settings=settings)
-    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
-    loader_device, device_id = resolve_device(device, local_rank)
-    # The model trains on the GPU the loader feeds (cuda:LOCAL_RANK, not the current device).
-    if device_id is None and torch.cuda.is_available():
-        device_id = pick_gpu(local_rank)
-    target = Target("cpu" if device_id is None else f"cuda:{device_id}")
+    loader_device, target = _devices(device)
     classes = inputs.manifest.classes
     num_classes = len(classes) if classes else 1000
     net, optimizer = _training_model(model, num_classes, target)
@@ -192,6 +185,23 @@ def run_doctor(
     return DoctorReport(
         model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
     )
+
+
+def _devices(device: str) -> tuple[str, Target]:
+    """Where the loader runs (``gpu``/``cpu``), and the target the model trains on: the GPU the loader feeds.
+
+    ``cuda:LOCAL_RANK`` (as :func:`~dali_pipes.loading.world.pick_gpu` chooses it), not the current device,
+    so that the combined row never copies batches between GPUs.
+    """
+    import torch
+
+    from dali_pipes.loading.world import pick_gpu, resolve_device
+
+    local_rank = int(os.environ.get("LOCAL_RANK") or 0)
+    loader_device, device_id = resolve_device(device, local_rank)
+    if device_id is None and torch.cuda.is_available():
+        device_id = pick_gpu(local_rank)
+    return loader_device, Target("cpu" if device_id is None else f"cuda:{device_id}")
 
 
 def _training_model(model: str, num_classes: int, target: Target) -> tuple[Any, Any]:

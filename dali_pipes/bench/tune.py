@@ -43,12 +43,22 @@ class Trial:
 
     settings: dict[str, int]
     hw_decoder_load: float | None
+    jpeg_fancy_upsampling: bool | None = None
     images_per_s: float | None = None
     spread: float | None = None
     error: str | None = None
 
     def key(self) -> tuple:
-        return (tuple(sorted(self.settings.items())), self.hw_decoder_load)
+        return (tuple(sorted(self.settings.items())), self.hw_decoder_load, self.jpeg_fancy_upsampling)
+
+    def decoder(self) -> dict[str, Any]:
+        """The decoder hints this trial set (none on the CPU)."""
+        hints: dict[str, Any] = {}
+        if self.hw_decoder_load is not None:
+            hints["hw_decoder_load"] = self.hw_decoder_load
+        if self.jpeg_fancy_upsampling is not None:
+            hints["jpeg_fancy_upsampling"] = self.jpeg_fancy_upsampling
+        return hints
 
 
 @dataclass
@@ -73,7 +83,7 @@ class TuneResult:
             "kind": SETTINGS_KIND,
             "version": SETTINGS_VERSION,
             "loader": dict(self.best.settings),
-            "decoder": {} if self.best.hw_decoder_load is None else {"hw_decoder_load": self.best.hw_decoder_load},
+            "decoder": self.best.decoder(),
             "measured": {
                 "images_per_s": self.best.images_per_s,
                 "spread": self.best.spread,
@@ -121,34 +131,25 @@ def tune(
     target = Target()
     plan = TimingPlan.quick() if quick else TimingPlan(warmup_batches=3, repeats=3, min_batches=5, min_seconds=1.0)
     space = candidates(inputs.cores, quick)
-    notes: list[str] = []
-    loads: list[float] = []
-    if device == "gpu" and has_hw_decoder():
-        loads = [0.0, 0.65, 1.0] if quick else [0.0, 0.25, 0.5, 0.65, 0.75, 0.9, 1.0]
-    elif device == "gpu":
-        notes.append("hw_decoder_load not searched: this GPU has no hardware JPEG decoder (A100, H100 and later do)")
-    else:
-        notes.append("hw_decoder_load not searched: it applies to the GPU decoder only")
+    loads, notes = _decoder_loads(device, quick)
     done: dict[tuple, Trial] = {}
-    total = sum(len(v) for v in space.values()) + len(loads)
+    total = sum(len(v) for v in space.values()) + len(loads) + (1 if device == "gpu" else 0)
     bar = tqdm(total=total, desc="tune", unit="trial", disable=not progress, leave=False)
 
-    def run(settings: dict[str, int], load: float | None) -> Trial:
-        trial = Trial(dict(settings), load)
+    def run(settings: dict[str, int], load: float | None, fancy: bool | None = None) -> Trial:
+        trial = Trial(dict(settings), load, fancy)
         if trial.key() in done:
             return done[trial.key()]
         spec = inputs.spec
-        if load is not None:
-            spec = dataclasses.replace(spec, decoder=dataclasses.replace(spec.decoder, hw_decoder_load=load))
+        if trial.decoder():
+            spec = dataclasses.replace(spec, decoder=dataclasses.replace(spec.decoder, **trial.decoder()))
 
         def factory():
             return dali_loader_stream(
                 inputs.dataset, spec, batch_size=batch_size, device=device, target=target, settings=settings
             )
 
-        bar.set_postfix_str(
-            " ".join(f"{k}={v}" for k, v in settings.items()) + (f" hw={load}" if load is not None else "")
-        )
+        bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in {**settings, **trial.decoder()}.items()))
         row = measure(Job("tune", factory, in_flight=dali_in_flight(settings)), plan, target)
         trial.images_per_s = row.images_per_s
         trial.spread = row.timing.spread if row.timing else None
@@ -171,10 +172,26 @@ def tune(
             trial = run(best.settings, load)
             if _better(trial, best):
                 best = trial
+        if device == "gpu":
+            # Chroma upsampling as libjpeg-turbo does it (on) or nvJPEG's own (off): measured both ways, since
+            # whether the decoders keep their fast paths with it on depends on the nvJPEG version.
+            fancy = inputs.spec.decoder.jpeg_fancy_upsampling
+            trial = run(best.settings, best.hw_decoder_load, not fancy)
+            if _better(trial, best):
+                best = trial
     finally:
         bar.close()
     context = {**inputs.describe(), "device": device, "quick": quick, "search": space, "hw_decoder_loads": loads}
     return TuneResult(best, default, list(done.values()), context, machine_description(), notes)
+
+
+def _decoder_loads(device: str, quick: bool) -> tuple[list[float], list[str]]:
+    """The ``hw_decoder_load`` values to try on ``device``, and a note where none are."""
+    if device == "gpu" and has_hw_decoder():
+        return ([0.0, 0.65, 1.0] if quick else [0.0, 0.25, 0.5, 0.65, 0.75, 0.9, 1.0]), []
+    if device == "gpu":
+        return [], ["hw_decoder_load not searched: this GPU has no hardware JPEG decoder (A100, H100 and later do)"]
+    return [], ["hw_decoder_load not searched: it applies to the GPU decoder only"]
 
 
 def _better(candidate: Trial, incumbent: Trial) -> bool:
@@ -195,9 +212,7 @@ def format_tune(result: TuneResult, saved: Path | None = None) -> str:
         f"{result.context['cores']} cores"
     ]
     for trial in result.trials:
-        setting = " ".join(f"{k}={v}" for k, v in trial.settings.items())
-        if trial.hw_decoder_load is not None:
-            setting += f" hw_decoder_load={trial.hw_decoder_load}"
+        setting = " ".join(f"{k}={v}" for k, v in {**trial.settings, **trial.decoder()}.items())
         figure = (
             f"{trial.images_per_s:10.1f} images/s ±{100 * (trial.spread or 0):.0f}%"
             if trial.images_per_s
@@ -205,9 +220,7 @@ def format_tune(result: TuneResult, saved: Path | None = None) -> str:
         )
         mark = "  <- best" if trial is result.best else ""
         lines.append(f"  {setting:<58} {figure}{mark}")
-    best = " ".join(f"{k}={v}" for k, v in result.best.settings.items())
-    if result.best.hw_decoder_load is not None:
-        best += f", hw_decoder_load={result.best.hw_decoder_load}"
+    best = " ".join(f"{k}={v}" for k, v in {**result.best.settings, **result.best.decoder()}.items())
     gain = f" ({result.speedup:.2f}x the default)" if result.speedup else ""
     lines.append(f"fastest: {best}: {result.best.images_per_s:.1f} images/s{gain}")
     lines.extend(result.notes)

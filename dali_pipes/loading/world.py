@@ -107,7 +107,8 @@ def pick_gpu(local_rank: int) -> int:
             f"runs more processes than GPUs; start at most {count} per node (torchrun --nproc_per_node={count}), or "
             "give each process its own GPU (CUDA_VISIBLE_DEVICES, SLURM --gpus-per-task=1)"
         )
-    logger.info("feeding cuda:%d: %s", chosen, why)
+    # Said at INFO only where the choice is not plain LOCAL_RANK (the loader's own summary line names the GPU).
+    logger.log(logging.DEBUG if chosen == local_rank else logging.INFO, "feeding cuda:%d: %s", chosen, why)
     return chosen
 
 
