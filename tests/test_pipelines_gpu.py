@@ -175,14 +175,18 @@ def test_imagenet_decoder_hints_build_and_run(photos):
     assert len(images) == len(photos)
 
 
-def test_fancy_upsampling_brings_the_gpu_decoder_closer_to_the_cpu(photos):
-    # DecoderHints turns jpeg_fancy_upsampling on (DALI's mixed default is off) so that the GPU
-    # upsamples chroma as libjpeg-turbo does; on these 4:2:0 photos that must show as a smaller gap.
-    def gap(hints: DecoderHints) -> float:
+@pytest.mark.parametrize("hw_decoder_load", [0.0, 1.0])  # the CUDA decoder, then the hardware one (A100, H100)
+def test_fancy_upsampling_brings_the_gpu_decoder_closer_to_the_cpu(photos, hw_decoder_load):
+    # DecoderHints turns jpeg_fancy_upsampling on (DALI's mixed default is off) so that the GPU upsamples chroma
+    # as libjpeg-turbo does. What it removes is the worst case, at colour edges of 4:2:0 photos: on an H100
+    # (DALI 2.4) the largest |GPU - CPU| was 3 or 4 levels with it and 42 without, with either decoder. The mean
+    # gap is no measure of it: with the hardware decoder it was 0.50 with and 0.40 without.
+    def worst_gap(fancy: bool) -> int:
+        hints = DecoderHints(hw_decoder_load=hw_decoder_load, jpeg_fancy_upsampling=fancy)
         spec = ClassificationVal(dtype="uint8", layout="NHWC", decoder=hints)
         gpu, _, _, _ = run_spec(spec, photos, device="gpu")
         cpu, _, _, _ = run_spec(spec, photos, device="cpu")
-        return float(np.mean([np.abs(g.astype(np.int16) - c.astype(np.int16)).mean() for g, c in zip(gpu, cpu)]))
+        return max(int(np.abs(g.astype(np.int16) - c.astype(np.int16)).max()) for g, c in zip(gpu, cpu))
 
-    fancy, plain = gap(DecoderHints()), gap(DecoderHints(jpeg_fancy_upsampling=False))
-    assert fancy < plain, (fancy, plain)
+    fancy, plain = worst_gap(True), worst_gap(False)
+    assert fancy <= 8 and fancy < plain, (fancy, plain)
