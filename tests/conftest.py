@@ -1,12 +1,34 @@
-"""Shared test fixtures: paths to the real sample photos (``dali_pipes/sample_data``), and skipping of GPU tests without CUDA."""
+"""Shared test fixtures: paths to the real sample photos (``dali_pipes/sample_data``), and skipping of GPU tests without CUDA.
+
+``DALI_PIPES_TEST_DRIVER_INITIALISED=1 python -m pytest ...`` runs the tests as on a CUDA machine,
+where every process has initialised the CUDA driver (``torch.cuda.is_available()`` does) and so
+every loader's DALI workers spawn instead of forking: DALI's driver test says True in this
+process and, through ``tests/driver_initialised/sitecustomize.py``, in every Python process the
+tests start.
+"""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 
 from dali_pipes import sample_data
+
+DRIVER_INITIALISED = os.environ.get("DALI_PIPES_TEST_DRIVER_INITIALISED") == "1"
+if DRIVER_INITIALISED:
+    _site = str(Path(__file__).resolve().parent / "driver_initialised")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_site, os.environ.get("PYTHONPATH")) if p)
+    import nvidia.dali.backend as _backend
+
+    _backend.IsDriverInitialized = lambda: True
+
+
+def pytest_report_header(config):
+    if DRIVER_INITIALISED:
+        return "DALI_PIPES_TEST_DRIVER_INITIALISED=1: DALI's driver test says True in every process (workers spawn)"
+    return None
 
 
 def _cuda_available() -> bool:
