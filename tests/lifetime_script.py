@@ -58,8 +58,14 @@ def train(dataset: str, hold: str) -> list[int]:
 
 
 def resources() -> dict:
-    """This process's threads, live child processes, open descriptors and resident memory (KiB)."""
-    children = [pid for pid in _children() if process_alive(pid)]
+    """This process's threads, live child processes, open descriptors and resident memory (KiB).
+
+    Counted after a collection, so that the figures do not depend on when the collector last ran (the loader
+    collects before it forks workers, not before it spawns them). Not counted: ``multiprocessing``'s resource
+    tracker, the one child that the first spawn starts and that lives as long as this process, by design.
+    """
+    gc.collect()
+    children = [pid for pid in _children() if process_alive(pid) and not _is_resource_tracker(pid)]
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
     return {
@@ -68,6 +74,14 @@ def resources() -> dict:
         "fds": len(os.listdir("/proc/self/fd")),
         "rss_kib": rss,
     }
+
+
+def _is_resource_tracker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"multiprocessing.resource_tracker" in f.read()
+    except OSError:
+        return False
 
 
 def _children() -> list[int]:

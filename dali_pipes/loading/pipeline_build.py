@@ -9,6 +9,7 @@ external source into ``spec.build`` and appends the loader's own outputs
 from __future__ import annotations
 
 import gc
+import warnings
 from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
@@ -91,7 +92,13 @@ def build_pipeline(
         seed=seed,
         **extra,
     )
-    pipe.build()
+    with warnings.catch_warnings():
+        # DALI's spawn pool (nvidia/dali/_multiproc/pool.py, 2.4) never closes the parent's end of each worker's
+        # setup socket: it is collected inside Process.start with a ResourceWarning. Where warnings are errors
+        # (pytest -W error), that warning's traceback keeps every frame of this build alive, the loader's among
+        # them, so a dropped loader would wait for the end of the test instead of being freed at once.
+        warnings.simplefilter("ignore", ResourceWarning)
+        pipe.build()
     return pipe, tuple(names)
 
 
