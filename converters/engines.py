@@ -19,6 +19,7 @@ cannot interrupt a running task: a cancelled one runs on until it returns).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -41,6 +42,9 @@ ENGINES = ("local", "dask")
 #: ``shared`` arguments (the source) come first: sent once to each worker, not in every task.
 Task = tuple[int, Callable[..., dict[str, Any]], tuple[Any, ...]]
 Progress = Callable[[int], None]
+
+#: How long a stopped local pool (a failure, or Ctrl-C) waits for its workers to give up before ending them.
+STOP_GRACE = 5.0
 
 #: How long a failed Dask run waits for its tasks still running on workers to give up.
 DASK_STOP_TIMEOUT = 120.0
@@ -84,8 +88,18 @@ _task_row: int | None = None
 _shared_args: tuple[Any, ...] = ()
 
 
-def _init_local_worker(table: Any, shared: tuple[Any, ...], initializer: Callable[..., None], *initargs: Any) -> None:
+def _init_local_worker(
+    table: Any, shared: tuple[Any, ...], initializer: Callable[..., None], queue: Any, stop: Any
+) -> None:
     global _task_table, _task_row, _shared_args
+    # A terminal's Ctrl-C goes to the whole process group. Only the runner acts on it (it sets ``stop``, which
+    # the tasks check between samples), so a worker is never interrupted half-way through a shard or while
+    # exiting, where it could wait for ever on a queue nobody reads any more.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # blocked by the runner while it spawned this
+    # Progress ticks still buffered when the worker exits are dropped rather than waited for: after a stop the
+    # runner no longer reads the queue, and a full pipe would keep this process from exiting.
+    queue.cancel_join_thread()
     _task_table = table
     _shared_args = shared
     with table.get_lock():
@@ -95,7 +109,7 @@ def _init_local_worker(table: Any, shared: tuple[Any, ...], initializer: Callabl
                 table[2 * row + 1] = -1
                 _task_row = row
                 break
-    initializer(*initargs)
+    initializer(queue, stop)
 
 
 def _run_local_task(key: int, fn: Callable[..., dict[str, Any]], args: tuple[Any, ...]) -> dict[str, Any]:
@@ -134,31 +148,82 @@ class LocalEngine:
         table = ctx.Array("q", 2 * workers)
         broken: BrokenProcessPool | None = None
         initargs = (table, tuple(shared), self.initializer, queue, stop)
-        with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_local_worker, initargs=initargs) as pool:
-            pending: dict[Future, int] = {pool.submit(_run_local_task, key, fn, args): key for key, fn, args in tasks}
-            try:
-                while pending and broken is None:
-                    finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
-                    _drain(queue, progress)
-                    for future in finished:
-                        key = pending.pop(future)
-                        try:
-                            record = future.result()
-                        except BrokenProcessPool as exc:
-                            broken = exc
-                            break
-                        yield key, record
-            except BaseException:
-                # Tell running workers to abandon their shards, and drop those not started.
-                stop.set()
-                for future in pending:
-                    future.cancel()
-                raise
-            finally:
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_local_worker, initargs=initargs)
+        try:
+            with _sigint_blocked():  # the first submit spawns the workers
+                pending: dict[Future, int] = {
+                    pool.submit(_run_local_task, key, fn, args): key for key, fn, args in tasks
+                }
+            while pending and broken is None:
+                finished, _ = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
                 _drain(queue, progress)
+                for future in finished:
+                    key = pending.pop(future)
+                    try:
+                        record = future.result()
+                    except BrokenProcessPool as exc:
+                        broken = exc
+                        break
+                    yield key, record
+            pool.shutdown(wait=True)
+        except BaseException:
+            # A failure, or Ctrl-C (KeyboardInterrupt): running workers abandon their shards, the rest never start.
+            stop.set()
+            _stop_pool(pool, ctx.processes, queue, progress)
+            raise
+        _drain(queue, progress)
         if broken is not None:
             # The pool has joined every process by now, so each has its exit code.
             raise _death(ctx.processes, table) from broken
+
+
+@contextlib.contextmanager
+def _sigint_blocked() -> Iterator[None]:
+    """A Ctrl-C held back while this thread spawns workers, then delivered as usual.
+
+    A spawned worker takes the signal mask of the thread that started it: blocked, a Ctrl-C that arrives while
+    the worker is still importing stays pending, and is dropped once its initializer ignores SIGINT (otherwise
+    it would end the start-up with a traceback). This process's own Ctrl-C is only noted meanwhile (when
+    another of its threads takes it) and raised once every worker is started, so that no worker is left
+    half-way through its start-up handshake, which ends it with an ``EOFError`` traceback.
+    """
+    held: list[int] = []
+    previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        previous_handler = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
+    except ValueError:  # not the main thread: only the main thread takes Python's signal handlers
+        previous_handler = None
+    try:
+        yield
+    finally:
+        if previous_handler is not None:
+            signal.signal(signal.SIGINT, previous_handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
+    if held:
+        signal.raise_signal(signal.SIGINT)  # to whatever handles it now: KeyboardInterrupt by default
+
+
+def _stop_pool(pool: ProcessPoolExecutor, processes: Sequence[SpawnProcess], queue: Any, progress: Progress) -> None:
+    """End the pool within :data:`STOP_GRACE` seconds, whatever state its workers are in.
+
+    The workers were told to stop (they check between samples, and finish publishing a shard already being
+    renamed into place); the queue is drained meanwhile so that none waits on a full pipe. A worker still
+    alive after the grace period (a sample that takes long to decode, a start-up interrupted half-way) is
+    terminated, then killed: what it leaves is a temporary file, which the next run removes.
+    """
+    pool.shutdown(wait=False, cancel_futures=True)
+    deadline = time.monotonic() + STOP_GRACE
+    while any(p.is_alive() for p in processes) and time.monotonic() < deadline:
+        _drain(queue, progress)
+        time.sleep(0.05)
+    for ending in (SpawnProcess.terminate, SpawnProcess.kill):
+        alive = [p for p in processes if p.is_alive()]
+        for process in alive:
+            ending(process)
+        for process in alive:
+            process.join(timeout=2.0)
+    _drain(queue, progress)
+    pool.shutdown(wait=True)  # every process has ended: the pool's own thread notices and returns
 
 
 def _death(processes: Sequence[SpawnProcess], table: Any) -> WorkerDied:

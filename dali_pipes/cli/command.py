@@ -22,8 +22,11 @@ log = logging.getLogger("dali_pipes.cli")
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``dali-pipes`` console script."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        parser = build_parser()  # imports most of the package: a Ctrl-C often lands here
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        return _interrupted()
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(message)s",
@@ -49,9 +52,14 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     except (ConversionError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"dali-pipes: error: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
-        print("dali-pipes: interrupted; run the same command again to continue where it stopped", file=sys.stderr)
-        return 130
+        return _interrupted()
     return EXIT_ERROR
+
+
+def _interrupted() -> int:
+    """Ctrl-C: one line, no traceback, and the shell's status for it (128 + SIGINT)."""
+    print("dali-pipes: interrupted; run the same command again to continue where it stopped", file=sys.stderr)
+    return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
