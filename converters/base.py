@@ -88,6 +88,20 @@ class ImageOptions:
         return {"max_size": self.max_size, "quality": self.quality}
 
 
+def absolute_path(path: str | os.PathLike) -> str:
+    """``path`` made absolute against the current folder (links kept), as sources record their inputs.
+
+    A manifest names its source's paths this way, so that the dataset's own commands (``bench``, ``verify``) find
+    them from any folder; a relative one would mean the folder the conversion happened to run in.
+    """
+    return os.path.abspath(os.fspath(path))
+
+
+def optional_absolute_path(path: str | os.PathLike | None) -> str | None:
+    """:func:`absolute_path`, or ``None`` for ``None``."""
+    return None if path is None else absolute_path(path)
+
+
 class Source(ABC):
     """Where samples come from. Subclasses set :attr:`kind` and fill the abstract methods.
 
@@ -124,6 +138,17 @@ class Source(ABC):
     def extra(self) -> dict[str, Any]:
         """Anything else the manifest should keep (for example COCO's category names)."""
         return {}
+
+    def input_folders(self) -> list[Path]:
+        """Folders this source reads everything below: a conversion refuses to write its output inside one."""
+        return []
+
+    def check_result(self, items: list[Item], left_out: set[str]) -> None:
+        """Refuse a finished conversion that this source cannot stand by; called before the manifest is written.
+
+        ``left_out`` are the :attr:`Item.name` of the inputs left out as bad. Raises
+        :class:`ConversionError`; the shards stay, so a re-run that passes completes at once.
+        """
 
     @abstractmethod
     def describe(self) -> dict[str, Any]:

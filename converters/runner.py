@@ -133,6 +133,7 @@ def convert(
     runner = make_engine(engine, workers=workers, scheduler=scheduler, initializer=_init_worker)
 
     out = Path(out)
+    _refuse_output_inside_input(source, out)
     items = source.items()
     plans = plan_shards(
         items, samples_per_shard=samples_per_shard, shard_size=shard_size, boundaries=source.input_boundaries()
@@ -162,6 +163,7 @@ def convert(
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
             raise
+        source.check_result(items, {e["input"] for r in results.values() for e in r.errors})
         manifest = _assemble(out, source, format, plans, results, digest)
         shutil.rmtree(job_dir, ignore_errors=True)
     errors = [e for p in plans for e in results[p.number].errors]
@@ -218,6 +220,18 @@ def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) 
 # Set in each worker process by _init_worker: where to report progress, and when to stop early.
 _progress_queue: Any = None
 _stop_event: Any = None
+
+
+def _refuse_output_inside_input(source: Source, out: Path) -> None:
+    """An output inside a folder the source reads would be read as input by the next conversion."""
+    target = out.resolve()
+    for folder in source.input_folders():
+        folder = folder.resolve()
+        if target == folder or folder in target.parents:
+            raise ConversionError(
+                f"{out}: the output folder is inside the input folder {folder}, so the next conversion of that "
+                "input would read it as input too (a new class, for an image folder); write it elsewhere"
+            )
 
 
 def _init_worker(progress_queue: Any, stop_event: Any) -> None:

@@ -112,7 +112,9 @@ def test_imagefolder_reads_imagenet_mini(imagenet_mini, photos):
     assert sorted(keys) == sorted(p.relative_to(imagenet_mini).as_posix() for p in photos)
 
 
-def test_imagefolder_skips_hidden_files_lists_others_and_keeps_empty_class_index(tmp_path, photos, rgba_png, caplog):
+def test_imagefolder_skips_hidden_files_lists_others_and_keeps_an_allowed_empty_class_index(
+    tmp_path, photos, rgba_png, caplog
+):
     photo, png = photos[0], rgba_png
     root = tmp_path / "train"
     (root / "b_cat").mkdir(parents=True)
@@ -126,10 +128,13 @@ def test_imagefolder_skips_hidden_files_lists_others_and_keeps_empty_class_index
     shutil.copy(photo, root / ".cache" / "z.jpg")
     (root / "loose.jpg").write_bytes(photo.read_bytes())
 
-    source = ImageFolderSource(root)
+    with pytest.raises(ConversionError, match="class folder 'a_empty' holds no files, yet it would take label 0"):
+        ImageFolderSource(root).items()
+    source = ImageFolderSource(root, allow_empty_classes=True)
     with caplog.at_level("WARNING", logger="converters.sources.imagefolder"):
         items = source.items()
     assert source.classes() == ["a_empty", "b_cat", "c_dog"]
+    assert "class folder 'a_empty' holds no files; its label 0 stays reserved" in caplog.text
     assert "1 file(s) directly in the root belong to no class and are not converted: loose.jpg" in caplog.text
     samples, refused = [], {}
     for item in items:

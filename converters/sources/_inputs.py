@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 from typing import Any, Sequence
 
-from converters.base import ConversionError, SampleError, process_wide_error
+from converters.base import ConversionError, SampleError, absolute_path, process_wide_error
 
 #: An integer written as text (a label in a list file, a key list or a ``.cls`` member).
 INTEGER = re.compile(r"[+-]?\d+\Z")
@@ -73,7 +73,8 @@ def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]
 
 def input_patterns(files: Sequence[str | os.PathLike] | str | os.PathLike) -> list[str]:
     """The input patterns a source keeps (and writes in its manifest): one or several, as strings."""
-    return [str(files)] if isinstance(files, (str, os.PathLike)) else [str(f) for f in files]
+    paths = [files] if isinstance(files, (str, os.PathLike)) else list(files)
+    return [absolute_path(f) for f in paths]  # globs too: a relative pattern means one below this folder
 
 
 def inputs_and_output(positional: Sequence[str], what: str) -> tuple[list[str], str]:

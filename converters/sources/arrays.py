@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, Item, Sample, SampleError, Source
+from converters.base import ConversionError, Item, Sample, SampleError, Source, absolute_path
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -70,7 +70,7 @@ class ArraysSource(Source):
     def __init__(self, files: Sequence[str | os.PathLike], fields: Sequence[str] | None = None) -> None:
         if isinstance(files, (str, os.PathLike)):
             files = [files]
-        self.files = [str(f) for f in files]
+        self.files = [absolute_path(f) for f in files]
         self.selected = list(fields) if fields is not None else None
         self._plan: dict[str, list[_Part]] | None = None
         self._starts: dict[str, list[int]] = {}  # per field: the first row of each part, then the total

@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
 from converters.images import load_image_file
 from dali_pipes.dataset.manifest import Field
 
@@ -41,8 +41,8 @@ class CocoSource(Source):
         annotations_json: str | os.PathLike,
         image_options: ImageOptions = ImageOptions(),
     ) -> None:
-        self.images_dir = str(images_dir)
-        self.annotations_json = str(annotations_json)
+        self.images_dir = absolute_path(images_dir)
+        self.annotations_json = absolute_path(annotations_json)
         self.image_options = image_options
         self._parsed: _Coco | None = None
 
@@ -127,6 +127,9 @@ class CocoSource(Source):
             "image_size": np.array(size, dtype=np.int64),
             "key": file_name.encode("utf-8"),
         }
+
+    def input_folders(self) -> list[Path]:
+        return [Path(self.images_dir)]
 
     def describe(self) -> dict[str, Any]:
         return {

@@ -9,7 +9,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
 from converters.images import load_image_file
 from dali_pipes.dataset.manifest import Field
 
@@ -34,7 +34,12 @@ class ImageFolderSource(Source):
     extension: a file that is not an image of an accepted format is left out and listed
     with its reason in ``errors.jsonl``. Hidden files and folders (``.name``) are ignored;
     loose files directly in ``root`` belong to no class and are named in one warning.
-    A class folder without files keeps its index, so labels do not shift; it is logged.
+
+    A class folder that yields no sample (no files, or none that is an image) is refused,
+    naming it, as torchvision's ``ImageFolder`` refuses an empty class: it would still
+    take a label, and a stray folder (an earlier output written inside the input, say)
+    shifts every label after it. ``allow_empty_classes=True`` keeps such a class, with
+    its label reserved and no sample.
 
     Fields: ``image`` (the file's bytes), ``label`` (int64), ``key`` (the path
     relative to ``root``, with ``/``).
@@ -42,9 +47,16 @@ class ImageFolderSource(Source):
 
     kind: ClassVar[str] = "imagefolder"
 
-    def __init__(self, root: str | os.PathLike, image_options: ImageOptions = ImageOptions()) -> None:
-        self.root = str(root)
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        image_options: ImageOptions = ImageOptions(),
+        *,
+        allow_empty_classes: bool = False,
+    ) -> None:
+        self.root = absolute_path(root)
         self.image_options = image_options
+        self.allow_empty_classes = allow_empty_classes
 
     def _class_names(self) -> list[str]:
         root = Path(self.root)
@@ -78,17 +90,41 @@ class ImageFolderSource(Source):
                 len(loose),
                 ", ".join(loose[:5]) + (", ..." if len(loose) > 5 else ""),
             )
+        empty = []
         for label, name in enumerate(classes):
             found = 0
             for rel, size in _walk_images(Path(self.root), name):
                 items.append(Item(name=os.path.join(self.root, rel), size=size, data=(rel, label)))
                 found += 1
             if not found:
-                log.warning("%s: class folder %r holds no files; its label %d stays reserved", self.root, name, label)
+                empty.append((name, label))
         if not items:
             raise ConversionError(f"{self.root}: its class folders hold no files; imagefolder reads ROOT/CLASS/IMAGE")
+        for name, label in empty:
+            self._empty_class(name, label, "holds no files")
         log.debug("%s: %d images in %d classes", self.root, len(items), len(classes))
         return items
+
+    def input_folders(self) -> list[Path]:
+        return [Path(self.root)]
+
+    def check_result(self, items: list[Item], left_out: set[str]) -> None:
+        """Refuse a class all of whose files were left out (none is an image): see the class docstring."""
+        kept = {item.data[1] for item in items if item.name not in left_out}
+        classes = self._class_names()
+        for label in sorted({item.data[1] for item in items} - kept):
+            self._empty_class(classes[label], label, "holds no image (every file in it was left out)")
+
+    def _empty_class(self, name: str, label: int, why: str) -> None:
+        if not self.allow_empty_classes:
+            raise ConversionError(
+                f"{os.path.join(self.root, name)}: class folder {name!r} {why}, yet it would take label {label} and "
+                "shift the labels of the classes after it; remove the folder, or keep it as a class without "
+                "samples with --allow-empty-classes"
+            )
+        log.warning(
+            "%s: class folder %r %s; its label %d stays reserved (--allow-empty-classes)", self.root, name, why, label
+        )
 
     def load(self, item: Item) -> Sample:
         rel, label = item.data

@@ -10,7 +10,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
 from converters.images import load_image_file
 from converters.sources._inputs import INTEGER
 from dali_pipes.dataset.manifest import Field
@@ -72,7 +72,7 @@ class ListFileSource(Source):
         *,
         columns: str | Sequence[str] | None = None,
     ) -> None:
-        self.list_file = str(list_file)
+        self.list_file = absolute_path(list_file)
         self.image_options = image_options
         self.columns = _layout(columns)
         self._entries: list[_Entry] | None = None

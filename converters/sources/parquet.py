@@ -14,7 +14,16 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, process_wide_error
+from converters.base import (
+    ConversionError,
+    ImageOptions,
+    Item,
+    Sample,
+    SampleError,
+    Source,
+    optional_absolute_path,
+    process_wide_error,
+)
 from converters.images import prepare_image
 from converters.sources._inputs import (
     PlannedInputs,
@@ -71,7 +80,7 @@ class ParquetSource(PlannedInputs, Source):
         self.image_options = image_options
         self.image_column = image_column
         self.label_column = label_column or None
-        self.classes_file = None if classes_file is None else str(classes_file)
+        self.classes_file = optional_absolute_path(classes_file)
         self._items: list[Item] | None = None
         self._class_names: list[str] | None = None
         self._group: tuple[int, str, int, dict[str, list] | str] | None = None  # (pid, path, group, columns or why not)

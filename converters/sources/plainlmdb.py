@@ -12,7 +12,16 @@ from typing import Any, ClassVar
 import lmdb
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.base import (
+    ConversionError,
+    ImageOptions,
+    Item,
+    Sample,
+    SampleError,
+    Source,
+    absolute_path,
+    optional_absolute_path,
+)
 from converters.images import prepare_image
 from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file
 from dali_pipes.dataset.manifest import Field
@@ -59,10 +68,10 @@ class LmdbSource(Source):
         keys_file: str | os.PathLike | None = None,
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.path = str(path)
+        self.path = absolute_path(path)
         self.image_options = image_options
-        self.keys_file = None if keys_file is None else str(keys_file)
-        self.classes_file = None if classes_file is None else str(classes_file)
+        self.keys_file = optional_absolute_path(keys_file)
+        self.classes_file = optional_absolute_path(classes_file)
         self._labelled: bool | None = None  # kept when pickled: every shard task asks fields()
 
     def _open(self) -> lmdb.Environment:

@@ -9,7 +9,7 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
 from converters.images import prepare_image
 from converters.sources._inputs import (
     OpenFiles,
@@ -80,7 +80,7 @@ class TFRecordSource(PlannedInputs, Source):
         self.label_feature = label_feature or None
         self.key_feature = key_feature or None
         self.bbox_prefix = bbox_prefix or None
-        self.classes_file = None if classes_file is None else str(classes_file)
+        self.classes_file = optional_absolute_path(classes_file)
         self._items: list[Item] | None = None
         self._has_boxes: bool | None = None  # kept when pickled: every shard task asks fields()
         self._files = OpenFiles()

@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
 from converters.images import prepare_image
 from converters.sources._inputs import (
     OpenFiles,
@@ -84,7 +84,7 @@ class WebDatasetSource(PlannedInputs, Source):
         self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
         self.label_ext = label_ext.lower().lstrip(".") if label_ext else None
         self.json_ext = json_ext.lower().lstrip(".") if json_ext else None
-        self.classes_file = None if classes_file is None else str(classes_file)
+        self.classes_file = optional_absolute_path(classes_file)
         if not self.image_exts:
             raise ConversionError("webdataset: give at least one image extension")
         self._items: list[Item] | None = None

@@ -137,8 +137,8 @@ def find_image_folder(
     if kind != "imagefolder":
         return None, f"the dataset came from a {kind!r} source, not an image folder; pass --images DIR"
     root = Path(str(source.get("root", "")))
-    # The converter records the root as it was given; a relative one is tried from
-    # here and from beside the dataset (where `convert` is usually run).
+    # The converter records the root absolute; one recorded relative (by versions before 0.1.0's fix) is tried
+    # from here and from beside the dataset (where `convert` is usually run).
     candidates = [root] if root.is_absolute() else [Path.cwd() / root, dataset.parent / root]
     for candidate in candidates:
         if candidate.is_dir():

@@ -102,6 +102,11 @@ def _add_convert(commands) -> None:
 
     p = kinds.add_parser("imagefolder", help="ImageNet-style ROOT/CLASS/IMAGE folders")
     p.add_argument("root", type=Path, help="folder of class folders")
+    p.add_argument(
+        "--allow-empty-classes",
+        action="store_true",
+        help="keep a class folder that yields no image as a class without samples (default: refuse it, naming it)",
+    )
     _add_output_options(p, images=True)
     p.set_defaults(handler=_convert_imagefolder)
 
@@ -189,7 +194,8 @@ def _image_options(args):
 def _convert_imagefolder(args) -> int:
     from converters.sources import ImageFolderSource
 
-    return _convert(ImageFolderSource(args.root, _image_options(args)), args.out, args)
+    source = ImageFolderSource(args.root, _image_options(args), allow_empty_classes=args.allow_empty_classes)
+    return _convert(source, args.out, args)
 
 
 def _convert_list(args) -> int:
