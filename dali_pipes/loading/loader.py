@@ -67,7 +67,9 @@ class DALILoader:
     yields dicts of torch tensors on the pipeline's device: the spec's outputs
     (``image``, ``label``, ...), ``is_pad`` (true on the wrap-around filler of the
     last batch with ``last_batch="pad"``), and with ``with_index=True`` the global
-    sample ``index``.
+    sample ``index``. ``shuffle`` defaults to the spec's ``shuffle_by_default`` (training
+    specs shuffle each epoch, ``ClassificationVal`` and ``DetectionVal`` read in order;
+    a spec without the attribute shuffles).
 
     Rank and world size come from ``torch.distributed`` when it is initialised,
     else from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1; explicit
@@ -105,7 +107,7 @@ class DALILoader:
         pipeline: "PipelineSpec",
         *,
         batch_size: int,
-        shuffle: bool = True,
+        shuffle: bool | None = None,
         seed: int = 0,
         last_batch: str = "pad",
         device: str = "auto",
@@ -122,6 +124,10 @@ class DALILoader:
         cache_bytes: int | None = None,
         batch_reads: bool = True,
     ) -> None:
+        if isinstance(pipeline, type):
+            raise TypeError(
+                f"DALILoader: pass a pipeline spec instance, {pipeline.__name__}(), not the class {pipeline.__name__}"
+            )
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         pipeline, threads, workers, prefetch = resolve_counts(pipeline, settings, num_threads, py_num_workers, prefetch)
@@ -132,7 +138,8 @@ class DALILoader:
         # Checked before anything is staged or cached, so that a bad value copies nothing.
         py_start_method = choose_start_method(py_start_method)
         self.batch_size = int(batch_size)
-        self.shuffle = bool(shuffle)
+        # By default as the spec says: training specs shuffle, evaluation specs (*Val) read in order.
+        self.shuffle = bool(getattr(pipeline, "shuffle_by_default", True) if shuffle is None else shuffle)
         self.seed = int(seed)
         self.last_batch = last_batch
         self.with_index = bool(with_index)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Callable, ClassVar, Mapping, Optional
 
 from nvidia.dali.data_node import DataNode
 
@@ -174,6 +174,9 @@ class ClassificationVal(_ImageOutput):
     Deterministic; ``resize`` must be at least ``size``. See :class:`_ImageOutput`
     for ``mean``, ``std``, ``dtype``, ``layout`` and ``decoder``.
     """
+
+    #: Evaluation reads every sample in order: a loader given this spec does not shuffle unless told to.
+    shuffle_by_default: ClassVar[bool] = False
 
     size: int = 224
     resize: int = 256

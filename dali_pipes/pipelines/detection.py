@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Literal, Mapping, Optional, Sequence, TypeVar
+from typing import Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, TypeVar
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
@@ -337,6 +337,9 @@ class DetectionVal(_DetectionOutput):
     Deterministic. Outputs those of the module docstring plus ``image_id`` and
     ``orig_size``; see :class:`_DetectionOutput` for the arguments.
     """
+
+    #: Evaluation reads every sample in order: a loader given this spec does not shuffle unless told to.
+    shuffle_by_default: ClassVar[bool] = False
 
     @property
     def required_fields(self) -> tuple[str, ...]:
