@@ -29,7 +29,7 @@ from dali_pipes.loading.diagnose import explain_failure, worker_died_message
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.options import check_options, device_description, resolve_counts
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
-from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, pipeline_seed
+from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, output_casts, pipeline_seed
 from dali_pipes.loading.pipeline_build import required_fields as _required_fields
 from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
@@ -147,6 +147,7 @@ class DALILoader:
         try:
             pipeline = _bind(pipeline, self.store)
             self.pipeline = pipeline
+            self._casts = output_casts(pipeline)
             fields = _required_fields(pipeline, self.store)
             self._fields = fields
             self._prefetch = prefetch
@@ -379,6 +380,8 @@ class DALILoader:
                 self._position = (current.epoch + 1, 0)
                 if last_size < self.batch_size:
                     batch = {name: value[:last_size] for name, value in batch.items()}
+            for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device
+                batch[name] = batch[name].to(dtype)
             else:
                 self._position = (
                     current.epoch,

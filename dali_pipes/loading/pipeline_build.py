@@ -111,6 +111,21 @@ def dali_iterator(pipe: Any, output_names: Sequence[str]) -> Any:
     return DALIGenericIterator([pipe], list(output_names), size=-1, auto_reset=False, prepare_first_batch=False)
 
 
+def output_casts(spec: Any) -> dict[str, Any]:
+    """The spec's ``output_casts`` (output name to a torch dtype's name) as torch dtypes; none for most specs.
+
+    For a dtype DALI has no type for (``bfloat16``): the graph makes another, and the loader casts.
+    """
+    import torch
+
+    casts = {}
+    for name, dtype in dict(getattr(spec, "output_casts", None) or {}).items():
+        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            raise ValueError(f"{type(spec).__name__}.output_casts[{name!r}]: {dtype!r} is not a torch dtype")
+        casts[name] = getattr(torch, dtype)
+    return casts
+
+
 def bind_spec(spec: Any, store: Store) -> Any:
     """The spec specialised to this dataset: ``spec.bind(manifest)`` for specs that read it (detection labels)."""
     bind = getattr(spec, "bind", None)

@@ -11,6 +11,7 @@ from dali_pipes.pipelines import ops
 from dali_pipes.pipelines.base import check_build_call, label_output
 from dali_pipes.pipelines.config import (
     AUTO_AUGMENT_POLICIES,
+    CAST_AFTER_DALI,
     DTYPES,
     IMAGENET_MEAN,
     IMAGENET_STD,
@@ -38,8 +39,9 @@ class _ImageOutput:
     """What both classification specs share: how images are normalised and handed out.
 
     ``mean``/``std`` are per RGB channel in 0..1 (ignored for ``uint8`` output,
-    which stays in 0..255); ``dtype`` is ``"float32"``, ``"float16"`` or
-    ``"uint8"``; ``layout`` is the batch layout, ``"NCHW"`` or ``"NHWC"``;
+    which stays in 0..255); ``dtype`` is ``"float32"``, ``"float16"``, ``"bfloat16"``
+    or ``"uint8"`` (DALI has no bfloat16: the graph makes float32 and the loader casts
+    on the output's device, see :attr:`output_casts`); ``layout`` is the batch layout, ``"NCHW"`` or ``"NHWC"``;
     ``decoder`` tunes the GPU decoder.
     """
 
@@ -62,6 +64,11 @@ class _ImageOutput:
     def required_fields(self) -> tuple[str, ...]:
         """The dataset fields read: the encoded image and its integer label."""
         return _FIELDS
+
+    @property
+    def output_casts(self) -> dict[str, str]:
+        """Outputs the loader casts after DALI, to a torch dtype by name: ``{"image": "bfloat16"}`` or none."""
+        return {"image": self.dtype} if self.dtype in CAST_AFTER_DALI else {}
 
     def _normalize(
         self, images: DataNode, *, device: str, mirror: DataNode | int = 0, crop: int | None = None

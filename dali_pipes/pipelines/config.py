@@ -16,11 +16,13 @@ from typing import Any, Literal, Sequence
 IMAGENET_MEAN: tuple[float, float, float] = (0.485, 0.456, 0.406)
 IMAGENET_STD: tuple[float, float, float] = (0.229, 0.224, 0.225)
 
-OutputDType = Literal["float16", "float32", "uint8"]
+OutputDType = Literal["float16", "bfloat16", "float32", "uint8"]
 OutputLayout = Literal["NCHW", "NHWC"]
 AutoAugmentPolicy = Literal["rand_augment", "trivial_augment"]
 
-DTYPES: tuple[str, ...] = ("float16", "float32", "uint8")
+DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "uint8")
+#: Output dtypes DALI has no type for: the graph makes float32, and the loader casts on the output's device.
+CAST_AFTER_DALI: dict[str, str] = {"bfloat16": "float32"}
 LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("rand_augment", "trivial_augment")
 #: Largest value of a DALI ``INT32`` operator argument (the decoder's memory paddings and size hints).

@@ -16,9 +16,11 @@ import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
-from dali_pipes.pipelines.config import ColorJitter, DecoderHints
+from dali_pipes.pipelines.config import CAST_AFTER_DALI, ColorJitter, DecoderHints
 
 _DALI_DTYPES = {name: getattr(types, DALI_TYPE_NAMES[name]) for name in ("float16", "float32", "uint8")}
+# DALI has no bfloat16: the graph ends in float32 and the loader casts (see _ImageOutput.output_casts).
+_DALI_DTYPES.update({name: _DALI_DTYPES[made] for name, made in CAST_AFTER_DALI.items()})
 # DALI lays out single samples; the batch dimension N is added by the iterator.
 _DALI_LAYOUTS = {"NCHW": "CHW", "NHWC": "HWC"}
 
