@@ -380,8 +380,6 @@ class DALILoader:
                 self._position = (current.epoch + 1, 0)
                 if last_size < self.batch_size:
                     batch = {name: value[:last_size] for name, value in batch.items()}
-            for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device
-                batch[name] = batch[name].to(dtype)
             else:
                 self._position = (
                     current.epoch,
@@ -389,6 +387,8 @@ class DALILoader:
                         n, self.batch_size, self.world.world_size, current.handed, self.last_batch, current.start
                     ),
                 )
+            for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device
+                batch[name] = batch[name].to(dtype)
             yield batch
         # Collect DALI's end of epoch now, so that the next pass can reset at once.
         if self._next_batch(current) is not None:
