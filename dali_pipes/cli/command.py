@@ -386,11 +386,12 @@ def _synth(args) -> int:
 def _add_demo(commands) -> None:
     p = commands.add_parser("demo", help="the main job end to end on a built-in synthetic dataset (or --data DIR)")
     p.add_argument("--data", type=Path, help="your own ImageNet-style image folder (default: synthetic images)")
-    p.add_argument("--workdir", type=Path, help="where the files go (default: a new temporary folder)")
-    p.add_argument("--num-images", type=int, default=512, help="synthetic images (default: 512)")
-    p.add_argument("--batches", type=int, default=200, help="timed batches of the DALI loader (default: 200)")
     p.add_argument(
-        "--baseline-batches", type=int, default=40, help="timed batches of the DataLoader baseline (default: 40)"
+        "--workdir", type=Path, help="where the files go (default: ~/.cache/dali-pipes/demo, reused by later runs)"
+    )
+    p.add_argument("--num-images", type=int, default=512, help="synthetic images (default: 512)")
+    p.add_argument(
+        "--seconds", type=float, default=2.0, help="warm-up, and each of the 3 timed windows per loader (default: 2)"
     )
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
@@ -400,15 +401,16 @@ def _add_demo(commands) -> None:
 def _demo(args) -> int:
     from dali_pipes.cli.demo import format_report, run_demo
 
-    for name in ("num_images", "batches", "baseline_batches", "batch_size"):
+    for name in ("num_images", "batch_size"):
         if getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
+    if not args.seconds > 0:
+        raise ValueError(f"--seconds must be above 0, got {args.seconds}")
     report = run_demo(
         args.data,
         workdir=args.workdir,
         num_images=args.num_images,
-        batches=args.batches,
-        baseline_batches=args.baseline_batches,
+        seconds=args.seconds,
         batch_size=args.batch_size,
         device=args.device,
     )

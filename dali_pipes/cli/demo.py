@@ -9,25 +9,31 @@ grid of augmented samples as a PNG.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
-import tempfile
-import time
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
 
+from dali_pipes.bench.runner import Timing
 from dali_pipes.cli.show import write_grid  # the grid moved to `dali-pipes show`; kept importable from here
 
 log = logging.getLogger(__name__)
 
-#: Batches left out of every timing: pipeline start-up and worker spawn are not throughput.
-WARMUP_BATCHES = 3
+#: Each row is timed in this many windows after its warm-up; the figure is their median, the spread half their range.
+WINDOWS = 3
+
+
+def default_workdir() -> Path:
+    """``$XDG_CACHE_HOME/dali-pipes/demo`` (``~/.cache/...``): reused by every run, so runs do not pile up copies."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache")
+    return Path(base) / "dali-pipes" / "demo"
 
 
 @dataclass
 class DemoReport:
-    """Where the demo's files went and what it measured."""
+    """Where the demo's files went and what it measured (each rate a median of timed windows, with its spread)."""
 
     workdir: Path
     images: Path
@@ -36,12 +42,20 @@ class DemoReport:
     device: str
     cores: int
     batch_size: int
-    dali_images_per_s: float
-    baseline_images_per_s: float
+    dali: Timing
+    baseline: Timing
+
+    @property
+    def dali_images_per_s(self) -> float:
+        return self.dali.median
+
+    @property
+    def baseline_images_per_s(self) -> float:
+        return self.baseline.median
 
     @property
     def speedup(self) -> float:
-        return self.dali_images_per_s / self.baseline_images_per_s if self.baseline_images_per_s else float("nan")
+        return self.dali.median / self.baseline.median if self.baseline.median else float("nan")
 
 
 def run_demo(
@@ -49,63 +63,67 @@ def run_demo(
     *,
     workdir: str | os.PathLike | None = None,
     num_images: int = 512,
-    batches: int = 200,
-    baseline_batches: int = 40,
+    seconds: float = 2.0,
     batch_size: int = 32,
     device: str = "auto",
 ) -> DemoReport:
-    """Run the demo; ``data`` is an image folder (default: a synthetic one made in ``workdir``)."""
+    """Run the demo; ``data`` is an image folder (default: a synthetic one made in ``workdir``).
+
+    Each loader warms up (at least 3 batches and ``seconds``), then is timed in :data:`WINDOWS` windows of at
+    least ``seconds`` each. ``workdir`` defaults to :func:`default_workdir`, whose images and shards a later run
+    reuses (the conversion finds its finished job).
+    """
     from converters.runner import convert
     from converters.sources import ImageFolderSource
     from converters.synth import make_imagefolder
-    from dali_pipes.bench.baselines import StoreImageDataset, pil_dataloader
-    from dali_pipes.bench.runner import cycle
+    from dali_pipes.bench.baselines import StoreImageDataset
+    from dali_pipes.bench.runner import Target, TimingPlan, cycle, delivered, time_stream
+    from dali_pipes.bench.streams import dataloader_stream
     from dali_pipes.loading.loader import DALILoader
     from dali_pipes.pipelines import ClassificationTrain
 
-    workdir = Path(workdir) if workdir is not None else Path(tempfile.mkdtemp(prefix="dali-pipes-demo-"))
+    workdir = Path(workdir) if workdir is not None else default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
     if data is None:
-        images = workdir / "images"
-        if not images.exists():
+        images, dataset = workdir / f"images-{num_images}", workdir / f"shards-{num_images}"
+        if not (images / ".complete").exists():
             log.info("making %d synthetic ImageNet-like images in %s", num_images, images)
+            shutil.rmtree(images, ignore_errors=True)
             make_imagefolder(images, num_images, size=(500, 375), classes=10)
+            (images / ".complete").touch()  # hidden: not an input
     else:
-        images = Path(data)
-    dataset = workdir / "shards"
+        images = Path(data).absolute()
+        dataset = workdir / f"shards-{hashlib.sha1(str(images).encode()).hexdigest()[:12]}"
     log.info("converting %s to LMDB shards in %s", images, dataset)
     converted = convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
     if converted.errors:
         log.warning("left out %d input(s) of %s, listed in %s", len(converted.errors), images, dataset / "errors.jsonl")
 
-    spec = ClassificationTrain(size=224)
-    loader = DALILoader(dataset, spec, batch_size=batch_size, device=device, seed=0)
-    log.info("DALI training pipeline on %s: %d batches of %d", loader.device, batches, batch_size)
-    first_batch, dali_rate = _throughput(cycle(loader), batches, key="image")
-
-    baseline = pil_dataloader(StoreImageDataset(dataset), batch_size=batch_size, num_workers=cores)
-    log.info("baseline DataLoader(num_workers=%d) with PIL: %d batches", cores, baseline_batches)
-    _, baseline_rate = _throughput(cycle(baseline), baseline_batches, key=0)
-
+    plan = TimingPlan(warmup_batches=3, repeats=WINDOWS, min_batches=2, min_seconds=seconds, warmup_seconds=seconds)
+    target = Target()
+    loader = DALILoader(dataset, ClassificationTrain(size=224), batch_size=batch_size, device=device, seed=0)
+    batches = cycle(loader)
+    first_batch = next(batches)
+    log.info(
+        "DALI training pipeline on %s, batch %d: timing %d windows of %.1f s",
+        loader.device,
+        batch_size,
+        WINDOWS,
+        seconds,
+    )
+    dali = time_stream(delivered(((b["image"], b["label"]) for b in batches), target), plan, target)
     grid = write_grid(
         first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes
     )
-    return DemoReport(workdir, images, dataset, grid, loader.device, cores, batch_size, dali_rate, baseline_rate)
+    loader.close()
 
-
-def _throughput(batches: Iterable, count: int, *, key) -> tuple[object, float]:
-    """Images per second over ``count`` batches after the warm-up; also the first batch."""
-    iterator = iter(batches)
-    first = next(iterator)
-    for _ in range(WARMUP_BATCHES - 1):
-        next(iterator)
-    images = 0
-    start = time.perf_counter()
-    for _ in range(count):
-        batch = next(iterator)
-        images += len(batch[key])
-    return first, images / (time.perf_counter() - start)
+    log.info("baseline DataLoader(num_workers=%d) with PIL: timing %d windows of %.1f s", cores, WINDOWS, seconds)
+    with dataloader_stream(
+        StoreImageDataset(dataset), batch_size=batch_size, num_workers=cores, target=target
+    ) as stream:
+        base = time_stream(stream, plan, target)
+    return DemoReport(workdir, images, dataset, grid, loader.device, cores, batch_size, dali, base)
 
 
 def format_report(report: DemoReport) -> str:
@@ -116,8 +134,11 @@ def format_report(report: DemoReport) -> str:
             f"shards     {report.dataset}   (dali-pipes inspect {report.dataset})",
             f"grid       {report.grid}   (augmented training samples with their labels)",
             f"machine    {report.cores} cores, DALI on {report.device}, batch {report.batch_size}",
-            f"DALILoader {report.dali_images_per_s:8.1f} images/s  (random-resized crop 224, flip, colour jitter, normalise)",
-            f"DataLoader {report.baseline_images_per_s:8.1f} images/s  (PIL, the same augmentation, num_workers={report.cores})",
-            f"speed-up   {report.speedup:.2f}x",
+            f"DALILoader {report.dali.median:8.1f} images/s ±{100 * report.dali.spread:.0f}%  "
+            "(random-resized crop 224, flip, colour jitter, normalise)",
+            f"DataLoader {report.baseline.median:8.1f} images/s ±{100 * report.baseline.spread:.0f}%  "
+            f"(PIL, the same augmentation, num_workers={report.cores})",
+            f"speed-up   {report.speedup:.2f}x  (medians of {WINDOWS} timed windows each, after a warm-up; "
+            "± is half their range)",
         ]
     )
