@@ -262,7 +262,12 @@ def _run_shards(
     source, fmt, items, out, on_error = job.source, job.fmt, job.items, job.out, job.on_error
     done_before = sum(r.num_samples + len(r.errors) for r in results.values())
     bar = tqdm(
-        total=len(items), initial=done_before, unit="img", desc=f"convert {fmt}", disable=not progress, smoothing=0.05
+        total=len(items),
+        initial=done_before,
+        unit="img",
+        desc=f"convert {fmt}",
+        disable=None if progress else True,
+        smoothing=0.05,
     )
     try:
         if isinstance(engine, LocalEngine) and (engine.workers == 1 or len(todo) <= 1):
@@ -372,7 +377,8 @@ def _write_samples(
         except SampleError as exc:
             if on_error == "fail":
                 raise
-            log.warning("left out %s: %s", exc.name, exc.reason)
+            # Listed once, at the end (errors.jsonl, the CLI's summary, ConvertResult.errors), not here as well.
+            log.debug("left out %s: %s", exc.name, exc.reason)
             errors.append({"input": exc.name, "reason": exc.reason, "shard": shard})
         else:
             if sample.keys() != fields.keys():

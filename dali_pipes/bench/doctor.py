@@ -158,7 +158,8 @@ def run_doctor(
 
     jobs = _doctor_jobs(inputs, model, net, optimizer, batch_size, num_classes, loader_device, target)
     rows = []
-    with tqdm(total=3 * per_job + 2 * in_flight, desc="doctor", unit="step", disable=not progress) as bar:
+    # No total: the warm-ups run for a time, not a step count, so any total would be wrong.
+    with tqdm(desc="doctor", unit="step", disable=None if progress else True) as bar:
         for job in jobs:
             bar.set_postfix_str(job.name)
             job.params = {"batch_size": batch_size}

@@ -179,7 +179,7 @@ def format_table(report: BenchReport) -> str:
     for key, entry in report.summary.items():
         value = entry.get("value")
         shown = "not measured" if value is None else f"{value:,.2f}{entry.get('unit', '')}"
-        lines.append(f"{key}: {shown}  (target: {entry.get('target')})" if entry.get("target") else f"{key}: {shown}")
+        lines.append(f"{key}: {shown}")  # the project's own goals stay in the JSON ("target"), not in what users read
     lines.extend(report.notes)
     return "\n".join(lines)
 

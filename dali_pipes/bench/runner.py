@@ -257,7 +257,7 @@ def run_jobs(
     from tqdm import tqdm
 
     rows = []
-    with tqdm(jobs, desc=title, unit="row", disable=not progress, leave=False) as bar:
+    with tqdm(jobs, desc=title, unit="row", disable=None if progress else True, leave=False) as bar:
         for job in bar:
             bar.set_postfix_str(job.name)
             rows.append(measure(job, plan, target))

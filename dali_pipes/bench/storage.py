@@ -59,7 +59,7 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     rows = []
     with (
         _quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
-        tqdm(list(MODES), desc="bench storage", unit="row", disable=not progress, leave=False) as bar,
+        tqdm(list(MODES), desc="bench storage", unit="row", disable=None if progress else True, leave=False) as bar,
     ):
         for mode in bar:
             bar.set_postfix_str(mode)

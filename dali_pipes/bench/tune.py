@@ -134,7 +134,7 @@ def tune(
     loads, notes = _decoder_loads(device, quick)
     done: dict[tuple, Trial] = {}
     total = sum(len(v) for v in space.values()) + len(loads) + (1 if device == "gpu" else 0)
-    bar = tqdm(total=total, desc="tune", unit="trial", disable=not progress, leave=False)
+    bar = tqdm(total=total, desc="tune", unit="trial", disable=None if progress else True, leave=False)
 
     def run(settings: dict[str, int], load: float | None, fancy: bool | None = None) -> Trial:
         trial = Trial(dict(settings), load, fancy)

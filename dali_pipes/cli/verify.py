@@ -54,7 +54,7 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False, progress: b
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples)
     image_fields = [name for name, f in manifest.fields.items() if f.is_image]
     store = Store(root, manifest)
-    bar = tqdm(total=manifest.num_samples, unit="sample", desc="verify", disable=not progress)
+    bar = tqdm(total=manifest.num_samples, unit="sample", desc="verify", disable=None if progress else True)
     try:
         for (start, shard), reader in zip(manifest.iter_shards(), store.shard_readers):
             problem, readable = _check_files(root, shard)

@@ -8,7 +8,9 @@ numbers stay on the CPU because DALI takes argument inputs from the CPU only.
 
 from __future__ import annotations
 
-from typing import Sequence
+import contextlib
+import warnings
+from typing import Iterator, Sequence
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dali_math
@@ -143,15 +145,38 @@ def auto_augment(images: DataNode, policy: str, *, size: int) -> DataNode:
     """
     # Imported here: auto_aug pulls in DALI's conditionals machinery, which plain
     # pipelines never need.
-    if policy == "rand_augment":
-        from nvidia.dali.auto_aug import rand_augment
+    with _without_dali_alias_warnings():
+        if policy == "rand_augment":
+            from nvidia.dali.auto_aug import rand_augment
 
-        return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=(size, size))
-    if policy == "trivial_augment":
-        from nvidia.dali.auto_aug import trivial_augment
+            return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=(size, size))
+        if policy == "trivial_augment":
+            from nvidia.dali.auto_aug import trivial_augment
 
-        return trivial_augment.trivial_augment_wide(images, shape=(size, size))
+            return trivial_augment.trivial_augment_wide(images, shape=(size, size))
     raise ValueError(f"unknown auto_augment policy {policy!r}")
+
+
+@contextlib.contextmanager
+def _without_dali_alias_warnings() -> Iterator[None]:
+    """Drop the deprecation notes DALI's own ``auto_aug`` triggers, and only those, while it builds.
+
+    ``auto_aug`` calls DALI's deprecated ``fn.experimental`` aliases (``equalize``, ``filter``): a dozen lines in
+    every user's script, about DALI's code, not theirs. DALI forces such warnings on (``simplefilter("default")``
+    inside its own ``catch_warnings``), so no filter can hide them; what prints them can.
+    """
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001 - warnings' signature
+        if issubclass(category, DeprecationWarning) and "moved out from the experimental phase" in str(message):
+            return
+        shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    try:
+        yield
+    finally:
+        warnings.showwarning = shown
 
 
 def needs_normalize(*, dtype: str, layout: str, mirror: DataNode | int, crop: int | None) -> bool:
