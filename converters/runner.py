@@ -123,13 +123,7 @@ def convert(
     resumes what the other left unfinished.
     """
     started = time.perf_counter()
-    if format not in FORMATS:
-        raise ConversionError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
-    if on_error not in ON_ERROR:
-        raise ConversionError(f"unknown --on-error {on_error!r}; choose skip or fail")
-    workers = (os.cpu_count() or 1) if workers is None else workers
-    if workers < 1:
-        raise ConversionError(f"--workers must be at least 1, got {workers}")
+    workers = _checked_options(format, on_error, workers)
     runner = make_engine(engine, workers=workers, scheduler=scheduler, initializer=_init_worker)
 
     out = Path(out)
@@ -220,6 +214,18 @@ def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) 
 # Set in each worker process by _init_worker: where to report progress, and when to stop early.
 _progress_queue: Any = None
 _stop_event: Any = None
+
+
+def _checked_options(format: str, on_error: str, workers: int | None) -> int:
+    """The worker count (default: all cores), once the format, bad-input policy and count are known good."""
+    if format not in FORMATS:
+        raise ConversionError(f"unknown format {format!r}; choose one of {', '.join(FORMATS)}")
+    if on_error not in ON_ERROR:
+        raise ConversionError(f"unknown --on-error {on_error!r}; choose skip or fail")
+    workers = (os.cpu_count() or 1) if workers is None else workers
+    if workers < 1:
+        raise ConversionError(f"--workers must be at least 1, got {workers}")
+    return workers
 
 
 def _refuse_output_inside_input(source: Source, out: Path) -> None:
