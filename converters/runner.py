@@ -5,7 +5,7 @@ How a run proceeds, and why it survives a crash or a kill at any point:
 1. The input is enumerated and cut into shards (:mod:`converters.planner`). The
    job's identity (source, options, format and plan) is hashed into a digest and
    kept in ``OUT/.dali-pipes-job/job.json``.
-2. Each shard is written by a worker process under ``shard-NNNNN.EXT.tmp``, flushed,
+2. Each shard is written by a worker process under ``shard-NNNNN.EXT.tmp-<attempt>``, flushed,
    renamed to its final name, and only then recorded as done by an atomic
    ``.dali-pipes-job/shard-NNNNN.json``. A shard without that record is redone.
 3. When every shard is done, ``errors.jsonl`` and then ``index.json`` are written
@@ -34,6 +34,7 @@ import logging
 import os
 import shutil
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -334,11 +335,14 @@ def write_shard(
     """
     writer_cls = writer_class(fmt)
     final = out / shard_name(plan.number, writer_cls.suffix)
-    tmp = final.with_name(final.name + TMP_SUFFIX)
+    # A name of this attempt's own: an attempt that runs on after its job was given up (a Dask task cannot be
+    # interrupted, and a Ctrl-C'd client leaves it running) must never rename another attempt's half-written file
+    # into place, nor write into the same file.
+    tmp = final.with_name(f"{final.name}{TMP_SUFFIX}-{uuid.uuid4().hex[:12]}")
     if stop is None:
         stop = _stop_requested
-    # A retried task (a Dask worker died mid-shard) finds the dead attempt's half-written files.
-    remove_paths(out.glob(f"{glob.escape(tmp.name)}*"))
+    # A retried task (a Dask worker died mid-shard) finds the dead attempts' half-written files.
+    remove_paths(out.glob(f"{glob.escape(final.name + TMP_SUFFIX)}*"))
     writer = None
     try:
         _check_job_alive(out, stop)
