@@ -88,7 +88,9 @@ def test_random_kills_then_a_rerun_give_the_uninterrupted_bytes(images, tmp_path
     out = tmp_path / "killed"
     mid_job = 0
     for _ in range(KILLS):
-        delay = rng.uniform(0.0, duration)
+        # Within the first 60% of a whole run: each rerun resumes with less left to do, so later kills in a wider
+        # range mostly land after the end (measured: 2 of 5 mid-job with the whole range, on 2 idle cores).
+        delay = rng.uniform(0.0, 0.6 * duration)
         proc = subprocess.Popen(
             [*CLI, *map(str, ["convert", "imagefolder", images, out, *args])],
             stdout=subprocess.DEVNULL,
