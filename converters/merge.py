@@ -49,6 +49,7 @@ from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_d
 from converters.writers._h5file import GuardedFile
 from dali_pipes.dataset.fileio import fsync_dir
 from dali_pipes.dataset.manifest import Field, Manifest, load_manifest, resolve_inside
+from dali_pipes.dataset.progress import bar_disabled
 from dali_pipes.stores.checksum import RECORD_CRC32C
 from dali_pipes.stores.hdf5 import open_file
 from dali_pipes.stores.hdf5_layout import (
@@ -218,7 +219,7 @@ def _write_physical(
         name: _create_target(f, name, field, sum(s.rows[name] for s in shards))
         for name, field in manifest.fields.items()
     }
-    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"merge {label}", disable=None) as bar:
+    with tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"merge {label}", disable=bar_disabled(True)) as bar:
         base = dict.fromkeys(manifest.fields, 0)
         for shard in shards:
             with open_file(shard.path) as src:

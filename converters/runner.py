@@ -70,6 +70,7 @@ from dali_pipes.dataset.manifest import (
     Manifest,
     write_manifest,
 )
+from dali_pipes.dataset.progress import bar_disabled
 
 log = logging.getLogger(__name__)
 
@@ -273,7 +274,7 @@ def _run_shards(
         initial=done_before,
         unit="img",
         desc=f"convert {fmt}",
-        disable=None if progress else True,
+        disable=bar_disabled(progress),
         smoothing=0.05,
     )
     try:

@@ -28,6 +28,7 @@ from dali_pipes.bench.budget import MAX_MINUTES, check_budget, counted, time_one
 from dali_pipes.bench.model_names import MODELS
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
 from dali_pipes.bench.streams import dali_in_flight
+from dali_pipes.dataset.progress import bar_disabled
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,7 @@ def run_doctor(
     jobs = _doctor_jobs(inputs, model, net, optimizer, batch_size, num_classes, loader_device, target)
     rows = []
     # No total: the warm-ups run for a time, not a step count, so any total would be wrong.
-    with tqdm(desc="doctor", unit="step", disable=None if progress else True) as bar:
+    with tqdm(desc="doctor", unit="step", disable=bar_disabled(progress)) as bar:
         for job in jobs:
             bar.set_postfix_str(job.name)
             job.params = {"batch_size": batch_size}

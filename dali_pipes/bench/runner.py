@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 
+from dali_pipes.dataset.progress import bar_disabled
+
 log = logging.getLogger(__name__)
 
 #: A row's stream factory: a context manager (so that workers and pipelines are
@@ -257,7 +259,7 @@ def run_jobs(
     from tqdm import tqdm
 
     rows = []
-    with tqdm(jobs, desc=title, unit="row", disable=None if progress else True, leave=False) as bar:
+    with tqdm(jobs, desc=title, unit="row", disable=bar_disabled(progress), leave=False) as bar:
         for job in bar:
             bar.set_postfix_str(job.name)
             rows.append(measure(job, plan, target))

@@ -32,6 +32,7 @@ from typing import Any, Iterable, Iterator
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, machine_description
 from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
+from dali_pipes.dataset.progress import bar_disabled
 from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     rows = []
     with (
         _quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
-        tqdm(list(MODES), desc="bench storage", unit="row", disable=None if progress else True, leave=False) as bar,
+        tqdm(list(MODES), desc="bench storage", unit="row", disable=bar_disabled(progress), leave=False) as bar,
     ):
         for mode in bar:
             bar.set_postfix_str(mode)

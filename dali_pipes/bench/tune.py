@@ -23,6 +23,7 @@ from typing import Any
 
 from dali_pipes.bench.streams import dali_in_flight
 from dali_pipes.dataset.fileio import atomic_write_json
+from dali_pipes.dataset.progress import bar_disabled
 
 # Reading the file lives below the loader, in dali_pipes.settings; these names stay importable from here.
 from dali_pipes.settings import HW_DECODER_GPUS as HW_DECODER_GPUS
@@ -134,7 +135,7 @@ def tune(
     loads, notes = _decoder_loads(device, quick)
     done: dict[tuple, Trial] = {}
     total = sum(len(v) for v in space.values()) + len(loads) + (1 if device == "gpu" else 0)
-    bar = tqdm(total=total, desc="tune", unit="trial", disable=None if progress else True, leave=False)
+    bar = tqdm(total=total, desc="tune", unit="trial", disable=bar_disabled(progress), leave=False)
 
     def run(settings: dict[str, int], load: float | None, fancy: bool | None = None) -> Trial:
         trial = Trial(dict(settings), load, fancy)

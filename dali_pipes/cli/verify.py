@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from dali_pipes.dataset.fileio import sha256_file
 from dali_pipes.dataset.manifest import ManifestError, load_manifest, resolve_inside
+from dali_pipes.dataset.progress import bar_disabled
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.checksum import RecordChecksumError
 
@@ -54,7 +55,7 @@ def verify_dataset(path: str | os.PathLike, *, decode: bool = False, progress: b
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples)
     image_fields = [name for name, f in manifest.fields.items() if f.is_image]
     store = Store(root, manifest)
-    bar = tqdm(total=manifest.num_samples, unit="sample", desc="verify", disable=None if progress else True)
+    bar = tqdm(total=manifest.num_samples, unit="sample", desc="verify", disable=bar_disabled(progress))
     try:
         for (start, shard), reader in zip(manifest.iter_shards(), store.shard_readers):
             problem, readable = _check_files(root, shard)

@@ -5,24 +5,6 @@ Pure functions over integers and numpy arrays (no DALI, no I/O), in
 all import them from here.
 """
 
-from dali_pipes.sampling.rules import (
-    LAST_BATCH_POLICIES,
-    World,
-    check_int,
-    epoch_order,
-    num_batches,
-    rank_indices,
-    samples_consumed,
-    samples_per_rank,
-)
-
-__all__ = [
-    "LAST_BATCH_POLICIES",
-    "World",
-    "check_int",
-    "epoch_order",
-    "num_batches",
-    "rank_indices",
-    "samples_consumed",
-    "samples_per_rank",
-]
+# The names and their list live once, in rules.py.
+from dali_pipes.sampling.rules import *  # noqa: F403
+from dali_pipes.sampling.rules import __all__ as __all__

@@ -38,6 +38,7 @@ import numpy as np
 from tqdm import tqdm
 
 from dali_pipes.dataset.manifest import Manifest, human_bytes, resolve_inside
+from dali_pipes.dataset.progress import bar_disabled
 from dali_pipes.staging.stage import StageError, StageItem, copy_checked
 from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError
@@ -164,7 +165,7 @@ def _fill(store: Store, shards: Iterable[int], cache: RamCache, progress: bool) 
             total += size
     cache.on_disk = [n for n in range(len(manifest.shards)) if n not in chosen]
     with tqdm(
-        total=total, unit="B", unit_scale=True, desc="cache in RAM", disable=None if progress and chosen else True
+        total=total, unit="B", unit_scale=True, desc="cache in RAM", disable=bar_disabled(progress and bool(chosen))
     ) as bar:
         for number in chosen:
             if not _copy_shard(store, number, cache, bar.update):

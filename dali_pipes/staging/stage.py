@@ -44,6 +44,7 @@ from tqdm import tqdm
 
 from dali_pipes.dataset.fileio import atomic_write_bytes, fsync_dir, sha256_file
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
+from dali_pipes.dataset.progress import bar_disabled
 
 log = logging.getLogger(__name__)
 
@@ -274,7 +275,7 @@ def _keep_whole_files(dest: Path, items: list[StageItem], report: StageReport, p
         unit="B",
         unit_scale=True,
         desc="check staged",
-        disable=None if progress and present else True,  # None: shown on a terminal only
+        disable=bar_disabled(progress and bool(present)),
     ) as bar:
         for item in items:
             if item.rel in present and sha256_file(dest / item.rel) == item.sha256:
@@ -310,7 +311,7 @@ def _copy_all(dest: Path, todo: list[StageItem], report: StageReport, workers: i
     total = sum(item.bytes for item in todo)
     if todo:
         log.info("stage: copying %d file(s), %s, into %s", len(todo), human_bytes(total), dest)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=None if progress else True) as bar:
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=bar_disabled(progress)) as bar:
 
         def copy(item: StageItem) -> None:
             copy_checked(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
@@ -374,7 +375,7 @@ def _verify_all(dest: Path, items: list[StageItem], progress: bool) -> None:
         unit="B",
         unit_scale=True,
         desc="verify staged",
-        disable=None if progress else True,
+        disable=bar_disabled(progress),
     ) as bar:
         for item in items:
             expected = item.sha256 or sha256_file(item.source)
