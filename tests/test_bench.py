@@ -34,10 +34,12 @@ BATCH = 8
 MAIN_ROWS = [
     "dali-pipes gpu",
     "dali-pipes cpu",
+    "dali-pipes cpu",  # antialias=False
     "DataLoader+PIL shards",
     "DataLoader+PIL files",
     "DataLoader+torchvision shards",
     "DataLoader+Albumentations shards",
+    "DataLoader+Albumentations shards",  # antialias=False
     "DALI readers.file gpu",
     "DALI readers.file cpu",
     "decode-ceiling (full)",
@@ -103,7 +105,8 @@ def bench_cli(dataset, tmp_path_factory):
 def test_bench_json_holds_every_row_and_the_machine(bench_cli):
     proc, out = bench_cli
     report = json.loads((out / "bench.json").read_text())
-    rows = {row["name"]: row for row in report["rows"]}
+    # The first row of each name (the spec's own antialias setting, True by default).
+    rows = {row["name"]: row for row in reversed(report["rows"])}
     assert [row["name"] for row in report["rows"]] == MAIN_ROWS
     for row in report["rows"]:
         assert row["error"] is None, row
@@ -114,6 +117,9 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
             spread = row["spread"]
             assert spread["min"] <= row["images_per_s"] <= spread["max"] and spread["relative"] >= 0, row
             assert len(spread["windows"]) == report["context"]["timing"]["repeats"]
+            # The cost column: CPU time of the whole process tree over the timed images.
+            assert row["cpu_seconds"] > 0, row
+            assert row["cpu_seconds_per_1k_images"] == pytest.approx(1000 * row["cpu_seconds"] / row["timed_images"])
     # What must be measured on any machine, and what is skipped exactly when it cannot run here.
     for name in (
         "dali-pipes cpu",
@@ -128,7 +134,10 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
         assert (rows[name]["skipped"] is None) == _cuda(), rows[name]
     assert (rows["DataLoader+Albumentations shards"]["skipped"] is None) == _imports("albumentations")
     assert (rows["DataLoader+torchvision shards"]["skipped"] is None) == _imports("torchvision")
-    reference = rows[MAIN_ROWS[2]]["images_per_s"]
+    # Both resize qualities, each on both sides of the Albumentations comparison.
+    for name in ("dali-pipes cpu", "DataLoader+Albumentations shards"):
+        assert sorted(r["params"]["antialias"] for r in report["rows"] if r["name"] == name) == [False, True]
+    reference = rows[MAIN_ROWS[3]]["images_per_s"]
     assert rows["dali-pipes cpu"]["ratio_to_reference"] == pytest.approx(
         rows["dali-pipes cpu"]["images_per_s"] / reference
     )
@@ -141,6 +150,8 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
     assert context["batch_size"] == BATCH and context["num_samples"] == 48 and context["images_folder"]
     assert context["augmentation"]["random_resized_crop"]["size"] == 224
     assert "dali-pipes cpu / DataLoader+PIL shards" in report["summary"]
+    assert "dali-pipes cpu / DALI readers.file cpu" in report["summary"]
+    assert context["augmentation"]["antialias"] is True
 
     # The table a person reads names every row, and the skipped ones with their reason.
     for name in MAIN_ROWS:

@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -28,6 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dali_pipes.bench.inputs import BenchInputs, bench_inputs
+from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.jobs import (
     anchor_job,
     dali_job,
@@ -39,7 +41,7 @@ from dali_pipes.bench.jobs import (
     suite_report,
 )
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Target, TimingPlan, run_jobs, warm_page_cache
+from dali_pipes.bench.runner import Job, Target, TimingPlan, warm_page_cache
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +107,19 @@ def run_bench(
 
 def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Every way to feed the same training augmentation, side by side (see the module docstring)."""
-    from dali_pipes.bench.backends import AlbumentationsTrainTransform, TorchvisionTrainTransform
+    from dali_pipes.bench.backends import TorchvisionTrainTransform
     from dali_pipes.bench.decode import decode_stream, reducible_fraction
 
     spec, cores = inputs.spec, inputs.cores
     files = functools.partial(original_files, inputs)
     decode = functools.partial(decode_stream, str(inputs.dataset), workers=cores, chunk=inputs.batch_size, spec=spec)
+    # The same comparison at the other resize quality: OpenCV (Albumentations) does not
+    # antialias by default, DALI, torchvision and PIL do; both ways, each side alike.
+    other = dataclasses.replace(inputs, spec=dataclasses.replace(spec, antialias=not spec.antialias))
     jobs = [
         dali_job("dali-pipes gpu", inputs, "gpu", target),
-        dali_job("dali-pipes cpu", inputs, "cpu", target),
+        dali_job("dali-pipes cpu", inputs, "cpu", target, antialias=spec.antialias),
+        dali_job("dali-pipes cpu", other, "cpu", target, antialias=other.spec.antialias),
         dataloader_job(
             BASELINE,
             store_dataset(inputs, lambda: pil_transform(inputs)),
@@ -135,13 +141,7 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
             target,
             "DataLoader, PIL decode + torchvision transforms, over the shards",
         ),
-        dataloader_job(
-            "DataLoader+Albumentations shards",
-            store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
-            inputs,
-            target,
-            "DataLoader, OpenCV decode + Albumentations transforms, over the shards",
-        ),
+        *(_albumentations_job(these, target) for these in (inputs, other)),
         anchor_job("DALI readers.file gpu", inputs, "gpu", target),
         anchor_job("DALI readers.file cpu", inputs, "cpu", target),
         Job(
@@ -177,16 +177,44 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
     return report
 
 
+def _albumentations_job(inputs: BenchInputs, target: Target) -> Job:
+    """The Albumentations row at the resize quality of ``inputs.spec`` (its ``antialias``)."""
+    from dali_pipes.bench.backends import AlbumentationsTrainTransform
+
+    return dataloader_job(
+        "DataLoader+Albumentations shards",
+        store_dataset(inputs, functools.partial(AlbumentationsTrainTransform, inputs.spec)),
+        inputs,
+        target,
+        "DataLoader, OpenCV decode + Albumentations transforms, over the shards "
+        "(resize: INTER_AREA with antialias, else INTER_LINEAR)",
+        antialias=inputs.spec.antialias,
+    )
+
+
 def _main_summary(report: BenchReport) -> dict[str, Any]:
     """The issue's targets, as ratios of the measured rows (``None`` where a row was not measured)."""
 
-    def ratio(a: str, b: str) -> float | None:
-        ra, rb = report.row(a), report.row(b)
+    def ratio(a: str, b: str, **params: Any) -> float | None:
+        ra, rb = report.row(a, **params), report.row(b, **params)
         if ra is None or rb is None or ra.images_per_s is None or rb.images_per_s is None:
             return None
         return ra.images_per_s / rb.images_per_s
 
     summary: dict[str, Any] = {
+        "dali-pipes cpu / DALI readers.file cpu": {
+            "value": ratio("dali-pipes cpu", "DALI readers.file cpu"),
+            "unit": "x",
+            "target": "at least 1.0x: feeding from the shards costs nothing visible",
+        },
+        **{
+            f"dali-pipes cpu / DataLoader+Albumentations shards, antialias={aa} both": {
+                "value": ratio("dali-pipes cpu", "DataLoader+Albumentations shards", antialias=aa),
+                "unit": "x",
+                "target": "at least 1.0x at equal quality",
+            }
+            for aa in (True, False)
+        },
         "dali-pipes cpu / DataLoader+PIL shards": {
             "value": ratio("dali-pipes cpu", BASELINE),
             "unit": "x",
@@ -372,7 +400,6 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
 
 def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """The loader with the first k steps of the training graph, for every k, on the GPU and the CPU."""
-    import dataclasses
 
     from dali_pipes.bench.stages import GraphPrefix, stage_names, step_costs
 

@@ -87,14 +87,19 @@ def decode_slice(encoded: DataNode, anchor: DataNode, shape: DataNode, *, device
     )
 
 
-def resize_to(images: DataNode, *, device: str, size: int) -> DataNode:
-    """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking."""
-    return fn.resize(images, device=device, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=True)
+def resize_to(images: DataNode, *, device: str, size: int, antialias: bool = True) -> DataNode:
+    """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking unless told not to.
+
+    Without antialiasing a shrink samples 2x2 pixels per output pixel whatever the
+    scale (as OpenCV's ``INTER_LINEAR``, hence Albumentations, does): cheaper on the
+    CPU, with aliasing on strong reductions.
+    """
+    return fn.resize(images, device=device, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=antialias)
 
 
-def resize_shorter(images: DataNode, *, device: str, size: int) -> DataNode:
-    """Resize keeping the aspect ratio so that the shorter side is ``size``."""
-    return fn.resize(images, device=device, resize_shorter=size, interp_type=types.INTERP_LINEAR, antialias=True)
+def resize_shorter(images: DataNode, *, device: str, size: int, antialias: bool = True) -> DataNode:
+    """Resize keeping the aspect ratio so that the shorter side is ``size`` (see :func:`resize_to` for ``antialias``)."""
+    return fn.resize(images, device=device, resize_shorter=size, interp_type=types.INTERP_LINEAR, antialias=antialias)
 
 
 def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_dtype: str = "uint8") -> DataNode:
