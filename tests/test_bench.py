@@ -258,6 +258,9 @@ def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
 
     result = tune(dataset, batch_size=BATCH, quick=True, progress=False)
     assert result.best.images_per_s > 0 and len(result.trials) >= 3
+    # The incumbent is measured again beside each setting's values: one setting, several trials.
+    assert len(result.trials) > len({trial.key() for trial in result.trials})
+    assert all(t.cpu_seconds_per_1k and t.cpu_seconds_per_1k > 0 for t in result.trials if t.images_per_s)
     assert "fastest:" in format_tune(result)
     path = save_settings(result, tmp_path / "settings.json")
     settings = load_settings(path)
@@ -510,3 +513,18 @@ def _read_all(fd: int) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+def test_tune_takes_a_setting_only_when_it_beats_the_incumbent_measured_beside_it():
+    from dali_pipes.bench.tune import MARGIN, Trial, choose
+
+    def trial(threads: int, speed: float | None) -> Trial:
+        return Trial({"num_threads": threads}, None, images_per_s=speed)
+
+    incumbent = trial(2, 100.0)
+    slightly = trial(4, 100.0 * (1 + MARGIN / 2))
+    assert choose([slightly, incumbent], incumbent) is incumbent  # within the margin: noise buys no threads
+    clearly = trial(4, 100.0 * (1 + 2 * MARGIN))
+    assert choose([incumbent, clearly, slightly], incumbent) is clearly
+    failed = trial(8, None)
+    assert choose([failed, incumbent], incumbent) is incumbent
