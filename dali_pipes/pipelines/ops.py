@@ -129,7 +129,10 @@ def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_d
         # graph went from 578 to 659 images/s. On the GPU uint8 is as fast and half
         # the memory traffic, so it stays.
         twisted = fn.color_twist(images, device=device, dtype=types.FLOAT, **kwargs)
-        return dali_math.clamp(twisted, 0.0, 255.0)
+        # max then min, not math.clamp: the same values, but DALI's CPU clamp took 0.45 ms per
+        # 224x224 image against 0.10 ms for the pair (one core, batch 64, measured side by side:
+        # the whole training graph from 2.69 to 2.34 CPU ms per image).
+        return dali_math.min(dali_math.max(twisted, 0.0), 255.0)
     return fn.color_twist(images, device=device, **kwargs)
 
 
