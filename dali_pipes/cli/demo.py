@@ -74,9 +74,6 @@ def run_demo(
     windows of at least ``seconds`` each (side by side: a change of the machine's load hits both alike). ``workdir`` defaults to :func:`default_workdir`, whose images and shards a later run
     reuses (the conversion finds its finished job).
     """
-    from converters.runner import convert
-    from converters.sources import ImageFolderSource
-    from converters.synth import make_imagefolder
     from dali_pipes.bench.baselines import StoreImageDataset
     from dali_pipes.bench.interleave import run_jobs
     from dali_pipes.bench.runner import Job, Target, TimingPlan
@@ -87,21 +84,7 @@ def run_demo(
     workdir = Path(workdir) if workdir is not None else default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    if data is None:
-        images, dataset = workdir / f"images-{num_images}", workdir / f"shards-{num_images}"
-        if not (images / ".complete").exists():
-            log.info("making %d synthetic ImageNet-like images in %s", num_images, images)
-            shutil.rmtree(images, ignore_errors=True)
-            make_imagefolder(images, num_images, size=(500, 375), classes=10)
-            (images / ".complete").touch()  # hidden: not an input
-    else:
-        images = Path(data).absolute()
-        dataset = workdir / f"shards-{hashlib.sha1(str(images).encode()).hexdigest()[:12]}"
-    log.info("converting %s to LMDB shards in %s", images, dataset)
-    converted = convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
-    if converted.errors:
-        log.warning("left out %d input(s) of %s, listed in %s", len(converted.errors), images, dataset / "errors.jsonl")
-
+    images, dataset = _converted(data, workdir, num_images, cores)
     plan = TimingPlan(warmup_batches=3, repeats=WINDOWS, min_batches=2, min_seconds=seconds, warmup_seconds=seconds)
     target = Target()
     spec = ClassificationTrain(size=224)
@@ -142,6 +125,29 @@ def run_demo(
         if row.timing is None:
             raise RuntimeError(f"demo: the {row.name} row did not run: {row.error or row.skipped}")
     return DemoReport(workdir, images, dataset, grid, used_device, cores, batch_size, dali.timing, base.timing)
+
+
+def _converted(data: str | os.PathLike | None, workdir: Path, num_images: int, cores: int) -> tuple[Path, Path]:
+    """The image folder (``data``, or synthetic images made once in ``workdir``) and its LMDB shards."""
+    from converters.runner import convert
+    from converters.sources import ImageFolderSource
+    from converters.synth import make_imagefolder
+
+    if data is None:
+        images, dataset = workdir / f"images-{num_images}", workdir / f"shards-{num_images}"
+        if not (images / ".complete").exists():
+            log.info("making %d synthetic ImageNet-like images in %s", num_images, images)
+            shutil.rmtree(images, ignore_errors=True)
+            make_imagefolder(images, num_images, size=(500, 375), classes=10)
+            (images / ".complete").touch()  # hidden: not an input
+    else:
+        images = Path(data).absolute()
+        dataset = workdir / f"shards-{hashlib.sha1(str(images).encode()).hexdigest()[:12]}"
+    log.info("converting %s to LMDB shards in %s", images, dataset)
+    converted = convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
+    if converted.errors:
+        log.warning("left out %d input(s) of %s, listed in %s", len(converted.errors), images, dataset / "errors.jsonl")
+    return images, dataset
 
 
 def _cost(timing: Timing) -> str:
