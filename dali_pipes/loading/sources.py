@@ -289,7 +289,7 @@ class StoreSource:
             out.append(np.array(index, dtype=np.int64))
         if self.batch_inputs is not None:
             row = sample_info.idx_in_batch
-            out.extend(np.ascontiguousarray(a[row]) for a in self._batch_inputs(sample_info.iteration))
+            out.extend(np.array(a[row]) for a in self._batch_inputs(sample_info.iteration))  # copies, 0-d stays 0-d
         return tuple(out)
 
 

@@ -57,7 +57,8 @@ class BatchInputs:
             out.append(("size", "float32", 1))
         if self.mix is not None:
             out += [("mix_partner", "int32", 0), ("mix_image_lam", "float32", 0), ("mix_target_lam", "float32", 0)]
-            out += [("mix_box_anchor", "float32", 1), ("mix_box_shape", "float32", 1)]
+            if self.mix.cutmix_alpha > 0:  # DALI warns about an input the graph never reads
+                out += [("mix_box_anchor", "float32", 1), ("mix_box_shape", "float32", 1)]
         if self.erasing is not None:
             out += [("erase_anchor", "float32", 1), ("erase_shape", "float32", 1)]
             if self.erasing.mode == "rand":
@@ -80,7 +81,8 @@ class BatchInputs:
             rng = np.random.RandomState(batch_seed(seed, rank, epoch, batch, MIX_STREAM))
             draw = self.mix.draw(rng, is_pad, hw)
             out += [draw.partner, draw.image_lam, draw.target_lam]
-            out += [np.ascontiguousarray(draw.box[:, :2]), np.ascontiguousarray(draw.box[:, 2:])]
+            if self.mix.cutmix_alpha > 0:
+                out += [np.ascontiguousarray(draw.box[:, :2]), np.ascontiguousarray(draw.box[:, 2:])]
         if self.erasing is not None:
             boxes_rng = random.Random(batch_seed(seed, rank, epoch, batch, ERASE_STREAM))
             colour_rng = np.random.default_rng(batch_seed(seed, rank, epoch, batch, COLOUR_STREAM))

@@ -75,15 +75,21 @@ class _ImageOutput:
         return {"image": self.dtype} if self.dtype in CAST_AFTER_DALI else {}
 
     def _normalize(
-        self, images: DataNode, *, device: str, mirror: DataNode | int = 0, crop: int | None = None
+        self,
+        images: DataNode,
+        *,
+        device: str,
+        mirror: DataNode | int = 0,
+        crop: int | None = None,
+        dtype: str | None = None,
     ) -> DataNode:
-        """This spec's ``crop_mirror_normalize``: its mean, std, dtype and layout."""
+        """This spec's ``crop_mirror_normalize``: its mean, std, dtype (unless ``dtype`` is given) and layout."""
         return ops.normalize(
             images,
             device=device,
             mean=self.mean,
             std=self.std,
-            dtype=self.dtype,
+            dtype=dtype or self.dtype,
             layout=self.layout,
             mirror=mirror,
             crop=crop,
@@ -143,6 +149,12 @@ class ClassificationTrain(_ImageOutput):
         return size_at("ClassificationTrain.size", self.size, epoch)
 
     @property
+    def _normalized_dtype(self) -> str:
+        """The normaliser's dtype: float32 under erasing/mixing (DALI's CPU arithmetic has no float16), else ``dtype``."""
+        recipe = self.mix is not None or self.erasing is not None
+        return "float32" if recipe and self.dtype == "float16" else self.dtype
+
+    @property
     def batch_inputs(self) -> Optional[BatchInputs]:
         """What the loader's source feeds the graph per batch (size, mix and erasing draws), or None."""
         if not (self.scheduled or self.mix or self.erasing):
@@ -199,7 +211,9 @@ class ClassificationTrain(_ImageOutput):
             stages.append(
                 (
                     "flip, normalise, cast, layout",
-                    lambda images: self._normalize(images, device=device, mirror=ops.mirror_flag(self.flip)),
+                    lambda images: self._normalize(
+                        images, device=device, mirror=ops.mirror_flag(self.flip), dtype=self._normalized_dtype
+                    ),
                 )
             )
         return stages + self._recipe_stages(inputs, device=device)
@@ -213,7 +227,7 @@ class ClassificationTrain(_ImageOutput):
         if mix is not None:
             stages.append(("mixup/cutmix", lambda images: recipe_ops.mix_images(images, inputs, mix, device=device)))
         if stages and self.dtype == "float16":
-            # The recipe's arithmetic promotes float16 to float32.
+            # The recipe works in float32 (see _normalized_dtype): float16 once it is done.
             stages.append(("cast", lambda images: recipe_ops.cast_float16(images, self.dtype, device=device)))
         return stages
 

@@ -54,8 +54,9 @@ class RandomErasing:
         area = check_range("RandomErasing.(min_area, max_area)", (self.min_area, self.max_area), upper=1.0)
         object.__setattr__(self, "min_area", area[0])
         object.__setattr__(self, "max_area", area[1])
-        max_aspect = self.max_aspect if self.max_aspect is not None else 1 / self.min_aspect
-        aspect = check_range("RandomErasing.(min_aspect, max_aspect)", (self.min_aspect, max_aspect))
+        min_aspect = check_range("RandomErasing.min_aspect", (self.min_aspect, self.min_aspect))[0]
+        max_aspect = self.max_aspect if self.max_aspect is not None else 1 / min_aspect  # timm's default
+        aspect = check_range("RandomErasing.(min_aspect, max_aspect)", (min_aspect, max_aspect))
         object.__setattr__(self, "min_aspect", aspect[0])
         object.__setattr__(self, "max_aspect", aspect[1])
         check_choice("RandomErasing.mode", self.mode, ERASE_MODES)
