@@ -78,13 +78,20 @@ def test_const_erasing_equals_timms_given_the_same_draws(photos_dataset, erasing
     assert erased_any
 
 
-@pytest.mark.parametrize("mode", ["rand", "pixel"])
-def test_random_fills_cover_timms_boxes_with_standard_normal_values(photos_dataset, mode):
+def nchw(batches: list[dict], layout: str) -> list[dict]:
+    if layout == "NCHW":
+        return batches
+    return [{**b, "image": b["image"].permute(0, 3, 1, 2).contiguous()} for b in batches]
+
+
+@pytest.mark.parametrize("mode, layout", [("rand", "NCHW"), ("pixel", "NCHW"), ("rand", "NHWC"), ("pixel", "NHWC")])
+def test_random_fills_cover_timms_boxes_with_standard_normal_values(photos_dataset, mode, layout):
     erasing = RandomErasing(prob=1.0, mode=mode, min_area=0.1, max_count=2)
     fills = []
     for epoch in range(3):
-        plain = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE), epoch)
-        ours = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE, erasing=erasing), epoch)
+        plain = nchw(epoch_batches(photos_dataset, ClassificationTrain(size=SIZE, layout=layout), epoch), layout)
+        spec = ClassificationTrain(size=SIZE, erasing=erasing, layout=layout)
+        ours = nchw(epoch_batches(photos_dataset, spec, epoch), layout)
         for mine, before, mask in zip(ours, plain, erased_masks(plain, erasing, epoch)):
             assert mask.any()
             assert torch.equal(mine["image"][~mask], before["image"][~mask])  # outside timm's boxes: untouched

@@ -223,7 +223,14 @@ class ClassificationTrain(_ImageOutput):
         stages: list[tuple[str, ImageStage]] = []
         erasing, mix = self.erasing, self.mix
         if erasing is not None:
-            stages.append(("random erasing", lambda images: recipe_ops.erase(images, inputs, erasing, device=device)))
+            stages.append(
+                (
+                    "random erasing",
+                    lambda images: recipe_ops.erase(
+                        images, inputs, erasing, device=device, channels_first=self.layout == "NCHW"
+                    ),
+                )
+            )
         if mix is not None:
             stages.append(("mixup/cutmix", lambda images: recipe_ops.mix_images(images, inputs, mix, device=device)))
         if stages and self.dtype == "float16":
