@@ -215,6 +215,10 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         cpu = [row for row in report.rows if row.params["device"] == "cpu"]
         assert [row.name for row in cpu] == ["plain 160px", "recipe 160px", "plain 224px", "recipe 224px"]
         assert all(row.extra["epoch_s"] > 0 for row in cpu)
+        models = [row for row in report.rows if row.name.startswith("resnet50 step")]
+        import torch
+
+        assert len(models) == 2 and all(row.skipped for row in models) != torch.cuda.is_available()
     assert len(names) == len(report.rows), "two rows measure the same thing"
 
 

@@ -4,20 +4,25 @@ FFCV's fast ResNet-50 schedules train most epochs at about 160 px and end near
 192 px; with this package a :class:`~dali_pipes.pipelines.ResolutionSchedule`
 changes the size per epoch. This suite times the same loader at 160 and at 224
 px, with the plain training graph and with the modern recipe on top
-(RandomErasing, then MixUp/CutMix, label smoothing), on the GPU and the CPU. Each
-row's ``epoch_s`` is the time one epoch of this dataset takes at the row's rate
+(RandomErasing, then MixUp/CutMix, label smoothing), on the GPU and the CPU; and,
+on a GPU, a ResNet-50 training step at each size (bfloat16 autocast, synthetic
+batch): most of what a lower resolution saves is the model's work, which falls
+with the pixel count, while the loader still decodes whole JPEGs. Each row's
+``epoch_s`` is the time one epoch of this dataset takes at the row's rate
 (``num_samples / images_per_s``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-from typing import Any
+import functools
+from typing import Any, Iterator
 
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.jobs import dali_job, suite_report
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Target, TimingPlan, run_jobs
+from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, run_jobs
 
 __all__ = ["SIZES", "recipe_specs", "recipe_suite"]
 
@@ -50,6 +55,10 @@ def recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
             job = dali_job(name, dataclasses.replace(inputs, spec=spec), device, target)
             job.params["device"] = device
             jobs.append(job)
+    for size in SIZES:
+        factory = functools.partial(_model_steps, size=size, batch_size=inputs.batch_size, target=target)
+        description = "ResNet-50 training steps on one synthetic batch (bfloat16 autocast): the model's own speed"
+        jobs.append(Job(f"resnet50 step {size}px", factory, description, {"device": "gpu"}))
     rows = run_jobs(jobs, plan, target, progress=progress, title="bench recipe")
     for row in rows:
         if row.images_per_s:
@@ -61,7 +70,7 @@ def recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         rows,
         reference=REFERENCE,
         reference_match=("device",),
-        reference_label="plain 224px",
+        reference_label="plain 224px (loader rows)",
         columns=("epoch_s",),
     )
     report.notes.append(
@@ -70,3 +79,21 @@ def recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         "bench's training spec"
     )
     return report
+
+
+@contextlib.contextmanager
+def _model_steps(*, size: int, batch_size: int, target: Target) -> Iterator[Iterator[int]]:
+    """ResNet-50 steps at ``size`` px on the GPU; skipped on a CPU, where one step of batch 64 takes about 40 s."""
+    if not target.is_cuda:
+        raise Skipped("ResNet-50 steps are timed on a GPU only (about 40 s per batch of 64 on a 2-core CPU)")
+    import torch
+
+    from dali_pipes.bench.doctor import model_stream
+    from dali_pipes.bench.models import build_model
+
+    net = build_model("resnet50", 1000).to(target.device).to(memory_format=torch.channels_last).train()
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    with model_stream(
+        net, optimizer, batch_size=batch_size, size=size, num_classes=1000, device=str(target.device)
+    ) as steps:
+        yield steps
