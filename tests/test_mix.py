@@ -161,6 +161,12 @@ def test_num_classes_comes_from_the_dataset_and_bad_settings_are_named(photos_da
             Mix(**kwargs)
     with pytest.raises(ValueError, match="dtype='uint8'"):
         ClassificationTrain(mix=Mix(), dtype="uint8")
+    with pytest.raises(ValueError, match=r"outside a loader pass Mix\(num_classes=...\)"):
+        from nvidia.dali import pipeline_def
+
+        from dali_pipes.pipelines import recipe_ops
+
+        pipeline_def(lambda: recipe_ops.mix_labels(None, {}, Mix()), batch_size=1, num_threads=1, device_id=None)()
     with pytest.raises(ValueError, match="per-batch input"):
         BatchInputs(False, Mix(num_classes=5))  # fine to make; the graph without its inputs is not:
         from pipeline_helpers import run_spec_batch

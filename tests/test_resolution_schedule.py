@@ -123,3 +123,10 @@ def test_validation_takes_its_own_size(dataset):
     with DALILoader(dataset, val, batch_size=4, device="cpu", py_num_workers=0) as loader:
         assert {tuple(b["image"].shape[2:]) for b in loader} == {(80, 80)}
     assert train.size_at(0) == 32
+
+
+def test_auto_augment_follows_the_scheduled_size(dataset):
+    # rand_augment's translations are relative to the image: it gets the per-batch size node, not a constant.
+    spec = ClassificationTrain(size=(32, 64, 0, 1), auto_augment="rand_augment", jitter=None)
+    with DALILoader(dataset, spec, batch_size=4, device="cpu", py_num_workers=0) as loader:
+        assert [{tuple(b["image"].shape[2:]) for b in loader} for _ in range(2)] == [{(32, 32)}, {(64, 64)}]

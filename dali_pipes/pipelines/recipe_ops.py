@@ -85,6 +85,11 @@ def mix_images(images: DataNode, inputs: Mapping[str, DataNode], mix: Mix, *, de
 
 def mix_labels(labels: DataNode, inputs: Mapping[str, DataNode], mix: Mix) -> DataNode:
     """timm's ``mixup_target`` on the CPU: smoothed one-hot targets mixed with the partner's, float32 ``[C]``."""
+    if mix.num_classes is None:
+        raise ValueError(
+            "Mix.num_classes is None: a DALILoader takes it from the dataset's classes; "
+            "outside a loader pass Mix(num_classes=...)"
+        )
     on, off = mix.on_off_values
     targets = fn.one_hot(labels, num_classes=int(mix.num_classes), on_value=on, off_value=off)  # type: ignore[arg-type]
     partner = fn.permute_batch(targets, indices=inputs["mix_partner"])
