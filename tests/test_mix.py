@@ -172,3 +172,27 @@ def test_num_classes_comes_from_the_dataset_and_bad_settings_are_named(photos_da
         from pipeline_helpers import run_spec_batch
 
         run_spec_batch(ClassificationTrain(mix=Mix(num_classes=5)), [np.zeros(4, np.uint8)])
+
+
+def test_on_many_ranks_a_batch_with_filler_mixes_its_real_rows_only_with_real_rows(tmp_path, imagenet_mini):
+    from conftest import write_dataset
+
+    path = write_photo_dataset(write_dataset.__wrapped__(), tmp_path / "ds", imagenet_mini, count=7)
+    spec = ClassificationTrain(size=SIZE, mix=Mix(mixup_alpha=1.0, mode="elem", label_smoothing=0.0))
+    padded = 0
+    for rank in range(4):  # 7 samples, 4 ranks of batch 2: one rank's batch holds a filler row
+        kwargs = dict(rank=rank, world_size=4, with_index=True, py_num_workers=0)
+        unmixed = epoch_batches(path, ClassificationTrain(size=SIZE), 0, batch_size=2, **kwargs)
+        for batch, plain in zip(epoch_batches(path, spec, 0, batch_size=2, **kwargs), unmixed):
+            pad = batch["is_pad"].bool()
+            if not pad.any():
+                continue
+            padded += 1
+            # Mixed with itself, the real row is its own image (the filler is another sample: mixing shows).
+            torch.testing.assert_close(batch["image"], plain["image"], atol=1e-5, rtol=1e-5)
+            # The one real row's partner is itself (the batch reversed among its real rows): its own label, whole.
+            for row in range(len(pad)):
+                expected = torch.zeros(len(CLASSES))
+                expected[int(batch["index"][row]) % 5] = 1.0
+                torch.testing.assert_close(batch["label"][row], expected)
+    assert padded == 1
