@@ -319,7 +319,8 @@ class DALILoader:
 
         Counts the batches handed to the user (not those DALI prefetched). The
         same on every rank of a job that steps in lockstep, and valid on another
-        world size or batch size.
+        world size or batch size. A spec with ``size_at`` (``ClassificationTrain``)
+        adds the epoch's output ``size``, which a resumed epoch keeps.
         """
         epoch, consumed = self._pending if self._pending is not None else self._position
         return self._sizes.record(loader_state(epoch, consumed, **self._state_identity()))
