@@ -29,6 +29,9 @@ _PIPELINE_NAMES = (
     "Detection",
     "DetectionVal",
     "Features",
+    "Mix",
+    "RandomErasing",
+    "ResolutionSchedule",
 )
 
 __all__ = [

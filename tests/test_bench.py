@@ -172,7 +172,7 @@ def test_bench_plot_is_drawn(bench_cli):
 # --- the suites ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage"])
+@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage", "recipe"])
 def test_each_suite_runs_and_returns_its_table(dataset, suite):
     from dali_pipes.bench.report import format_table
     from dali_pipes.bench.suites import run_bench
@@ -222,6 +222,14 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         # Staging holds the whole dataset in the tmpfs; the cache the shards (all: the rows shuffle).
         assert shm["original"] == 0 and shm["staged /dev/shm"] >= round(size, 1) - 0.1
         assert shm["cache=ram"] == pytest.approx(size, abs=0.1)
+    if suite == "recipe":
+        cpu = [row for row in report.rows if row.params["device"] == "cpu"]
+        assert [row.name for row in cpu] == ["plain 160px", "recipe 160px", "plain 224px", "recipe 224px"]
+        assert all(row.extra["epoch_s"] > 0 for row in cpu)
+        models = [row for row in report.rows if row.name.startswith("resnet50 step")]
+        import torch
+
+        assert len(models) == 2 and all(row.skipped for row in models) != torch.cuda.is_available()
     assert len(names) == len(report.rows), "two rows measure the same thing"
 
 

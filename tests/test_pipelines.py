@@ -171,7 +171,10 @@ def test_public_names():
             "Features",
             "IMAGENET_MEAN",
             "IMAGENET_STD",
+            "Mix",
             "PipelineSpec",
+            "RandomErasing",
+            "ResolutionSchedule",
         ]
     )
     assert all(hasattr(pipelines, name) for name in pipelines.__all__)

@@ -30,6 +30,9 @@ EXPECTED = {
     "Detection",
     "DetectionVal",
     "Features",
+    "Mix",
+    "RandomErasing",
+    "ResolutionSchedule",
 }
 
 

@@ -15,7 +15,9 @@
   (read, decode, resize, jitter, normalise), on the CPU and the GPU, and what
   each step adds per image (see :mod:`dali_pipes.bench.stages`);
 - ``storage``: epoch 1 and 2 reading the dataset where it is, staged into
-  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`).
+  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`);
+- ``recipe``: an epoch at 160 against 224 px, plain and with RandomErasing and
+  MixUp/CutMix (see :mod:`dali_pipes.bench.recipe`).
 """
 
 from __future__ import annotations
@@ -45,7 +47,16 @@ from dali_pipes.bench.runner import Job, Target, TimingPlan, warm_page_cache
 
 log = logging.getLogger(__name__)
 
-SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage")
+SUITES: tuple[str, ...] = (
+    "main",
+    "albumentations",
+    "cpu-vs-gpu",
+    "workers",
+    "formats",
+    "stages",
+    "storage",
+    "recipe",
+)
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
@@ -443,6 +454,12 @@ def _storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick:
     return storage_suite(inputs, plan, target, quick, progress)
 
 
+def _recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.recipe import recipe_suite
+
+    return recipe_suite(inputs, plan, target, quick, progress)
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "albumentations": albumentations_suite,
@@ -451,4 +468,5 @@ _SUITES: dict[str, Suite] = {
     "formats": formats_suite,
     "stages": stages_suite,
     "storage": _storage_suite,
+    "recipe": _recipe_suite,
 }

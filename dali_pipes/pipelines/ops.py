@@ -87,14 +87,20 @@ def decode_slice(encoded: DataNode, anchor: DataNode, shape: DataNode, *, device
     )
 
 
-def resize_to(images: DataNode, *, device: str, size: int, antialias: bool = True) -> DataNode:
+def _square(size: int | DataNode) -> list[int] | DataNode:
+    """``[size, size]``, or a per-sample ``[h, w]`` node (a size that changes with the epoch) as it is."""
+    return size if isinstance(size, DataNode) else [size, size]
+
+
+def resize_to(images: DataNode, *, device: str, size: int | DataNode, antialias: bool = True) -> DataNode:
     """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking unless told not to.
 
-    Without antialiasing a shrink samples 2x2 pixels per output pixel whatever the
-    scale (as OpenCV's ``INTER_LINEAR``, hence Albumentations, does): cheaper on the
-    CPU, with aliasing on strong reductions.
+    ``size`` may be a node of float ``[h, w]`` per sample, fed per batch: the size then
+    changes without a new pipeline. Without antialiasing a shrink samples 2x2 pixels per
+    output pixel whatever the scale (as OpenCV's ``INTER_LINEAR``, hence Albumentations,
+    does): cheaper on the CPU, with aliasing on strong reductions.
     """
-    return fn.resize(images, device=device, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=antialias)
+    return fn.resize(images, device=device, size=_square(size), interp_type=types.INTERP_LINEAR, antialias=antialias)
 
 
 def resize_shorter(images: DataNode, *, device: str, size: int, antialias: bool = True) -> DataNode:
@@ -145,7 +151,7 @@ def mirror_flag(probability: float) -> DataNode | int:
     return fn.random.coin_flip(probability=probability)
 
 
-def auto_augment(images: DataNode, policy: str, *, size: int) -> DataNode:
+def auto_augment(images: DataNode, policy: str, *, size: int | DataNode) -> DataNode:
     """RandAugment (n=2, m=9) or TrivialAugment Wide on uint8 HWC images of ``size`` x ``size``.
 
     Needs a pipeline defined with ``enable_conditionals=True``. The image shape is
@@ -157,12 +163,16 @@ def auto_augment(images: DataNode, policy: str, *, size: int) -> DataNode:
         if policy == "rand_augment":
             from nvidia.dali.auto_aug import rand_augment
 
-            return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=(size, size))
+            return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=_shape(size))
         if policy == "trivial_augment":
             from nvidia.dali.auto_aug import trivial_augment
 
-            return trivial_augment.trivial_augment_wide(images, shape=(size, size))
+            return trivial_augment.trivial_augment_wide(images, shape=_shape(size))
     raise ValueError(f"unknown auto_augment policy {policy!r}")
+
+
+def _shape(size: int | DataNode) -> tuple[int, int] | DataNode:
+    return size if isinstance(size, DataNode) else (size, size)
 
 
 @contextlib.contextmanager
