@@ -14,14 +14,13 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
 from converters.base import ConversionError
-from converters.synth import DEFAULT_SIZE
+from converters.synth import DEFAULT_SIZE, save_whole, write_chunks
 
 log = logging.getLogger(__name__)
 
@@ -70,15 +69,7 @@ def make_photo_crops(
     for name in sorted({Path(p).parent.name for p in sources}):
         (out / name).mkdir(parents=True, exist_ok=True)
     job = (sources, str(out), tuple(size), seed, quality)
-    chunks = [(job, start, min(start + _CHUNK, num)) for start in range(0, num, _CHUNK)]
-    workers = min(workers or os.cpu_count() or 1, len(chunks))
-    if workers <= 1:
-        for chunk in chunks:
-            _write_chunk(chunk)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for _ in pool.map(_write_chunk, chunks):
-                pass
+    write_chunks(_write_chunk, [(job, start, min(start + _CHUNK, num)) for start in range(0, num, _CHUNK)], workers)
     log.info("synth: wrote %d crops of %dx%d from %d photos to %s", num, size[0], size[1], len(sources), out)
     return out
 
@@ -103,10 +94,4 @@ def _write_chunk(task: tuple[tuple[list[str], str, tuple[int, int], int, int], i
         with Image.open(source) as opened:
             photo = opened.convert("RGB")
         path = Path(out) / source.parent.name / f"crop_{index:06d}.jpg"
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            render_crop(photo, index, size, seed).save(tmp, format="JPEG", quality=quality)
-            os.replace(tmp, path)  # regenerable data: no fsync, the rename keeps half files out of view
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        save_whole(render_crop(photo, index, size, seed), path, format="JPEG", quality=quality)

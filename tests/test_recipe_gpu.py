@@ -18,21 +18,9 @@ from recipe_helpers import CLASSES, epoch_batches, timm_module, write_photo_data
 from dali_pipes import ClassificationTrain, DALILoader, Mix, RandomErasing
 from dali_pipes.pipelines.batch_inputs import ERASE_STREAM, MIX_STREAM, batch_seed
 
+from pipeline_helpers import DALI_GPU_MARKS
 
-def _cuda_devices() -> int:
-    try:
-        from nvidia.dali.backend import GetCUDADeviceCount
-
-        return int(GetCUDADeviceCount())
-    except Exception:  # a CPU-only DALI build or no driver: no GPU either way
-        return 0
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    # conftest skips `gpu` tests when torch sees no CUDA; DALI must see the GPU too.
-    pytest.mark.skipif(_cuda_devices() == 0, reason="needs a CUDA GPU visible to DALI"),
-]
+pytestmark = DALI_GPU_MARKS
 
 SIZE = 64
 SEED = 3
