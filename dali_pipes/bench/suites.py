@@ -412,7 +412,7 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
 def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """The loader with the first k steps of the training graph, for every k, on the GPU and the CPU."""
 
-    from dali_pipes.bench.stages import GraphPrefix, stage_names, step_costs
+    from dali_pipes.bench.stages import GraphPrefix, stage_names, step_costs, step_differences
 
     if not hasattr(inputs.spec, "image_stages"):
         raise ValueError(f"the stages suite needs a spec with image_stages(); {type(inputs.spec).__name__} has none")
@@ -429,6 +429,10 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         for row, cost in zip(mine, step_costs([row.images_per_s for row in mine])):
             if cost is not None:
                 row.extra["ms_per_image_added"] = round(cost, 3)
+        cpu = [row.timing.cpu_seconds_per_1k if row.timing else None for row in mine]
+        for row, cost in zip(mine, step_differences(cpu)):
+            if cost is not None:
+                row.extra["cpu_ms_added"] = round(cost, 3)
     report = suite_report(
         "stages",
         "what each step of the training graph costs: the loader with its first k steps",
@@ -437,13 +441,15 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         reference=names[-1],
         reference_match=("device",),
         reference_label="whole graph",
-        columns=("ms_per_image_added",),
+        columns=("ms_per_image_added", "cpu_ms_added"),
     )
     report.notes.append(
         "ms_per_image_added: wall time per image this row adds to the row above it (same device). "
         "Rows before the last hand out 1x1 crops; the last also pays for copying whole images out. "
         "Work that overlaps the slowest step (Python reads, DALI threads, the GPU) shows as about 0, "
-        "or below 0 within the spread: these are marginal costs, not each step's time alone"
+        "or below 0 within the spread: these are marginal costs, not each step's time alone. "
+        "cpu_ms_added: the same in CPU milliseconds of the whole process tree (every core, workers included): "
+        "what the step costs the cores, which a change of the machine's load moves far less"
     )
     return report
 
