@@ -40,6 +40,7 @@ MAIN_ROWS = [
     "DataLoader+torchvision shards",
     "DataLoader+Albumentations shards",
     "DataLoader+Albumentations shards",  # antialias=False
+    "torchvision gpu",
     "DALI readers.file gpu",
     "DALI readers.file cpu",
     "decode-ceiling (full)",
@@ -132,6 +133,7 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
         assert rows[name]["images_per_s"] is not None, rows[name]
     for name in ("dali-pipes gpu", "DALI readers.file gpu"):
         assert (rows[name]["skipped"] is None) == _cuda(), rows[name]
+    assert (rows["torchvision gpu"]["skipped"] is None) == (_cuda() and _imports("torchvision"))
     assert (rows["DataLoader+Albumentations shards"]["skipped"] is None) == _imports("albumentations")
     assert (rows["DataLoader+torchvision shards"]["skipped"] is None) == _imports("torchvision")
     # Both resize qualities, each on both sides of the Albumentations comparison.

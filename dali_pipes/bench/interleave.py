@@ -32,6 +32,7 @@ from dali_pipes.bench.runner import (
     Window,
     collect_garbage,
     measure,
+    record_gpu_memory,
     time_window,
     timing_of,
     warm_up,
@@ -112,8 +113,11 @@ def _open(job: Job, row: Row, plan: TimingPlan, target: Target) -> tuple[Iterato
     collect_garbage()
     closer = contextlib.ExitStack()
     try:
+        before = target.memory_used()
         stream = closer.enter_context(job.factory())
         warm_up(stream, plan, target, job.in_flight)
+        # Rows open one after another and stay open: each row's figure is what it added.
+        record_gpu_memory(row, before, target)
         return stream, closer
     except Skipped as exc:
         row.skipped = str(exc)

@@ -20,9 +20,10 @@ import functools
 from typing import Any, Iterator
 
 from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.jobs import dali_job, suite_report
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, run_jobs
+from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan
 
 __all__ = ["SIZES", "recipe_specs", "recipe_suite"]
 

@@ -181,6 +181,23 @@ class Target:
         if self.is_cuda:
             self._torch.cuda.synchronize(self.device)
 
+    def memory_used(self) -> int | None:
+        """Bytes in use on the target GPU, by every process and allocator (DALI's pools included); ``None`` on the host.
+
+        Read from the driver (``cudaMemGetInfo``): torch's own counters do not see what DALI allocates.
+        """
+        if not self.is_cuda:
+            return None
+        free, total = self._torch.cuda.mem_get_info(self._torch.device(self.device))
+        return int(total - free)
+
+
+def record_gpu_memory(row: "Row", before: int | None, target: Target) -> None:
+    """Put the GPU memory the row took while it opened and warmed up in ``row.extra["gpu_mb"]`` (on a GPU)."""
+    after = target.memory_used()
+    if before is not None and after is not None:
+        row.extra["gpu_mb"] = round((after - before) / 1e6, 1)
+
 
 def delivered(pairs: Iterable[Sequence[Any]], target: Target) -> Iterator[int]:
     """Turn ``(images, labels, ...)`` batches into delivered image counts, copying them to ``target``."""
@@ -321,8 +338,10 @@ def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
         if job.cold_images is not None:
             row.timing = time_cold(job.factory, job.cold_images, plan.repeats, target)
         else:
+            before = target.memory_used()
             with job.factory() as stream:
                 row.timing = time_stream(stream, plan, target, in_flight=job.in_flight)
+                record_gpu_memory(row, before, target)
     except Skipped as exc:
         row.skipped = str(exc)
         log.debug("bench: %s skipped: %s", name, exc)

@@ -70,11 +70,18 @@ def dataloader_stream(dataset: Any, *, batch_size: int, num_workers: int, target
         yield delivered(batches, target)
     finally:
         batches.close()
-        # Persistent workers live as long as the loader's iterator; stop them now
-        # rather than when the garbage collector gets to it, so rows do not overlap.
-        iterator = getattr(loader, "_iterator", None)
-        if iterator is not None and hasattr(iterator, "_shutdown_workers"):
-            iterator._shutdown_workers()
+        shutdown_workers(loader)
+
+
+def shutdown_workers(loader: Any) -> None:
+    """Stop a ``DataLoader``'s persistent workers now.
+
+    They live as long as the loader's iterator; stopped here rather than when the
+    garbage collector gets to it, so rows do not overlap.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
 
 
 @contextlib.contextmanager
