@@ -29,6 +29,8 @@ _PIPELINE_NAMES = (
     "Detection",
     "DetectionVal",
     "Features",
+    "InstanceSegmentation",
+    "InstanceSegmentationVal",
 )
 
 __all__ = [

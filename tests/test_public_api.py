@@ -30,6 +30,8 @@ EXPECTED = {
     "Detection",
     "DetectionVal",
     "Features",
+    "InstanceSegmentation",
+    "InstanceSegmentationVal",
 }
 
 

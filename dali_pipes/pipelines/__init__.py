@@ -11,7 +11,8 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
 - ``base``: the :class:`PipelineSpec` protocol and checks on ``build`` calls;
 - ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`;
 - ``detection``: :class:`Detection` and :class:`DetectionVal` (COCO-style boxes);
-- ``features``: :class:`Features` (fixed-shape arrays to the device).
+- ``features``: :class:`Features` (fixed-shape arrays to the device);
+- ``instance_segmentation``: :class:`InstanceSegmentation` and :class:`InstanceSegmentationVal` (boxes and masks).
 """
 
 from dali_pipes.pipelines.base import PipelineSpec
@@ -19,6 +20,7 @@ from dali_pipes.pipelines.classification import ClassificationTrain, Classificat
 from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD, ColorJitter, DecoderHints
 from dali_pipes.pipelines.detection import Detection, DetectionVal
 from dali_pipes.pipelines.features import Features
+from dali_pipes.pipelines.instance_segmentation import InstanceSegmentation, InstanceSegmentationVal
 
 __all__ = [
     "ClassificationTrain",
@@ -30,5 +32,7 @@ __all__ = [
     "Features",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "InstanceSegmentation",
+    "InstanceSegmentationVal",
     "PipelineSpec",
 ]
