@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
 import os
 from pathlib import Path
 from typing import Any, ClassVar
-
-import io
 
 import numpy as np
 from PIL import Image
@@ -180,7 +179,9 @@ class _Coco:
         self.has_segmentations = any(s is not None for per in annotations.values() for s in per[3])
 
 
-def _masks(name: str, image: bytes, size: tuple[int, int], segmentations: list, ann_ids: list) -> tuple[bytes, np.ndarray]:
+def _masks(
+    name: str, image: bytes, size: tuple[int, int], segmentations: list, ann_ids: list
+) -> tuple[bytes, np.ndarray]:
     """The ``masks`` PNG and ``mask_code`` of one image, at the stored image's size; SampleError for bad input."""
     height, width = size
     stored = _image_size(image)

@@ -96,7 +96,9 @@ def decode_segmentation(segmentation: Any, height: int, width: int, where: str) 
         elif isinstance(counts, (str, bytes)):
             rle = {"size": [height, width], "counts": counts.encode("ascii") if isinstance(counts, str) else counts}
         else:
-            raise ValueError(f"{where}: RLE counts must be a string (compressed) or a list, got {type(counts).__name__}")
+            raise ValueError(
+                f"{where}: RLE counts must be a string (compressed) or a list, got {type(counts).__name__}"
+            )
     else:
         raise ValueError(f"{where}: segmentation must be a list of polygons or an RLE object, got {segmentation!r:.80}")
     try:

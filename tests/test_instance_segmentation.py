@@ -1,0 +1,260 @@
+"""Instance masks: ``convert coco --masks`` and the InstanceSegmentation specs, on the real coco-mini annotations.
+
+The sample annotations are polygons; compressed and uncompressed RLE versions of them are
+made by pycocotools (``frPyObjects``/``merge``/``encode``) from the real masks, and each
+uncompressed RLE is checked by pycocotools' decoder before use. The reference for every
+output mask is pycocotools' ``COCO.annToMask`` of the annotation, pushed through the same
+crop window, nearest-neighbour resize and flip by numpy and PIL.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from converters.runner import convert
+from converters.sources.coco import CocoSource
+from dali_pipes import DALILoader, open_store
+from dali_pipes.pipelines import InstanceSegmentation, InstanceSegmentationVal
+
+mask_api = pytest.importorskip("pycocotools.mask", reason="pycocotools is not installed (pip install -e '.[coco]')")
+COCO = pytest.importorskip("pycocotools.coco", reason="pycocotools is not installed").COCO
+
+#: coco-mini's three real degenerate annotations: 2-point polygons (area 0) from DALI_extra.
+DEGENERATE = {8, 69, 79}
+MIN_PIXELS = 32
+
+
+def uncompressed_rle(mask: np.ndarray) -> dict:
+    """COCO's uncompressed RLE of a binary mask: run lengths in column-major order, starting with a 0 run."""
+    flat = mask.flatten(order="F")
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(flat)) + 1, [flat.size]])
+    counts = np.diff(bounds).tolist()
+    if flat[0]:
+        counts = [0] + counts
+    return {"size": list(mask.shape), "counts": [int(c) for c in counts]}
+
+
+def rewrite_segmentations(data: dict) -> dict:
+    """coco-mini with every third annotation as compressed RLE (crowd) and every third as uncompressed RLE."""
+    sizes = {im["id"]: (im["height"], im["width"]) for im in data["images"]}
+    annotations = []
+    for i, ann in enumerate(a for a in data["annotations"] if a["id"] not in DEGENERATE):
+        h, w = sizes[ann["image_id"]]
+        rle = mask_api.merge(mask_api.frPyObjects(ann["segmentation"], h, w))
+        mask = mask_api.decode(rle)
+        ann = dict(ann)
+        if i % 3 == 1:
+            ann["segmentation"] = {"size": [h, w], "counts": rle["counts"].decode("ascii")}
+            ann["iscrowd"] = 1
+        elif i % 3 == 2:
+            ann["segmentation"] = uncompressed_rle(mask)
+            assert np.array_equal(mask_api.decode(mask_api.frPyObjects(ann["segmentation"], h, w)), mask)
+        annotations.append(ann)
+    return {**data, "annotations": annotations}
+
+
+@pytest.fixture(scope="module")
+def masks_json(coco_mini: Path, tmp_path_factory) -> Path:
+    data = rewrite_segmentations(json.loads((coco_mini / "instances.json").read_text()))
+    kinds = {type(a["segmentation"]).__name__ + str(type(a["segmentation"].get("counts", "")).__name__
+             if isinstance(a["segmentation"], dict) else "") for a in data["annotations"]}  # fmt: skip
+    assert kinds == {"list", "dictstr", "dictlist"}
+    path = tmp_path_factory.mktemp("masks") / "instances.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+@pytest.fixture(scope="module")
+def masks_lmdb(coco_mini: Path, masks_json: Path, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("masks-lmdb") / "lmdb"
+    convert(CocoSource(coco_mini / "images", masks_json, masks=True), out, format="lmdb", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(masks_json: Path):
+    coco = COCO(str(masks_json))
+    by_image = {i: coco.loadAnns(coco.getAnnIds(imgIds=[i])) for i in coco.getImgIds()}
+    return coco, by_image
+
+
+def iou(a: np.ndarray, b: np.ndarray) -> float:
+    union = np.logical_or(a, b).sum()
+    return 1.0 if union == 0 else float(np.logical_and(a, b).sum() / union)
+
+
+def nearest_indices(size_in: int, size_out: int) -> np.ndarray:
+    """The source pixel whose extent holds each output pixel's centre: ``floor((i + 0.5) * in / out)``.
+
+    At an exact tie (the centre on a pixel border, which rational scales give every few
+    pixels) this takes the right/lower pixel; PIL's NEAREST takes the other one there.
+    """
+    return np.floor((np.arange(size_out) + 0.5) * size_in / size_out).astype(np.int64)
+
+
+def transform(mask: np.ndarray, window: tuple[int, int, int, int], out_hw: tuple[int, int], flip: bool) -> np.ndarray:
+    """The independent reference: crop ``(x0, y0, x1, y1)``, nearest-neighbour resize to ``out_hw``, mirror."""
+    x0, y0, x1, y1 = window
+    crop = mask[y0:y1, x0:x1]
+    out = crop[nearest_indices(crop.shape[0], out_hw[0])][:, nearest_indices(crop.shape[1], out_hw[1])]
+    return out[:, ::-1] if flip else out
+
+
+def test_the_reference_resize_is_pil_nearest_except_at_exact_ties():
+    mask = (np.random.default_rng(0).random((321, 480)) > 0.5).astype(np.uint8)
+    ours = transform(mask, (0, 0, 480, 321), (300, 400), flip=False)
+    pil = np.asarray(Image.fromarray(mask).resize((400, 300), Image.Resampling.NEAREST))
+    ties = ((np.arange(400) + 0.5) * 480 / 400) % 1 == 0
+    assert (ours != pil).any(axis=0)[~ties].sum() == 0 and (ours != pil)[:, ties].any()
+    assert np.array_equal(transform(mask, (7, 5, 400, 300), (295, 393), flip=False), mask[5:300, 7:400])
+
+
+def load_batches(path: Path, spec, epochs: int = 1) -> list[dict]:
+    """Every batch of ``epochs`` epochs in dataset order, as numpy, read in this process."""
+    batches = []
+    with DALILoader(
+        path, spec, batch_size=8, shuffle=False, device="cpu", py_num_workers=0, seed=0, with_index=True
+    ) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            batches.extend({k: v.numpy() for k, v in batch.items()} for batch in loader)
+    return batches
+
+
+def rows(batches: list[dict]):
+    """``(batch, row)`` for every real (not padded) sample."""
+    for batch in batches:
+        for row in range(len(batch["index"])):
+            if not batch["is_pad"][row]:
+                yield batch, row
+
+
+class _Windowed(InstanceSegmentation):
+    """InstanceSegmentation that also outputs its crop window, so the reference can apply the same one."""
+
+    _emit_window = True
+
+
+def check_sample(batch: dict, row: int, anns: list, coco, window, flip: bool) -> int:
+    """Match each output mask to its annotation (in order) and compare with the reference; the count checked."""
+    n = int(batch["num_boxes"][row])
+    h, w = (int(v) for v in batch["image_size"][row])
+    masks = batch["masks"][row]
+    assert masks.dtype == np.uint8 and set(np.unique(masks)) <= {0, 1}
+    assert not masks[n:].any() and not masks[:, h:].any() and not masks[:, :, w:].any()
+    refs = [transform(coco.annToMask(a), window, (h, w), flip) for a in anns]
+    checked, last = 0, -1
+    for k in range(n):
+        scores = [iou(masks[k, :h, :w], ref) if j > last else -1.0 for j, ref in enumerate(refs)]
+        j = int(np.argmax(scores))
+        assert scores[j] >= 0.5, f"output mask {k} matches no annotation (best IoU {scores[j]:.2f})"
+        last = j  # masks come in the order of their annotations
+        if refs[j].sum() >= MIN_PIXELS:
+            assert scores[j] >= 0.98, f"annotation {anns[j]['id']}: IoU {scores[j]:.3f} with the reference"
+            checked += 1
+        assert bool(batch["iscrowd"][row][k]) == bool(anns[j]["iscrowd"])
+    return checked
+
+
+def test_stored_masks_are_annToMask_bit_for_bit(masks_lmdb, reference):
+    coco, by_image = reference
+    store = open_store(masks_lmdb)
+    assert len(store) == 61 and {"masks", "mask_code"} <= set(store.fields)
+    compared = 0
+    for i in range(len(store)):
+        sample = store[i]
+        layers = np.asarray(Image.open(io.BytesIO(sample["masks"])))
+        layers = layers[:, :, None] if layers.ndim == 2 else layers
+        anns = by_image[int(sample["image_id"])]
+        assert len(sample["mask_code"]) == len(anns)
+        for code, ann in zip(sample["mask_code"], anns):
+            got = layers[:, :, code // 256] == code % 256
+            np.testing.assert_array_equal(got, coco.annToMask(ann).astype(bool), err_msg=f"annotation {ann['id']}")
+            compared += 1
+    assert compared == 88
+
+
+def test_masks_follow_a_known_crop_and_a_forced_flip(masks_lmdb, reference):
+    coco, by_image = reference
+    ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
+    spec = _Windowed(size=256, max_size=384, crop="ssd", flip=1.0, jitter=None, crowd="keep")
+    checked = cropped = crowd = 0
+    for batch, row in rows(load_batches(masks_lmdb, spec, epochs=2)):
+        anns = by_image[ids[batch["index"][row]]]
+        info = coco.imgs[ids[batch["index"][row]]]
+        (ax, ay), (sw, sh) = batch["crop_anchor"][row], batch["crop_shape"][row]
+        W, H = info["width"], info["height"]
+        window = (round(ax * W), round(ay * H), round((ax + sw) * W), round((ay + sh) * H))
+        cropped += window != (0, 0, W, H)
+        checked += check_sample(batch, row, anns, coco, window, flip=True)
+        crowd += int(batch["iscrowd"][row].sum())
+    assert cropped > 20 and checked > 60 and crowd > 5, (cropped, checked, crowd)
+
+
+@pytest.mark.parametrize("size", [(300, 400), 200], ids=["fixed", "shorter-side"])
+def test_validation_masks_are_the_annotations_resized(masks_lmdb, reference, size):
+    coco, by_image = reference
+    ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
+    checked = 0
+    for batch, row in rows(load_batches(masks_lmdb, InstanceSegmentationVal(size=size, crowd="keep"))):
+        info = coco.imgs[ids[batch["index"][row]]]
+        window = (0, 0, info["width"], info["height"])
+        checked += check_sample(batch, row, by_image[info["id"]], coco, window, flip=False)
+    assert checked >= 80
+
+
+def test_masks_without_annotations_are_zero_and_crowd_drop_drops_their_masks(masks_lmdb, reference):
+    coco, by_image = reference
+    ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
+    spec = InstanceSegmentation(size=(128, 160), crop=None, flip=0.0, jitter=None, crowd="drop")
+    empty = 0
+    for batch, row in rows(load_batches(masks_lmdb, spec)):
+        anns = [a for a in by_image[ids[batch["index"][row]]] if not a["iscrowd"]]
+        n = int(batch["num_boxes"][row])
+        assert n == len(anns)
+        assert not batch["masks"][row][n:].any()
+        empty += n == 0
+    assert empty > 0
+
+
+def test_bad_segmentations_are_listed_and_the_rest_kept(coco_mini: Path, tmp_path: Path):
+    data = json.loads((coco_mini / "instances.json").read_text())
+    sizes = {im["id"]: (im["height"], im["width"]) for im in data["images"]}
+    by_id = {a["id"]: a for a in data["annotations"]}
+    odd, rle_size = by_id[1], by_id[2]
+    odd["segmentation"] = [odd["segmentation"][0][:-1]]
+    h, w = sizes[rle_size["image_id"]]
+    rle = mask_api.merge(mask_api.frPyObjects(rle_size["segmentation"], h, w))
+    rle_size["segmentation"] = {"size": [h + 1, w], "counts": rle["counts"].decode("ascii")}
+    (tmp_path / "instances.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    convert(
+        CocoSource(coco_mini / "images", tmp_path / "instances.json", masks=True),
+        out,
+        format="lmdb",
+        workers=1,
+        progress=False,
+    )
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    reasons = " | ".join(e["reason"] for e in errors)
+    assert "odd number of coordinates" in reasons and "RLE size" in reasons
+    assert reasons.count("a polygon needs at least 3") == len(DEGENERATE)
+    bad_images = {odd["image_id"], rle_size["image_id"]} | {by_id[i]["image_id"] for i in DEGENERATE}
+    assert len(errors) == len(bad_images)
+    assert len(open_store(out)) == 61 - len(bad_images)
+
+
+def test_masks_need_the_option_and_a_dataset_without_them_is_refused_by_name(coco_mini: Path, tmp_path: Path):
+    out = tmp_path / "plain"
+    convert(
+        CocoSource(coco_mini / "images", coco_mini / "instances.json"), out, format="lmdb", workers=1, progress=False
+    )
+    assert "masks" not in open_store(out).fields
+    with pytest.raises(ValueError, match="masks"):
+        DALILoader(out, InstanceSegmentation(), batch_size=2, device="cpu")
