@@ -31,6 +31,8 @@ _PIPELINE_NAMES = (
     "Features",
     "InstanceSegmentation",
     "InstanceSegmentationVal",
+    "SemanticSegmentation",
+    "SemanticSegmentationVal",
 )
 
 __all__ = [

@@ -32,6 +32,8 @@ EXPECTED = {
     "Features",
     "InstanceSegmentation",
     "InstanceSegmentationVal",
+    "SemanticSegmentation",
+    "SemanticSegmentationVal",
 }
 
 

@@ -12,7 +12,8 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
 - ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`;
 - ``detection``: :class:`Detection` and :class:`DetectionVal` (COCO-style boxes);
 - ``features``: :class:`Features` (fixed-shape arrays to the device);
-- ``instance_segmentation``: :class:`InstanceSegmentation` and :class:`InstanceSegmentationVal` (boxes and masks).
+- ``instance_segmentation``: :class:`InstanceSegmentation` and :class:`InstanceSegmentationVal` (boxes and masks);
+- ``semantic_segmentation``: :class:`SemanticSegmentation` and :class:`SemanticSegmentationVal` (label maps).
 """
 
 from dali_pipes.pipelines.base import PipelineSpec
@@ -21,6 +22,7 @@ from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD, ColorJitter
 from dali_pipes.pipelines.detection import Detection, DetectionVal
 from dali_pipes.pipelines.features import Features
 from dali_pipes.pipelines.instance_segmentation import InstanceSegmentation, InstanceSegmentationVal
+from dali_pipes.pipelines.semantic_segmentation import SemanticSegmentation, SemanticSegmentationVal
 
 __all__ = [
     "ClassificationTrain",
@@ -35,4 +37,6 @@ __all__ = [
     "InstanceSegmentation",
     "InstanceSegmentationVal",
     "PipelineSpec",
+    "SemanticSegmentation",
+    "SemanticSegmentationVal",
 ]
