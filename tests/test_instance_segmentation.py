@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 
 from converters.runner import convert
@@ -115,15 +120,20 @@ def test_the_reference_resize_is_pil_nearest_except_at_exact_ties():
     assert np.array_equal(transform(mask, (7, 5, 400, 300), (295, 393), flip=False), mask[5:300, 7:400])
 
 
-def load_batches(path: Path, spec, epochs: int = 1) -> list[dict]:
+DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+def load_batches(path: Path, spec, epochs: int = 1, device: str = "cpu") -> list[dict]:
     """Every batch of ``epochs`` epochs in dataset order, as numpy, read in this process."""
     batches = []
     with DALILoader(
-        path, spec, batch_size=8, shuffle=False, device="cpu", py_num_workers=0, seed=0, with_index=True
+        path, spec, batch_size=8, shuffle=False, device=device, py_num_workers=0, seed=0, with_index=True
     ) as loader:
         for epoch in range(epochs):
             loader.set_epoch(epoch)
-            batches.extend({k: v.numpy() for k, v in batch.items()} for batch in loader)
+            for batch in loader:
+                assert all(v.is_cuda == (device == "gpu") for v in batch.values())
+                batches.append({k: v.cpu().numpy() for k, v in batch.items()})
     return batches
 
 
@@ -180,12 +190,13 @@ def test_stored_masks_are_annToMask_bit_for_bit(masks_lmdb, reference):
     assert compared == 88
 
 
-def test_masks_follow_a_known_crop_and_a_forced_flip(masks_lmdb, reference):
+@pytest.mark.parametrize("device", DEVICES)
+def test_masks_follow_a_known_crop_and_a_forced_flip(masks_lmdb, reference, device):
     coco, by_image = reference
     ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
     spec = _Windowed(size=256, max_size=384, crop="ssd", flip=1.0, jitter=None, crowd="keep")
     checked = cropped = crowd = 0
-    for batch, row in rows(load_batches(masks_lmdb, spec, epochs=2)):
+    for batch, row in rows(load_batches(masks_lmdb, spec, epochs=2, device=device)):
         anns = by_image[ids[batch["index"][row]]]
         info = coco.imgs[ids[batch["index"][row]]]
         (ax, ay), (sw, sh) = batch["crop_anchor"][row], batch["crop_shape"][row]
@@ -197,12 +208,13 @@ def test_masks_follow_a_known_crop_and_a_forced_flip(masks_lmdb, reference):
     assert cropped > 20 and checked > 60 and crowd > 5, (cropped, checked, crowd)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("size", [(300, 400), 200], ids=["fixed", "shorter-side"])
-def test_validation_masks_are_the_annotations_resized(masks_lmdb, reference, size):
+def test_validation_masks_are_the_annotations_resized(masks_lmdb, reference, size, device):
     coco, by_image = reference
     ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
     checked = 0
-    for batch, row in rows(load_batches(masks_lmdb, InstanceSegmentationVal(size=size, crowd="keep"))):
+    for batch, row in rows(load_batches(masks_lmdb, InstanceSegmentationVal(size=size, crowd="keep"), device=device)):
         info = coco.imgs[ids[batch["index"][row]]]
         window = (0, 0, info["width"], info["height"])
         checked += check_sample(batch, row, by_image[info["id"]], coco, window, flip=False)
@@ -258,3 +270,53 @@ def test_masks_need_the_option_and_a_dataset_without_them_is_refused_by_name(coc
     assert "masks" not in open_store(out).fields
     with pytest.raises(ValueError, match="masks"):
         DALILoader(out, InstanceSegmentation(), batch_size=2, device="cpu")
+
+
+# ---------------------------------------------------------------- the example
+
+
+def run_example(dataset: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "dali_pipes.examples.train_instance_segmentation", str(dataset)]
+    command += ["--epochs", "1", "--batch-size", "8", "--size", "96", "--max-size", "128", "--workers", "0", *extra]
+    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+
+
+def test_example_trains_the_tiny_mask_model_for_an_epoch_on_cpu(masks_lmdb):
+    proc = run_example(masks_lmdb, "--model", "tiny")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(r"epoch 0: (\d+) images, loss ([0-9.]+).*\(tiny model\)", proc.stdout)
+    assert found and int(found.group(1)) == 61 and 0 < float(found.group(2)) < 100, proc.stdout
+
+
+def test_example_trains_torchvision_maskrcnn_for_an_epoch(masks_lmdb):
+    pytest.importorskip(
+        "torchvision",
+        reason="torchvision is not installed (no build exists for this CPU-only torch); the Mask R-CNN path "
+        "runs where it is, e.g. with a CUDA build of torch",
+    )
+    proc = run_example(masks_lmdb, "--model", "maskrcnn")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    found = re.search(r"epoch 0: (\d+) images, loss ([0-9.]+).*\(maskrcnn model\)", proc.stdout)
+    assert found and int(found.group(1)) == 61 and float(found.group(2)) > 0, proc.stdout
+
+
+def test_maskrcnn_targets_cut_padding_rows_and_samples():
+    from dali_pipes.examples.train_instance_segmentation import maskrcnn_targets
+
+    masks = torch.zeros((3, 2, 8, 10), dtype=torch.uint8)
+    masks[0, 0, 1:3, 2:5] = 1
+    batch = {
+        "image": torch.randn(3, 3, 8, 10),
+        "image_size": torch.tensor([[8, 10], [6, 7], [8, 10]]),
+        "boxes": torch.tensor([[[2.0, 1.0, 5.0, 3.0], [0, 0, 1, 1]], [[0.0] * 4] * 2, [[0, 0, 4, 4], [0.0] * 4]]),
+        "labels": torch.tensor([[0, 4], [-1, -1], [2, -1]]),
+        "num_boxes": torch.tensor([2, 0, 1]),
+        "masks": masks,
+        "is_pad": torch.tensor([False, False, True]),
+    }
+    images, targets = maskrcnn_targets(batch)
+    assert [tuple(i.shape) for i in images] == [(3, 8, 10), (3, 6, 7)]
+    assert targets[0]["labels"].tolist() == [1, 5] and targets[1]["labels"].shape == (0,)
+    assert targets[0]["masks"].shape == (2, 8, 10) and targets[1]["masks"].shape == (0, 6, 7)
+    assert torch.equal(targets[0]["masks"][0], masks[0, 0]) and targets[1]["boxes"].shape == (0, 4)

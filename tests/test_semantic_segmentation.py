@@ -152,7 +152,8 @@ def interior(where: np.ndarray, radius: int = 1) -> np.ndarray:
     return out
 
 
-def test_image_and_map_point_back_to_the_same_source_pixel(tmp_path):
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def test_image_and_map_point_back_to_the_same_source_pixel(tmp_path, device):
     images, maps = coordinate_data(tmp_path / "coords")
     out = tmp_path / "coords-lmdb"
     convert(SegmentationSource(images, maps, ignore_index=65535), out, format="lmdb", workers=1, progress=False)
@@ -161,11 +162,12 @@ def test_image_and_map_point_back_to_the_same_source_pixel(tmp_path):
         ignore_index=65535,
     )  # fmt: skip
     flipped = padded = checked = 0
-    with DALILoader(out, spec, batch_size=6, shuffle=False, device="cpu", py_num_workers=0, seed=3) as loader:
+    with DALILoader(out, spec, batch_size=6, shuffle=False, device=device, py_num_workers=0, seed=3) as loader:
         for epoch in range(4):
             loader.set_epoch(epoch)
             for batch in loader:
-                image, mask = batch["image"].numpy().astype(np.int64), batch["mask"].numpy()
+                assert batch["mask"].is_cuda == (device == "gpu")
+                image, mask = batch["image"].cpu().numpy().astype(np.int64), batch["mask"].cpu().numpy()
                 assert image.shape == (6, 96, 128, 3) and mask.shape == (6, 96, 128) and mask.dtype == np.int64
                 valid = mask != 65535
                 # Pixels next to the padding blend with it in the image's (antialiased) linear resize: left out.
@@ -186,16 +188,19 @@ def nearest(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray]:
     return np.floor(centre).astype(int), np.abs(centre - np.round(centre)) < 1e-3
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("size", [(64, 80), 48], ids=["fixed", "shorter-side"])
-def test_validation_resizes_map_like_image_and_pads_with_ignore(voc, voc_lmdb, size):
+def test_validation_resizes_map_like_image_and_pads_with_ignore(voc, voc_lmdb, size, device):
     _, maps, _ = voc
     spec = SemanticSegmentationVal(size=size)
     store = open_store(voc_lmdb)
-    with DALILoader(voc_lmdb, spec, batch_size=8, shuffle=False, device="cpu", py_num_workers=0, with_index=True) as ld:
+    with DALILoader(
+        voc_lmdb, spec, batch_size=8, shuffle=False, device=device, py_num_workers=0, with_index=True
+    ) as ld:
         for batch in ld:
             for row in range(len(batch["index"])):
                 labels = maps[store[int(batch["index"][row])]["key"].decode()]
-                mask = batch["mask"][row].numpy()
+                mask = batch["mask"][row].cpu().numpy()
                 h, w = batch["image_size"][row].tolist() if "image_size" in batch else size
                 (ys, y_ties), (xs, x_ties) = nearest(labels.shape[0], h), nearest(labels.shape[1], w)
                 # At an exact tie (a centre on a pixel border) either neighbour is nearest; DALI's float32 picks one.
