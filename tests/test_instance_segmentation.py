@@ -320,3 +320,13 @@ def test_maskrcnn_targets_cut_padding_rows_and_samples():
     assert targets[0]["labels"].tolist() == [1, 5] and targets[1]["labels"].shape == (0,)
     assert targets[0]["masks"].shape == (2, 8, 10) and targets[1]["masks"].shape == (0, 6, 7)
     assert torch.equal(targets[0]["masks"][0], masks[0, 0]) and targets[1]["boxes"].shape == (0, 4)
+
+
+def test_show_draws_the_masks_over_the_boxes(masks_lmdb, tmp_path):
+    from dali_pipes.cli.show import show
+
+    plain = np.asarray(Image.open(show(masks_lmdb, tmp_path / "d.png", pipeline="detection-val", num=4, device="cpu")))
+    drawn = np.asarray(Image.open(show(masks_lmdb, tmp_path / "i.png", pipeline="instance-val", num=4, device="cpu")))
+    assert plain.shape == drawn.shape == (300 + 14, 4 * 300, 3)
+    changed = (plain != drawn).any(axis=2).mean()
+    assert 0.05 < changed < 0.9  # the masked areas, not the whole grid

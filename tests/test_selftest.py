@@ -60,7 +60,7 @@ def test_asking_for_the_gpu_without_cuda_fails_saying_so(tmp_path):
     )
     assert proc.returncode == 1
     assert "FAILED  classification-train  gpu  workers=-  at device: no CUDA" in proc.stdout
-    assert proc.stdout.strip().endswith("selftest FAILED: 6 of 6 rows")
+    assert proc.stdout.strip().endswith(f"selftest FAILED: {len(SPEC_NAMES)} of {len(SPEC_NAMES)} rows")
 
 
 @pytest.mark.timeout(120)
@@ -125,6 +125,6 @@ def test_the_detection_checks_catch_a_box_outside_the_image(data):
 
 
 def test_the_sample_data_converts_into_every_kind_of_dataset(data):
-    for path in (data.classification, data.detection, data.features):
+    for path in (data.classification, data.detection, data.features, data.instance, data.semantic):
         assert (Path(path) / "index.json").is_file()
     assert data.feature_values.shape[0] == data.feature_labels.shape[0]

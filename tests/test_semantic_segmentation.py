@@ -213,3 +213,11 @@ def test_validation_resizes_map_like_image_and_pads_with_ignore(voc, voc_lmdb, s
                 assert (mask[h:] == IGNORE).all() and (mask[:, w:] == IGNORE).all()
                 if isinstance(size, int):
                     assert min(h, w) == size
+
+
+def test_show_draws_the_label_maps(voc_lmdb, tmp_path):
+    from dali_pipes.cli.show import show
+
+    path = show(voc_lmdb, tmp_path / "s.png", pipeline="semantic-val", num=4, size=64, device="cpu")
+    grid = np.asarray(Image.open(path))
+    assert grid.shape == (64 + 14, 4 * 64, 3)

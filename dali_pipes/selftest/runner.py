@@ -2,7 +2,8 @@
 
 The first thing to run on a new machine or cluster node. On small datasets made
 at run time (:mod:`dali_pipes.selftest.data`), it runs every pipeline spec
-(classification train and val, auto-augment, detection train and val, features)
+(classification train and val, auto-augment, detection, instance and semantic
+segmentation train and val, features)
 through the real :class:`~dali_pipes.DALILoader` on each device, with 0 and with
 1 Python worker, for two epochs; checks the outputs (shape, dtype, device, value
 range, ``is_pad`` and that every sample comes once, boxes inside the image,
@@ -39,6 +40,10 @@ SPEC_NAMES = (
     "auto-augment",
     "detection-train",
     "detection-val",
+    "instance-train",
+    "instance-val",
+    "semantic-train",
+    "semantic-val",
     "features",
 )
 
@@ -158,9 +163,14 @@ def _devices(device: str) -> list[str]:
 
 
 def _spec(name: str) -> Any:
+    from dali_pipes import pipelines as p
     from dali_pipes.pipelines import ClassificationTrain, ClassificationVal, Detection, DetectionVal, Features
 
     return {
+        "instance-train": lambda: p.InstanceSegmentation(size=(48, 64)),
+        "instance-val": lambda: p.InstanceSegmentationVal(size=40, max_size=64),
+        "semantic-train": lambda: p.SemanticSegmentation(size=(48, 64), scale=(0.3, 1.5)),
+        "semantic-val": lambda: p.SemanticSegmentationVal(size=40),
         "classification-train": lambda: ClassificationTrain(size=32),
         "classification-val": lambda: ClassificationVal(size=32, resize=36),
         "auto-augment": lambda: ClassificationTrain(size=32, auto_augment="rand_augment", dtype="float16"),
@@ -173,6 +183,8 @@ def _spec(name: str) -> Any:
 def _dataset(name: str, data: SampleData) -> Path:
     if name.startswith("detection"):
         return data.detection
+    if name.startswith(("instance", "semantic")):
+        return data.instance if name.startswith("instance") else data.semantic
     return data.features if name == "features" else data.classification
 
 
@@ -183,6 +195,8 @@ def _run_spec(name: str, device: str, data: SampleData, *, asked_for_gpu: bool) 
         if asked_for_gpu:  # --device gpu on a node whose GPU torch cannot see: that is the finding
             return [Row(name, "gpu", None, "failed", "device", "no CUDA: torch.cuda.is_available() is False")]
         return [Row(name, "gpu", None, "skipped", message="skipped: no CUDA")]
+    if _dataset(name, data) is None:
+        return [Row(name, device, None, "skipped", message="skipped: pycocotools is not installed (dali-pipes[coco])")]
     return [_run_one(name, device, workers, data) for workers in WORKER_COUNTS]
 
 
