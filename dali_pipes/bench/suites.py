@@ -15,7 +15,9 @@
   (read, decode, resize, jitter, normalise), on the CPU and the GPU, and what
   each step adds per image (see :mod:`dali_pipes.bench.stages`);
 - ``storage``: epoch 1 and 2 reading the dataset where it is, staged into
-  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`).
+  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`);
+- ``masks``: instance or semantic segmentation against the same pipeline without
+  its masks, on the GPU and the CPU (see :mod:`dali_pipes.bench.masks`).
 """
 
 from __future__ import annotations
@@ -43,7 +45,16 @@ from dali_pipes.bench.runner import Job, Target, TimingPlan, run_jobs, warm_page
 
 log = logging.getLogger(__name__)
 
-SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage")
+SUITES: tuple[str, ...] = (
+    "main",
+    "albumentations",
+    "cpu-vs-gpu",
+    "workers",
+    "formats",
+    "stages",
+    "storage",
+    "masks",
+)
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
@@ -416,6 +427,12 @@ def _storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick:
     return storage_suite(inputs, plan, target, quick, progress)
 
 
+def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.masks import masks_suite
+
+    return masks_suite(inputs, plan, target, quick, progress)
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "albumentations": albumentations_suite,
@@ -424,4 +441,5 @@ _SUITES: dict[str, Suite] = {
     "formats": formats_suite,
     "stages": stages_suite,
     "storage": _storage_suite,
+    "masks": _masks_suite,
 }

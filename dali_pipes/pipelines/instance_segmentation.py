@@ -19,8 +19,9 @@ is decoded on the CPU (DALI's GPU decoders hand PNG to the CPU anyway) with the
 image's crop window (``decoders.image_slice``, same relative anchor and shape),
 then, on the image's device, resized with ``INTERP_NN`` to the image's output
 size and flipped with the image's coin; each box's code rides through the box
-crop packed into its label, and the binary masks are one broadcast comparison,
-``layers[None] == wanted[:, None, None, :]`` reduced over the layers.
+crop packed into its label. The layers of a pixel, padded to four bytes, are
+read as one uint32, and the binary masks are one broadcast comparison:
+``(pixels[None] & (255 << 8 * layer[:, None, None])) == id << 8 * layer``.
 """
 
 from __future__ import annotations
@@ -39,6 +40,8 @@ from dali_pipes.pipelines.detection import Detection, DetectionVal, _on_device, 
 #: ``mask_code = layer * MASK_CODE_BASE + id``, with up to MASK_LAYERS layers (the converter's layout).
 MASK_CODE_BASE = 256
 MASK_LAYERS = 4
+#: ``1 << 8 * layer``: where a layer's byte lies in the uint32 the layers of a pixel make.
+_BYTE_SCALES = [float(1 << 8 * layer) for layer in range(MASK_LAYERS)]
 _MASK_FIELDS = ("masks", "mask_code")
 
 
@@ -78,23 +81,26 @@ class _MaskOutput:
                 normalized_anchor=True,
                 normalized_shape=True,
             )
-        channels = layers.shape(dtype=types.INT32)[2]
         if device == "gpu":
             layers = layers.gpu()
         layers = fn.resize(layers, device=device, size=out_hw, interp_type=types.INTERP_NN, antialias=False)
         if not (isinstance(mirror, int) and mirror == 0):
             layers = fn.flip(layers, device=device, horizontal=mirror)
-        # wanted[k, l]: the id box k has in layer l, or 0 in the layers it is not in; 0 never
-        # counts as a hit (background), hence the `& (wanted > 0)`.
-        layer = fn.expand_dims(codes // MASK_CODE_BASE, axes=[1])
-        ids = fn.expand_dims(codes, axes=[1]) - layer * MASK_CODE_BASE
-        all_layers = fn.constant(idata=list(range(MASK_LAYERS)), shape=[1, MASK_LAYERS], dtype=types.INT32)
-        in_layer = layer == all_layers[:, 0:channels]
-        wanted = fn.expand_dims(fn.cast(fn.cast(in_layer, dtype=types.INT32) * ids, dtype=types.UINT8), axes=[1, 2])
+        # The (up to) four uint8 layers of a pixel read as one little-endian uint32: layer l is byte l.
+        layers = fn.pad(layers, device=device, axes=(2,), shape=(MASK_LAYERS,), fill_value=0)
+        packed = fn.reshape(
+            fn.reinterpret(layers, dtype=types.UINT32, rel_shape=[1, 1, 1 / MASK_LAYERS]), rel_shape=[1, 1]
+        )
+        # Box k's mask: the byte of its layer equals its id, i.e. (pixel & 255 << 8l) == id << 8l. One broadcast
+        # comparison for all boxes, with no reduction over layers (measured: a third of the cost of one on the CPU).
+        layer = codes // MASK_CODE_BASE
+        byte = fn.lookup_table(layer, keys=list(range(MASK_LAYERS)), values=_BYTE_SCALES, dtype=types.UINT32)
+        ids = fn.cast(codes - layer * MASK_CODE_BASE, dtype=types.UINT32)
+        select = fn.expand_dims(fn.cast(byte * 255, dtype=types.UINT32), axes=[1, 2])
+        want = fn.expand_dims(fn.cast(byte * ids, dtype=types.UINT32), axes=[1, 2])
         if device == "gpu":
-            wanted = wanted.gpu()
-        hits = (fn.expand_dims(layers, axes=[0]) == wanted) & (wanted > 0)
-        masks = fn.reductions.max(fn.cast(hits, dtype=types.UINT8), axes=[3])
+            select, want = select.gpu(), want.gpu()
+        masks = fn.cast((fn.expand_dims(packed, axes=[0]) & select) == want, dtype=types.UINT8)
         if not isinstance(self.size, tuple):  # type: ignore[attr-defined]
             masks = fn.pad(masks, device=device, axes=(1, 2), fill_value=0)
         return _pad_rows(masks, 0.0)

@@ -34,6 +34,8 @@ from dali_pipes.pipelines.classification import _ImageOutput
 from dali_pipes.pipelines.config import ColorJitter, check_probability, check_range, check_size
 
 _FIELDS = ("image", "mask")
+# Both slices cut the same pixels: a relative anchor and shape, padding where the window leaves the image.
+_WINDOW = dict(normalized_anchor=True, normalized_shape=True, axis_names="WH", out_of_bounds_policy="pad")
 
 
 def _check_size(name: str, value) -> int | tuple[int, int]:
@@ -114,23 +116,35 @@ class SemanticSegmentation(_SemanticOutput):
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the training graph; return ``image`` and ``mask`` (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
-        images = ops.decode(inputs["image"], device=device, hints=self.decoder)
-        maps, _ = self._decode_map(inputs["mask"], device)
-        anchor, shape = self._window()
-        window = dict(normalized_anchor=True, normalized_shape=True, axis_names="WH", out_of_bounds_policy="pad")
-        images = fn.slice(images, anchor, shape, device=device, fill_values=0, **window)
-        maps = fn.slice(maps, anchor, shape, device=device, fill_values=self.ignore_index, **window)
-        size = [float(v) for v in self.size] if isinstance(self.size, tuple) else [float(self.size)] * 2
-        images = fn.resize(images, device=device, size=size, interp_type=types.INTERP_LINEAR, antialias=True)
-        maps = fn.resize(maps, device=device, size=size, interp_type=types.INTERP_NN, antialias=False)
+        window, mirror = self._window(), ops.mirror_flag(self.flip)
+        return {
+            "image": self._image(inputs["image"], window, mirror, device=device),
+            "mask": self._map(inputs["mask"], window, mirror, device=device),
+        }
+
+    def _image(self, encoded: DataNode, window: tuple, mirror: DataNode | int, *, device: str) -> DataNode:
+        """The image's part of the graph: decode, cut the window, resize, jitter, flip and normalise."""
+        images = ops.decode(encoded, device=device, hints=self.decoder)
+        images = fn.slice(images, *window, device=device, fill_values=0, **_WINDOW)
+        images = fn.resize(images, device=device, size=self._size, interp_type=types.INTERP_LINEAR, antialias=True)
         if self.jitter is not None:
             images = ops.color_jitter(images, self.jitter, device=device, output_dtype=self.dtype)
-        mirror = ops.mirror_flag(self.flip)
-        if not (isinstance(mirror, int) and mirror == 0):
-            maps = fn.flip(maps, device=device, horizontal=mirror)
         if ops.needs_normalize(dtype=self.dtype, layout=self.layout, mirror=mirror, crop=None):
             images = self._normalize(images, device=device, mirror=mirror)
-        return {"image": images, "mask": self._mask_output(maps)}
+        return images
+
+    def _map(self, encoded: DataNode, window: tuple, mirror: DataNode | int, *, device: str) -> DataNode:
+        """The map's part: the same window, size and flip, with nearest neighbour and ``ignore_index`` padding."""
+        maps, _ = self._decode_map(encoded, device)
+        maps = fn.slice(maps, *window, device=device, fill_values=self.ignore_index, **_WINDOW)
+        maps = fn.resize(maps, device=device, size=self._size, interp_type=types.INTERP_NN, antialias=False)
+        if not (isinstance(mirror, int) and mirror == 0):
+            maps = fn.flip(maps, device=device, horizontal=mirror)
+        return self._mask_output(maps)
+
+    @property
+    def _size(self) -> list[float]:
+        return [float(v) for v in self.size] if isinstance(self.size, tuple) else [float(self.size)] * 2
 
     def _window(self) -> tuple[DataNode, DataNode]:
         """A relative ``[x, y]`` anchor and ``[w, h]`` shape, drawn per sample on the CPU."""
