@@ -330,3 +330,67 @@ def test_show_draws_the_masks_over_the_boxes(masks_lmdb, tmp_path):
     assert plain.shape == drawn.shape == (300 + 14, 4 * 300, 3)
     changed = (plain != drawn).any(axis=2).mean()
     assert 0.05 < changed < 0.9  # the masked areas, not the whole grid
+
+
+# ---------------------------------------------------------------- layers, bench and doctor
+
+
+def test_layer_constants_agree_between_the_converter_and_the_loader():
+    from converters.sources import coco_masks
+    from dali_pipes.pipelines import instance_segmentation
+
+    assert coco_masks.CODE_BASE == instance_segmentation.MASK_CODE_BASE
+    assert coco_masks.MAX_LAYERS == instance_segmentation.MASK_LAYERS
+
+
+def test_four_deep_overlaps_use_four_layers_and_a_fifth_is_refused(coco_mini: Path, tmp_path: Path):
+    data = json.loads((coco_mini / "instances.json").read_text())
+    base = max((a for a in data["annotations"] if a["id"] not in DEGENERATE), key=lambda a: a["area"])
+    image = next(im for im in data["images"] if im["id"] == base["image_id"])
+    others = [im for im in data["images"] if im["id"] != image["id"]][:2]
+
+    def shifted(i: int, dx: float, image_id: int) -> dict:
+        poly = [v + (dx if j % 2 == 0 else 0.0) for j, v in enumerate(base["segmentation"][0])]
+        return {**base, "id": 1000 + i, "image_id": image_id, "segmentation": [poly], "iscrowd": 0}
+
+    # Four copies 3 px apart on the base image: every pair overlaps; five on a copy of it refuse.
+    anns = [shifted(i, 3.0 * i, image["id"]) for i in range(4)] + [
+        shifted(10 + i, 3.0 * i, others[0]["id"]) for i in range(5)
+    ]
+    twin = {**others[0], "file_name": image["file_name"], "height": image["height"], "width": image["width"]}
+    data = {**data, "images": [image, twin], "annotations": anns}
+    (tmp_path / "instances.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    convert(
+        CocoSource(coco_mini / "images", tmp_path / "instances.json", masks=True),
+        out,
+        format="lmdb",
+        workers=1,
+        progress=False,
+    )
+    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    assert len(errors) == 1 and "overlaps instances in all 4 mask layers" in errors[0]["reason"]
+    store = open_store(out)
+    assert len(store) == 1 and Image.open(io.BytesIO(store[0]["masks"])).mode == "RGBA"
+    assert sorted(store[0]["mask_code"] // 256) == [0, 1, 2, 3]
+    coco = COCO(str(tmp_path / "instances.json"))
+    (batch,) = load_batches(out, InstanceSegmentationVal(size=(300, 400), crowd="keep"))
+    window = (0, 0, image["width"], image["height"])
+    assert check_sample(batch, 0, coco.loadAnns([1000, 1001, 1002, 1003]), coco, window, flip=False) == 4
+
+
+def test_bench_masks_suite_compares_with_and_without_masks(masks_lmdb):
+    from dali_pipes.bench.suites import run_bench
+
+    report = run_bench(masks_lmdb, suite="masks", batch_size=8, quick=True, progress=False)
+    cpu = {row.name: row for row in report.rows if row.params["device"] == "cpu"}
+    assert set(cpu) == {"without masks", "with masks"} and all(row.images_per_s > 0 for row in cpu.values())
+    assert report.ratio(cpu["with masks"]) > 0 and "InstanceSegmentation vs Detection" in report.title
+
+
+def test_doctor_runs_on_a_dataset_with_masks(masks_lmdb):
+    from dali_pipes.bench.doctor import run_doctor
+
+    report = run_doctor(masks_lmdb, model="tiny", batch_size=8, steps=3, quick=True, progress=False)
+    assert report.context["augmentation"]["spec"] == "InstanceSegmentation"
+    assert all(row.error is None and row.images_per_s > 0 for row in (report.loader, report.combined))

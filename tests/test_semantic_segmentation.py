@@ -221,3 +221,15 @@ def test_show_draws_the_label_maps(voc_lmdb, tmp_path):
     path = show(voc_lmdb, tmp_path / "s.png", pipeline="semantic-val", num=4, size=64, device="cpu")
     grid = np.asarray(Image.open(path))
     assert grid.shape == (64 + 14, 4 * 64, 3)
+
+
+def test_bench_and_doctor_cover_label_maps(voc_lmdb):
+    from dali_pipes.bench.doctor import run_doctor
+    from dali_pipes.bench.suites import run_bench
+
+    report = run_bench(voc_lmdb, suite="masks", batch_size=8, quick=True, progress=False)
+    assert "SemanticSegmentation vs its image half" in report.title
+    assert all(row.images_per_s > 0 for row in report.rows if row.params["device"] == "cpu")
+    doctor = run_doctor(voc_lmdb, model="tiny", batch_size=8, steps=3, quick=True, progress=False)
+    assert doctor.context["augmentation"]["spec"] == "SemanticSegmentation"
+    assert doctor.combined.error is None and doctor.combined.images_per_s > 0
