@@ -171,7 +171,11 @@ def test_public_names():
             "Features",
             "IMAGENET_MEAN",
             "IMAGENET_STD",
+            "InstanceSegmentation",
+            "InstanceSegmentationVal",
             "PipelineSpec",
+            "SemanticSegmentation",
+            "SemanticSegmentationVal",
         ]
     )
     assert all(hasattr(pipelines, name) for name in pipelines.__all__)
