@@ -21,7 +21,12 @@ from converters.runner import convert
 from converters.sources import SegmentationSource
 from dali_pipes import DALILoader, open_store
 from dali_pipes.cli import main as cli
-from dali_pipes.pipelines import SemanticSegmentation, SemanticSegmentationVal
+from dali_pipes.pipelines import (
+    InstanceSegmentation,
+    InstanceSegmentationVal,
+    SemanticSegmentation,
+    SemanticSegmentationVal,
+)
 
 mask_api = pytest.importorskip("pycocotools.mask", reason="pycocotools is not installed (pip install -e '.[coco]')")
 
@@ -233,3 +238,36 @@ def test_bench_and_doctor_cover_label_maps(voc_lmdb):
     doctor = run_doctor(voc_lmdb, model="tiny", batch_size=8, steps=3, quick=True, progress=False)
     assert doctor.context["augmentation"]["spec"] == "SemanticSegmentation"
     assert doctor.combined.error is None and doctor.combined.images_per_s > 0
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        InstanceSegmentation(size=64, max_size=96, category_ids=(1, 2)),
+        InstanceSegmentationVal(size=(64, 96), category_ids=(1, 2)),
+        SemanticSegmentation(size=64),
+        SemanticSegmentationVal(size=64),
+    ],
+    ids=lambda spec: type(spec).__name__,
+)
+def test_every_operator_of_the_gpu_graphs_has_an_implementation_for_its_device(spec):
+    # No GPU needed: the graph is defined, not built; DALI's registry says which device each operator runs on.
+    from nvidia.dali import Pipeline, backend, fn
+
+    pipe = Pipeline(batch_size=2, num_threads=1, device_id=0)
+    with pipe:
+        outputs = spec.build({name: fn.external_source(name=name) for name in spec.required_fields}, device="gpu")
+    assert all(node.device == "gpu" for node in outputs.values())
+    registered = {"gpu": set(backend.RegisteredGPUOps()), "mixed": set(backend.RegisteredMixedOps())}
+    registered["cpu"] = set(backend.RegisteredCPUOps()) | {"ExternalSource"}
+    ops, todo = {}, list(outputs.values())
+    while todo:
+        source = todo.pop().source
+        if source is not None and id(source) not in ops:
+            name = getattr(source._op, "schema_name", None) or type(source._op).__name__  # ExternalSource
+            ops[id(source)] = (name, source._op.device)
+            todo += list(source.inputs)
+    missing = [(name, device) for name, device in ops.values() if name not in registered[device]]
+    assert not missing
+    on_gpu = {name for name, device in ops.values() if device == "gpu"}
+    assert {"Resize", "Cast"} <= on_gpu, on_gpu  # the map or masks are resized there, not on the CPU
