@@ -394,3 +394,25 @@ def test_doctor_runs_on_a_dataset_with_masks(masks_lmdb):
     report = run_doctor(masks_lmdb, model="tiny", batch_size=8, steps=3, quick=True, progress=False)
     assert report.context["augmentation"]["spec"] == "InstanceSegmentation"
     assert all(row.error is None and row.images_per_s > 0 for row in (report.loader, report.combined))
+
+
+def test_max_size_resizes_the_masks_with_their_image(coco_mini, masks_json, reference, tmp_path):
+    from converters.base import ImageOptions
+
+    coco, by_image = reference
+    out = tmp_path / "small"
+    source = CocoSource(coco_mini / "images", masks_json, ImageOptions(max_size=200), masks=True)
+    convert(source, out, format="lmdb", workers=1, progress=False)
+    store = open_store(out)
+    assert len(store) == 61
+    for i in range(0, 61, 6):
+        sample = store[i]
+        size = Image.open(io.BytesIO(sample["image"])).size
+        layers = np.asarray(Image.open(io.BytesIO(sample["masks"])))
+        layers = layers[:, :, None] if layers.ndim == 2 else layers
+        assert max(size) == 200 and layers.shape[:2] == size[::-1]
+        info = coco.imgs[int(sample["image_id"])]
+        for code, ann in zip(sample["mask_code"], by_image[info["id"]]):
+            expected = transform(coco.annToMask(ann), (0, 0, info["width"], info["height"]), size[::-1], flip=False)
+            if expected.sum() >= MIN_PIXELS:
+                assert iou(layers[:, :, code // 256] == code % 256, expected) >= 0.98, ann["id"]

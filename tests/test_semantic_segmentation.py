@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from converters.base import ImageOptions
 from converters.runner import convert
 from converters.sources import SegmentationSource
 from dali_pipes import DALILoader, open_store
@@ -193,6 +194,15 @@ def nearest(size_in: int, size_out: int) -> tuple[np.ndarray, np.ndarray]:
     return np.floor(centre).astype(int), np.abs(centre - np.round(centre)) < 1e-3
 
 
+def assert_nearest(resized: np.ndarray, labels: np.ndarray) -> None:
+    """``resized`` is ``labels`` resized with nearest neighbour (either neighbour at an exact tie)."""
+    (ys, y_ties), (xs, x_ties) = nearest(labels.shape[0], resized.shape[0]), nearest(labels.shape[1], resized.shape[1])
+    exact = resized == labels[ys][:, xs]
+    assert exact[~(y_ties[:, None] | x_ties[None, :])].all()
+    either = [labels[a][:, b] for a in (ys, np.maximum(ys - y_ties, 0)) for b in (xs, np.maximum(xs - x_ties, 0))]
+    assert np.any([resized == other for other in either], axis=0).all()
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 @pytest.mark.parametrize("size", [(64, 80), 48], ids=["fixed", "shorter-side"])
 def test_validation_resizes_map_like_image_and_pads_with_ignore(voc, voc_lmdb, size, device):
@@ -207,14 +217,7 @@ def test_validation_resizes_map_like_image_and_pads_with_ignore(voc, voc_lmdb, s
                 labels = maps[store[int(batch["index"][row])]["key"].decode()]
                 mask = batch["mask"][row].cpu().numpy()
                 h, w = batch["image_size"][row].tolist() if "image_size" in batch else size
-                (ys, y_ties), (xs, x_ties) = nearest(labels.shape[0], h), nearest(labels.shape[1], w)
-                # At an exact tie (a centre on a pixel border) either neighbour is nearest; DALI's float32 picks one.
-                exact = mask[:h, :w] == labels[ys][:, xs]
-                assert exact[~(y_ties[:, None] | x_ties[None, :])].all()
-                either = [
-                    labels[a][:, b] for a in (ys, np.maximum(ys - y_ties, 0)) for b in (xs, np.maximum(xs - x_ties, 0))
-                ]
-                assert np.any([mask[:h, :w] == other for other in either], axis=0).all()
+                assert_nearest(mask[:h, :w], labels)
                 assert (mask[h:] == IGNORE).all() and (mask[:, w:] == IGNORE).all()
                 if isinstance(size, int):
                     assert min(h, w) == size
@@ -271,3 +274,19 @@ def test_every_operator_of_the_gpu_graphs_has_an_implementation_for_its_device(s
     assert not missing
     on_gpu = {name for name, device in ops.values() if device == "gpu"}
     assert {"Resize", "Cast"} <= on_gpu, on_gpu  # the map or masks are resized there, not on the CPU
+
+
+def test_max_size_resizes_the_label_map_with_its_image(voc, tmp_path):
+    root, maps, images = voc
+    out = tmp_path / "small"
+    source = SegmentationSource(images, root / "masks", image_options=ImageOptions(max_size=200))
+    convert(source, out, format="lmdb", workers=1, progress=False)
+    store = open_store(out)
+    for i in range(0, len(store), 7):
+        sample = store[i]
+        image = Image.open(io.BytesIO(sample["image"]))
+        labels = maps[sample["key"].decode()]
+        assert max(image.size) == 200
+        stored = decoded(sample["mask"])
+        assert stored.shape == image.size[::-1]
+        assert_nearest(stored, labels)

@@ -137,7 +137,8 @@ class SegmentationSource(Source):
                     item.name,
                     f"label map {mask_path} is {labels.shape[1]}x{labels.shape[0]}, the image is {size[0]}x{size[1]}",
                 )
-            labels = np.asarray(Image.fromarray(labels).resize(size, Image.Resampling.NEAREST))
+            # As int32 ("I"): Pillow's NEAREST samples 16-bit images ("I;16") at other pixels than 8- and 32-bit ones.
+            labels = np.asarray(Image.fromarray(labels.astype(np.int32)).resize(size, Image.Resampling.NEAREST))
         self._check_values(labels, item.name, mask_path)
         out = io.BytesIO()
         Image.fromarray(labels.astype(np.uint16)).save(out, format="PNG", compress_level=6)
