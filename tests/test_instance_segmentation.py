@@ -416,3 +416,26 @@ def test_max_size_resizes_the_masks_with_their_image(coco_mini, masks_json, refe
             expected = transform(coco.annToMask(ann), (0, 0, info["width"], info["height"]), size[::-1], flip=False)
             if expected.sum() >= MIN_PIXELS:
                 assert iou(layers[:, :, code // 256] == code % 256, expected) >= 0.98, ann["id"]
+
+
+def test_cli_convert_coco_masks(coco_mini, masks_json, tmp_path):
+    from dali_pipes.cli import main as cli
+
+    out = tmp_path / "cli"
+    args = ["convert", "coco", "--masks", "--images", str(coco_mini / "images"), "--annotations", str(masks_json)]
+    assert cli([*args, str(out), "--workers", "1", "--no-progress", "--format", "hdf5"]) == 0
+    store = open_store(out)
+    assert store.manifest.source["masks"] is True and {"masks", "mask_code"} <= set(store.fields)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: InstanceSegmentation(flip=2.0), "flip"),
+        (lambda: InstanceSegmentation(crowd="maybe"), "crowd"),
+        (lambda: InstanceSegmentationVal(size=(1, 2, 3)), "size"),
+    ],
+)
+def test_bad_arguments_name_the_argument(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()

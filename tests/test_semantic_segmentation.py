@@ -290,3 +290,21 @@ def test_max_size_resizes_the_label_map_with_its_image(voc, tmp_path):
         stored = decoded(sample["mask"])
         assert stored.shape == image.size[::-1]
         assert_nearest(stored, labels)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: SemanticSegmentation(scale=(0.5, 0.2)), "SemanticSegmentation.scale"),
+        (lambda: SemanticSegmentation(ratio=(0, 1)), "SemanticSegmentation.ratio"),
+        (lambda: SemanticSegmentation(flip=-1), "SemanticSegmentation.flip"),
+        (lambda: SemanticSegmentation(size=(64, 0)), "SemanticSegmentation.size"),
+        (lambda: SemanticSegmentationVal(ignore_index=70000), "SemanticSegmentationVal.ignore_index"),
+        (lambda: SegmentationSource("a"), "either an image folder and a label-map folder, or --pairs"),
+    ],
+)
+def test_bad_arguments_name_the_argument(make, match):
+    from converters.base import ConversionError
+
+    with pytest.raises((ValueError, ConversionError), match=match):
+        make()
