@@ -165,7 +165,8 @@ class CocoSource(Source):
             "images_dir": self.images_dir,
             "annotations_json": self.annotations_json,
             "image_options": self.image_options.to_json(),
-            "masks": self.with_masks(),
+            # Only when on: a dataset (or unfinished job) converted without masks keeps the description it had.
+            **({"masks": True} if self.with_masks() else {}),
         }
 
 
