@@ -93,7 +93,7 @@ class SemanticSegmentation(_SemanticOutput):
     above 1 the window is larger than the image and the rest is padding: 0 in the
     image before normalisation, ``ignore_index`` in the map) and its width/height
     ratio from ``ratio`` (log-uniform); it lies inside the image where it fits
-    and covers it otherwise. The window is resized to ``size`` (one side, or
+    and covers it otherwise. The window is resized to ``size`` (an int for a square, or
     ``(height, width)``): bilinear for the image, nearest for the map. ``flip`` is
     the probability of a horizontal flip; ``jitter=None`` turns colour jitter off.
     """
