@@ -439,3 +439,19 @@ def test_cli_convert_coco_masks(coco_mini, masks_json, tmp_path):
 def test_bad_arguments_name_the_argument(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_masks_stay_in_their_boxes_under_random_crops_and_coin_flips(masks_lmdb):
+    spec = InstanceSegmentation(size=(256, 320), crop="ssd", flip=0.5, crowd="keep")
+    checked = 0
+    for batch, row in rows(load_batches(masks_lmdb, spec, epochs=2)):
+        for k in range(int(batch["num_boxes"][row])):
+            mask = batch["masks"][row, k].astype(bool)
+            if mask.sum() < MIN_PIXELS:
+                continue
+            x1, y1, x2, y2 = batch["boxes"][row, k]
+            ys, xs = np.nonzero(mask)
+            inside = (xs + 0.5 >= x1 - 1) & (xs + 0.5 <= x2 + 1) & (ys + 0.5 >= y1 - 1) & (ys + 0.5 <= y2 + 1)
+            assert inside.mean() > 0.97, (batch["index"][row], k, inside.mean())
+            checked += 1
+    assert checked > 100
