@@ -29,9 +29,13 @@ _PIPELINE_NAMES = (
     "Detection",
     "DetectionVal",
     "Features",
+    "InstanceSegmentation",
+    "InstanceSegmentationVal",
     "Mix",
     "RandomErasing",
     "ResolutionSchedule",
+    "SemanticSegmentation",
+    "SemanticSegmentationVal",
 )
 
 __all__ = [

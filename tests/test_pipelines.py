@@ -171,10 +171,14 @@ def test_public_names():
             "Features",
             "IMAGENET_MEAN",
             "IMAGENET_STD",
+            "InstanceSegmentation",
+            "InstanceSegmentationVal",
             "Mix",
             "PipelineSpec",
             "RandomErasing",
             "ResolutionSchedule",
+            "SemanticSegmentation",
+            "SemanticSegmentationVal",
         ]
     )
     assert all(hasattr(pipelines, name) for name in pipelines.__all__)

@@ -30,9 +30,13 @@ EXPECTED = {
     "Detection",
     "DetectionVal",
     "Features",
+    "InstanceSegmentation",
+    "InstanceSegmentationVal",
     "Mix",
     "RandomErasing",
     "ResolutionSchedule",
+    "SemanticSegmentation",
+    "SemanticSegmentationVal",
 }
 
 

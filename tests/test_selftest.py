@@ -125,7 +125,7 @@ def test_the_detection_checks_catch_a_box_outside_the_image(data):
 
 
 def test_the_sample_data_converts_into_every_kind_of_dataset(data):
-    for path in (data.classification, data.detection, data.features):
+    for path in (data.classification, data.detection, data.features, data.instance, data.semantic):
         assert (Path(path) / "index.json").is_file()
     assert data.feature_values.shape[0] == data.feature_labels.shape[0]
 

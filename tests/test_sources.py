@@ -27,6 +27,7 @@ from converters.sources import (
     ListFileSource,
     LmdbSource,
     ParquetSource,
+    SegmentationSource,
     TFRecordSource,
     WebDatasetSource,
 )
@@ -71,6 +72,7 @@ def test_registry_names_every_source():
         "tfrecord": TFRecordSource,
         "lmdb": LmdbSource,
         "parquet": ParquetSource,
+        "segmentation": SegmentationSource,
     }
     assert all(cls.kind == kind for kind, cls in SOURCES.items())
     # Each packed source's module declares its CLI arguments; the CLI registers it under its kind.

@@ -13,6 +13,7 @@ from converters.sources.imagefolder import IMAGE_EXTENSIONS, ImageFolderSource
 from converters.sources.listfile import TWO_COLUMN_RULE, ListFileSource
 from converters.sources.parquet import ParquetSource
 from converters.sources.plainlmdb import LmdbSource
+from converters.sources.segmentation import SegmentationSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 
@@ -25,6 +26,7 @@ SOURCES: dict[str, type[Source]] = {
     TFRecordSource.kind: TFRecordSource,
     LmdbSource.kind: LmdbSource,
     ParquetSource.kind: ParquetSource,
+    SegmentationSource.kind: SegmentationSource,
 }
 
 #: Modules of the packed-input sources; each has ``KIND``, ``HELP``, ``add_arguments(parser)`` and
@@ -34,6 +36,7 @@ PACKED_SOURCE_MODULES = (
     "converters.sources.tfrecords",
     "converters.sources.plainlmdb",
     "converters.sources.parquet",
+    "converters.sources.segmentation",
 )
 
 __all__ = [
@@ -47,6 +50,7 @@ __all__ = [
     "LmdbSource",
     "PACKED_SOURCE_MODULES",
     "ParquetSource",
+    "SegmentationSource",
     "TFRecordSource",
     "WebDatasetSource",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -10,9 +11,11 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
+from PIL import Image
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, absolute_path
 from converters.images import load_image_file
+from converters.sources import coco_masks
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -26,7 +29,13 @@ class CocoSource(Source):
     COCO's ids, not remapped), ``iscrowd`` (uint8, ``(n,)``), ``image_id`` (int64),
     ``image_size`` (int64 ``(height, width)`` from the JSON) and ``key`` (the
     ``file_name``). Annotations keep their order in the JSON; an image without
-    annotations has ``n = 0``. Segmentations are not stored.
+    annotations has ``n = 0``.
+
+    Instance masks (``masks=True``; off by default because it needs pycocotools and
+    leaves out the images of bad segmentations, boxes and all): two more fields, ``masks`` (a PNG of instance-id
+    layers) and ``mask_code`` (int32 ``(n,)``), described in
+    :mod:`converters.sources.coco_masks`. A bad segmentation leaves its image out,
+    listed with the reason in ``errors.jsonl``.
 
     :meth:`classes` lists the category names in order of id (so ``classes()[k]``
     is the k-th category, which is category id ``k`` only when ids run from 0);
@@ -40,11 +49,14 @@ class CocoSource(Source):
         images_dir: str | os.PathLike,
         annotations_json: str | os.PathLike,
         image_options: ImageOptions = ImageOptions(),
+        masks: bool = False,
     ) -> None:
         self.images_dir = absolute_path(images_dir)
         self.annotations_json = absolute_path(annotations_json)
         self.image_options = image_options
+        self.masks = masks
         self._parsed: _Coco | None = None
+        self._with_masks: bool | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # The parsed JSON can be hundreds of MB (COCO train); workers only need Item.data.
@@ -61,7 +73,17 @@ class CocoSource(Source):
             self._parsed = _parse(Path(self.annotations_json))
         return self._parsed
 
+    def with_masks(self) -> bool:
+        """Whether instance masks are stored (``masks=True``); checks that there are segmentations and pycocotools."""
+        if self.masks and self._with_masks is None:
+            if not self._coco().has_segmentations:
+                raise ConversionError(f"{self.annotations_json}: no annotation has a 'segmentation' to store as a mask")
+            coco_masks.pycocotools_mask()
+            self._with_masks = True
+        return bool(self.masks)
+
     def fields(self) -> dict[str, Field]:
+        masks = {"masks": Field.image(), "mask_code": Field.array("int32", (-1,))} if self.with_masks() else {}
         return {
             "image": Field.image(),
             "boxes": Field.array("float32", (-1, 4)),
@@ -70,6 +92,7 @@ class CocoSource(Source):
             "image_id": Field.array("int64", ()),
             "image_size": Field.array("int64", (2,)),
             "key": Field.text(),
+            **masks,
         }
 
     def classes(self) -> list[str]:
@@ -91,7 +114,7 @@ class CocoSource(Source):
             except OSError:
                 size = 0
                 missing += 1
-            boxes, categories, crowd = coco.annotations.get(image["id"], ([], [], []))
+            boxes, categories, crowd, segmentations, ann_ids = coco.annotations.get(image["id"], ([], [], [], [], []))
             data = (
                 image["file_name"],
                 image["id"],
@@ -99,6 +122,7 @@ class CocoSource(Source):
                 np.array(boxes, dtype=np.float32).reshape(-1, 4),
                 np.array(categories, dtype=np.int64),
                 np.array(crowd, dtype=np.uint8),
+                (segmentations, ann_ids) if self.with_masks() else None,
             )
             items.append(Item(name=path, size=size, data=data))
         if missing == len(items):
@@ -117,9 +141,10 @@ class CocoSource(Source):
         return items
 
     def load(self, item: Item) -> Sample:
-        file_name, image_id, size, boxes, categories, crowd = item.data
-        return {
-            "image": load_image_file(os.path.join(self.images_dir, file_name), item.name, self.image_options),
+        file_name, image_id, size, boxes, categories, crowd, segmentations = item.data
+        image = load_image_file(os.path.join(self.images_dir, file_name), item.name, self.image_options)
+        sample: Sample = {
+            "image": image,
             "boxes": boxes,
             "category_id": categories,
             "iscrowd": crowd,
@@ -127,6 +152,9 @@ class CocoSource(Source):
             "image_size": np.array(size, dtype=np.int64),
             "key": file_name.encode("utf-8"),
         }
+        if segmentations is not None:
+            sample["masks"], sample["mask_code"] = _masks(item.name, image, size, *segmentations)
+        return sample
 
     def input_folders(self) -> list[Path]:
         return [Path(self.images_dir)]
@@ -137,16 +165,48 @@ class CocoSource(Source):
             "images_dir": self.images_dir,
             "annotations_json": self.annotations_json,
             "image_options": self.image_options.to_json(),
+            # Only when on: a dataset (or unfinished job) converted without masks keeps the description it had.
+            **({"masks": True} if self.with_masks() else {}),
         }
 
 
 class _Coco:
     """The parts of a COCO JSON that are stored: images by id, categories by id, annotations per image."""
 
-    def __init__(self, images: list[dict], categories: list[dict], annotations: dict[int, tuple[list, list, list]]):
+    def __init__(self, images: list[dict], categories: list[dict], annotations: dict[int, tuple[list, ...]]):
         self.images = images
         self.categories = categories
         self.annotations = annotations
+        self.has_segmentations = any(s is not None for per in annotations.values() for s in per[3])
+
+
+def _masks(
+    name: str, image: bytes, size: tuple[int, int], segmentations: list, ann_ids: list
+) -> tuple[bytes, np.ndarray]:
+    """The ``masks`` PNG and ``mask_code`` of one image, at the stored image's size; SampleError for bad input."""
+    height, width = size
+    stored = _image_size(image)
+    if stored != (width, height) and _image_size_scaled(stored, width, height) is None:
+        raise SampleError(name, f"the image is {stored[0]}x{stored[1]} but the annotations say {width}x{height}")
+    missing = [i for i, s in zip(ann_ids, segmentations) if s is None]
+    if missing:
+        raise SampleError(name, f"annotation id {missing[0]} has no 'segmentation' while others have one")
+    layers, codes = coco_masks.instance_masks(segmentations, ann_ids, height, width, name)
+    return coco_masks.encode_layers(layers, stored), codes
+
+
+def _image_size(data: bytes) -> tuple[int, int]:
+    with Image.open(io.BytesIO(data)) as image:
+        return image.size
+
+
+def _image_size_scaled(stored: tuple[int, int], width: int, height: int) -> tuple[int, int] | None:
+    """``stored`` when it is ``(width, height)`` shrunk with its aspect kept (``--max-size``), else None."""
+    if max(stored) >= max(width, height):
+        return None
+    scale = max(stored) / max(width, height)
+    expected = (max(1, round(width * scale)), max(1, round(height * scale)))
+    return stored if all(abs(a - b) <= 1 for a, b in zip(expected, stored)) else None
 
 
 def _parse(path: Path) -> _Coco:
@@ -182,13 +242,16 @@ def _parse(path: Path) -> _Coco:
 
     image_ids = {im["id"] for im in images}
     category_ids = {c["id"] for c in categories}
-    per_image: dict[int, tuple[list, list, list]] = {}
+    per_image: dict[int, tuple[list, ...]] = {}
     for i, ann in enumerate(raw_annotations):
         image_id, box, category, crowd = _annotation(path, i, ann, image_ids, category_ids)
-        boxes, cats, crowds = per_image.setdefault(image_id, ([], [], []))
+        boxes, cats, crowds, segmentations, ann_ids = per_image.setdefault(image_id, ([], [], [], [], []))
         boxes.append(box)
         cats.append(category)
         crowds.append(crowd)
+        # Checked when the image is converted, so that a bad one leaves out its image, not the job.
+        segmentations.append(ann.get("segmentation"))
+        ann_ids.append(ann.get("id", f"at annotations[{i}]"))
     log.debug("%s: %d images, %d annotations, %d categories", path, len(images), len(raw_annotations), len(categories))
     return _Coco(images, categories, per_image)
 

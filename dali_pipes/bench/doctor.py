@@ -27,7 +27,7 @@ from typing import Any, Iterator
 from dali_pipes.bench.budget import MAX_MINUTES, check_budget, counted, time_one_step
 from dali_pipes.bench.model_names import MODELS
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
-from dali_pipes.bench.streams import dali_in_flight
+from dali_pipes.bench.streams import dali_in_flight, targets
 from dali_pipes.dataset.progress import bar_disabled
 
 log = logging.getLogger(__name__)
@@ -103,9 +103,17 @@ def combined_stream(loader_factory: Any, model: Any, optimizer: Any, target: Tar
     with loader_factory() as loader:
 
         def steps() -> Iterator[int]:
+            import torch
+
             for batch in cycle(loader):
                 images = target.put(batch["image"]).float()
-                labels = target.put(batch["label"]).long().reshape(-1)
+                # A segmentation batch's targets are delivered as a training loop would; the classifier
+                # standing in for the model learns class 0 (see segmentation_inputs).
+                delivered = [target.put(value) for value in targets(batch)]
+                if "label" in batch:
+                    labels = delivered[0].long().reshape(-1)
+                else:
+                    labels = torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
                 _train_step(model, optimizer, images, labels)
                 yield int(images.shape[0])
 
@@ -138,7 +146,7 @@ def run_doctor(
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
-    inputs = bench_inputs(dataset, batch_size=batch_size, settings=settings)
+    inputs = segmentation_inputs(bench_inputs(dataset, batch_size=batch_size, settings=settings))
     loader_device, target = _devices(device)
     classes = inputs.manifest.classes
     num_classes = len(classes) if classes else 1000
@@ -187,6 +195,28 @@ def run_doctor(
     return DoctorReport(
         model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
     )
+
+
+def segmentation_inputs(inputs: Any) -> Any:
+    """``inputs`` with the spec a segmentation dataset trains with, at the doctor's 224 px, else unchanged.
+
+    Instance masks (``convert coco --masks``): :class:`~dali_pipes.InstanceSegmentation`; label maps
+    (``convert segmentation``): :class:`~dali_pipes.SemanticSegmentation`. The model trained beside it
+    stays the ``--model`` classifier on the same images (it learns class 0): the doctor measures whether
+    the loader keeps up with a model of that cost, masks and all delivered; it trains no mask head.
+    """
+    import dataclasses
+
+    from dali_pipes.pipelines import InstanceSegmentation, SemanticSegmentation
+
+    fields, size = inputs.manifest.fields, inputs.spec.size
+    if {"masks", "mask_code"} <= set(fields):
+        spec = InstanceSegmentation(size=size, max_size=size, dtype=inputs.spec.dtype).bind(inputs.manifest)
+    elif "mask" in fields:
+        spec = SemanticSegmentation(size=size, dtype=inputs.spec.dtype)
+    else:
+        return inputs
+    return dataclasses.replace(inputs, spec=spec)
 
 
 def _devices(device: str) -> tuple[str, Target]:

@@ -40,7 +40,7 @@ class BenchInputs:
     def describe(self) -> dict[str, Any]:
         """The context of the figures, for the JSON and the table header."""
         spec = self.spec
-        jitter = spec.jitter
+        jitter = getattr(spec, "jitter", None)
         return {
             "dataset": str(self.dataset),
             "format": self.manifest.format,
@@ -50,8 +50,13 @@ class BenchInputs:
             "batch_size": self.batch_size,
             "cores": self.cores,
             "augmentation": {
-                "random_resized_crop": {"size": spec.size, "scale": list(spec.scale), "ratio": list(spec.ratio)},
-                "flip": spec.flip,
+                "spec": type(spec).__name__,
+                "random_resized_crop": {
+                    "size": spec.size,
+                    "scale": list(getattr(spec, "scale", ())),
+                    "ratio": list(getattr(spec, "ratio", ())),
+                },
+                "flip": getattr(spec, "flip", None),
                 "color_jitter": None
                 if jitter is None
                 else {

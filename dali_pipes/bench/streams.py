@@ -53,9 +53,16 @@ def dali_loader_stream(
         dataset, spec, batch_size=batch_size, shuffle=True, seed=0, device=device, **dict(settings or {})
     )
     try:
-        yield delivered(((batch["image"], batch["label"]) for batch in cycle(loader)), target)
+        yield delivered(((batch["image"], *targets(batch)) for batch in cycle(loader)), target)
     finally:
         loader.close()
+
+
+def targets(batch: Mapping[str, Any]) -> list[Any]:
+    """What a training step reads besides the image: the label, or a segmentation batch's boxes and masks."""
+    if "label" in batch:
+        return [batch["label"]]
+    return [value for name, value in batch.items() if name not in ("image", "is_pad")]
 
 
 @contextlib.contextmanager

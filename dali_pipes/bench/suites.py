@@ -17,7 +17,9 @@
 - ``storage``: epoch 1 and 2 reading the dataset where it is, staged into
   ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`);
 - ``recipe``: an epoch at 160 against 224 px, plain and with RandomErasing and
-  MixUp/CutMix (see :mod:`dali_pipes.bench.recipe`).
+  MixUp/CutMix (see :mod:`dali_pipes.bench.recipe`);
+- ``masks``: instance or semantic segmentation against the same pipeline without
+  its masks, on the GPU and the CPU (see :mod:`dali_pipes.bench.masks`).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ SUITES: tuple[str, ...] = (
     "stages",
     "storage",
     "recipe",
+    "masks",
 )
 
 Suite = Callable[[BenchInputs, TimingPlan, Target, bool, bool], BenchReport]
@@ -332,6 +335,12 @@ def _recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     return recipe_suite(inputs, plan, target, quick, progress)
 
 
+def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.masks import masks_suite
+
+    return masks_suite(inputs, plan, target, quick, progress)
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "albumentations": albumentations_suite,
@@ -341,4 +350,5 @@ _SUITES: dict[str, Suite] = {
     "stages": stages_suite,
     "storage": _storage_suite,
     "recipe": _recipe_suite,
+    "masks": _masks_suite,
 }

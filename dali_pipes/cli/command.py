@@ -124,6 +124,12 @@ def _add_convert(commands) -> None:
     p = kinds.add_parser("coco", help="COCO instances JSON plus its image folder")
     p.add_argument("--images", type=Path, required=True, help="the image folder")
     p.add_argument("--annotations", type=Path, required=True, help="instances JSON (e.g. instances_train2017.json)")
+    p.add_argument(
+        "--masks",
+        action="store_true",
+        help="also store each annotation's segmentation as an instance mask (needs pycocotools: pip install "
+        "'dali-pipes[coco]'); an image with a bad segmentation is left out and listed in errors.jsonl",
+    )
     _add_output_options(p, images=True)
     p.set_defaults(handler=_convert_coco)
 
@@ -207,7 +213,7 @@ def _convert_list(args) -> int:
 def _convert_coco(args) -> int:
     from converters.sources import CocoSource
 
-    return _convert(CocoSource(args.images, args.annotations, _image_options(args)), args.out, args)
+    return _convert(CocoSource(args.images, args.annotations, _image_options(args), masks=args.masks), args.out, args)
 
 
 def _convert_arrays(args) -> int:

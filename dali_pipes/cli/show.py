@@ -4,7 +4,9 @@
 :class:`~dali_pipes.DALILoader` a training script uses) and :func:`write_grid`
 lays it out: one tile per sample, a caption strip above it with the label and
 class name, and for detection batches the boxes drawn in the output pixels
-(only the first ``num_boxes`` rows of each sample; the rest is padding).
+(only the first ``num_boxes`` rows of each sample; the rest is padding). Instance
+segmentation adds each box's mask in its colour; semantic segmentation draws the
+label map, class by class, with the most frequent class in the caption.
 ``--pipeline recipe`` is the training graph with RandomErasing and MixUp/CutMix:
 its labels are soft targets, captioned with their two largest classes.
 """
@@ -21,7 +23,17 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: ``--pipeline`` names -> what they run.
-PIPELINES: tuple[str, ...] = ("train", "recipe", "val", "detection", "detection-val")
+PIPELINES: tuple[str, ...] = (
+    "train",
+    "recipe",
+    "val",
+    "detection",
+    "detection-val",
+    "instance",
+    "instance-val",
+    "semantic",
+    "semantic-val",
+)
 #: Height in pixels of the caption strip above each tile.
 CAPTION = 14
 #: Box outline width in pixels.
@@ -44,8 +56,9 @@ def box_color(label: int) -> tuple[int, int, int]:
     return PALETTE[int(label) % len(PALETTE)]
 
 
-def make_spec(pipeline: str, *, size: int | None = None) -> Any:
-    """The pipeline spec behind a ``--pipeline`` name, at ``size`` (default 224, detection 300)."""
+def make_spec(pipeline: str, *, size: int | None = None, ignore_index: int = 255) -> Any:
+    """The pipeline spec behind a ``--pipeline`` name, at ``size`` (default 224, detection and segmentation 300)."""
+    from dali_pipes import pipelines as p
     from dali_pipes.pipelines import ClassificationTrain, ClassificationVal, Detection, DetectionVal, Mix, RandomErasing
 
     if pipeline not in PIPELINES:
@@ -61,7 +74,16 @@ def make_spec(pipeline: str, *, size: int | None = None) -> Any:
         # The usual 224/256 ratio of ImageNet evaluation.
         return ClassificationVal(size=size, resize=max(size, round(size * 256 / 224)))
     side = size or 300
-    return (Detection if pipeline == "detection" else DetectionVal)(size=(side, side))
+    if pipeline.startswith("semantic"):
+        semantic = p.SemanticSegmentation if pipeline == "semantic" else p.SemanticSegmentationVal
+        return semantic(size=(side, side), ignore_index=ignore_index)
+    spec = {
+        "detection": Detection,
+        "detection-val": DetectionVal,
+        "instance": p.InstanceSegmentation,
+        "instance-val": p.InstanceSegmentationVal,
+    }[pipeline]
+    return spec(size=(side, side))
 
 
 def show(
@@ -84,15 +106,25 @@ def show(
 
     if num < 1:
         raise ValueError(f"num must be at least 1, got {num}")
-    spec = make_spec(pipeline, size=size)
+    from dali_pipes.cli.show_masks import overlay_instances, overlay_label_maps
+    from dali_pipes.stores import open_store
+
+    manifest = open_store(dataset).manifest
+    ignore_index = manifest.extra.get("ignore_index", 255) if isinstance(manifest.extra, dict) else 255
+    spec = make_spec(pipeline, size=size, ignore_index=ignore_index)
     with DALILoader(dataset, spec, batch_size=num, shuffle=True, seed=seed, device=device, py_num_workers=0) as loader:
         classes = loader.store.manifest.classes
         batch = next(iter(loader))
-    detection = pipeline.startswith("detection")
+    detection = pipeline.startswith(("detection", "instance"))
     log.info("show: %d %s samples of %s", len(batch["image"]), pipeline, dataset)
+    images, labels = batch["image"], batch.get("labels", batch.get("label"))
+    if pipeline.startswith("instance"):
+        images = overlay_instances(to_pixels(images), batch["masks"], labels, batch["num_boxes"], box_color)
+    elif pipeline.startswith("semantic"):
+        images, labels = overlay_label_maps(to_pixels(images), batch["mask"], ignore_index, box_color)
     return write_grid(
-        batch["image"],
-        batch["labels"] if detection else batch["label"],
+        images,
+        labels,
         out,
         classes=classes,
         columns=columns,

@@ -164,8 +164,15 @@ def fitting_spec(fields: Any) -> str:
     if not images:
         arrays = tuple(name for name, f in fields.items() if f.kind == "array")
         return f"for feature arrays use dali_pipes.Features(fields={arrays!r})"
+    if {"masks", "mask_code"} <= set(fields):
+        return "for images with boxes and masks use dali_pipes.InstanceSegmentation() (or InstanceSegmentationVal())"
     if {"boxes", "category_id"} <= set(fields):
-        return "for images with boxes use dali_pipes.Detection() (or DetectionVal())"
+        return (
+            "for images with boxes use dali_pipes.Detection() (or DetectionVal()); for masks too, convert with "
+            "'dali-pipes convert coco --masks'"
+        )
+    if "mask" in fields:
+        return "for images with label maps use dali_pipes.SemanticSegmentation() (or SemanticSegmentationVal())"
     return "for labelled images use dali_pipes.ClassificationTrain() (or ClassificationVal())"
 
 

@@ -16,6 +16,8 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
 - ``mixing``, ``erasing``: :class:`Mix` (MixUp/CutMix) and :class:`RandomErasing`, timm's
   semantics, their per-batch draws; ``batch_inputs``: those draws fed to the graph per batch;
   ``recipe_ops``: the graph fragments that apply them.
+- ``instance_segmentation``: :class:`InstanceSegmentation` and :class:`InstanceSegmentationVal` (boxes and masks);
+- ``semantic_segmentation``: :class:`SemanticSegmentation` and :class:`SemanticSegmentationVal` (label maps).
 """
 
 from dali_pipes.pipelines.base import PipelineSpec
@@ -24,8 +26,10 @@ from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD, ColorJitter
 from dali_pipes.pipelines.detection import Detection, DetectionVal
 from dali_pipes.pipelines.erasing import RandomErasing
 from dali_pipes.pipelines.features import Features
+from dali_pipes.pipelines.instance_segmentation import InstanceSegmentation, InstanceSegmentationVal
 from dali_pipes.pipelines.mixing import Mix
 from dali_pipes.pipelines.schedule import ResolutionSchedule
+from dali_pipes.pipelines.semantic_segmentation import SemanticSegmentation, SemanticSegmentationVal
 
 __all__ = [
     "ClassificationTrain",
@@ -37,8 +41,12 @@ __all__ = [
     "Features",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "InstanceSegmentation",
+    "InstanceSegmentationVal",
     "Mix",
     "PipelineSpec",
     "RandomErasing",
     "ResolutionSchedule",
+    "SemanticSegmentation",
+    "SemanticSegmentationVal",
 ]

@@ -48,7 +48,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Literal, Mapping, Optional, Sequence, TypeVar
+from typing import Any, ClassVar, Iterable, Literal, Mapping, NamedTuple, Optional, Sequence, TypeVar
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dmath
@@ -82,6 +82,9 @@ _SSD_TOTAL_ATTEMPTS = 100
 # lookup_table's key range.
 _MAX_CATEGORY_ID = 65535
 _FIELDS = ("image", "boxes", "category_id", "iscrowd")
+#: A per-box value packed into the labels lies in ``0..PER_BOX_BASE-1``; labels (and crowd flags) are
+#: multiplied by it, so it is kept small enough for 65536 categories to stay within int32.
+PER_BOX_BASE = 1024
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -170,10 +173,14 @@ class _DetectionOutput(_ImageOutput):
 
     # --- graph pieces shared by both specs ---------------------------------------------------
 
-    def _relative_targets(self, inputs: Mapping[str, DataNode], image_hw: DataNode) -> tuple[DataNode, DataNode]:
+    def _relative_targets(
+        self, inputs: Mapping[str, DataNode], image_hw: DataNode, per_box: Optional[DataNode] = None
+    ) -> tuple[DataNode, DataNode]:
         """Relative ``xyXY`` boxes in ``[0, 1]`` and int32 labels, crowd (dropped or packed) and empty boxes pruned.
 
-        ``image_hw`` is the float ``(height, width)`` of the decoded image.
+        ``image_hw`` is the float ``(height, width)`` of the decoded image. ``per_box``
+        (int32, each in ``0..PER_BOX_BASE-1``) rides along packed into the labels,
+        as the crowd flag does; :func:`unpack_per_box` takes it out again.
         """
         labels = self._labels(inputs["category_id"])
         wh = fn.stack(image_hw[1], image_hw[0], image_hw[1], image_hw[0])
@@ -186,6 +193,9 @@ class _DetectionOutput(_ImageOutput):
             boxes = boxes * keep
         else:
             labels = (labels + 1) * 2 + fn.cast(crowd, dtype=types.INT32)
+        if per_box is not None:
+            # Kept positive (labels >= -1), so that DALI's integer division unpacks it exactly.
+            labels = (labels + 1) * PER_BOX_BASE + per_box
         # The whole image as the crop window (crop_shape == input_shape): keeps every box
         # with a positive area inside it, drops the rest. One attempt, so a sample whose
         # boxes all go takes the (empty) result instead of retrying forever.
@@ -303,9 +313,17 @@ class Detection(_DetectionOutput):
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the training graph; return the outputs of the module docstring (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
+        t = self._augment(inputs, device=device)
+        return self._finish_detection(
+            t.images, t.image_hw, t.boxes, t.labels, device=device, mirror=t.mirror, jitter=self.jitter
+        )
+
+    def _augment(self, inputs: Mapping[str, DataNode], *, device: str, per_box: Optional[DataNode] = None) -> Augmented:
+        """Decode the (SSD-cropped) image; boxes and labels pruned, cropped and flipped to match; the flip coin."""
         encoded = inputs["image"]
         image_hw = fn.cast(fn.peek_image_shape(encoded)[0:2], dtype=types.FLOAT)
-        boxes, labels = self._relative_targets(inputs, image_hw)
+        boxes, labels = self._relative_targets(inputs, image_hw, per_box)
+        anchor = shape = None
         if self.crop == "ssd":
             anchor, shape, boxes, labels = fn.random_bbox_crop(
                 boxes,
@@ -327,7 +345,7 @@ class Detection(_DetectionOutput):
         mirror = ops.mirror_flag(self.flip)
         if not (isinstance(mirror, int) and mirror == 0):
             boxes = fn.bb_flip(boxes, ltrb=True, horizontal=mirror)
-        return self._finish_detection(images, image_hw, boxes, labels, device=device, mirror=mirror, jitter=self.jitter)
+        return Augmented(images, image_hw, boxes, labels, mirror, anchor, shape)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -361,6 +379,26 @@ class DetectionVal(_DetectionOutput):
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+class Augmented(NamedTuple):
+    """What :meth:`Detection._augment` made: the decoded window, its float ``(height, width)``, relative
+    ``xyXY`` boxes, int32 labels (packed), the flip coin, and the crop window (relative ``[x, y]``/``[w, h]``,
+    ``None`` without a crop)."""
+
+    images: DataNode
+    image_hw: DataNode
+    boxes: DataNode
+    labels: DataNode
+    mirror: DataNode | int
+    anchor: Optional[DataNode]
+    shape: Optional[DataNode]
+
+
+def unpack_per_box(packed: DataNode) -> tuple[DataNode, DataNode]:
+    """``(labels, per_box)`` from labels packed by :meth:`_DetectionOutput._relative_targets` with ``per_box``."""
+    high = packed // PER_BOX_BASE
+    return high - 1, packed - high * PER_BOX_BASE
 
 
 def _pad_rows(node: DataNode, fill: float) -> DataNode:

@@ -25,18 +25,21 @@ def check_batch(name: str, batch: dict[str, np.ndarray], spec: Any, data: Sample
             return f"output {output!r} has {len(value)} rows but is_pad has {rows}"
     if name == "features":
         return _check_features(batch, data)
-    problem = _check_images(batch["image"], spec)
+    # A spec that pads the batch to its largest image says each one's size in image_size.
+    problem = _check_images(batch["image"], spec, padded="image_size" in batch)
     if problem:
         return problem
-    if name.startswith("detection"):
+    if name.startswith("semantic"):
+        return _check_label_maps(batch, spec, categories)
+    if name.startswith(("detection", "instance")):
         extent = tuple(batch["image"].shape[spec.layout.index(axis)] for axis in "HW")
         if (batch["image_size"] > np.array(extent)).any() or (batch["image_size"] < 1).any():
             return f"image_size {batch['image_size'].tolist()} does not fit the {extent[0]} x {extent[1]} batch"
-        return _check_detection(batch, categories)
+        return _check_detection(batch, categories) or (_check_masks(batch) if name.startswith("instance") else None)
     return _check_labels(batch["label"], classes)
 
 
-def _check_images(images: np.ndarray, spec: Any) -> str | None:
+def _check_images(images: np.ndarray, spec: Any, *, padded: bool = False) -> str | None:
     if images.dtype != np.dtype(spec.dtype):
         return f"image dtype {images.dtype}, expected {spec.dtype}"
     if images.ndim != 4 or images.shape[spec.layout.index("C")] != 3:
@@ -44,7 +47,7 @@ def _check_images(images: np.ndarray, spec: Any) -> str | None:
     height, width = (images.shape[spec.layout.index(axis)] for axis in "HW")
     # A size that follows a schedule is checked at epoch 0, the epoch the selftest checks.
     size = spec.size_at(0) if hasattr(spec, "size_at") else getattr(spec, "size", None)
-    if isinstance(size, int) and not hasattr(spec, "max_size") and (height, width) != (size, size):
+    if isinstance(size, int) and not padded and (height, width) != (size, size):
         return f"image shape {images.shape}: expected {size} x {size}"
     if isinstance(size, tuple) and (height, width) != size:
         return f"image shape {images.shape}: expected {size[0]} x {size[1]}"
@@ -103,6 +106,32 @@ def _check_detection(batch: dict[str, np.ndarray], categories: int) -> str | Non
             return f"sample {i}: labels {kept.tolist()} outside 0..{categories - 1}"
         if (labels[i, count:] != -1).any() or (boxes[i, count:] != 0).any():
             return f"sample {i}: the rows past num_boxes={count} are not the filler (-1 labels, zero boxes)"
+    return None
+
+
+def _check_masks(batch: dict[str, np.ndarray]) -> str | None:
+    masks, counts, sizes = batch["masks"], batch["num_boxes"], batch["image_size"]
+    if masks.dtype != np.uint8 or masks.shape[:2] != batch["labels"].shape or masks.max(initial=0) > 1:
+        return f"masks {masks.dtype} {masks.shape} (max {masks.max(initial=0)}), expected 0/1 uint8 (N, M, H, W)"
+    for i, count in enumerate(counts.tolist()):
+        height, width = sizes[i].tolist()
+        if masks[i, count:].any() or masks[i, :, height:].any() or masks[i, :, :, width:].any():
+            return f"sample {i}: masks are not 0 past num_boxes={count} or outside its {width} x {height} image"
+        if count and not masks[i, :count].any():
+            return f"sample {i}: all {count} masks are empty"
+    return None
+
+
+def _check_label_maps(batch: dict[str, np.ndarray], spec: Any, categories: int) -> str | None:
+    mask, image = batch["mask"], batch["image"]
+    extent = tuple(image.shape[spec.layout.index(axis)] for axis in "HW")
+    if mask.dtype != np.int64 or mask.shape != (len(image), *extent):
+        return f"mask {mask.dtype} {mask.shape}, expected int64 {(len(image), *extent)}"
+    values = set(np.unique(mask).tolist()) - {spec.ignore_index}
+    if values - set(range(categories + 1)):
+        return f"mask values {sorted(values)} outside 0..{categories} and the ignore value {spec.ignore_index}"
+    if len(values) < 2:
+        return f"mask holds only {sorted(values)}: the label maps were not decoded"
     return None
 
 

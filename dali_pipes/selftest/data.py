@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -32,12 +33,15 @@ class SampleData:
     features: Path
     feature_values: np.ndarray  # (NUM_IMAGES, FEATURE_DIM) float32, row i is sample i
     feature_labels: np.ndarray  # (NUM_IMAGES,) int64
+    instance: Path | None = None  # the COCO set with masks; None without pycocotools
+    semantic: Path | None = None  # the COCO set's images with label maps (classes: background + categories)
 
 
 def make_sample_data(root: Path) -> SampleData:
     """Write the three datasets under ``root`` (a fresh folder) and return where they are."""
     from converters.runner import convert
     from converters.sources import ArraysSource, CocoSource, ImageFolderSource
+    from converters.sources.coco_masks import has_pycocotools
     from converters.synth import make_imagefolder
 
     images = make_imagefolder(root / "imagefolder", NUM_IMAGES, size=IMAGE_SIZE, classes=CLASSES, workers=1)
@@ -56,7 +60,35 @@ def make_sample_data(root: Path) -> SampleData:
     features = root / "features"
     source = ArraysSource([root / "features.npy", root / "label.npy"])
     convert(source, features, format="hdf5", workers=1, progress=False)
-    return SampleData(classification, detection, features, values, labels)
+    instance = None
+    if has_pycocotools():
+        instance = root / "instance"
+        convert(CocoSource(coco_images, instances, masks=True), instance, format="lmdb", workers=1, progress=False)
+    semantic = root / "semantic"
+    convert(_make_label_maps(root / "maps", instances), semantic, format="hdf5", workers=1, progress=False)
+    return SampleData(classification, detection, features, values, labels, instance, semantic)
+
+
+def _make_label_maps(root: Path, instances: Path) -> Any:
+    """A segmentation source over the COCO set's images: each box filled with its class, a strip of ignore."""
+    from PIL import Image
+
+    from converters.sources import SegmentationSource
+
+    data = json.loads(instances.read_text())
+    root.mkdir(parents=True)
+    width, height = IMAGE_SIZE
+    for image in data["images"]:
+        labels = np.zeros((height, width), dtype=np.uint8)
+        for ann in data["annotations"]:
+            if ann["image_id"] == image["id"]:
+                x, y, w, h = (int(round(v)) for v in ann["bbox"])
+                labels[y : y + h, x : x + w] = 1 + CATEGORY_IDS.index(ann["category_id"])
+        labels[:, :4] = 255
+        Image.fromarray(labels).save(root / Path(image["file_name"]).with_suffix(".png").name)
+    classes = root.parent / "classes.txt"
+    classes.write_text("\n".join(["background"] + [f"category_{c}" for c in CATEGORY_IDS]) + "\n")
+    return SegmentationSource(instances.parent / "images", root, classes_file=classes)
 
 
 def _make_coco(root: Path) -> tuple[Path, Path]:
@@ -83,6 +115,7 @@ def _make_coco(root: Path) -> tuple[Path, Path]:
                     "bbox": [round(float(v), 2) for v in (x, y, w, h)],
                     "area": round(float(w * h), 2),
                     "iscrowd": 0,
+                    "segmentation": [[round(float(v), 2) for v in (x, y, x + w, y, x + w, y + h, x, y + h)]],
                 }
             )
     categories = [{"id": c, "name": f"category_{c}"} for c in CATEGORY_IDS]

@@ -3,7 +3,8 @@
 The first thing to run on a new machine or cluster node. On small datasets made
 at run time (:mod:`dali_pipes.selftest.data`), it runs every pipeline spec
 (classification train and val, auto-augment, the recipe graph: a resolution
-schedule with RandomErasing and MixUp/CutMix, detection train and val, features)
+schedule with RandomErasing and MixUp/CutMix, detection, instance and semantic
+segmentation train and val, features)
 through the real :class:`~dali_pipes.DALILoader` on each device, with 0 and with
 1 Python worker, for two epochs; checks the outputs (shape, dtype, device, value
 range, ``is_pad`` and that every sample comes once, boxes inside the image,
@@ -41,6 +42,10 @@ SPEC_NAMES = (
     "recipe",
     "detection-train",
     "detection-val",
+    "instance-train",
+    "instance-val",
+    "semantic-train",
+    "semantic-val",
     "features",
 )
 
@@ -160,6 +165,7 @@ def _devices(device: str) -> list[str]:
 
 
 def _spec(name: str) -> Any:
+    from dali_pipes import pipelines as p
     from dali_pipes.pipelines import (
         ClassificationTrain,
         ClassificationVal,
@@ -173,6 +179,10 @@ def _spec(name: str) -> Any:
     # Const erasing: its fill (0) stays inside the normalised range the checks expect; noise would not.
     recipe = dict(mix=Mix(mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem"), erasing=RandomErasing(prob=0.5))
     return {
+        "instance-train": lambda: p.InstanceSegmentation(size=(48, 64)),
+        "instance-val": lambda: p.InstanceSegmentationVal(size=40, max_size=64),
+        "semantic-train": lambda: p.SemanticSegmentation(size=(48, 64), scale=(0.3, 1.5)),
+        "semantic-val": lambda: p.SemanticSegmentationVal(size=40),
         "classification-train": lambda: ClassificationTrain(size=32),
         "classification-val": lambda: ClassificationVal(size=32, resize=36),
         "auto-augment": lambda: ClassificationTrain(size=32, auto_augment="rand_augment", dtype="float16"),
@@ -186,6 +196,8 @@ def _spec(name: str) -> Any:
 def _dataset(name: str, data: SampleData) -> Path:
     if name.startswith("detection"):
         return data.detection
+    if name.startswith(("instance", "semantic")):
+        return data.instance if name.startswith("instance") else data.semantic
     return data.features if name == "features" else data.classification
 
 
@@ -196,6 +208,8 @@ def _run_spec(name: str, device: str, data: SampleData, *, asked_for_gpu: bool) 
         if asked_for_gpu:  # --device gpu on a node whose GPU torch cannot see: that is the finding
             return [Row(name, "gpu", None, "failed", "device", "no CUDA: torch.cuda.is_available() is False")]
         return [Row(name, "gpu", None, "skipped", message="skipped: no CUDA")]
+    if _dataset(name, data) is None:
+        return [Row(name, device, None, "skipped", message="skipped: pycocotools is not installed (dali-pipes[coco])")]
     return [_run_one(name, device, workers, data) for workers in WORKER_COUNTS]
 
 

@@ -1,0 +1,121 @@
+"""``dali-pipes bench DATASET --suite masks``: what masks cost, against the same pipeline without them.
+
+On a COCO dataset converted with ``--masks``: :class:`~dali_pipes.InstanceSegmentation`
+against :class:`~dali_pipes.Detection` with the same size, crop, flip and jitter
+(the detection pipeline is the instance pipeline without its masks). On a
+``convert segmentation`` dataset: :class:`~dali_pipes.SemanticSegmentation`
+against its own image half alone (the same window, resize, jitter and flip,
+with no label map read, decoded or moved). Each on the GPU and the CPU; the
+``x ref`` column is the masked row's speed over the row without masks on the
+same device, so its inverse is the cost per image of the masks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.interleave import run_jobs
+from dali_pipes.bench.report import BenchReport, machine_description
+from dali_pipes.bench.runner import Job, Target, TimingPlan, cycle, delivered
+from dali_pipes.bench.streams import dali_in_flight, require_cuda
+
+#: The row every masked row is compared with (same device).
+WITHOUT = "without masks"
+WITH = "with masks"
+
+
+@dataclass(frozen=True)
+class ImageHalf:
+    """A :class:`~dali_pipes.SemanticSegmentation` with only its image half: no label map read or touched."""
+
+    spec: Any
+
+    @property
+    def required_fields(self) -> tuple[str, ...]:
+        return ("image",)
+
+    @property
+    def needs_conditionals(self) -> bool:
+        return False
+
+    def build(self, inputs: Mapping[str, Any], *, device: str) -> dict[str, Any]:
+        from dali_pipes.pipelines import ops
+
+        window, mirror = self.spec._window(), ops.mirror_flag(self.spec.flip)
+        return {"image": self.spec._image(inputs["image"], window, mirror, device=device)}
+
+
+def mask_specs(fields: Mapping[str, Any]) -> tuple[Any, Any, str]:
+    """``(without, with, what)``: the two specs to compare on a dataset of these fields."""
+    from dali_pipes.pipelines import Detection, InstanceSegmentation, SemanticSegmentation
+
+    if {"masks", "mask_code"} <= set(fields):
+        common = dict(size=320, max_size=512)
+        return Detection(**common), InstanceSegmentation(**common), "InstanceSegmentation vs Detection (320/512)"
+    if "mask" in fields:
+        spec = SemanticSegmentation(size=384)
+        return ImageHalf(spec), spec, "SemanticSegmentation vs its image half alone (384 x 384)"
+    raise ValueError(
+        "the masks suite needs a dataset with masks: 'dali-pipes convert coco --masks' or 'dali-pipes convert "
+        f"segmentation'; this one has the fields {', '.join(fields)}"
+    )
+
+
+@contextlib.contextmanager
+def spec_stream(dataset: Any, spec: Any, *, batch_size: int, device: str, target: Target, settings) -> Iterator:
+    """:class:`~dali_pipes.DALILoader` over ``dataset`` with ``spec``; every output is delivered to ``target``."""
+    from dali_pipes.loading.loader import DALILoader
+
+    if device == "gpu":
+        require_cuda()
+    loader = DALILoader(dataset, spec, batch_size=batch_size, shuffle=True, seed=0, device=device, **dict(settings))
+    try:
+        yield delivered(((b["image"], *(v for k, v in b.items() if k != "image")) for b in cycle(loader)), target)
+    finally:
+        loader.close()
+
+
+def masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Rows with and without masks, on the GPU and the CPU."""
+    without, with_masks, what = mask_specs(inputs.manifest.fields)
+    jobs = []
+    for device in ("gpu", "cpu"):
+        for name, spec in ((WITHOUT, without), (WITH, with_masks)):
+            factory = functools.partial(
+                spec_stream,
+                inputs.dataset,
+                spec,
+                batch_size=inputs.batch_size,
+                device=device,
+                target=target,
+                settings=inputs.loader_settings,
+            )
+            params = {**inputs.loader_settings, "device": device}
+            description = f"DALILoader, {type(spec).__name__} on the {device.upper()}"
+            jobs.append(Job(name, factory, description, params, in_flight=dali_in_flight(inputs.loader_settings)))
+    rows = run_jobs(jobs, plan, target, progress=progress, title="bench masks")
+    context = {
+        "dataset": str(inputs.dataset),
+        "format": inputs.manifest.format,
+        "num_samples": inputs.num_samples,
+        "batch_size": inputs.batch_size,
+        "cores": inputs.cores,
+        "compared": what,
+        "loader_settings": dict(inputs.loader_settings),
+    }
+    report = BenchReport(
+        "masks",
+        f"what masks cost: {what}",
+        rows,
+        context,
+        machine_description(),
+        reference=WITHOUT,
+        reference_match=("device",),
+        reference_label="without masks",
+    )
+    report.notes.append("x ref below 1: the masked pipeline is slower; 1 / (x ref) is its cost per image")
+    return report
