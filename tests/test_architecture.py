@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dali_pipes.loading", "converters"),
     ("dali_pipes.staging", "dali_pipes.pipelines"),
     ("dali_pipes.stores", "dali_pipes.sampling"),
+    ("dali_pipes.remote",),
     ("dali_pipes.dataset",),
     ("dali_pipes.settings", "dali_pipes._version", "dali_pipes.sample_data"),
 )  # fmt: skip

@@ -1,0 +1,131 @@
+"""Staging from object storage, against a real S3-protocol server on 127.0.0.1 (moto) and the real s3fs client.
+
+Faults are injected at the server side (tests/s3_helpers.py): throttling bursts, connections dropped
+mid-object, unknown keys, a truncated object, a shard deleted between manifest and download. Each is
+retried or named; no half-downloaded file is ever kept at its final name; a re-run completes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dali_pipes import RemoteError, open_store
+from dali_pipes.dataset.manifest import MANIFEST_NAME
+from dali_pipes.staging.stage import StageError, stage_dataset
+
+from loader_helpers import sample_digests, shard_name, write_dataset
+
+
+def upload(s3, local: Path) -> str:
+    """Put a dataset folder into a new bucket; return its URL."""
+    bucket = s3.new_bucket()
+    s3.fs().put(f"{local}/", f"{bucket}/ds/", recursive=True)
+    return f"s3://{bucket}/ds"
+
+
+def final_files(dest: Path) -> set[str]:
+    return {p.name for p in dest.iterdir() if not p.name.startswith(".")} if dest.exists() else set()
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_stage_from_s3_checks_every_file_and_reuses_the_copy(tmp_path, s3, fmt):
+    source = write_dataset(tmp_path / "src", 20, fmt=fmt)
+    url = upload(s3, source)
+    report = stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False, workers=4)
+    assert set(report.copied) == {p.name for p in source.iterdir() if p.name != MANIFEST_NAME}
+    assert (tmp_path / "dest" / MANIFEST_NAME).read_bytes() == (source / MANIFEST_NAME).read_bytes()
+    assert sample_digests(tmp_path / "dest") == sample_digests(source)
+    again = stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False)
+    assert again.reused and again.copied == []
+
+
+def test_throttling_bursts_and_dropped_connections_are_retried(tmp_path, s3):
+    source = write_dataset(tmp_path / "src", 20, fmt="tfrecord")
+    url = upload(s3, source)
+    slow = s3.proxy.add("slowdown", path=r"shard-00001\.tfrecord$", times=4)
+    drop = s3.proxy.add("drop", path=r"shard-00000\.tfrecord$", times=3)
+    report = stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False)
+    assert slow.seen == 4 and drop.seen == 3  # the faults happened, and were got over
+    assert len(report.copied) == 6
+    assert sample_digests(tmp_path / "dest") == sample_digests(source)
+
+
+def test_a_server_that_keeps_failing_ends_in_an_error_naming_the_url_not_a_hang(tmp_path, s3, monkeypatch):
+    import dali_pipes.remote.transfer as transfer
+
+    monkeypatch.setattr(transfer, "BACKOFF", 0.01)
+    source = write_dataset(tmp_path / "src", 10, fmt="lmdb")
+    url = upload(s3, source)
+    s3.proxy.add("drop", path=r"shard-00000\.lmdb$", times=None)
+    with pytest.raises(RemoteError, match=rf"{url}/shard-00000.lmdb: the storage server .*dropped the connection"):
+        stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False, workers=1)
+    assert shard_name("lmdb", 0) not in final_files(tmp_path / "dest")
+    assert not (tmp_path / "dest" / MANIFEST_NAME).exists()
+    s3.proxy.clear()
+    report = stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False)
+    assert shard_name("lmdb", 0) in report.copied  # the re-run completes, keeping what was whole
+    assert sample_digests(tmp_path / "dest") == sample_digests(source)
+
+
+def test_a_truncated_object_is_named_and_never_kept(tmp_path, s3):
+    source = write_dataset(tmp_path / "src", 20, fmt="hdf5")
+    url = upload(s3, source)
+    name = shard_name("hdf5", 1)
+    key = url.removeprefix("s3://") + "/" + name
+    whole = (source / name).read_bytes()
+    s3.fs().pipe_file(key, whole[: len(whole) // 2])
+    with pytest.raises(StageError, match=rf"{url}/{name}: is {len(whole) // 2} bytes, the manifest says {len(whole)}"):
+        stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False)
+    assert name not in final_files(tmp_path / "dest")
+    assert not list((tmp_path / "dest").glob(".dali-pipes-staging-*"))
+    s3.fs().pipe_file(key, whole)  # repaired: the re-run completes
+    stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False)
+    assert sample_digests(tmp_path / "dest") == sample_digests(source)
+
+
+def test_a_shard_deleted_between_manifest_and_download_is_named(tmp_path, s3):
+    source = write_dataset(tmp_path / "src", 20, fmt="lmdb")
+    url = upload(s3, source)
+    name = shard_name("lmdb", 2)
+    s3.fs().rm_file(url.removeprefix("s3://") + "/" + name)
+    with pytest.raises(RemoteError, match=rf"{url}/{name}: no such bucket or object"):
+        stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False, workers=1)
+    assert name not in final_files(tmp_path / "dest") and not (tmp_path / "dest" / MANIFEST_NAME).exists()
+
+
+def test_wrong_keys_no_bucket_and_no_dataset_are_named(tmp_path, s3):
+    url = upload(s3, write_dataset(tmp_path / "src", 6, fmt="lmdb"))
+    s3.proxy.add("deny", method="HEAD", times=None)
+    s3.proxy.add("deny", method="GET", times=None)
+    with pytest.raises(RemoteError, match=rf"{url}/index.json: access denied .*check the credentials"):
+        stage_dataset(url, tmp_path / "a", storage_options=s3.options, progress=False)
+    s3.proxy.clear()
+    with pytest.raises(RemoteError, match=r"s3://no-such-bucket-here/ds/index.json: no such bucket or object"):
+        stage_dataset("s3://no-such-bucket-here/ds", tmp_path / "b", storage_options=s3.options, progress=False)
+    with pytest.raises(RemoteError, match=rf"{url}/nothing/index.json: no such bucket or object"):
+        stage_dataset(f"{url}/nothing", tmp_path / "c", storage_options=s3.options, progress=False)
+
+
+def test_a_missing_backend_names_the_extra_to_install(tmp_path):
+    try:
+        import gcsfs  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("gcsfs is installed here")
+    with pytest.raises(RemoteError, match=r'gs://bucket/ds: .*pip install "dali-pipes\[gcs\]"'):
+        stage_dataset("gs://bucket/ds", tmp_path / "d", progress=False)
+
+
+def test_open_store_stages_a_url_into_the_cache_folder(tmp_path, s3, monkeypatch):
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    source = write_dataset(tmp_path / "src", 12, fmt="tfrecord")
+    url = upload(s3, source)
+    store = open_store(url, storage_options=s3.options)
+    try:
+        assert Path(store.root).parent == tmp_path / "cache"
+        assert sample_digests(store.root) == sample_digests(source)
+    finally:
+        store.close()
