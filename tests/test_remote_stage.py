@@ -56,6 +56,7 @@ def test_a_server_that_keeps_failing_ends_in_an_error_naming_the_url_not_a_hang(
     import dali_pipes.remote.transfer as transfer
 
     monkeypatch.setattr(transfer, "BACKOFF", 0.01)
+    monkeypatch.setattr(transfer, "ATTEMPTS", 3)
     source = write_dataset(tmp_path / "src", 10, fmt="lmdb")
     url = upload(s3, source)
     s3.proxy.add("drop", path=r"shard-00000\.lmdb$", times=None)
@@ -129,3 +130,17 @@ def test_open_store_stages_a_url_into_the_cache_folder(tmp_path, s3, monkeypatch
         assert sample_digests(store.root) == sample_digests(source)
     finally:
         store.close()
+
+
+@pytest.mark.timeout(180)
+def test_the_loader_trains_an_epoch_from_s3_staged_or_cached(tmp_path, s3, monkeypatch):
+    from test_storage_loader import read_epochs
+
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    source = write_dataset(tmp_path / "src", 23, fmt="lmdb")
+    url = upload(s3, source)
+    expected, _ = read_epochs(source, epochs=1, py_num_workers=0)
+    rows, loader = read_epochs(url, epochs=1, py_num_workers=0, stage_to=tmp_path / "local", storage_options=s3.options)
+    assert loader.store.root == tmp_path / "local" and loader.staged.copied and rows == expected
+    rows, loader = read_epochs(url, epochs=1, py_num_workers=0, storage_options=s3.options)  # no stage_to: the cache
+    assert loader.store.root.parent == tmp_path / "cache" and rows == expected

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from dali_pipes.cli.exit_codes import EXIT_ERROR, EXIT_FAILED
 from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
+from dali_pipes.cli.remote_args import add_storage_options, dataset_arg, quiet_backends, shown, storage_options
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
 
 log = logging.getLogger("dali_pipes.cli")
@@ -32,6 +33,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(message)s",
         stream=sys.stderr,
     )
+    quiet_backends(args.verbose)
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_ERROR
@@ -49,6 +51,7 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
             f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such inputs out)",
             file=sys.stderr,
         )
+    # RemoteError and StageError are ValueErrors: one line naming the URL or file and what to do.
     except (ConversionError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"dali-pipes: error: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -269,22 +272,26 @@ def _convert(source, out: Path, args) -> int:
 
 
 def _add_inspect(commands) -> None:
-    p = commands.add_parser("inspect", help="summarise a dataset")
-    p.add_argument("dataset", type=Path)
+    p = commands.add_parser("inspect", help="summarise a dataset (a folder, or a URL such as s3://bucket/ds)")
+    p.add_argument("dataset", type=dataset_arg)
     p.add_argument("--json", action="store_true", help="print JSON for machines")
+    add_storage_options(p)
     p.set_defaults(handler=_inspect)
 
 
 def _inspect(args) -> int:
     from dali_pipes.cli.inspect import format_summary, summarize, summary_json
 
-    print(summary_json(args.dataset) if args.json else format_summary(summarize(args.dataset)))
+    options = storage_options(args)
+    summary = summarize(args.dataset, storage_options=options)
+    print(summary_json(args.dataset, storage_options=options) if args.json else format_summary(summary))
     return 0
 
 
 def _add_verify(commands) -> None:
-    p = commands.add_parser("verify", help="check every shard's size, checksum and records")
-    p.add_argument("dataset", type=Path)
+    p = commands.add_parser("verify", help="check every shard's size, checksum and records (of a URL: size and hash)")
+    p.add_argument("dataset", type=dataset_arg)
+    add_storage_options(p)
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_verify)
@@ -293,12 +300,15 @@ def _add_verify(commands) -> None:
 def _verify(args) -> int:
     from dali_pipes.cli.verify import verify_dataset
 
-    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.no_progress)
+    report = verify_dataset(
+        args.dataset, decode=args.decode, progress=not args.no_progress, storage_options=storage_options(args)
+    )
     if report.ok:
         decoded = f", {report.images_decoded:,} images decoded" if args.decode else ""
-        print(f"{args.dataset}: OK: {report.num_shards} shard(s), {report.samples_read:,} samples read{decoded}")
+        read = f"{report.samples_read:,} samples read" if report.samples_read else "sizes and SHA-256 read remotely"
+        print(f"{shown(args.dataset)}: OK: {report.num_shards} shard(s), {read}{decoded}")
         return 0
-    print(f"{args.dataset}: {len(report.problems)} problem(s):", file=sys.stderr)
+    print(f"{shown(args.dataset)}: {len(report.problems)} problem(s):", file=sys.stderr)
     for problem in report.problems:
         print(f"  {problem}", file=sys.stderr)
     print("re-convert the dataset, or restore the damaged shards from a copy", file=sys.stderr)
@@ -323,16 +333,19 @@ def _merge(args) -> int:
 
 
 def _add_stage(commands) -> None:
-    p = commands.add_parser("stage", help="copy a dataset (or merged .h5) to a local disk or /dev/shm, resumably")
-    p.add_argument("dataset", type=Path, help="a dataset folder, or a merged .h5 file")
+    p = commands.add_parser(
+        "stage", help="copy a dataset (a folder, a merged .h5, or a URL) to a local disk or /dev/shm, resumably"
+    )
+    p.add_argument("dataset", type=dataset_arg, help="a dataset folder, a merged .h5 file, or a URL (s3://bucket/ds)")
     p.add_argument("dest", type=Path, help="the local folder to copy it into (e.g. /dev/shm/NAME)")
     p.add_argument(
         "--verify",
         action="store_true",
         help="re-hash the staged copy, also when it is reused (a merged file, which records no hash, against its source)",
     )
-    p.add_argument("--workers", type=int, default=4, help="files copied at once (default: 4)")
+    p.add_argument("--workers", type=int, default=4, help="files copied (or downloaded) at once (default: 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_storage_options(p)
     p.set_defaults(handler=_stage)
 
 
@@ -341,7 +354,12 @@ def _stage(args) -> int:
 
     # A StageError is a ValueError: _run prints it as one line.
     report = stage_dataset(
-        args.dataset, args.dest, verify=args.verify, workers=args.workers, progress=not args.no_progress
+        args.dataset,
+        args.dest,
+        verify=args.verify,
+        workers=args.workers,
+        progress=not args.no_progress,
+        storage_options=storage_options(args),
     )
     if report.reused:
         print(f"{report.path}: already staged, reused" + (" (verified)" if args.verify else ""))

@@ -11,14 +11,14 @@ shard is ever opened over the network.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import re
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, ManifestError, parse_manifest, resolve_inside
+from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, resolve_inside
+from dali_pipes.remote.dataset import load_remote_manifest
 from dali_pipes.remote.fs import filesystem, remote_errors
 from dali_pipes.remote.transfer import download_to, retrying
 from dali_pipes.remote.urls import join, redact
@@ -50,12 +50,7 @@ def plan_remote(url: str, dest: Path, storage_options: Mapping[str, Any] | None 
             f"{shown}: a merged .h5 file is staged from a local path only; stage the dataset folder's URL instead"
         )
     fs, root = filesystem(url, storage_options)
-    manifest_url = join(url, MANIFEST_NAME)
-    marker_bytes = retrying(lambda: fs.cat_file(join(root, MANIFEST_NAME)), manifest_url, "reading", storage_options)
-    try:
-        manifest = parse_manifest(json.loads(marker_bytes), where=redact(manifest_url, storage_options))
-    except ValueError as exc:
-        raise ManifestError(f"{redact(manifest_url, storage_options)}: not a valid manifest ({exc})") from None
+    manifest, marker_bytes = load_remote_manifest(url, storage_options)
     items = []
     for shard in manifest.shards:
         resolve_inside(dest, shard.path)  # refuses a path that leaves the dataset (and so DEST)
