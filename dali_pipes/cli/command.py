@@ -15,8 +15,17 @@ from typing import Callable, Sequence
 
 from dali_pipes.cli.exit_codes import EXIT_ERROR, EXIT_FAILED
 from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
-from dali_pipes.cli.remote_args import add_storage_options, dataset_arg, quiet_backends, shown, storage_options
+from dali_pipes.cli.remote_args import (
+    add_output_url_options,
+    add_storage_options,
+    convert_to_url_from_args,
+    dataset_arg,
+    quiet_backends,
+    shown,
+    storage_options,
+)
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
+from dali_pipes.remote.urls import is_url, join
 
 log = logging.getLogger("dali_pipes.cli")
 
@@ -131,7 +140,7 @@ def _add_convert(commands) -> None:
     p.set_defaults(handler=_convert_coco)
 
     p = kinds.add_parser("arrays", help="feature arrays from .npy, .npz or HDF5 files")
-    p.add_argument("files", type=Path, nargs="+", help="input files, then the output folder last")
+    p.add_argument("files", type=dataset_arg, nargs="+", help="input files, then the output folder last")
     p.add_argument("--fields", help="comma-separated field names to keep (default: all)")
     _add_output_options(p, images=False, positional_out=False)
     p.set_defaults(handler=_convert_arrays)
@@ -151,7 +160,7 @@ def _add_convert(commands) -> None:
 
 def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_out: bool = True) -> None:
     if positional_out:
-        p.add_argument("out", type=Path, help="output dataset folder (created)")
+        p.add_argument("out", type=dataset_arg, help="output dataset folder (created), or a URL (s3://bucket/ds)")
     p.add_argument("--format", default="lmdb", help=f"shard format: {', '.join(FORMATS)} (default: lmdb)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--samples-per-shard", type=int, metavar="N", help="samples in each shard")
@@ -177,6 +186,7 @@ def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_
         help="bad inputs: leave out and list (skip) or stop (fail)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_url_options(p)
     if images:
         p.add_argument(
             "--max-size", type=int, metavar="PX", help="resize images whose longest side is larger (re-encodes as JPEG)"
@@ -226,7 +236,7 @@ def _convert_arrays(args) -> int:
 
 def _convert_packed(args) -> int:
     source, out = args.source_from_args(args, _image_options(args))
-    return _convert(source, Path(out), args)
+    return _convert(source, dataset_arg(str(out)), args)
 
 
 def _convert(source, out: Path, args) -> int:
@@ -234,7 +244,7 @@ def _convert(source, out: Path, args) -> int:
     from converters.runner import convert
     from dali_pipes.dataset.manifest import ERRORS_NAME, human_bytes
 
-    result = convert(
+    result = (convert if not is_url(out) else convert_to_url_from_args(args))(
         source,
         out,
         format=args.format,
@@ -248,14 +258,14 @@ def _convert(source, out: Path, args) -> int:
     )
     # One summary line, always with the count of inputs left out (also when it is 0).
     left_out = f"left out {len(result.errors)} input(s)" + (
-        f", listed in {out / ERRORS_NAME}:" if result.errors else ""
+        f", listed in {join(out, ERRORS_NAME) if is_url(out) else out / ERRORS_NAME}:" if result.errors else ""
     )
     if result.already_complete:
-        print(f"{out}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
+        print(f"{shown(out)}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
     else:
         rate = result.num_samples / result.seconds if result.seconds else 0.0
         print(
-            f"{out}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
+            f"{shown(out)}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
             f"{human_bytes(result.bytes)}, {result.seconds:.1f} s ({rate:,.0f} samples/s)"
             + (f", {result.resumed_shards} shard(s) kept from an earlier run" if result.resumed_shards else "")
             + f"; {left_out}"

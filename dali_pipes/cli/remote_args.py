@@ -53,6 +53,26 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
     return options or None
 
 
+def add_output_url_options(parser: argparse.ArgumentParser) -> None:
+    """``--work-dir`` and ``--storage-option``, for an output that is a URL (``convert ... s3://bucket/ds``)."""
+    parser.add_argument(
+        "--work-dir",
+        type=Path,
+        help="with an output URL: the local folder shards are written in before their upload, a few at a time "
+        "(default: under $DALI_PIPES_CACHE or ~/.cache/dali-pipes)",
+    )
+    add_storage_options(parser)
+
+
+def convert_to_url_from_args(args: argparse.Namespace):
+    """:func:`converters.upload.convert_to_url` with this command's ``--work-dir`` and ``--storage-option``."""
+    import functools
+
+    from converters.upload import convert_to_url
+
+    return functools.partial(convert_to_url, work_dir=args.work_dir, storage_options=storage_options(args))
+
+
 #: Loggers of the object-storage backends: their INFO lines ("Found credentials in environment variables.")
 #: are not for the people reading a command's output; with -v they show.
 BACKEND_LOGGERS = ("botocore", "aiobotocore", "s3fs", "fsspec", "gcsfs", "adlfs", "azure", "huggingface_hub")
@@ -71,4 +91,12 @@ def shown(path: str | os.PathLike) -> str:
     return redact(path)
 
 
-__all__ = ["add_storage_options", "dataset_arg", "quiet_backends", "shown", "storage_options"]
+__all__ = [
+    "add_output_url_options",
+    "add_storage_options",
+    "convert_to_url_from_args",
+    "dataset_arg",
+    "quiet_backends",
+    "shown",
+    "storage_options",
+]
