@@ -1,0 +1,68 @@
+"""Inputs of a conversion read from object storage: the one place the sources go for a URL's bytes.
+
+A source keeps its inputs as URLs (``s3://bucket/train-000.tar``) as it keeps local paths, and reads
+them through these helpers: a whole small file (an image, a list), a byte range (a tar member, a
+TFRecord record: :class:`~converters.sources._inputs.OpenFiles`), or a seekable file whose reads are
+ranged requests (a tar's headers, a Parquet file's row groups): the input is streamed, never copied
+whole. Credentials and endpoints come from the environment or ``~/.aws`` (as for the backend itself),
+or from fsspec's configuration (``FSSPEC_S3_ENDPOINT_URL``, ...), since the worker processes that read
+inputs inherit those; reads are retried with backoff (:mod:`dali_pipes.remote.transfer`).
+"""
+
+from __future__ import annotations
+
+import posixpath
+from typing import IO, Any
+
+from converters.base import ConversionError
+from dali_pipes.remote.fs import RemoteError, filesystem
+from dali_pipes.remote.transfer import retrying
+from dali_pipes.remote.urls import is_url, scheme
+
+#: Bytes fetched per ranged request when a remote input is read as a file (tar headers, Parquet pages).
+BLOCK = 4 << 20
+
+
+def url_fs(url: str) -> tuple[Any, str]:
+    """``(fs, path)`` of an input URL; a :class:`ConversionError` naming the URL when it cannot be reached."""
+    try:
+        return filesystem(url)
+    except RemoteError as exc:
+        raise ConversionError(str(exc)) from None
+
+
+def read_input(url: str) -> bytes:
+    """The whole input at ``url`` (an image, a list file). Raises :class:`RemoteError` (a missing object too)."""
+    fs, path = url_fs(url)
+    return retrying(lambda: fs.cat_file(path), url, "reading")
+
+
+def read_range(url: str, offset: int, size: int) -> bytes:
+    """``size`` bytes of ``url`` at ``offset`` (one ranged request, retried)."""
+    fs, path = url_fs(url)
+    return retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), url, f"reading bytes at {offset}")
+
+
+def open_input(url: str) -> IO[bytes]:
+    """A seekable binary file over ``url`` whose reads are ranged requests of :data:`BLOCK` bytes."""
+    fs, path = url_fs(url)
+    return retrying(lambda: fs.open(path, "rb", block_size=BLOCK, cache_type="readahead"), url, "opening")
+
+
+def expand_url(pattern: str) -> list[str]:
+    """The objects a URL pattern names (``s3://b/train-*.tar``), sorted; the URL itself when it has no wildcard."""
+    fs, path = url_fs(pattern)
+    prefix = f"{scheme(pattern)}://"
+    if not any(c in path for c in "*?["):
+        return [pattern] if retrying(lambda: fs.isfile(path), pattern, "looking it up") else []
+    return [prefix + match for match in sorted(retrying(lambda: fs.glob(path), pattern, "listing"))]
+
+
+def beside(base: str, rel: str) -> str:
+    """``rel`` resolved against the folder of ``base`` (a URL or a local path); absolute paths and URLs stay."""
+    if is_url(rel) or posixpath.isabs(rel) or not is_url(base):
+        return rel if (is_url(rel) or posixpath.isabs(rel)) else posixpath.join(posixpath.dirname(base), rel)
+    return posixpath.join(posixpath.dirname(base), rel)
+
+
+__all__ = ["BLOCK", "beside", "expand_url", "is_url", "open_input", "read_input", "read_range", "url_fs"]
