@@ -11,6 +11,7 @@ inputs inherit those; reads are retried with backoff (:mod:`dali_pipes.remote.tr
 
 from __future__ import annotations
 
+import functools
 import posixpath
 from typing import IO, Any
 
@@ -65,4 +66,43 @@ def beside(base: str, rel: str) -> str:
     return posixpath.join(posixpath.dirname(base), rel)
 
 
-__all__ = ["BLOCK", "beside", "expand_url", "is_url", "open_input", "read_input", "read_range", "url_fs"]
+@functools.lru_cache(maxsize=4)
+def tree(url: str) -> dict[str, int]:
+    """``{path relative to url: size}`` of every object below ``url`` (hidden names left out), listed once."""
+    fs, root = url_fs(url)
+    root = root.rstrip("/")
+    found = retrying(lambda: fs.find(root, detail=True), url, "listing")
+    out = {}
+    for path, info in found.items():
+        rel = path[len(root) :].lstrip("/")
+        if rel and info.get("type", "file") == "file" and not any(part.startswith(".") for part in rel.split("/")):
+            out[rel] = int(info.get("size") or 0)
+    return dict(sorted(out.items()))
+
+
+def class_folders(url: str) -> tuple[list[str], list[str], dict[str, list[tuple[str, int]]]]:
+    """An image-folder tree at ``url``: its class names (sorted), the files loose in its root, and the
+    ``(relative path, size)`` of the files below each class, sorted."""
+    classes: dict[str, list[tuple[str, int]]] = {}
+    loose = []
+    for rel, size in tree(url).items():
+        top, sep, _ = rel.partition("/")
+        if sep:
+            classes.setdefault(top, []).append((rel, size))
+        else:
+            loose.append(rel)
+    return sorted(classes), loose, classes
+
+
+__all__ = [
+    "BLOCK",
+    "beside",
+    "class_folders",
+    "expand_url",
+    "is_url",
+    "open_input",
+    "read_input",
+    "read_range",
+    "tree",
+    "url_fs",
+]

@@ -94,3 +94,19 @@ def test_webdataset_tars_from_s3_read_by_ranges(imagenet_mini, tmp_path, s3_env)
     convert(source, tmp_path / "out", format="lmdb", progress=False, workers=2)
     assert_converted(tmp_path / "out", expected)
     assert slow.seen == 3
+
+
+def test_an_image_folder_in_s3_converts_as_the_same_folder_on_disk(imagenet_mini, tmp_path, s3_env):
+    from converters.sources import ImageFolderSource
+
+    from loader_helpers import sample_digests
+
+    bucket = s3_env.new_bucket()
+    s3_env.fs().put(f"{imagenet_mini}/", f"{bucket}/train/", recursive=True)
+    local = convert(ImageFolderSource(imagenet_mini), tmp_path / "local", format="hdf5", progress=False)
+    remote = convert(
+        ImageFolderSource(f"s3://{bucket}/train"), tmp_path / "out", format="hdf5", progress=False, workers=2
+    )
+    assert remote.manifest.classes == local.manifest.classes
+    assert remote.manifest.source["root"] == f"s3://{bucket}/train"
+    assert sample_digests(tmp_path / "out") == sample_digests(tmp_path / "local")
