@@ -110,3 +110,15 @@ def test_an_image_folder_in_s3_converts_as_the_same_folder_on_disk(imagenet_mini
     assert remote.manifest.classes == local.manifest.classes
     assert remote.manifest.source["root"] == f"s3://{bucket}/train"
     assert sample_digests(tmp_path / "out") == sample_digests(tmp_path / "local")
+
+
+def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_path, s3_env):
+    from converters.sources import ListFileSource
+
+    rows = path_rows(imagenet_mini, tmp_path / "data")
+    lines = [f"{key} images/{key}.jpg {label}" for key, _, label in rows]
+    (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
+    bucket = s3_env.new_bucket()
+    s3_env.fs().put(f"{tmp_path / 'data'}/", f"{bucket}/data/", recursive=True)
+    convert(ListFileSource(f"s3://{bucket}/data/train.txt"), tmp_path / "out", format="lmdb", progress=False)
+    assert_converted(tmp_path / "out", rows)
