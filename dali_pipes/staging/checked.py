@@ -44,7 +44,7 @@ def write_checked(item: StageItem, target: Path, fill: Callable[[Any], tuple[int
             os.fsync(out.fileno())
         if size != item.bytes:
             raise StageError(
-                f"{shown}: is {size} bytes, the manifest says {item.bytes}: the source changed or is damaged "
+                f"{shown}: is {size if size < item.bytes else f'more than {item.bytes}'} bytes, the manifest says {item.bytes}: the source changed or is damaged "
                 "(truncated or replaced); run 'dali-pipes verify' on it"
             )
         if item.sha256 is not None and digest != item.sha256:
