@@ -12,6 +12,7 @@ inputs inherit those; reads are retried with backoff (:mod:`dali_pipes.remote.tr
 from __future__ import annotations
 
 import functools
+import io
 import posixpath
 from typing import IO, Any
 
@@ -45,9 +46,41 @@ def read_range(url: str, offset: int, size: int) -> bytes:
 
 
 def open_input(url: str) -> IO[bytes]:
-    """A seekable binary file over ``url`` whose reads are ranged requests of :data:`BLOCK` bytes."""
+    """A seekable binary file over ``url`` whose reads are ranged requests of at least :data:`BLOCK` bytes,
+    each retried on its own (a dropped connection costs one block, not the file)."""
     fs, path = url_fs(url)
-    return retrying(lambda: fs.open(path, "rb", block_size=BLOCK, cache_type="readahead"), url, "opening")
+    size = int(retrying(lambda: fs.info(path), url, "looking it up").get("size") or 0)
+    return io.BufferedReader(_RangedFile(url, size), buffer_size=BLOCK)
+
+
+class _RangedFile(io.RawIOBase):
+    """The raw side of :func:`open_input`: ``readinto`` is one ranged request (:func:`read_range`)."""
+
+    def __init__(self, url: str, size: int) -> None:
+        self.url, self.size, self.pos = url, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self.pos, io.SEEK_END: self.size}[whence]
+        self.pos = max(0, base + offset)
+        return self.pos
+
+    def readinto(self, buffer) -> int:
+        want = min(len(buffer), self.size - self.pos)
+        if want <= 0:
+            return 0
+        data = read_range(self.url, self.pos, want)
+        buffer[: len(data)] = data
+        self.pos += len(data)
+        return len(data)
 
 
 def expand_url(pattern: str) -> list[str]:

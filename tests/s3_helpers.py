@@ -5,7 +5,8 @@ to the moto server unchanged unless a fault rule matches it:
 
 - ``slowdown``: answer ``503 SlowDown`` (S3's throttling answer) instead of forwarding;
 - ``drop``: forward, then send the headers and only half of the body and close the connection;
-- ``deny``: answer ``403 InvalidAccessKeyId``, as S3 does for keys it does not know.
+- ``deny``: answer ``403 InvalidAccessKeyId``, as S3 does for keys it does not know;
+- ``stall``: wait :attr:`FaultProxy.stall` seconds before forwarding (a slow or hung server).
 
 Each rule applies to requests whose method and path match, ``times`` times (``None``: always).
 Tests also write into the bucket straight through moto's endpoint (``direct_options``), as another
@@ -18,6 +19,7 @@ import http.client
 import re
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -44,6 +46,7 @@ class FaultProxy:
         self.rules: list[Fault] = []
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
+        self.stall = 1.0
         handler = _handler(self)
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
         self.server.daemon_threads = True
@@ -111,6 +114,8 @@ def _handler(proxy: FaultProxy):
                 return self._error(503, "SlowDown", "Please reduce your request rate.")
             if action == "deny":
                 return self._error(403, "InvalidAccessKeyId", "The AWS Access Key Id you provided does not exist.")
+            if action == "stall":
+                time.sleep(proxy.stall)
             status, headers, data = self._forward(body)
             if action == "drop" and len(data) > 1:
                 self._send(status, headers, data[: len(data) // 2], length=len(data))

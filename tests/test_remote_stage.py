@@ -144,3 +144,58 @@ def test_the_loader_trains_an_epoch_from_s3_staged_or_cached(tmp_path, s3, monke
     assert loader.store.root == tmp_path / "local" and loader.staged.copied and rows == expected
     rows, loader = read_epochs(url, epochs=1, py_num_workers=0, storage_options=s3.options)  # no stage_to: the cache
     assert loader.store.root.parent == tmp_path / "cache" and rows == expected
+
+
+def test_a_server_that_stops_answering_times_out_into_an_error(tmp_path, s3, monkeypatch):
+    import time
+
+    import dali_pipes.remote.transfer as transfer
+
+    monkeypatch.setattr(transfer, "BACKOFF", 0.01)
+    monkeypatch.setattr(transfer, "ATTEMPTS", 2)
+    url = upload(s3, write_dataset(tmp_path / "src", 6, fmt="lmdb"))
+    options = {**s3.options, "config_kwargs": {"read_timeout": 1, "connect_timeout": 1, "retries": {"max_attempts": 1}}}
+    s3.proxy.stall = 4.0
+    s3.proxy.add("stall", path=r"shard-00000", times=None)
+    start = time.monotonic()
+    with pytest.raises(RemoteError, match=rf"{url}/shard-00000.lmdb: the storage server did not answer"):
+        stage_dataset(url, tmp_path / "dest", storage_options=options, progress=False, workers=1)
+    assert time.monotonic() - start < 30
+    assert shard_name("lmdb", 0) not in final_files(tmp_path / "dest")
+
+
+@pytest.mark.timeout(180)
+def test_a_stage_from_s3_killed_with_sigkill_resumes_keeping_the_whole_files(tmp_path, s3):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from test_remote_cli import s3_env
+
+    source = write_dataset(tmp_path / "src", 32, fmt="lmdb", samples_per_shard=4)  # 8 shards
+    url = upload(s3, source)
+    dest = tmp_path / "dest"
+    s3.proxy.stall = 60.0  # shards 4-7 hang: the kill lands while shard 4 is being downloaded
+    s3.proxy.add("stall", path=r"shard-0000[4-7]", times=None)
+    command = [sys.executable, "-m", "dali_pipes", "stage", url, str(dest), "--workers", "1", "--no-progress"]
+    proc = subprocess.Popen(command, env=s3_env(s3), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 90
+        while not all((dest / shard_name("lmdb", i)).exists() for i in range(4)):
+            assert proc.poll() is None, "the stage ended before it could be killed"
+            assert time.monotonic() < deadline, "shards 0-3 were never staged"
+            time.sleep(0.1)
+        time.sleep(0.5)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == -signal.SIGKILL
+    assert not (dest / MANIFEST_NAME).exists() and shard_name("lmdb", 4) not in final_files(dest)
+    s3.proxy.clear()
+    report = stage_dataset(url, dest, storage_options=s3.options, progress=False)
+    assert sorted(report.kept) == [shard_name("lmdb", i) for i in range(4)]
+    assert sorted(report.copied) == [shard_name("lmdb", i) for i in range(4, 8)]
+    assert sample_digests(dest) == sample_digests(source)

@@ -21,9 +21,12 @@ log = logging.getLogger(__name__)
 #: Seconds to open a connection and to wait for the next bytes of an answer (``s3://``; override in
 #: ``storage_options["config_kwargs"]``).
 CONNECT_TIMEOUT = 10.0
-READ_TIMEOUT = 60.0
-#: Attempts botocore makes at one request (throttling and 5xx answers are retried with backoff).
-BOTO_ATTEMPTS = 6
+READ_TIMEOUT = 30.0
+#: Attempts botocore makes at one request (throttling, 5xx answers and timeouts are retried with backoff).
+#: s3fs's own retries, which would multiply these, are turned off: :mod:`dali_pipes.remote.transfer`
+#: retries on top, resuming at the byte reached. A server that stops answering so ends in an error after
+#: at most ATTEMPTS x BOTO_ATTEMPTS x READ_TIMEOUT (7.5 minutes by default), never a hang.
+BOTO_ATTEMPTS = 3
 
 _CREDENTIAL_ERRORS = (
     "NoCredentialsError",
@@ -72,9 +75,12 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
         raise RemoteError(_install_message(url, kind)) from None
     with remote_errors(url, storage_options):
         try:
-            return url_to_fs(url, **_options(kind, storage_options))
+            fs, path = url_to_fs(url, **_options(kind, storage_options))
         except ImportError:
             raise RemoteError(_install_message(url, kind)) from None
+    if kind in ("s3", "s3a"):
+        fs.retries = 1  # see BOTO_ATTEMPTS
+    return fs, path
 
 
 def _install_message(url: str, kind: str) -> str:

@@ -24,7 +24,7 @@ _T = TypeVar("_T")
 #: Bytes asked for in one ranged read.
 CHUNK = 8 << 20
 #: Tries at one request before giving up, and the first pause between them (seconds; doubles, at most BACKOFF_MAX).
-ATTEMPTS = 6
+ATTEMPTS = 5
 BACKOFF = 0.2
 BACKOFF_MAX = 8.0
 _TRANSIENT_NAMES = ("timeout", "connection", "payload", "incompleteread", "responseparser", "disconnected", "ebusy")
