@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import traceback
 
 import pytest
 from s3_helpers import ACCESS_KEY
@@ -96,6 +97,9 @@ def test_a_planted_secret_appears_in_no_file_log_output_or_error(tmp_path, s3, m
     with pytest.raises(RemoteError) as failure:
         stage_dataset(f"s3://{CANARY.lower()}-no-bucket/ds", tmp_path / "x", storage_options=options, progress=False)
     seen.append(str(failure.value).replace(CANARY.lower(), ""))  # the bucket's own name is not the secret
+    with pytest.raises(RemoteError) as failure:  # a password inside the URL, quoted back by the backend
+        stage_dataset(f"s3://me:{CANARY}@bucket/ds", tmp_path / "y", storage_options=s3.options, progress=False)
+    seen.append("".join(traceback.format_exception(failure.value)))
 
     env = s3_env(s3, secret=CANARY)
     for args in (("inspect", url), ("verify", url), ("stage", url, str(tmp_path / "cli")), ("inspect", "s3://nob/x")):
@@ -107,3 +111,18 @@ def test_a_planted_secret_appears_in_no_file_log_output_or_error(tmp_path, s3, m
             seen.append(path.read_bytes().decode("latin-1"))
     leaks = [text[max(0, text.find(CANARY) - 80) : text.find(CANARY) + 40] for text in seen if CANARY in text]
     assert not leaks, leaks
+
+
+def test_no_credentials_are_named_with_where_to_give_them(s3):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL=s3.proxy.url,
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",  # no instance-metadata lookup (it would wait on the network)
+        AWS_DEFAULT_REGION="eu-west-1",
+    )
+    out = cli("inspect", "s3://bucket/ds", env=env)
+    assert out.returncode != 0
+    assert out.stderr.startswith("dali-pipes: error: s3://bucket/ds/index.json: no credentials found")
+    assert "AWS_ACCESS_KEY_ID" in out.stderr and "Traceback" not in out.stderr

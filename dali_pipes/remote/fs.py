@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any, Iterator, Mapping
 
-from dali_pipes.remote.urls import SCHEMES, redact, scheme
+from dali_pipes.remote.urls import SCHEMES, redact, scheme, url_secrets
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def remote_errors(url: str, storage_options: Mapping[str, Any] | None = None) ->
 def describe(url: str, exc: BaseException, storage_options: Mapping[str, Any] | None = None) -> str | None:
     """A message for a backend error at ``url`` (secrets taken out), or ``None`` for an error that is not one."""
     shown = redact(url, storage_options)
-    reason = redact(f"{type(exc).__name__}: {exc}", storage_options)
+    raw = f"{type(exc).__name__}: {exc}"
+    reason = redact(raw, storage_options, url_secrets(url))
     name = type(exc).__name__
     if name in _CREDENTIAL_ERRORS or "credentials" in str(exc).lower() and "unable to locate" in str(exc).lower():
         return (
@@ -144,6 +145,8 @@ def describe(url: str, exc: BaseException, storage_options: Mapping[str, Any] | 
             f"{shown}: the storage server did not answer or dropped the connection after every retry ({reason}); "
             "check the endpoint and the network, then run the same command again (it resumes)"
         )
+    if reason != raw or "validation" in name.lower():  # the backend quoted a secret, or refused the URL's form
+        return f"{shown}: the storage backend refused this ({reason}); check the URL"
     return None
 
 

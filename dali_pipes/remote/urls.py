@@ -85,6 +85,18 @@ def secrets_in(storage_options: Mapping[str, Any] | None) -> list[str]:
     return [s for s in found if len(s) >= _MIN_SECRET]
 
 
+def url_secrets(url: Any) -> list[str]:
+    """The secrets inside a URL: the userinfo of ``scheme://user:password@host`` and the query's values."""
+    text = str(url)
+    found = []
+    match = re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://([^/@\s]*)@", text)
+    if match:
+        found += [match.group(1), match.group(1).partition(":")[2]]
+    if "?" in text:
+        found += [v for part in text.split("?", 1)[1].split("&") for v in [part.partition("=")[2]] if v]
+    return [s for s in found if len(s) >= _MIN_SECRET]
+
+
 def redact(text: Any, storage_options: Mapping[str, Any] | None = None, extra: Iterable[str] = ()) -> str:
     """``text`` (made a string) with every secret replaced by ``***``: URL passwords and queries, option values."""
     out = _USERINFO.sub(lambda m: m.group("scheme") + "***@", str(text))
@@ -94,4 +106,4 @@ def redact(text: Any, storage_options: Mapping[str, Any] | None = None, extra: I
     return out
 
 
-__all__ = ["SCHEMES", "SECRET_ENV", "is_url", "join", "redact", "scheme", "secrets_in"]
+__all__ = ["SCHEMES", "SECRET_ENV", "is_url", "join", "redact", "scheme", "secrets_in", "url_secrets"]
