@@ -88,10 +88,11 @@ def read_ranges(
     while offset < size:
         end = min(offset + CHUNK, size)
         data = retrying(lambda: _range(fs, path, offset, end), url, f"reading bytes {offset}-{end}", storage_options)
-        if not data:
-            break  # shorter than it should be: the caller names it
-        sink(data)
-        offset += len(data)
+        if data:
+            sink(data)
+            offset += len(data)
+        if offset < end:  # a ranged read returns what there is: the object ends here
+            break
     return offset
 
 
