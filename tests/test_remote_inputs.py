@@ -122,3 +122,17 @@ def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_pa
     s3_env.fs().put(f"{tmp_path / 'data'}/", f"{bucket}/data/", recursive=True)
     convert(ListFileSource(f"s3://{bucket}/data/train.txt"), tmp_path / "out", format="lmdb", progress=False)
     assert_converted(tmp_path / "out", rows)
+
+
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        (["lmdb", "s3://bucket/data.lmdb"], "LMDBs"),
+        (["arrays", "s3://bucket/x.npy"], "feature array files"),
+    ],
+)
+def test_inputs_not_read_from_object_storage_say_to_copy_them_first(tmp_path, args, what):
+    from test_convert import run_cli
+
+    out = run_cli("convert", *args, str(tmp_path / "out"), check=False)
+    assert out.returncode != 0 and f"{args[1]}: {what}" in out.stderr and "copy them first" in out.stderr
