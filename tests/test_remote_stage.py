@@ -199,3 +199,33 @@ def test_a_stage_from_s3_killed_with_sigkill_resumes_keeping_the_whole_files(tmp
     assert sorted(report.kept) == [shard_name("lmdb", i) for i in range(4)]
     assert sorted(report.copied) == [shard_name("lmdb", i) for i in range(4, 8)]
     assert sample_digests(dest) == sample_digests(source)
+
+
+@pytest.mark.timeout(240)
+def test_two_ddp_ranks_on_one_node_download_once(tmp_path, s3, monkeypatch):
+    import json
+
+    import torch.multiprocessing as mp
+    from s3_helpers import ACCESS_KEY
+    from stage_helpers import staging_rank
+    from test_ddp import free_port
+
+    # The ranks take their credentials from the environment, as a training job's do.
+    for name, value in dict(
+        AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY="testsecret", AWS_DEFAULT_REGION="eu-west-1",
+        AWS_ENDPOINT_URL=s3.proxy.url, AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+    ).items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    source = write_dataset(tmp_path / "src", 23, fmt="lmdb")
+    url = upload(s3, source)
+    dest = tmp_path / "node-local"
+    mp.start_processes(
+        staging_rank, args=(2, free_port(), url, str(dest), str(tmp_path)), nprocs=2, join=True, start_method="spawn"
+    )
+    reports = [json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in range(2)]
+    shards = sorted(p.name for p in source.glob("shard-*"))
+    assert sorted(sorted(r["copied"]) for r in reports) == [[], shards]  # one rank downloaded, the other reused
+    gets = [path for method, path in s3.proxy.requests if method == "GET" and "/shard-" in path]
+    assert sorted(p.rsplit("/", 1)[1] for p in gets) == shards  # each shard downloaded once on the node
+    seen = sorted(i for r in reports for batch in r["indices"] for i in batch)
+    assert set(seen) == set(range(23))
