@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from converters.base import ConversionError, Source
 from converters.jobdir import ShardRecord
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME
-from dali_pipes.remote.fs import filesystem
+from dali_pipes.remote.fs import filesystem, remote_errors
 from dali_pipes.remote.transfer import hash_remote, remote_size, upload_file
 from dali_pipes.remote.urls import join, redact
 
@@ -121,9 +121,16 @@ def convert_to_url(
         if work_dir is not None
         else default_cache_dir(url).with_name("convert-" + default_cache_dir(url).name)
     )
+    fs, root = filesystem(uploader.url, storage_options)
+    with remote_errors(join(url, MANIFEST_NAME), storage_options):
+        taken = not (out / MANIFEST_NAME).exists() and fs.exists(join(root, MANIFEST_NAME))
+    if taken:  # a dataset this work folder did not write: its shards would be overwritten one by one
+        raise ConversionError(
+            f"{uploader.shown()}: already holds a dataset (its index.json) that this conversion did not write; "
+            "convert into another URL, or delete that dataset first"
+        )
     log.info("%s: writing shards in %s, each uploaded when whole", uploader.shown(), out)
     result = convert(source, out, uploader=uploader, **options)
-    fs, root = filesystem(uploader.url, storage_options)
     for shard in result.manifest.shards:
         if (out / shard.path).exists():  # a run killed between a shard's record and its upload left it here
             uploader.publish(

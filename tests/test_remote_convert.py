@@ -82,3 +82,16 @@ def test_the_convert_command_writes_to_a_url(imagenet_mini, tmp_path, s3):
     assert out.stdout.startswith(f"{url}: 47 samples in 1 hdf5 shard(s)")
     out = cli("verify", url, "--no-progress", env=env)
     assert out.returncode == 0, out.stderr
+
+
+def test_a_url_holding_another_dataset_is_refused(imagenet_mini, tmp_path, s3):
+    from converters.base import ConversionError
+
+    url = f"s3://{s3.new_bucket()}/train"
+    convert_to_url(source_of(imagenet_mini), url, work_dir=tmp_path / "a", storage_options=s3.options,
+                   format="lmdb", progress=False, workers=1)  # fmt: skip
+    before = s3.fs().cat_file(f"{url[5:]}/{MANIFEST_NAME}")
+    with pytest.raises(ConversionError, match=rf"{url}: already holds a dataset"):
+        convert_to_url(source_of(imagenet_mini), url, work_dir=tmp_path / "b", storage_options=s3.options,
+                       format="hdf5", progress=False, workers=1)  # fmt: skip
+    assert s3.fs().cat_file(f"{url[5:]}/{MANIFEST_NAME}") == before
