@@ -25,6 +25,7 @@ import re
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import numpy as np
 from PIL import Image, ImageDraw
@@ -100,17 +101,35 @@ def make_imagefolder(
         log.warning("synth: %d classes for %d images; classes %d and up stay empty", classes, num, num)
 
     job = (str(out), (width, height), classes, seed, quality)
-    chunks = [(job, start, min(start + _CHUNK, num)) for start in range(0, num, _CHUNK)]
+    write_chunks(_write_chunk, [(job, start, min(start + _CHUNK, num)) for start in range(0, num, _CHUNK)], workers)
+    log.info("synth: wrote %d images of %dx%d in %d classes to %s", num, width, height, classes, out)
+    return out
+
+
+def write_chunks(write: Callable[[Any], None], chunks: list, workers: int | None) -> None:
+    """``write(chunk)`` for every chunk, in ``workers`` processes (default: all cores; one: in this process)."""
     workers = min(workers or os.cpu_count() or 1, len(chunks))
     if workers <= 1:
         for chunk in chunks:
-            _write_chunk(chunk)
-    else:
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            for _ in pool.map(_write_chunk, chunks):
-                pass
-    log.info("synth: wrote %d images of %dx%d in %d classes to %s", num, width, height, classes, out)
-    return out
+            write(chunk)
+        return
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        for _ in pool.map(write, chunks):
+            pass
+
+
+def save_whole(image: Image.Image, path: Path, **options: Any) -> None:
+    """Save ``image`` to ``path`` under a temporary name, then rename: an interrupted run leaves only whole files.
+
+    No fsync: this is regenerable data; the rename alone keeps half files out of view.
+    """
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        image.save(tmp, **options)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
 
 
 def image_path(out: str | os.PathLike, index: int, classes: int) -> Path:
@@ -134,15 +153,9 @@ def _write_chunk(task: tuple[tuple[str, tuple[int, int], int, int, int], int, in
     (out, size, classes, seed, quality), start, stop = task
     for index in range(start, stop):
         image = render(index, size, classes, seed)
-        path = image_path(out, index, classes)
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
-            image.save(tmp, format="JPEG", quality=quality, subsampling=2, optimize=False)
-            # No fsync: this is regenerable demo data; the rename alone keeps half files out of view.
-            os.replace(tmp, path)
-        finally:
-            if tmp.exists():
-                tmp.unlink()
+        save_whole(
+            image, image_path(out, index, classes), format="JPEG", quality=quality, subsampling=2, optimize=False
+        )
 
 
 def _class_style(seed: int, c: int) -> _ClassStyle:

@@ -31,6 +31,9 @@ _PIPELINE_NAMES = (
     "Detection",
     "DetectionVal",
     "Features",
+    "Mix",
+    "RandomErasing",
+    "ResolutionSchedule",
 )
 
 __all__ = [

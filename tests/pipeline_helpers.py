@@ -5,10 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from nvidia.dali import Pipeline, fn, pipeline_def
 from nvidia.dali.tensors import TensorListGPU
 
 from dali_pipes.pipelines import PipelineSpec
+
+
+def dali_cuda_devices() -> int:
+    """CUDA devices DALI sees (0 with a CPU-only DALI build or no driver)."""
+    try:
+        from nvidia.dali.backend import GetCUDADeviceCount
+
+        return int(GetCUDADeviceCount())
+    except Exception:  # a CPU-only DALI build or no driver: no GPU either way
+        return 0
+
+
+#: The marks of a module of GPU tests: conftest skips `gpu` tests when torch sees no CUDA; DALI must see it too.
+DALI_GPU_MARKS = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(dali_cuda_devices() == 0, reason="needs a CUDA GPU visible to DALI"),
+]
 
 
 def run_spec_batch(

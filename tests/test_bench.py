@@ -34,10 +34,12 @@ BATCH = 8
 MAIN_ROWS = [
     "dali-pipes gpu",
     "dali-pipes cpu",
+    "dali-pipes cpu",  # antialias=False
     "DataLoader+PIL shards",
     "DataLoader+PIL files",
     "DataLoader+torchvision shards",
     "DataLoader+Albumentations shards",
+    "DataLoader+Albumentations shards",  # antialias=False
     "DALI readers.file gpu",
     "DALI readers.file cpu",
     "decode-ceiling (full)",
@@ -103,7 +105,8 @@ def bench_cli(dataset, tmp_path_factory):
 def test_bench_json_holds_every_row_and_the_machine(bench_cli):
     proc, out = bench_cli
     report = json.loads((out / "bench.json").read_text())
-    rows = {row["name"]: row for row in report["rows"]}
+    # The first row of each name (the spec's own antialias setting, True by default).
+    rows = {row["name"]: row for row in reversed(report["rows"])}
     assert [row["name"] for row in report["rows"]] == MAIN_ROWS
     for row in report["rows"]:
         assert row["error"] is None, row
@@ -114,6 +117,9 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
             spread = row["spread"]
             assert spread["min"] <= row["images_per_s"] <= spread["max"] and spread["relative"] >= 0, row
             assert len(spread["windows"]) == report["context"]["timing"]["repeats"]
+            # The cost column: CPU time of the whole process tree over the timed images.
+            assert row["cpu_seconds"] > 0, row
+            assert row["cpu_seconds_per_1k_images"] == pytest.approx(1000 * row["cpu_seconds"] / row["timed_images"])
     # What must be measured on any machine, and what is skipped exactly when it cannot run here.
     for name in (
         "dali-pipes cpu",
@@ -128,7 +134,10 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
         assert (rows[name]["skipped"] is None) == _cuda(), rows[name]
     assert (rows["DataLoader+Albumentations shards"]["skipped"] is None) == _imports("albumentations")
     assert (rows["DataLoader+torchvision shards"]["skipped"] is None) == _imports("torchvision")
-    reference = rows[MAIN_ROWS[2]]["images_per_s"]
+    # Both resize qualities, each on both sides of the Albumentations comparison.
+    for name in ("dali-pipes cpu", "DataLoader+Albumentations shards"):
+        assert sorted(r["params"]["antialias"] for r in report["rows"] if r["name"] == name) == [False, True]
+    reference = rows[MAIN_ROWS[3]]["images_per_s"]
     assert rows["dali-pipes cpu"]["ratio_to_reference"] == pytest.approx(
         rows["dali-pipes cpu"]["images_per_s"] / reference
     )
@@ -141,6 +150,8 @@ def test_bench_json_holds_every_row_and_the_machine(bench_cli):
     assert context["batch_size"] == BATCH and context["num_samples"] == 48 and context["images_folder"]
     assert context["augmentation"]["random_resized_crop"]["size"] == 224
     assert "dali-pipes cpu / DataLoader+PIL shards" in report["summary"]
+    assert "dali-pipes cpu / DALI readers.file cpu" in report["summary"]
+    assert context["augmentation"]["antialias"] is True
 
     # The table a person reads names every row, and the skipped ones with their reason.
     for name in MAIN_ROWS:
@@ -161,7 +172,7 @@ def test_bench_plot_is_drawn(bench_cli):
 # --- the suites ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage"])
+@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage", "recipe"])
 def test_each_suite_runs_and_returns_its_table(dataset, suite):
     from dali_pipes.bench.report import format_table
     from dali_pipes.bench.suites import run_bench
@@ -195,9 +206,11 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
             "+ colour jitter",
             "+ flip, normalise, cast, layout",
         ]
-        assert all("ms_per_image_added" in row.extra for row in cpu)
-        # Reading alone outpaces reading and decoding: the prefixes really differ in work.
-        assert cpu[0].images_per_s > cpu[1].images_per_s
+        assert all("ms_per_image_added" in row.extra and "cpu_ms_added" in row.extra for row in cpu)
+        # Reading alone is cheaper than reading and decoding: the prefixes really differ in work (in wall
+        # time, or in CPU time, which a loaded machine moves less; quick windows are short for either).
+        read, decoded = cpu[0].timing, cpu[1].timing
+        assert read.median > decoded.median or read.cpu_seconds_per_1k < decoded.cpu_seconds_per_1k
     if suite == "workers":
         assert {row.params["num_workers"] for row in report.rows} >= {0}
     if suite == "cpu-vs-gpu":
@@ -217,6 +230,14 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         # Staging holds the whole dataset in the tmpfs; the cache the shards (all: the rows shuffle).
         assert shm["original"] == 0 and shm["staged /dev/shm"] >= round(size, 1) - 0.1
         assert shm["cache=ram"] == pytest.approx(size, abs=0.1)
+    if suite == "recipe":
+        cpu = [row for row in report.rows if row.params["device"] == "cpu"]
+        assert [row.name for row in cpu] == ["plain 160px", "recipe 160px", "plain 224px", "recipe 224px"]
+        assert all(row.extra["epoch_s"] > 0 for row in cpu)
+        models = [row for row in report.rows if row.name.startswith("resnet50 step")]
+        import torch
+
+        assert len(models) == 2 and all(row.skipped for row in models) != torch.cuda.is_available()
     assert len(names) == len(report.rows), "two rows measure the same thing"
 
 
@@ -253,6 +274,9 @@ def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
 
     result = tune(dataset, batch_size=BATCH, quick=True, progress=False)
     assert result.best.images_per_s > 0 and len(result.trials) >= 3
+    # The incumbent is measured again beside each setting's values: one setting, several trials.
+    assert len(result.trials) > len({trial.key() for trial in result.trials})
+    assert all(t.cpu_seconds_per_1k and t.cpu_seconds_per_1k > 0 for t in result.trials if t.images_per_s)
     assert "fastest:" in format_tune(result)
     path = save_settings(result, tmp_path / "settings.json")
     settings = load_settings(path)
@@ -418,11 +442,12 @@ def test_bench_errors_are_one_line(dataset, tmp_path, capsys):
 
 
 def test_step_costs_are_differences_of_time_per_image():
-    from dali_pipes.bench.stages import step_costs
+    from dali_pipes.bench.stages import step_costs, step_differences
 
     assert step_costs([1000.0, 500.0, 250.0]) == [1.0, 1.0, 2.0]
     # A row next to an unmeasured one has no cost.
     assert step_costs([1000.0, None, 250.0, 200.0]) == [1.0, None, None, 1.0]
+    assert step_differences([0.5, 1.25, None, 2.0]) == [0.5, 0.75, None, None]
 
 
 def test_graph_prefixes_run_the_training_steps_in_order(dataset):
@@ -505,3 +530,18 @@ def _read_all(fd: int) -> str:
             break
         chunks.append(chunk)
     return b"".join(chunks).decode(errors="replace")
+
+
+def test_tune_takes_a_setting_only_when_it_beats_the_incumbent_measured_beside_it():
+    from dali_pipes.bench.tune import MARGIN, Trial, choose
+
+    def trial(threads: int, speed: float | None) -> Trial:
+        return Trial({"num_threads": threads}, None, images_per_s=speed)
+
+    incumbent = trial(2, 100.0)
+    slightly = trial(4, 100.0 * (1 + MARGIN / 2))
+    assert choose([slightly, incumbent], incumbent) is incumbent  # within the margin: noise buys no threads
+    clearly = trial(4, 100.0 * (1 + 2 * MARGIN))
+    assert choose([incumbent, clearly, slightly], incumbent) is clearly
+    failed = trial(8, None)
+    assert choose([failed, incumbent], incumbent) is incumbent

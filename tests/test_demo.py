@@ -28,11 +28,11 @@ def test_demo_runs_end_to_end_and_writes_a_real_grid(tmp_path):
     rates = {
         name: (float(value), int(spread))
         for name, value, spread in re.findall(
-            r"^(DALILoader|DataLoader)\s+([\d.]+) images/s ±(\d+)%", proc.stdout, re.M
+            r"^(DALILoader|DataLoader)\s+([\d.]+) images/s ±(\d+)%, [\d.]+ CPU s/1k images", proc.stdout, re.M
         )
     }
     assert set(rates) == {"DALILoader", "DataLoader"} and all(v > 0 for v, _ in rates.values()), proc.stdout
-    assert "medians of 3 timed windows each, after a warm-up" in proc.stdout
+    assert "medians of 3 timed windows each, taken in turn after a warm-up" in proc.stdout
     assert (work / "shards-48" / "index.json").exists()
     grid = np.asarray(Image.open(work / "augmented.png").convert("RGB"))
     # 8 tiles of 224 px in rows of 4, with a caption strip above each row.

@@ -99,3 +99,40 @@ def test_multi_node_torchrun_two_nodes_on_loopback(tiny_dataset):
     for node, (out, err) in zip(nodes, outputs):
         assert node.returncode == 0, out + err
     assert re.findall(r"^epoch 0: (\d+) samples.* on (\d+) process", outputs[0][0], re.M) == [(str(NUM_IMAGES), "2")]
+
+
+@pytest.mark.timeout(300)
+def test_the_recipe_flags_train_with_soft_targets_and_a_rising_resolution(tiny_dataset):
+    from dali_pipes.examples.train_imagenet import parse_args, train_spec
+
+    flags = ["--mixup", "0.8", "--cutmix", "1.0", "--erasing", "0.25", "--res-schedule", "32,64,0,1"]
+    spec = train_spec(parse_args([str(tiny_dataset), *flags]))
+    assert [spec.size_at(e) for e in (0, 1)] == [32, 64] and spec.mix.cutmix_alpha == 1.0 and spec.erasing.prob == 0.25
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dali_pipes.examples.train_imagenet",
+            str(tiny_dataset),
+            "--epochs",
+            "2",
+            "--batch-size",
+            "8",
+            *flags,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    epochs = re.findall(r"^epoch (\d+): (\d+) samples, loss ([\d.]+)", proc.stdout, re.M)
+    assert [(e, int(n)) for e, n, _ in epochs] == [("0", NUM_IMAGES), ("1", NUM_IMAGES)], proc.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "dali_pipes.examples.train_imagenet", str(tiny_dataset), "--res-schedule", "160,192"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2 and "MIN,MAX,START,END" in bad.stderr

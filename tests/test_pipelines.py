@@ -171,7 +171,10 @@ def test_public_names():
             "Features",
             "IMAGENET_MEAN",
             "IMAGENET_STD",
+            "Mix",
             "PipelineSpec",
+            "RandomErasing",
+            "ResolutionSchedule",
         ]
     )
     assert all(hasattr(pipelines, name) for name in pipelines.__all__)
@@ -254,6 +257,40 @@ def test_train_full_image_crop_is_the_resized_photo(same_shape_photos):
         diff = np.abs(out.astype(np.int16) - ref.astype(np.int16))
         assert diff[1:-1, 1:-1].max() <= 4, diff[1:-1, 1:-1].max()
         assert diff.mean() <= 0.35, diff.mean()
+
+
+@pytest.mark.parametrize("make", [lambda: ClassificationVal(antialias=1), lambda: ClassificationTrain(antialias="no")])
+def test_antialias_must_be_a_bool(make):
+    with pytest.raises(ValueError, match="antialias"):
+        make()
+
+
+def test_train_without_antialias_resizes_as_opencv_inter_linear(same_shape_photos):
+    """``antialias=False`` is OpenCV's (Albumentations') bilinear; the default is PIL's antialiased one."""
+    cv2 = pytest.importorskip("cv2", reason='OpenCV comes with the bench extra: pip install -e ".[bench]"')
+    width, height = SAME_SHAPE
+    full_crop = dict(size=224, scale=(1.0, 1.0), ratio=(width / height,) * 2, **NO_AUG)
+    plain, _ = run_spec(ClassificationTrain(antialias=False, **full_crop), encoded(same_shape_photos[:3]))
+    filtered, _ = run_spec(ClassificationTrain(**full_crop), encoded(same_shape_photos[:3]))
+    for path, out, out_filtered in zip(same_shape_photos, plain, filtered):
+        rgb = np.asarray(Image.open(path).convert("RGB"))
+        ref = cv2.resize(rgb, (224, 224), interpolation=cv2.INTER_LINEAR)
+        diff = np.abs(out.astype(np.int16) - ref.astype(np.int16))
+        # The same 2x2 bilinear taps: rounding only (measured: max 1, mean 0.08 to 0.12 inside);
+        # the antialiased output is 1.4 to 2.6 levels away on average, up to 79.
+        assert diff[1:-1, 1:-1].max() <= 2 and diff.mean() <= 0.25, (diff.max(), diff.mean())
+        assert np.abs(out_filtered.astype(np.int16) - ref.astype(np.int16)).mean() > 1.0
+
+
+def test_val_without_antialias_resizes_as_opencv_inter_linear(same_shape_photos):
+    cv2 = pytest.importorskip("cv2", reason='OpenCV comes with the bench extra: pip install -e ".[bench]"')
+    width, height = SAME_SHAPE  # 480 x 320: shorter side to 160 is exactly half, the centre crop 40 px in
+    spec = ClassificationVal(size=160, resize=160, antialias=False, dtype="uint8", layout="NHWC")
+    images, _ = run_spec(spec, encoded(same_shape_photos[:2]))
+    for path, out in zip(same_shape_photos, images):
+        rgb = np.asarray(Image.open(path).convert("RGB"))
+        ref = cv2.resize(rgb, (width // 2, height // 2), interpolation=cv2.INTER_LINEAR)[:, 40:200]
+        assert_close_interp(out, ref, max_diff=2, mean_diff=0.25)
 
 
 def gradient_png(width: int = 1024, height: int = 768) -> bytes:

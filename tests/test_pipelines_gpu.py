@@ -26,23 +26,9 @@ from dali_pipes.pipelines import (
     PipelineSpec,
 )
 
-from pipeline_helpers import run_spec_batch  # noqa: E402 - shared test helper
+from pipeline_helpers import DALI_GPU_MARKS, run_spec_batch  # noqa: E402 - shared test helper
 
-
-def _cuda_devices() -> int:
-    try:
-        from nvidia.dali.backend import GetCUDADeviceCount
-
-        return int(GetCUDADeviceCount())
-    except Exception:  # a CPU-only DALI build or no driver: no GPU either way
-        return 0
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    # conftest skips `gpu` tests when torch sees no CUDA; DALI must see the GPU too.
-    pytest.mark.skipif(_cuda_devices() == 0, reason="needs a CUDA GPU visible to DALI"),
-]
+pytestmark = DALI_GPU_MARKS
 
 #: The commonest size among the sample photos (14 of them; 1280 x 853 before downscaling to 3/8).
 SAME_SHAPE = (480, 320)

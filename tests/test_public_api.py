@@ -31,6 +31,9 @@ EXPECTED = {
     "Detection",
     "DetectionVal",
     "Features",
+    "Mix",
+    "RandomErasing",
+    "ResolutionSchedule",
 }
 
 

@@ -60,7 +60,7 @@ def test_asking_for_the_gpu_without_cuda_fails_saying_so(tmp_path):
     )
     assert proc.returncode == 1
     assert "FAILED  classification-train  gpu  workers=-  at device: no CUDA" in proc.stdout
-    assert proc.stdout.strip().endswith("selftest FAILED: 6 of 6 rows")
+    assert proc.stdout.strip().endswith(f"selftest FAILED: {len(SPEC_NAMES)} of {len(SPEC_NAMES)} rows")
 
 
 @pytest.mark.timeout(120)
@@ -128,3 +128,20 @@ def test_the_sample_data_converts_into_every_kind_of_dataset(data):
     for path in (data.classification, data.detection, data.features):
         assert (Path(path) / "index.json").is_file()
     assert data.feature_values.shape[0] == data.feature_labels.shape[0]
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_the_recipe_graph_passes_and_its_soft_targets_are_checked(data, workers):
+    row = _run_one("recipe", "cpu", workers, data)
+    assert row.status == "ok", row.line
+    spec = ClassificationTrain(size=4)
+    image = np.random.default_rng(0).uniform(-1, 1, (2, 3, 4, 4)).astype(np.float32)
+    soft = np.array([[0.7, 0.3, 0.0], [0.2, 0.2, 0.6]], dtype=np.float32)
+
+    def check(labels):
+        batch = {"index": np.array([0, 1]), "is_pad": np.array([False, False]), "image": image, "label": labels}
+        return check_batches("recipe", "cpu", [batch | {"_device": {k: "cpu" for k in batch}}], 2, data, spec)
+
+    assert check(soft) is None
+    assert "not distributions" in check(soft * 2)
+    assert "expected float32 (N, 3)" in check(soft[:, :2])

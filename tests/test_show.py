@@ -44,7 +44,7 @@ def _tiles(grid: np.ndarray, n: int, columns: int, size: int) -> list[np.ndarray
     ]
 
 
-@pytest.mark.parametrize("pipeline", ["train", "val"])
+@pytest.mark.parametrize("pipeline", ["train", "recipe", "val"])
 def test_show_classification_grid_has_the_tile_layout_and_real_pixels(classification, tmp_path, pipeline):
     out = tmp_path / "grid.png"
     proc = run_cli(
@@ -88,6 +88,16 @@ def test_show_coco_draws_the_boxes(coco, tmp_path):
         assert (np.abs(edge.astype(int) - colour).sum(axis=1) == 0).any(), (i, edge, colour)
         checked += 1
     assert checked, "no sample of the batch has a box large enough to check"
+
+
+def test_soft_targets_are_captioned_with_their_two_largest_classes(tmp_path):
+    from dali_pipes.cli.show import _caption
+
+    assert _caption(np.array([0.1, 0.6, 0.3], dtype=np.float32), ["a", "b", "c"]) == "b 0.60 + c 0.30"
+    assert _caption(np.array(2), ["a", "b", "c"]) == "2: c"
+    images = np.zeros((2, 3, 8, 8), dtype=np.float32)
+    path = write_grid(images, np.array([[0.7, 0.3], [0.2, 0.8]]), tmp_path / "soft.png", classes=["a", "b"])
+    assert np.asarray(Image.open(path)).shape[:2] == (8 + CAPTION, 16)
 
 
 def test_write_grid_draws_only_the_real_box_rows(tmp_path):

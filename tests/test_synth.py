@@ -119,3 +119,44 @@ def test_parse_size():
     for bad in ("500", "0x10", "axb", "500x375x3"):
         with pytest.raises(ConversionError, match="WIDTHxHEIGHT"):
             parse_size(bad)
+
+
+# --- crops of real photos (benchmark data that decodes like photographs) -------------------
+
+
+def test_photo_crops_are_distinct_whole_crops_in_their_photos_classes(tmp_path, imagenet_mini):
+    from converters.photo_crops import make_photo_crops, photo_paths
+
+    photos = photo_paths(imagenet_mini)
+    out = make_photo_crops(tmp_path / "crops", len(photos) + 5, size=(200, 150), workers=1)
+    files = _files(out)
+    assert len(files) == len(photos) + 5 and all(name.endswith(".jpg") for name in files)
+    for i, photo in enumerate(photos[:3]):
+        name = f"{photo.parent.name}/crop_{i:06d}.jpg"  # crop i comes from photo i % len(photos)
+        with Image.open(io.BytesIO(files[name])) as crop:
+            assert crop.size == (200, 150)
+    # Photo 0 gives crops 0 and len(photos): other zooms, windows or flips, not the same bytes.
+    first = photos[0].parent.name
+    assert files[f"{first}/crop_000000.jpg"] != files[f"{first}/crop_{len(photos):06d}.jpg"]
+    assert all(_lag1_correlation(_grey(data)) > 0.8 for data in list(files.values())[:5])  # photographs, not noise
+    assert len(ImageFolderSource(out).items()) == len(photos) + 5
+
+
+def test_photo_crops_repeat_whatever_the_workers_and_refuse_a_folder_without_photos(tmp_path, imagenet_mini):
+    from converters.photo_crops import make_photo_crops
+
+    one = _files(make_photo_crops(tmp_path / "one", 70, workers=1))
+    two = _files(make_photo_crops(tmp_path / "two", 70, workers=2))
+    assert one == two
+    (tmp_path / "empty" / "cls").mkdir(parents=True)
+    with pytest.raises(ConversionError, match="no photos found"):
+        make_photo_crops(tmp_path / "x", 4, photos=tmp_path / "empty")
+
+
+def test_synth_photos_cli(tmp_path, capsys):
+    from dali_pipes.cli import main
+
+    assert main(["synth", str(tmp_path / "c"), "--num", "3", "--size", "64x48", "--photos", "--workers", "1"]) == 0
+    assert "3 crops of real photos" in capsys.readouterr().out
+    crops = sorted((tmp_path / "c").glob("*/crop_*.jpg"))
+    assert len(crops) == 3 and all(Image.open(p).size == (64, 48) for p in crops)

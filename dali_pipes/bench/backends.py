@@ -82,7 +82,7 @@ class TorchvisionTrainTransform(_LazyCompose):
         transforms = require("torchvision.transforms")
         spec = self.spec
         steps = [
-            transforms.RandomResizedCrop(spec.size, scale=spec.scale, ratio=spec.ratio, antialias=True),
+            transforms.RandomResizedCrop(spec.size, scale=spec.scale, ratio=spec.ratio, antialias=spec.antialias),
             transforms.RandomHorizontalFlip(spec.flip),
         ]
         if (j := self._jitter()) is not None:
@@ -114,13 +114,20 @@ class AlbumentationsTrainTransform(_LazyCompose):
         cv2.setNumThreads(1)
         spec = self.spec
         steps = [
-            albumentations.RandomResizedCrop(size=(spec.size, spec.size), scale=spec.scale, ratio=spec.ratio),
+            albumentations.RandomResizedCrop(
+                size=(spec.size, spec.size), scale=spec.scale, ratio=spec.ratio, interpolation=self.interpolation(cv2)
+            ),
             albumentations.HorizontalFlip(p=spec.flip),
         ]
         if (j := self._jitter()) is not None:
             steps.append(albumentations.ColorJitter(j.brightness, j.contrast, j.saturation, j.hue, p=1.0))
         steps.append(albumentations.Normalize(mean=spec.mean, std=spec.std))
         return albumentations.Compose(steps)
+
+    def interpolation(self, cv2: Any) -> int:
+        """The OpenCV resize of the same quality as the spec's: ``INTER_AREA`` (antialiased when shrinking,
+        bilinear when enlarging) for ``antialias=True``, else ``INTER_LINEAR`` (Albumentations' default)."""
+        return cv2.INTER_AREA if self.spec.antialias else cv2.INTER_LINEAR
 
     def from_bytes(self, data: bytes, rng: random.Random) -> torch.Tensor:
         """Decode with OpenCV and augment with Albumentations (its own random state, not ``rng``)."""

@@ -62,6 +62,7 @@ class BenchInputs:
                 },
                 "normalize": {"mean": list(spec.mean), "std": list(spec.std)},
                 "dtype": spec.dtype,
+                "antialias": spec.antialias,
             },
             "loader_settings": dict(self.loader_settings),
         }

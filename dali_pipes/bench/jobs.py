@@ -48,6 +48,7 @@ def dali_job(
         f"DALILoader over the shards, decode and augment on {where}",
         {**inputs.loader_settings, **params},
         in_flight=in_flight,
+        runs_dali=True,
     )
 
 
@@ -96,8 +97,9 @@ def anchor_job(
         factory,
         f"DALI fn.readers.file over the original files, the same graph on the {device.upper()}",
         {"num_threads": inputs.loader_settings.get("num_threads", inputs.cores), **params},
-        in_flight=2 + 1,
-    )  # DALI's default prefetch_queue_depth
+        in_flight=2 + 1,  # DALI's default prefetch_queue_depth
+        runs_dali=True,
+    )
 
 
 def pil_transform(inputs: BenchInputs):

@@ -157,16 +157,19 @@ def format_table(report: BenchReport) -> str:
     )
     width = max([len(_label(row)) for row in report.rows] + [3])
     lines.append(
-        f"{'row':<{width}} {'images/s':>10} {'spread':>8} {'x ref':>7}" + "".join(f" {c:>10}" for c in report.columns)
+        f"{'row':<{width}} {'images/s':>10} {'spread':>8} {'x ref':>7} {'CPU s/1k':>9}"
+        + "".join(f" {c:>10}" for c in report.columns)
     )
     for row in report.rows:
         label = _label(row)
         if row.timing is not None:
             ratio = report.ratio(row)
             extra = "".join(f" {_cell(row.extra.get(c)):>10}" for c in report.columns)
+            cost = row.timing.cpu_seconds_per_1k
             lines.append(
                 f"{label:<{width}} {row.timing.median:>10.1f} {'±' + format(100 * row.timing.spread, '.0f') + '%':>8} "
-                f"{(format(ratio, '.2f') if ratio is not None else '-'):>7}{extra}"
+                f"{(format(ratio, '.2f') if ratio is not None else '-'):>7} "
+                f"{(format(cost, '.2f') if cost is not None else '-'):>9}{extra}"
             )
         elif row.skipped is not None:
             lines.append(f"{label:<{width}} {'skipped':>10}  {row.skipped}")
@@ -176,6 +179,7 @@ def format_table(report: BenchReport) -> str:
         same = f" with the same {', '.join(report.reference_match)}" if report.reference_match else ""
         label = report.reference_label or report.reference
         lines.append(f"x ref: images/s over the row '{label}'{same}; spread: half the range of the timed windows")
+    lines.append("CPU s/1k: CPU seconds of the whole process tree (all cores, workers included) per 1,000 images")
     for key, entry in report.summary.items():
         value = entry.get("value")
         shown = "not measured" if value is None else f"{value:,.2f}{entry.get('unit', '')}"

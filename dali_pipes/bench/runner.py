@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 
-from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.bench.cputime import tree_cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -69,11 +69,16 @@ class TimingPlan:
 
 @dataclass(frozen=True)
 class Timing:
-    """Images/s of each timed window, and what they add up to."""
+    """Images/s of each timed window, and what they add up to.
+
+    ``cpu_seconds`` is the CPU time the whole process tree spent in the windows
+    (see :mod:`dali_pipes.bench.cputime`), ``None`` where it cannot be read.
+    """
 
     values: tuple[float, ...]
     images: int
     seconds: float
+    cpu_seconds: float | None = None
 
     @property
     def median(self) -> float:
@@ -93,12 +98,29 @@ class Timing:
         """Half the range of the windows, relative to the median (0.05 = +-5%)."""
         return (self.high - self.low) / 2 / self.median if self.median > 0 else 0.0
 
+    @property
+    def cpu_seconds_per_1k(self) -> float | None:
+        """CPU seconds (all cores, whole process tree) per 1,000 delivered images: what the row costs."""
+        if self.cpu_seconds is None or self.images <= 0:
+            return None
+        return 1000 * self.cpu_seconds / self.images
+
+    @property
+    def cores_busy(self) -> float | None:
+        """CPU seconds over wall seconds in the windows: how many cores the row kept busy on average."""
+        if self.cpu_seconds is None or self.seconds <= 0:
+            return None
+        return self.cpu_seconds / self.seconds
+
     def to_json(self) -> dict[str, Any]:
         return {
             "images_per_s": self.median,
             "spread": {"min": self.low, "max": self.high, "relative": self.spread, "windows": list(self.values)},
             "timed_images": self.images,
             "timed_seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
+            "cpu_seconds_per_1k_images": self.cpu_seconds_per_1k,
+            "cores_busy": self.cores_busy,
         }
 
 
@@ -185,6 +207,12 @@ def time_stream(stream: Iterator[int], plan: TimingPlan, target: Target, *, in_f
 
     Returns ``plan.repeats`` consecutive windows of images/s.
     """
+    warm_up(stream, plan, target, in_flight)
+    return timing_of([time_window(stream, plan, target) for _ in range(plan.repeats)])
+
+
+def warm_up(stream: Iterator[int], plan: TimingPlan, target: Target, in_flight: int = 0) -> None:
+    """Drop the first batches: ``plan.warmup_batches + in_flight`` of them and at least ``plan.warmup_seconds``."""
     start = time.perf_counter()
     warmed = 0
     # Both a batch count (queues filled at start-up drain) and a time (lazy
@@ -193,23 +221,32 @@ def time_stream(stream: Iterator[int], plan: TimingPlan, target: Target, *, in_f
         next(stream)
         warmed += 1
     target.sync()
-    values, images_total, seconds_total = [], 0, 0.0
-    for _ in range(plan.repeats):
-        images, batches = 0, 0
-        start = time.perf_counter()
-        while True:
-            images += next(stream)
-            batches += 1
-            # The window's length is checked on host time; the figure uses the time
-            # after the sync below, which also counts GPU work still queued.
-            if batches >= plan.min_batches and time.perf_counter() - start >= plan.min_seconds:
-                break
-        target.sync()
-        elapsed = time.perf_counter() - start
-        values.append(images / elapsed)
-        images_total += images
-        seconds_total += elapsed
-    return Timing(tuple(values), images_total, seconds_total)
+
+
+@dataclass(frozen=True)
+class Window:
+    """One timed window: images delivered, wall seconds, and CPU seconds of the process tree (or ``None``)."""
+
+    images: int
+    seconds: float
+    cpu_seconds: float | None
+
+
+def time_window(stream: Iterator[int], plan: TimingPlan, target: Target) -> Window:
+    """Time one window of at least ``plan.min_batches`` batches and ``plan.min_seconds``."""
+    images, batches = 0, 0
+    cpu_before = tree_cpu_seconds()
+    start = time.perf_counter()
+    while True:
+        images += next(stream)
+        batches += 1
+        # The window's length is checked on host time; the figure uses the time
+        # after the sync below, which also counts GPU work still queued.
+        if batches >= plan.min_batches and time.perf_counter() - start >= plan.min_seconds:
+            break
+    target.sync()
+    elapsed = time.perf_counter() - start
+    return Window(images, elapsed, _cpu_since(cpu_before))
 
 
 def time_cold(factory: StreamFactory, images: int, repeats: int, target: Target) -> Timing:
@@ -218,9 +255,10 @@ def time_cold(factory: StreamFactory, images: int, repeats: int, target: Target)
     What a short job sees: building the pipeline and starting its workers count,
     because for few images they are most of the time. Shutting down is not timed.
     """
-    values, images_total, seconds_total = [], 0, 0.0
+    windows = []
     for _ in range(repeats):
-        _collect()
+        collect_garbage()
+        cpu_before = tree_cpu_seconds()
         start = time.perf_counter()
         with factory() as stream:
             done = 0
@@ -228,10 +266,25 @@ def time_cold(factory: StreamFactory, images: int, repeats: int, target: Target)
                 done += next(stream)
             target.sync()
             elapsed = time.perf_counter() - start
-        values.append(done / elapsed)
-        images_total += done
-        seconds_total += elapsed
-    return Timing(tuple(values), images_total, seconds_total)
+            cpu = _cpu_since(cpu_before)  # inside the with: the workers are alive and counted
+        windows.append(Window(done, elapsed, cpu))
+    return timing_of(windows)
+
+
+def timing_of(windows: Sequence[Window]) -> Timing:
+    """The :class:`Timing` of ``windows`` (CPU time ``None`` if any window lacks it)."""
+    cpu = [w.cpu_seconds for w in windows]
+    return Timing(
+        tuple(w.images / w.seconds for w in windows),
+        sum(w.images for w in windows),
+        sum(w.seconds for w in windows),
+        None if any(c is None for c in cpu) else sum(c for c in cpu if c is not None),
+    )
+
+
+def _cpu_since(before: float | None) -> float | None:
+    after = tree_cpu_seconds()
+    return None if before is None or after is None else after - before
 
 
 @dataclass
@@ -250,20 +303,8 @@ class Job:
     params: dict[str, Any] = field(default_factory=dict)
     cold_images: int | None = None
     in_flight: int = 0
-
-
-def run_jobs(
-    jobs: Sequence[Job], plan: TimingPlan, target: Target, *, progress: bool = True, title: str = "bench"
-) -> list[Row]:
-    """Measure every job in turn (with a progress bar); see :func:`measure`."""
-    from tqdm import tqdm
-
-    rows = []
-    with tqdm(jobs, desc=title, unit="row", disable=bar_disabled(progress), leave=False) as bar:
-        for job in bar:
-            bar.set_postfix_str(job.name)
-            rows.append(measure(job, plan, target))
-    return rows
+    #: Whether the row runs a DALI pipeline in this process (side by side, such rows open last).
+    runs_dali: bool = False
 
 
 def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
@@ -276,7 +317,7 @@ def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
     row = Row(name, job.description, dict(job.params))
     log.debug("bench: %s %s", name, job.params)
     try:
-        _collect()
+        collect_garbage()
         if job.cold_images is not None:
             row.timing = time_cold(job.factory, job.cold_images, plan.repeats, target)
         else:
@@ -291,7 +332,7 @@ def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
     return row
 
 
-def _collect() -> None:
+def collect_garbage() -> None:
     # Drop the previous row's pipelines before the next one starts: a worker forked
     # while an old DALI pipeline is uncollected garbage can hang finalizing it (see
     # DALILoader._build), and its threads and memory would burden the next row.

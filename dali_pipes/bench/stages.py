@@ -70,12 +70,18 @@ def step_costs(rates: list[float | None]) -> list[float | None]:
     ``rates`` are the rows' images per second in order; the first row's cost is
     its own time per image; a row next to an unmeasured one gets ``None``.
     """
+    return step_differences([1000.0 / rate if rate is not None and rate > 0 else None for rate in rates])
+
+
+def step_differences(per_image: list[float | None]) -> list[float | None]:
+    """What each row's cost per image adds to the row before it (the first row: its own cost).
+
+    ``per_image`` is a cost per image per row (wall or CPU milliseconds); a row
+    next to one without a figure gets ``None``.
+    """
     costs: list[float | None] = []
     previous: float | None = 0.0
-    for rate in rates:
-        if rate is None or rate <= 0 or previous is None:
-            costs.append(None)
-        else:
-            costs.append(1000.0 / rate - previous)
-        previous = None if rate is None or rate <= 0 else 1000.0 / rate
+    for value in per_image:
+        costs.append(None if value is None or previous is None else value - previous)
+        previous = value
     return costs

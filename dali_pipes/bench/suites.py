@@ -15,11 +15,14 @@
   (read, decode, resize, jitter, normalise), on the CPU and the GPU, and what
   each step adds per image (see :mod:`dali_pipes.bench.stages`);
 - ``storage``: epoch 1 and 2 reading the dataset where it is, staged into
-  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`).
+  ``/dev/shm``, and with ``cache="ram"`` (see :mod:`dali_pipes.bench.storage`);
+- ``recipe``: an epoch at 160 against 224 px, plain and with RandomErasing and
+  MixUp/CutMix (see :mod:`dali_pipes.bench.recipe`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -28,6 +31,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from dali_pipes.bench.inputs import BenchInputs, bench_inputs
+from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.jobs import (
     anchor_job,
     dali_job,
@@ -39,11 +43,20 @@ from dali_pipes.bench.jobs import (
     suite_report,
 )
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Target, TimingPlan, run_jobs, warm_page_cache
+from dali_pipes.bench.runner import Job, Target, TimingPlan, warm_page_cache
 
 log = logging.getLogger(__name__)
 
-SUITES: tuple[str, ...] = ("main", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage")
+SUITES: tuple[str, ...] = (
+    "main",
+    "albumentations",
+    "cpu-vs-gpu",
+    "workers",
+    "formats",
+    "stages",
+    "storage",
+    "recipe",
+)
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
@@ -105,15 +118,19 @@ def run_bench(
 
 def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Every way to feed the same training augmentation, side by side (see the module docstring)."""
-    from dali_pipes.bench.backends import AlbumentationsTrainTransform, TorchvisionTrainTransform
+    from dali_pipes.bench.backends import TorchvisionTrainTransform
     from dali_pipes.bench.decode import decode_stream, reducible_fraction
 
     spec, cores = inputs.spec, inputs.cores
     files = functools.partial(original_files, inputs)
     decode = functools.partial(decode_stream, str(inputs.dataset), workers=cores, chunk=inputs.batch_size, spec=spec)
+    # The same comparison at the other resize quality: OpenCV (Albumentations) does not
+    # antialias by default, DALI, torchvision and PIL do; both ways, each side alike.
+    other = dataclasses.replace(inputs, spec=dataclasses.replace(spec, antialias=not spec.antialias))
     jobs = [
         dali_job("dali-pipes gpu", inputs, "gpu", target),
-        dali_job("dali-pipes cpu", inputs, "cpu", target),
+        dali_job("dali-pipes cpu", inputs, "cpu", target, antialias=spec.antialias),
+        dali_job("dali-pipes cpu", other, "cpu", target, antialias=other.spec.antialias),
         dataloader_job(
             BASELINE,
             store_dataset(inputs, lambda: pil_transform(inputs)),
@@ -135,13 +152,7 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
             target,
             "DataLoader, PIL decode + torchvision transforms, over the shards",
         ),
-        dataloader_job(
-            "DataLoader+Albumentations shards",
-            store_dataset(inputs, lambda: AlbumentationsTrainTransform(spec)),
-            inputs,
-            target,
-            "DataLoader, OpenCV decode + Albumentations transforms, over the shards",
-        ),
+        *(_albumentations_job(these, target) for these in (inputs, other)),
         anchor_job("DALI readers.file gpu", inputs, "gpu", target),
         anchor_job("DALI readers.file cpu", inputs, "cpu", target),
         Job(
@@ -177,16 +188,44 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
     return report
 
 
+def _albumentations_job(inputs: BenchInputs, target: Target) -> Job:
+    """The Albumentations row at the resize quality of ``inputs.spec`` (its ``antialias``)."""
+    from dali_pipes.bench.backends import AlbumentationsTrainTransform
+
+    return dataloader_job(
+        "DataLoader+Albumentations shards",
+        store_dataset(inputs, functools.partial(AlbumentationsTrainTransform, inputs.spec)),
+        inputs,
+        target,
+        "DataLoader, OpenCV decode + Albumentations transforms, over the shards "
+        "(resize: INTER_AREA with antialias, else INTER_LINEAR)",
+        antialias=inputs.spec.antialias,
+    )
+
+
 def _main_summary(report: BenchReport) -> dict[str, Any]:
     """The issue's targets, as ratios of the measured rows (``None`` where a row was not measured)."""
 
-    def ratio(a: str, b: str) -> float | None:
-        ra, rb = report.row(a), report.row(b)
+    def ratio(a: str, b: str, **params: Any) -> float | None:
+        ra, rb = report.row(a, **params), report.row(b, **params)
         if ra is None or rb is None or ra.images_per_s is None or rb.images_per_s is None:
             return None
         return ra.images_per_s / rb.images_per_s
 
     summary: dict[str, Any] = {
+        "dali-pipes cpu / DALI readers.file cpu": {
+            "value": ratio("dali-pipes cpu", "DALI readers.file cpu"),
+            "unit": "x",
+            "target": "at least 1.0x: feeding from the shards costs nothing visible",
+        },
+        **{
+            f"dali-pipes cpu / DataLoader+Albumentations shards, antialias={aa} both": {
+                "value": ratio("dali-pipes cpu", "DataLoader+Albumentations shards", antialias=aa),
+                "unit": "x",
+                "target": "at least 1.0x at equal quality",
+            }
+            for aa in (True, False)
+        },
         "dali-pipes cpu / DataLoader+PIL shards": {
             "value": ratio("dali-pipes cpu", BASELINE),
             "unit": "x",
@@ -372,9 +411,8 @@ def formats_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
 
 def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """The loader with the first k steps of the training graph, for every k, on the GPU and the CPU."""
-    import dataclasses
 
-    from dali_pipes.bench.stages import GraphPrefix, stage_names, step_costs
+    from dali_pipes.bench.stages import GraphPrefix, stage_names, step_costs, step_differences
 
     if not hasattr(inputs.spec, "image_stages"):
         raise ValueError(f"the stages suite needs a spec with image_stages(); {type(inputs.spec).__name__} has none")
@@ -391,6 +429,10 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         for row, cost in zip(mine, step_costs([row.images_per_s for row in mine])):
             if cost is not None:
                 row.extra["ms_per_image_added"] = round(cost, 3)
+        cpu = [row.timing.cpu_seconds_per_1k if row.timing else None for row in mine]
+        for row, cost in zip(mine, step_differences(cpu)):
+            if cost is not None:
+                row.extra["cpu_ms_added"] = round(cost, 3)
     report = suite_report(
         "stages",
         "what each step of the training graph costs: the loader with its first k steps",
@@ -399,13 +441,15 @@ def stages_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
         reference=names[-1],
         reference_match=("device",),
         reference_label="whole graph",
-        columns=("ms_per_image_added",),
+        columns=("ms_per_image_added", "cpu_ms_added"),
     )
     report.notes.append(
         "ms_per_image_added: wall time per image this row adds to the row above it (same device). "
         "Rows before the last hand out 1x1 crops; the last also pays for copying whole images out. "
         "Work that overlaps the slowest step (Python reads, DALI threads, the GPU) shows as about 0, "
-        "or below 0 within the spread: these are marginal costs, not each step's time alone"
+        "or below 0 within the spread: these are marginal costs, not each step's time alone. "
+        "cpu_ms_added: the same in CPU milliseconds of the whole process tree (every core, workers included): "
+        "what the step costs the cores, which a change of the machine's load moves far less"
     )
     return report
 
@@ -416,6 +460,12 @@ def _storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick:
     return storage_suite(inputs, plan, target, quick, progress)
 
 
+def _recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.recipe import recipe_suite
+
+    return recipe_suite(inputs, plan, target, quick, progress)
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "albumentations": albumentations_suite,
@@ -424,4 +474,5 @@ _SUITES: dict[str, Suite] = {
     "formats": formats_suite,
     "stages": stages_suite,
     "storage": _storage_suite,
+    "recipe": _recipe_suite,
 }

@@ -3,8 +3,11 @@
 A short coordinate search from the benchmark's default settings: each of
 ``num_threads``, ``py_num_workers`` and ``prefetch`` in turn (and, on a GPU with a
 hardware JPEG decoder, the decoder's ``hw_decoder_load``) takes the value with
-the highest median images/s, keeping the others fixed. A change is taken only
-when it is faster by more than :data:`MARGIN`, so noise does not buy threads.
+the highest median images/s, keeping the others fixed. The values of one setting
+are measured side by side (:mod:`dali_pipes.bench.interleave`), the current best
+among them, so a change of the machine's load during the search does not pick
+the winner. A change is taken only when it is faster by more than
+:data:`MARGIN`, so noise does not buy threads.
 
 This module only searches and writes the file (JSON, ``kind: dali-pipes-settings``);
 reading it (:func:`~dali_pipes.settings.load_settings`,
@@ -15,6 +18,7 @@ below the loader. It imports no DALI or torch at the top.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 from dataclasses import dataclass, field
@@ -23,7 +27,6 @@ from typing import Any
 
 from dali_pipes.bench.streams import dali_in_flight
 from dali_pipes.dataset.fileio import atomic_write_json
-from dali_pipes.dataset.progress import bar_disabled
 
 # Reading the file lives below the loader, in dali_pipes.settings; these names stay importable from here.
 from dali_pipes.settings import HW_DECODER_GPUS as HW_DECODER_GPUS
@@ -47,6 +50,7 @@ class Trial:
     jpeg_fancy_upsampling: bool | None = None
     images_per_s: float | None = None
     spread: float | None = None
+    cpu_seconds_per_1k: float | None = None
     error: str | None = None
 
     def key(self) -> tuple:
@@ -119,71 +123,80 @@ def tune(
     progress: bool = True,
 ) -> TuneResult:
     """Search the loader settings for the highest images/s on this machine (see the module docstring)."""
-    from tqdm import tqdm
-
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
-    from dali_pipes.bench.runner import Job, Target, TimingPlan, measure
-    from dali_pipes.bench.streams import dali_loader_stream
+    from dali_pipes.bench.runner import Target, TimingPlan
     from dali_pipes.loading.loader import resolve_device
 
     inputs = bench_inputs(dataset, batch_size=batch_size, dtype=dtype)
     device, _ = resolve_device(device, int(os.environ.get("LOCAL_RANK") or 0))
-    target = Target()
     plan = TimingPlan.quick() if quick else TimingPlan(warmup_batches=3, repeats=3, min_batches=5, min_seconds=1.0)
     space = candidates(inputs.cores, quick)
     loads, notes = _decoder_loads(device, quick)
-    done: dict[tuple, Trial] = {}
-    total = sum(len(v) for v in space.values()) + len(loads) + (1 if device == "gpu" else 0)
-    bar = tqdm(total=total, desc="tune", unit="trial", disable=bar_disabled(progress), leave=False)
+    search = _Search(inputs, device, plan, Target(), progress)
+    start = {k: inputs.loader_settings[k] for k in LOADER_KEYS}
+    default = search.best_of([Trial(start, None if not loads else inputs.spec.decoder.hw_decoder_load)])
+    if default.images_per_s is None:
+        raise ValueError(f"{dataset}: the loader failed with its default settings: {default.error}")
+    best = default
+    for name, values in space.items():
+        best = search.best_of([Trial({**best.settings, name: v}, best.hw_decoder_load) for v in values], best)
+    if loads:
+        best = search.best_of([Trial(best.settings, load) for load in loads], best)
+    if device == "gpu":
+        # Chroma upsampling as libjpeg-turbo does it (on) or nvJPEG's own (off): measured both ways, since
+        # whether the decoders keep their fast paths with it on depends on the nvJPEG version.
+        fancy = inputs.spec.decoder.jpeg_fancy_upsampling
+        best = search.best_of([Trial(best.settings, best.hw_decoder_load, not fancy)], best)
+    context = {**inputs.describe(), "device": device, "quick": quick, "search": space, "hw_decoder_loads": loads}
+    return TuneResult(best, default, search.trials, context, machine_description(), notes)
 
-    def run(settings: dict[str, int], load: float | None, fancy: bool | None = None) -> Trial:
-        trial = Trial(dict(settings), load, fancy)
-        if trial.key() in done:
-            return done[trial.key()]
-        spec = inputs.spec
+
+class _Search:
+    """Measures groups of trials side by side (each group in one run, so their figures compare)."""
+
+    def __init__(self, inputs: Any, device: str, plan: Any, target: Any, progress: bool) -> None:
+        self.inputs, self.device, self.plan, self.target, self.progress = inputs, device, plan, target, progress
+        self.trials: list[Trial] = []
+
+    def best_of(self, group: list[Trial], incumbent: Trial | None = None) -> Trial:
+        """Measure ``group`` side by side; the fastest, or ``incumbent``'s setting unless beaten by :data:`MARGIN`.
+
+        The incumbent's own setting is measured again in the group (added when missing), so the
+        comparison is between figures of one run, not against a figure from an earlier, other load.
+        """
+        from dali_pipes.bench.interleave import run_jobs
+
+        unique = {trial.key(): trial for trial in group}
+        if incumbent is not None:
+            unique.setdefault(incumbent.key(), Trial(dict(incumbent.settings), *incumbent.key()[1:]))
+        group = list(unique.values())
+        rows = run_jobs([self._job(t) for t in group], self.plan, self.target, progress=self.progress, title="tune")
+        for trial, row in zip(group, rows):
+            trial.images_per_s = row.images_per_s
+            trial.spread = row.timing.spread if row.timing else None
+            trial.cpu_seconds_per_1k = row.timing.cpu_seconds_per_1k if row.timing else None
+            trial.error = row.error or row.skipped
+        self.trials.extend(group)
+        return choose(group, unique[incumbent.key()] if incumbent is not None else group[0])
+
+    def _job(self, trial: Trial) -> Any:
+        from dali_pipes.bench.runner import Job
+        from dali_pipes.bench.streams import dali_loader_stream
+
+        spec = self.inputs.spec
         if trial.decoder():
             spec = dataclasses.replace(spec, decoder=dataclasses.replace(spec.decoder, **trial.decoder()))
-
-        def factory():
-            return dali_loader_stream(
-                inputs.dataset, spec, batch_size=batch_size, device=device, target=target, settings=settings
-            )
-
-        bar.set_postfix_str(" ".join(f"{k}={v}" for k, v in {**settings, **trial.decoder()}.items()))
-        row = measure(Job("tune", factory, in_flight=dali_in_flight(settings)), plan, target)
-        trial.images_per_s = row.images_per_s
-        trial.spread = row.timing.spread if row.timing else None
-        trial.error = row.error or row.skipped
-        done[trial.key()] = trial
-        bar.update(1)
-        return trial
-
-    try:
-        start = {k: inputs.loader_settings[k] for k in LOADER_KEYS}
-        default = best = run(start, None if not loads else inputs.spec.decoder.hw_decoder_load)
-        if default.images_per_s is None:
-            raise ValueError(f"{dataset}: the loader failed with its default settings: {default.error}")
-        for name, values in space.items():
-            for value in values:
-                trial = run({**best.settings, name: value}, best.hw_decoder_load)
-                if _better(trial, best):
-                    best = trial
-        for load in loads:
-            trial = run(best.settings, load)
-            if _better(trial, best):
-                best = trial
-        if device == "gpu":
-            # Chroma upsampling as libjpeg-turbo does it (on) or nvJPEG's own (off): measured both ways, since
-            # whether the decoders keep their fast paths with it on depends on the nvJPEG version.
-            fancy = inputs.spec.decoder.jpeg_fancy_upsampling
-            trial = run(best.settings, best.hw_decoder_load, not fancy)
-            if _better(trial, best):
-                best = trial
-    finally:
-        bar.close()
-    context = {**inputs.describe(), "device": device, "quick": quick, "search": space, "hw_decoder_loads": loads}
-    return TuneResult(best, default, list(done.values()), context, machine_description(), notes)
+        factory = functools.partial(
+            dali_loader_stream,
+            self.inputs.dataset,
+            spec,
+            batch_size=self.inputs.batch_size,
+            device=self.device,
+            target=self.target,
+            settings=dict(trial.settings),
+        )
+        return Job("tune", factory, in_flight=dali_in_flight(trial.settings), runs_dali=True)
 
 
 def _decoder_loads(device: str, quick: bool) -> tuple[list[float], list[str]]:
@@ -193,6 +206,12 @@ def _decoder_loads(device: str, quick: bool) -> tuple[list[float], list[str]]:
     if device == "gpu":
         return [], ["hw_decoder_load not searched: this GPU has no hardware JPEG decoder (A100, H100 and later do)"]
     return [], ["hw_decoder_load not searched: it applies to the GPU decoder only"]
+
+
+def choose(group: list[Trial], incumbent: Trial) -> Trial:
+    """The fastest trial of ``group`` if it beats ``incumbent`` (a member) by more than :data:`MARGIN`, else ``incumbent``."""
+    fastest = max(group, key=lambda t: t.images_per_s or 0.0)
+    return fastest if _better(fastest, incumbent) else incumbent
 
 
 def _better(candidate: Trial, incumbent: Trial) -> bool:
@@ -214,8 +233,9 @@ def format_tune(result: TuneResult, saved: Path | None = None) -> str:
     ]
     for trial in result.trials:
         setting = " ".join(f"{k}={v}" for k, v in {**trial.settings, **trial.decoder()}.items())
+        cost = f", {trial.cpu_seconds_per_1k:.2f} CPU s/1k" if trial.cpu_seconds_per_1k is not None else ""
         figure = (
-            f"{trial.images_per_s:10.1f} images/s ±{100 * (trial.spread or 0):.0f}%"
+            f"{trial.images_per_s:10.1f} images/s ±{100 * (trial.spread or 0):.0f}%{cost}"
             if trial.images_per_s
             else f"failed: {trial.error}"
         )

@@ -390,6 +390,13 @@ def _add_synth(commands) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quality", type=int, default=90, help="JPEG quality (default: 90)")
     p.add_argument("--workers", type=int, help="processes (default: all cores)")
+    p.add_argument(
+        "--photos",
+        nargs="?",
+        const="",
+        metavar="DIR",
+        help="crops of real photos (a class-folder tree; alone: the package's sample photos) instead of drawn images",
+    )
     p.set_defaults(handler=_synth)
 
 
@@ -398,6 +405,20 @@ def _synth(args) -> int:
 
     if args.num < 1 or args.classes < 1:
         raise ValueError("--num and --classes must be at least 1")
+    if args.photos is not None:
+        from converters.photo_crops import make_photo_crops
+
+        out = make_photo_crops(
+            args.out,
+            args.num,
+            photos=args.photos or None,
+            size=parse_size(args.size),
+            seed=args.seed,
+            quality=args.quality,
+            workers=args.workers,
+        )
+        print(f"{out}: {args.num} crops of real photos, in their photos' class folders")
+        return 0
     out = make_imagefolder(
         args.out,
         args.num,

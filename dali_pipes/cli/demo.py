@@ -9,6 +9,7 @@ grid of augmented samples as a PNG.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -69,22 +70,69 @@ def run_demo(
 ) -> DemoReport:
     """Run the demo; ``data`` is an image folder (default: a synthetic one made in ``workdir``).
 
-    Each loader warms up (at least 3 batches and ``seconds``), then is timed in :data:`WINDOWS` windows of at
-    least ``seconds`` each. ``workdir`` defaults to :func:`default_workdir`, whose images and shards a later run
+    Each loader warms up (at least 3 batches and ``seconds``), then the two take turns at :data:`WINDOWS`
+    windows of at least ``seconds`` each (side by side: a change of the machine's load hits both alike). ``workdir`` defaults to :func:`default_workdir`, whose images and shards a later run
     reuses (the conversion finds its finished job).
     """
-    from converters.runner import convert
-    from converters.sources import ImageFolderSource
-    from converters.synth import make_imagefolder
     from dali_pipes.bench.baselines import StoreImageDataset
-    from dali_pipes.bench.runner import Target, TimingPlan, cycle, delivered, time_stream
-    from dali_pipes.bench.streams import dataloader_stream
+    from dali_pipes.bench.interleave import run_jobs
+    from dali_pipes.bench.runner import Job, Target, TimingPlan
+    from dali_pipes.bench.streams import dali_in_flight, dali_loader_stream, dataloader_stream
     from dali_pipes.loading.loader import DALILoader
     from dali_pipes.pipelines import ClassificationTrain
 
     workdir = Path(workdir) if workdir is not None else default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
+    images, dataset = _converted(data, workdir, num_images, cores)
+    plan = TimingPlan(warmup_batches=3, repeats=WINDOWS, min_batches=2, min_seconds=seconds, warmup_seconds=seconds)
+    target = Target()
+    spec = ClassificationTrain(size=224)
+    with DALILoader(dataset, spec, batch_size=batch_size, device=device, seed=0) as loader:
+        first_batch = next(iter(loader))
+        grid = write_grid(
+            first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes
+        )
+        used_device = loader.device
+    log.info(
+        "DALI training pipeline on %s against DataLoader(num_workers=%d) with PIL, batch %d: "
+        "%d windows of %.1f s each, taken in turn",
+        used_device,
+        cores,
+        batch_size,
+        WINDOWS,
+        seconds,
+    )
+    jobs = [
+        Job(
+            "DALILoader",
+            functools.partial(
+                dali_loader_stream, dataset, spec, batch_size=batch_size, device=used_device, target=target
+            ),
+            in_flight=dali_in_flight({}),
+            runs_dali=True,
+        ),
+        Job(
+            "DataLoader",
+            lambda: dataloader_stream(
+                StoreImageDataset(dataset), batch_size=batch_size, num_workers=cores, target=target
+            ),
+            in_flight=2 * cores + 1,
+        ),
+    ]
+    dali, base = run_jobs(jobs, plan, target, progress=False)
+    for row in (dali, base):
+        if row.timing is None:
+            raise RuntimeError(f"demo: the {row.name} row did not run: {row.error or row.skipped}")
+    return DemoReport(workdir, images, dataset, grid, used_device, cores, batch_size, dali.timing, base.timing)
+
+
+def _converted(data: str | os.PathLike | None, workdir: Path, num_images: int, cores: int) -> tuple[Path, Path]:
+    """The image folder (``data``, or synthetic images made once in ``workdir``) and its LMDB shards."""
+    from converters.runner import convert
+    from converters.sources import ImageFolderSource
+    from converters.synth import make_imagefolder
+
     if data is None:
         images, dataset = workdir / f"images-{num_images}", workdir / f"shards-{num_images}"
         if not (images / ".complete").exists():
@@ -99,31 +147,12 @@ def run_demo(
     converted = convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
     if converted.errors:
         log.warning("left out %d input(s) of %s, listed in %s", len(converted.errors), images, dataset / "errors.jsonl")
+    return images, dataset
 
-    plan = TimingPlan(warmup_batches=3, repeats=WINDOWS, min_batches=2, min_seconds=seconds, warmup_seconds=seconds)
-    target = Target()
-    loader = DALILoader(dataset, ClassificationTrain(size=224), batch_size=batch_size, device=device, seed=0)
-    batches = cycle(loader)
-    first_batch = next(batches)
-    log.info(
-        "DALI training pipeline on %s, batch %d: timing %d windows of %.1f s",
-        loader.device,
-        batch_size,
-        WINDOWS,
-        seconds,
-    )
-    dali = time_stream(delivered(((b["image"], b["label"]) for b in batches), target), plan, target)
-    grid = write_grid(
-        first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes
-    )
-    loader.close()
 
-    log.info("baseline DataLoader(num_workers=%d) with PIL: timing %d windows of %.1f s", cores, WINDOWS, seconds)
-    with dataloader_stream(
-        StoreImageDataset(dataset), batch_size=batch_size, num_workers=cores, target=target
-    ) as stream:
-        base = time_stream(stream, plan, target)
-    return DemoReport(workdir, images, dataset, grid, loader.device, cores, batch_size, dali, base)
+def _cost(timing: Timing) -> str:
+    cost = timing.cpu_seconds_per_1k
+    return f", {cost:.2f} CPU s/1k images" if cost is not None else ""
 
 
 def format_report(report: DemoReport) -> str:
@@ -134,11 +163,11 @@ def format_report(report: DemoReport) -> str:
             f"shards     {report.dataset}   (dali-pipes inspect {report.dataset})",
             f"grid       {report.grid}   (augmented training samples with their labels)",
             f"machine    {report.cores} cores, DALI on {report.device}, batch {report.batch_size}",
-            f"DALILoader {report.dali.median:8.1f} images/s ±{100 * report.dali.spread:.0f}%  "
+            f"DALILoader {report.dali.median:8.1f} images/s ±{100 * report.dali.spread:.0f}%{_cost(report.dali)}  "
             "(random-resized crop 224, flip, colour jitter, normalise)",
-            f"DataLoader {report.baseline.median:8.1f} images/s ±{100 * report.baseline.spread:.0f}%  "
-            f"(PIL, the same augmentation, num_workers={report.cores})",
-            f"speed-up   {report.speedup:.2f}x  (medians of {WINDOWS} timed windows each, after a warm-up; "
+            f"DataLoader {report.baseline.median:8.1f} images/s ±{100 * report.baseline.spread:.0f}%"
+            f"{_cost(report.baseline)}  (PIL, the same augmentation, num_workers={report.cores})",
+            f"speed-up   {report.speedup:.2f}x  (medians of {WINDOWS} timed windows each, taken in turn after a warm-up; "
             "± is half their range)",
         ]
     )

@@ -5,6 +5,8 @@
 lays it out: one tile per sample, a caption strip above it with the label and
 class name, and for detection batches the boxes drawn in the output pixels
 (only the first ``num_boxes`` rows of each sample; the rest is padding).
+``--pipeline recipe`` is the training graph with RandomErasing and MixUp/CutMix:
+its labels are soft targets, captioned with their two largest classes.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 #: ``--pipeline`` names -> what they run.
-PIPELINES: tuple[str, ...] = ("train", "val", "detection", "detection-val")
+PIPELINES: tuple[str, ...] = ("train", "recipe", "val", "detection", "detection-val")
 #: Height in pixels of the caption strip above each tile.
 CAPTION = 14
 #: Box outline width in pixels.
@@ -44,12 +46,16 @@ def box_color(label: int) -> tuple[int, int, int]:
 
 def make_spec(pipeline: str, *, size: int | None = None) -> Any:
     """The pipeline spec behind a ``--pipeline`` name, at ``size`` (default 224, detection 300)."""
-    from dali_pipes.pipelines import ClassificationTrain, ClassificationVal, Detection, DetectionVal
+    from dali_pipes.pipelines import ClassificationTrain, ClassificationVal, Detection, DetectionVal, Mix, RandomErasing
 
     if pipeline not in PIPELINES:
         raise ValueError(f"unknown pipeline {pipeline!r}; choose from {', '.join(PIPELINES)}")
     if pipeline == "train":
         return ClassificationTrain(size=size or 224)
+    if pipeline == "recipe":
+        # DeiT's settings, but per sample ("elem") and always erasing, so that one grid shows every kind of tile.
+        mix = Mix(mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem", label_smoothing=0.1)
+        return ClassificationTrain(size=size or 224, mix=mix, erasing=RandomErasing(prob=1.0, mode="pixel"))
     if pipeline == "val":
         size = size or 224
         # The usual 224/256 ratio of ImageNet evaluation.
@@ -129,6 +135,14 @@ def _class_name(label: int, classes: Sequence[str] | None) -> str:
     return str(classes[label]) if classes is not None and 0 <= label < len(classes) else str(label)
 
 
+def _caption(label: np.ndarray, classes: Sequence[str] | None) -> str:
+    """``label: class`` for an integer label; the two largest classes and weights of a soft target."""
+    if label.ndim == 0:
+        return f"{int(label)}: {_class_name(int(label), classes)}"
+    top = np.argsort(label)[::-1][:2]
+    return " + ".join(f"{_class_name(int(k), classes)} {label[k]:.2f}" for k in top)[:60]
+
+
 def write_grid(
     images: Any,
     labels: Any,
@@ -143,7 +157,8 @@ def write_grid(
     """Save a batch as a labelled PNG grid of ``columns`` tiles per row; return the path.
 
     ``images``: NCHW or NHWC, normalised float or uint8. Classification:
-    ``labels`` holds one integer per image, written as ``label: class``.
+    ``labels`` holds one integer per image, written as ``label: class``, or
+    soft targets ``(N, num_classes)``, written as their two largest classes.
     Detection: ``labels`` is ``(N, M)``, ``boxes`` ``(N, M, 4)`` xyxy in the
     output pixels and ``num_boxes`` ``(N,)``; the first ``num_boxes[i]`` boxes
     of image ``i`` are drawn in :func:`box_color` of their label, and the
@@ -162,7 +177,7 @@ def write_grid(
             raise ValueError("write_grid: boxes given without num_boxes (how many rows of each sample are real)")
         box_array = _numpy(boxes).astype(np.float32)
         counts = _numpy(num_boxes).reshape(-1).astype(int)
-    else:
+    elif label_array.ndim != 2:  # soft targets (MixUp/CutMix) stay (N, num_classes)
         label_array = label_array.reshape(-1)
     columns = min(columns, n) if n else columns
     rows = (n + columns - 1) // columns
@@ -172,8 +187,7 @@ def write_grid(
         x, y = (i % columns) * width, (i // columns) * (height + CAPTION)
         canvas.paste(Image.fromarray(tile), (x, y + CAPTION))
         if not detection:
-            label = int(label_array[i])
-            draw.text((x + 2, y + 1), f"{label}: {_class_name(label, classes)}", fill="black")
+            draw.text((x + 2, y + 1), _caption(label_array[i], classes), fill="black")
             continue
         count = int(counts[i])
         names = []

@@ -14,6 +14,11 @@ The same code runs on CPU (gloo) and GPU (nccl): the backend follows
 ``torch.cuda.is_available()``, and the loader picks this rank's GPU by itself.
 Against a ``DataLoader`` script, the change is the loader construction and the
 three keys of the batch (see the README).
+
+The modern recipe is flags: ``--res-schedule 160,192,65,76`` (FFCV's progressive
+resizing: the size changes with ``set_epoch``, the loader is not rebuilt),
+``--mixup 0.8 --cutmix 1.0`` (done in the DALI graph; the labels are then soft
+targets, which ``F.cross_entropy`` takes as they are), ``--erasing 0.25``.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dali_pipes import DALILoader
-from dali_pipes.pipelines import ClassificationTrain
+from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
 
 
 def small_convnet(num_classes: int) -> nn.Module:
@@ -52,11 +57,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64, help="per process")
     p.add_argument("--size", type=int, default=224, help="training crop size")
+    p.add_argument(
+        "--res-schedule",
+        type=_schedule,
+        metavar="MIN,MAX,START,END",
+        help="FFCV's resolution schedule instead of --size, e.g. 160,192,65,76",
+    )
+    p.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA", help="MixUp's alpha (0: off)")
+    p.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA", help="CutMix's alpha (0: off)")
+    p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing of the mixed targets")
+    p.add_argument("--erasing", type=float, default=0.0, metavar="PROB", help="RandomErasing's probability")
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     return p.parse_args(argv)
+
+
+def _schedule(text: str) -> ResolutionSchedule:
+    try:
+        return ResolutionSchedule(*(int(v) for v in text.split(",")))
+    except (TypeError, ValueError) as exc:
+        raise argparse.ArgumentTypeError(f"expected MIN,MAX,START,END integers, e.g. 160,192,65,76: {exc}") from None
+
+
+def train_spec(args: argparse.Namespace) -> ClassificationTrain:
+    """The training spec the flags ask for."""
+    mix = None
+    if args.mixup > 0 or args.cutmix > 0:
+        mix = Mix(mixup_alpha=args.mixup, cutmix_alpha=args.cutmix, label_smoothing=args.smoothing)
+    erasing = RandomErasing(prob=args.erasing, mode="pixel") if args.erasing > 0 else None
+    return ClassificationTrain(size=args.res_schedule or args.size, mix=mix, erasing=erasing)
 
 
 def main(argv=None) -> None:
@@ -72,7 +103,7 @@ def main(argv=None) -> None:
 
     # --- was: dataset = ImageFolder(root, transform); sampler = DistributedSampler(dataset)
     #          loader = DataLoader(dataset, batch_size, sampler=sampler, num_workers=8, pin_memory=True)
-    loader = DALILoader(args.dataset, ClassificationTrain(size=args.size), batch_size=args.batch_size, seed=args.seed)
+    loader = DALILoader(args.dataset, train_spec(args), batch_size=args.batch_size, seed=args.seed)
     num_classes = len(loader.store.manifest.classes or ()) or 1000
 
     torch.manual_seed(args.seed)
@@ -96,7 +127,9 @@ def main(argv=None) -> None:
         seen = torch.zeros(2, device=device)  # real samples, summed loss
         start = time.perf_counter()
         for batch in loader:
-            images, labels = batch["image"], batch["label"].view(-1).long()  # was: for images, labels in loader
+            images, labels = batch["image"], batch["label"]  # was: for images, labels in loader
+            # Soft targets (float, [B, classes]) with --mixup/--cutmix, class indices otherwise.
+            labels = labels if labels.is_floating_point() else labels.view(-1).long()
             real = ~batch["is_pad"].view(-1).bool()  # the wrap-around filler of the last batch counts for nothing
             losses = F.cross_entropy(model(images), labels, reduction="none")
             loss = (losses * real).sum() / real.sum().clamp(min=1)

@@ -49,6 +49,8 @@ class BatchStoreSource(StoreSource):
         out.append(np.array(self._is_pad[lo : lo + self.batch_size], dtype=bool))
         if self.with_index:
             out.append(indices)
+        if self.batch_inputs is not None:
+            out.extend(self._batch_inputs(batch_info.iteration))
         return tuple(out)
 
     def _read(self, indices: np.ndarray) -> dict[str, Any]:

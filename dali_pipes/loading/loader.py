@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 from dali_pipes.loading import lifetime
 from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
+from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.options import check_options, device_description, resolve_counts
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
@@ -158,6 +159,7 @@ class DALILoader:
             self._fields = fields
             self._prefetch = prefetch
             self._control = EpochControl()
+            self._sizes = EpochSizes(pipeline)
             self._source = self._make_source(fields, batch_reads)
             self.py_start_method = py_start_method
             with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
@@ -198,6 +200,7 @@ class DALILoader:
             last_batch=self.last_batch,
             control=self._control,
             with_index=self.with_index,
+            batch_inputs=getattr(self.pipeline, "batch_inputs", None),
         )
 
     def _start(self, device_id: int | None) -> None:
@@ -320,14 +323,16 @@ class DALILoader:
 
         Counts the batches handed to the user (not those DALI prefetched). The
         same on every rank of a job that steps in lockstep, and valid on another
-        world size or batch size.
+        world size or batch size. A spec with ``size_at`` (``ClassificationTrain``)
+        adds the epoch's output ``size``, which a resumed epoch keeps.
         """
         epoch, consumed = self._pending if self._pending is not None else self._position
-        return loader_state(epoch, consumed, **self._state_identity())
+        return self._sizes.record(loader_state(epoch, consumed, **self._state_identity()))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
         self._pending = restored_position(state, self.store.root, **self._state_identity())
+        self._sizes.restore(state, self._pending)
 
     def _state_identity(self) -> dict[str, Any]:
         # What a saved state must agree on to mean the same epoch order here.
@@ -358,7 +363,8 @@ class DALILoader:
         # Publish first: resetting the iterator is what makes DALI schedule the new epoch's samples.
         self._dali_epoch += 1
         # With this rank's order for the epoch, computed once here rather than in every worker.
-        self._control.publish(self._dali_epoch, epoch, start, plan=self._source.indices(epoch, start))
+        size = self._sizes.size(epoch)  # a schedule's size for the epoch, fed to the graph per batch
+        self._control.publish(self._dali_epoch, epoch, start, plan=self._source.indices(epoch, start), size=size)
         if self._dali_epoch > 0:
             current = self._pass
             try:

@@ -48,10 +48,16 @@ def build_pipeline(
     start_method: str,
     seed: int,
 ) -> tuple[Any, tuple[str, ...]]:
-    """The built DALI pipeline (``source`` into ``spec.build``, then ``is_pad``/``index``) and its output names."""
+    """The built DALI pipeline (``source`` into ``spec.build``, then ``is_pad``/``index``) and its output names.
+
+    The spec's per-batch inputs (``spec.batch_inputs``), which the source appends to
+    its outputs, go to ``spec.build`` by name beside the fields.
+    """
     from nvidia.dali import fn, pipeline_def
 
-    dtypes, ndims = dali_output_types(store, fields, with_index)
+    batch_inputs = getattr(spec, "batch_inputs", None)
+    dtypes, ndims = dali_output_types(store, fields, with_index, batch_inputs)
+    reserved = len(fields) + 1 + int(with_index)  # the fields, is_pad, and index if asked for
     names: list[str] = []
 
     # DALI accepts a source prefetch depth only for parallel sources.
@@ -67,11 +73,13 @@ def build_pipeline(
             ndim=ndims,
             **parallel,
         )
-        outputs = dict(spec.build(dict(zip(fields, nodes[: len(fields)])), device=device))
+        inputs = dict(zip(fields, nodes[: len(fields)]))
+        inputs.update(zip(batch_inputs.names if batch_inputs is not None else (), nodes[reserved:]))
+        outputs = dict(spec.build(inputs, device=device))
         clash = [name for name in RESERVED_OUTPUTS if name in outputs]
         if clash:
             raise ValueError(f"{type(spec).__name__}.build returned {clash[0]!r}, a name the loader adds itself")
-        extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) :]))  # is_pad, and index if asked for
+        extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) : reserved]))  # is_pad, and index if asked for
         outputs.update({name: node.gpu() if device == "gpu" else node for name, node in extra.items()})
         names.extend(outputs)
         return tuple(outputs.values())

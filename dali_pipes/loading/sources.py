@@ -15,7 +15,8 @@ and the resume offset are chosen later, by ``set_epoch`` and
 ``load_state_dict``. They travel through an :class:`EpochControl`: a 32-byte
 file in ``/dev/shm`` (memory-mapped by every process that uses it; a pickled
 control carries only the path) holding ``(dali_epoch, epoch, start,
-cancelled)``. The loader writes it *before* it resets the pipeline, and DALI
+cancelled, size)`` (``size``: the epoch's output size, for specs whose size
+follows a schedule, 0 otherwise). The loader writes it *before* it resets the pipeline, and DALI
 schedules the tasks of a new ``epoch_idx`` only in that reset, so a worker always
 finds the plan of the epoch it is asked for. The loader computes this rank's
 order once per epoch and shares it in a file beside the control block
@@ -45,8 +46,8 @@ from dali_pipes.stores import Store, StoreError, select_fields
 
 __all__ = ["EpochControl", "StoreSource", "dali_output_types"]
 
-_DALI_EPOCH, _EPOCH, _START, _CANCELLED = range(4)
-_SLOTS = 4
+_DALI_EPOCH, _EPOCH, _START, _CANCELLED, _SIZE = range(5)
+_SLOTS = 5
 
 
 #: Prefix of the tmpfs folder that holds a loader's control block and epoch plan.
@@ -84,7 +85,7 @@ class EpochControl:
             os.close(fd)
             self._finalizer = weakref.finalize(self, _unlink, path, os.getpid())
         with open(path, "wb") as f:
-            f.write(np.array([-1, 0, 0, 0], dtype=np.int64).tobytes())
+            f.write(np.array([-1] + [0] * (_SLOTS - 1), dtype=np.int64).tobytes())
         self.path = path
         self._view: np.ndarray | None = None
         self._pid: int | None = None
@@ -100,7 +101,7 @@ class EpochControl:
 
     @property
     def values(self) -> np.ndarray:
-        """The live ``int64[4]`` view ``(dali_epoch, epoch, start, cancelled)``."""
+        """The live ``int64[5]`` view ``(dali_epoch, epoch, start, cancelled, size)``."""
         if self._view is None or self._pid != os.getpid():
             with open(self.path, "r+b") as f:
                 mapped = mmap.mmap(f.fileno(), _SLOTS * 8)
@@ -109,13 +110,19 @@ class EpochControl:
         return self._view
 
     def publish(
-        self, dali_epoch: int, epoch: int, start: int, plan: tuple[np.ndarray, np.ndarray] | None = None
+        self,
+        dali_epoch: int,
+        epoch: int,
+        start: int,
+        plan: tuple[np.ndarray, np.ndarray] | None = None,
+        size: int = 0,
     ) -> None:
         """Announce that DALI epoch ``dali_epoch`` covers ``epoch`` from global sample ``start``.
 
         ``plan``: this rank's ``(indices, is_pad)`` for it, written first to the
         shared plan file (:mod:`dali_pipes.loading.epoch_plan`) so that the workers map it
-        instead of each computing the epoch order again.
+        instead of each computing the epoch order again. ``size``: the epoch's output
+        size, read by the per-batch inputs of the spec (0 when it has none).
         """
         if plan is not None:
             write_plan(plan_path(self.path), dali_epoch, *plan)
@@ -124,6 +131,7 @@ class EpochControl:
         values[_EPOCH] = epoch
         values[_START] = start
         values[_CANCELLED] = 0
+        values[_SIZE] = size
         values[_DALI_EPOCH] = dali_epoch
 
     def cancel(self) -> None:
@@ -147,7 +155,9 @@ class StoreSource:
     read with :meth:`Store.read <dali_pipes.stores.Store.read>`, so the dataset's
     other fields are never read,
     then ``is_pad`` (``bool``) and, with ``with_index``, ``index`` (``int64``, the
-    global sample index).
+    global sample index), then the spec's per-batch inputs (``batch_inputs``, a
+    :class:`~dali_pipes.pipelines.batch_inputs.BatchInputs`: a size schedule's size,
+    MixUp/CutMix and RandomErasing draws) when it has them.
     The rank's samples are padded by wrap-around to a whole number of batches,
     because DALI drops a partial last batch; the loader trims that padding off.
     Past the end (and in a cancelled epoch) it raises ``StopIteration``.
@@ -165,6 +175,7 @@ class StoreSource:
         last_batch: str,
         control: EpochControl,
         with_index: bool = True,
+        batch_inputs: Any = None,
     ) -> None:
         select_fields(store.fields, fields, str(store.root))  # the stores' one check: names a missing field
         self.store = store
@@ -176,6 +187,7 @@ class StoreSource:
         self.last_batch = last_batch
         self.control = control
         self.with_index = bool(with_index)
+        self.batch_inputs = batch_inputs
         self._owner_pid = os.getpid()  # the loader's process; any other process running us is a DALI worker
         self._converters: tuple[tuple[str, Callable[[Any], np.ndarray]], ...] = tuple(
             (name, _as_uint8 if store.fields[name].kind == "bytes" else np.asarray) for name in self.fields
@@ -183,6 +195,7 @@ class StoreSource:
         self._reset_cache()
 
     def _reset_cache(self) -> None:
+        self._made: tuple[tuple[int, int], list[np.ndarray]] | None = None  # the last batch's per-batch inputs
         self._dali_epoch = -1
         self._indices = np.empty(0, dtype=np.int64)
         self._is_pad = np.empty(0, dtype=bool)
@@ -192,9 +205,32 @@ class StoreSource:
         state = self.__dict__.copy()
         # Workers compute their own plan and map the control block themselves; never ship either.
         state.update(
-            _dali_epoch=-1, _indices=np.empty(0, dtype=np.int64), _is_pad=np.empty(0, dtype=bool), _values=None
+            _dali_epoch=-1,
+            _indices=np.empty(0, dtype=np.int64),
+            _is_pad=np.empty(0, dtype=bool),
+            _values=None,
+            _made=None,
         )
         return state
+
+    def _batch_inputs(self, iteration: int) -> list[np.ndarray]:
+        """The spec's per-batch inputs of batch ``iteration`` of the current DALI epoch (each ``[B, ...]``)."""
+        key = (self._dali_epoch, iteration)
+        if self._made is None or self._made[0] != key:
+            values = self._values
+            # The batch's number in the epoch, counted from the epoch's start: a resumed epoch draws as the whole one.
+            batch = int(values[_START]) // (self.batch_size * self.world.world_size) + iteration
+            lo = iteration * self.batch_size
+            arrays = self.batch_inputs.make(
+                seed=self.seed,
+                rank=self.world.rank,
+                epoch=int(values[_EPOCH]),
+                batch=batch,
+                size=int(values[_SIZE]),
+                is_pad=self._is_pad[lo : lo + self.batch_size],
+            )
+            self._made = (key, arrays)
+        return self._made[1]
 
     def indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(indices, is_pad)`` for ``epoch`` from ``start``, padded to whole batches."""
@@ -251,6 +287,9 @@ class StoreSource:
         out.append(np.array(self._is_pad[i]))
         if self.with_index:
             out.append(np.array(index, dtype=np.int64))
+        if self.batch_inputs is not None:
+            row = sample_info.idx_in_batch
+            out.extend(np.array(a[row]) for a in self._batch_inputs(sample_info.iteration))  # copies, 0-d stays 0-d
         return tuple(out)
 
 
@@ -278,7 +317,9 @@ def _as_uint8(value: bytes) -> np.ndarray:
     return np.frombuffer(value, dtype=np.uint8)
 
 
-def dali_output_types(store: Store, fields: Sequence[str], with_index: bool = True) -> tuple[list[Any], list[int]]:
+def dali_output_types(
+    store: Store, fields: Sequence[str], with_index: bool = True, batch_inputs: Any = None
+) -> tuple[list[Any], list[int]]:
     """``(dtypes, ndims)`` of a :class:`StoreSource`'s outputs, for ``fn.external_source``."""
     from nvidia.dali import types
 
@@ -297,4 +338,7 @@ def dali_output_types(store: Store, fields: Sequence[str], with_index: bool = Tr
     if with_index:
         dtypes.append(types.INT64)
         ndims.append(0)
+    for _, dtype, ndim in batch_inputs.outputs if batch_inputs is not None else ():
+        dtypes.append(getattr(types, DALI_TYPE_NAMES[dtype]))
+        ndims.append(ndim)
     return dtypes, ndims

@@ -11,14 +11,21 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
 - ``base``: the :class:`PipelineSpec` protocol and checks on ``build`` calls;
 - ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`;
 - ``detection``: :class:`Detection` and :class:`DetectionVal` (COCO-style boxes);
-- ``features``: :class:`Features` (fixed-shape arrays to the device).
+- ``features``: :class:`Features` (fixed-shape arrays to the device);
+- ``schedule``: :class:`ResolutionSchedule` (FFCV's progressive resizing), sizes by epoch;
+- ``mixing``, ``erasing``: :class:`Mix` (MixUp/CutMix) and :class:`RandomErasing`, timm's
+  semantics, their per-batch draws; ``batch_inputs``: those draws fed to the graph per batch;
+  ``recipe_ops``: the graph fragments that apply them.
 """
 
 from dali_pipes.pipelines.base import PipelineSpec
 from dali_pipes.pipelines.classification import ClassificationTrain, ClassificationVal
 from dali_pipes.pipelines.config import IMAGENET_MEAN, IMAGENET_STD, ColorJitter, DecoderHints
 from dali_pipes.pipelines.detection import Detection, DetectionVal
+from dali_pipes.pipelines.erasing import RandomErasing
 from dali_pipes.pipelines.features import Features
+from dali_pipes.pipelines.mixing import Mix
+from dali_pipes.pipelines.schedule import ResolutionSchedule
 
 __all__ = [
     "ClassificationTrain",
@@ -30,5 +37,8 @@ __all__ = [
     "Features",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
+    "Mix",
     "PipelineSpec",
+    "RandomErasing",
+    "ResolutionSchedule",
 ]

@@ -87,14 +87,25 @@ def decode_slice(encoded: DataNode, anchor: DataNode, shape: DataNode, *, device
     )
 
 
-def resize_to(images: DataNode, *, device: str, size: int) -> DataNode:
-    """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking."""
-    return fn.resize(images, device=device, size=[size, size], interp_type=types.INTERP_LINEAR, antialias=True)
+def _square(size: int | DataNode) -> list[int] | DataNode:
+    """``[size, size]``, or a per-sample ``[h, w]`` node (a size that changes with the epoch) as it is."""
+    return size if isinstance(size, DataNode) else [size, size]
 
 
-def resize_shorter(images: DataNode, *, device: str, size: int) -> DataNode:
-    """Resize keeping the aspect ratio so that the shorter side is ``size``."""
-    return fn.resize(images, device=device, resize_shorter=size, interp_type=types.INTERP_LINEAR, antialias=True)
+def resize_to(images: DataNode, *, device: str, size: int | DataNode, antialias: bool = True) -> DataNode:
+    """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking unless told not to.
+
+    ``size`` may be a node of float ``[h, w]`` per sample, fed per batch: the size then
+    changes without a new pipeline. Without antialiasing a shrink samples 2x2 pixels per
+    output pixel whatever the scale (as OpenCV's ``INTER_LINEAR``, hence Albumentations,
+    does): cheaper on the CPU, with aliasing on strong reductions.
+    """
+    return fn.resize(images, device=device, size=_square(size), interp_type=types.INTERP_LINEAR, antialias=antialias)
+
+
+def resize_shorter(images: DataNode, *, device: str, size: int, antialias: bool = True) -> DataNode:
+    """Resize keeping the aspect ratio so that the shorter side is ``size`` (see :func:`resize_to` for ``antialias``)."""
+    return fn.resize(images, device=device, resize_shorter=size, interp_type=types.INTERP_LINEAR, antialias=antialias)
 
 
 def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_dtype: str = "uint8") -> DataNode:
@@ -124,7 +135,10 @@ def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_d
         # graph went from 578 to 659 images/s. On the GPU uint8 is as fast and half
         # the memory traffic, so it stays.
         twisted = fn.color_twist(images, device=device, dtype=types.FLOAT, **kwargs)
-        return dali_math.clamp(twisted, 0.0, 255.0)
+        # max then min, not math.clamp: the same values, but DALI's CPU clamp took 0.45 ms per
+        # 224x224 image against 0.10 ms for the pair (one core, batch 64, measured side by side:
+        # the whole training graph from 2.69 to 2.34 CPU ms per image).
+        return dali_math.min(dali_math.max(twisted, 0.0), 255.0)
     return fn.color_twist(images, device=device, **kwargs)
 
 
@@ -137,7 +151,7 @@ def mirror_flag(probability: float) -> DataNode | int:
     return fn.random.coin_flip(probability=probability)
 
 
-def auto_augment(images: DataNode, policy: str, *, size: int) -> DataNode:
+def auto_augment(images: DataNode, policy: str, *, size: int | DataNode) -> DataNode:
     """RandAugment (n=2, m=9) or TrivialAugment Wide on uint8 HWC images of ``size`` x ``size``.
 
     Needs a pipeline defined with ``enable_conditionals=True``. The image shape is
@@ -149,12 +163,16 @@ def auto_augment(images: DataNode, policy: str, *, size: int) -> DataNode:
         if policy == "rand_augment":
             from nvidia.dali.auto_aug import rand_augment
 
-            return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=(size, size))
+            return rand_augment.rand_augment(images, n=_RAND_AUGMENT_N, m=_RAND_AUGMENT_M, shape=_shape(size))
         if policy == "trivial_augment":
             from nvidia.dali.auto_aug import trivial_augment
 
-            return trivial_augment.trivial_augment_wide(images, shape=(size, size))
+            return trivial_augment.trivial_augment_wide(images, shape=_shape(size))
     raise ValueError(f"unknown auto_augment policy {policy!r}")
+
+
+def _shape(size: int | DataNode) -> tuple[int, int] | DataNode:
+    return size if isinstance(size, DataNode) else (size, size)
 
 
 @contextlib.contextmanager

@@ -42,7 +42,8 @@ def _check_images(images: np.ndarray, spec: Any) -> str | None:
     if images.ndim != 4 or images.shape[spec.layout.index("C")] != 3:
         return f"image shape {images.shape} is not a batch of 3-channel images in {spec.layout}"
     height, width = (images.shape[spec.layout.index(axis)] for axis in "HW")
-    size = getattr(spec, "size", None)
+    # A size that follows a schedule is checked at epoch 0, the epoch the selftest checks.
+    size = spec.size_at(0) if hasattr(spec, "size_at") else getattr(spec, "size", None)
     if isinstance(size, int) and not hasattr(spec, "max_size") and (height, width) != (size, size):
         return f"image shape {images.shape}: expected {size} x {size}"
     if isinstance(size, tuple) and (height, width) != size:
@@ -70,6 +71,12 @@ def _value_range(spec: Any) -> tuple[float, float]:
 
 
 def _check_labels(labels: np.ndarray, classes: int) -> str | None:
+    if labels.ndim == 2:  # MixUp/CutMix soft targets: one distribution over the classes per row
+        if labels.dtype != np.float32 or labels.shape[1] != classes:
+            return f"soft targets {labels.dtype} {labels.shape}, expected float32 (N, {classes})"
+        if labels.min() < 0 or not np.allclose(labels.sum(axis=1), 1.0, atol=1e-4):
+            return f"soft targets are not distributions over the classes: row sums {labels.sum(axis=1).tolist()}"
+        return None
     if labels.dtype.kind not in "iu":
         return f"label dtype {labels.dtype}, expected an integer type"
     if labels.min() < 0 or labels.max() >= classes:

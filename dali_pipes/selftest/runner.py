@@ -2,7 +2,8 @@
 
 The first thing to run on a new machine or cluster node. On small datasets made
 at run time (:mod:`dali_pipes.selftest.data`), it runs every pipeline spec
-(classification train and val, auto-augment, detection train and val, features)
+(classification train and val, auto-augment, the recipe graph: a resolution
+schedule with RandomErasing and MixUp/CutMix, detection train and val, features)
 through the real :class:`~dali_pipes.DALILoader` on each device, with 0 and with
 1 Python worker, for two epochs; checks the outputs (shape, dtype, device, value
 range, ``is_pad`` and that every sample comes once, boxes inside the image,
@@ -37,6 +38,7 @@ SPEC_NAMES = (
     "classification-train",
     "classification-val",
     "auto-augment",
+    "recipe",
     "detection-train",
     "detection-val",
     "features",
@@ -158,12 +160,23 @@ def _devices(device: str) -> list[str]:
 
 
 def _spec(name: str) -> Any:
-    from dali_pipes.pipelines import ClassificationTrain, ClassificationVal, Detection, DetectionVal, Features
+    from dali_pipes.pipelines import (
+        ClassificationTrain,
+        ClassificationVal,
+        Detection,
+        DetectionVal,
+        Features,
+        Mix,
+        RandomErasing,
+    )
 
+    # Const erasing: its fill (0) stays inside the normalised range the checks expect; noise would not.
+    recipe = dict(mix=Mix(mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem"), erasing=RandomErasing(prob=0.5))
     return {
         "classification-train": lambda: ClassificationTrain(size=32),
         "classification-val": lambda: ClassificationVal(size=32, resize=36),
         "auto-augment": lambda: ClassificationTrain(size=32, auto_augment="rand_augment", dtype="float16"),
+        "recipe": lambda: ClassificationTrain(size=(32, 64, 0, 1), **recipe),
         "detection-train": lambda: Detection(size=(48, 64)),
         "detection-val": lambda: DetectionVal(size=40, max_size=64),
         "features": lambda: Features(fields=("features", "label")),

@@ -1,0 +1,148 @@
+"""Measuring a table of rows: side by side (every stream open at once, windows taken in turn) or one by one.
+
+On a machine whose load moves (other jobs, a shared CI runner, a laptop's
+clock), rows measured one after another see different machines: swings of 20%
+between the first row and the last are common on two shared cores, and a ratio
+of two rows then says more about the moment than about the rows. Here each
+round times one window of every row in turn, so each row's median comes from
+the same stretches of time as the others', and their ratios hold when the
+absolute figures move.
+
+A stream that sat idle while the others ran has its queues full: the first
+batches of its next window would come for free. So each window starts by
+drawing the row's ``in_flight`` batches untimed. Streams are opened (and warmed,
+which starts their worker processes) rows without a DALI pipeline first, then
+DALI's, so that no worker is forked from a process already running DALI's threads.
+Rows timed cold (``Job.cold_images``: start-up is their point) are measured
+alone, before the others open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator, Sequence
+
+from dali_pipes.bench.runner import (
+    Job,
+    Row,
+    Skipped,
+    Target,
+    TimingPlan,
+    Window,
+    collect_garbage,
+    measure,
+    time_window,
+    timing_of,
+    warm_up,
+)
+from dali_pipes.dataset.progress import bar_disabled
+
+log = logging.getLogger(__name__)
+
+
+def run_jobs(
+    jobs: Sequence[Job],
+    plan: TimingPlan,
+    target: Target,
+    *,
+    progress: bool = True,
+    title: str = "bench",
+    side_by_side: bool = True,
+) -> list[Row]:
+    """Measure ``jobs`` (with a progress bar): side by side, or one after another (see :func:`measure`).
+
+    Side by side (:mod:`dali_pipes.bench.interleave`), every row is open at once
+    and the rows take their timed windows in turn, so that their ratios hold on a
+    machine whose load moves; one after another, each row runs alone.
+    """
+    from tqdm import tqdm
+
+    if side_by_side and len(jobs) > 1:
+        return run_interleaved(jobs, plan, target, progress=progress, title=title)
+
+    rows = []
+    with tqdm(jobs, desc=title, unit="row", disable=bar_disabled(progress), leave=False) as bar:
+        for job in bar:
+            bar.set_postfix_str(job.name)
+            rows.append(measure(job, plan, target))
+    return rows
+
+
+def run_interleaved(
+    jobs: Sequence[Job], plan: TimingPlan, target: Target, *, progress: bool = True, title: str = "bench"
+) -> list[Row]:
+    """Measure ``jobs`` side by side (see the module docstring); rows come back in ``jobs``' order."""
+    from tqdm import tqdm
+
+    rows = [Row(job.name, job.description, dict(job.params)) for job in jobs]
+    windows: dict[int, list[Window]] = {}
+    total = len(jobs) * (1 + plan.repeats)
+    with (
+        contextlib.ExitStack() as all_open,
+        tqdm(total=total, desc=title, unit="window", disable=bar_disabled(progress), leave=False) as bar,
+    ):
+        streams: dict[int, tuple[Iterator[int], contextlib.ExitStack]] = {}
+        # Cold rows alone first; then rows without DALI before DALI's (see the module docstring).
+        for i in sorted(range(len(jobs)), key=lambda i: (jobs[i].cold_images is None, jobs[i].runs_dali)):
+            bar.set_postfix_str(f"open {jobs[i].name}")
+            if jobs[i].cold_images is not None:
+                rows[i] = measure(jobs[i], plan, target)
+                bar.update(1 + plan.repeats)
+                continue
+            opened = _open(jobs[i], rows[i], plan, target)
+            if opened is not None:
+                all_open.callback(opened[1].close)
+                streams[i] = opened
+                windows[i] = []
+            bar.update(1 if opened is not None else 1 + plan.repeats)
+        for _ in range(plan.repeats):
+            for i in sorted(streams):
+                bar.set_postfix_str(jobs[i].name)
+                _take_window(jobs[i], rows[i], streams, i, windows[i], plan, target)
+                bar.update(1)
+    for i, taken in windows.items():
+        if rows[i].error is None and len(taken) == plan.repeats:
+            rows[i].timing = timing_of(taken)
+    return rows
+
+
+def _open(job: Job, row: Row, plan: TimingPlan, target: Target) -> tuple[Iterator[int], contextlib.ExitStack] | None:
+    """``job``'s stream, open and warmed up; ``None`` (with the reason in ``row``) when it cannot run."""
+    collect_garbage()
+    closer = contextlib.ExitStack()
+    try:
+        stream = closer.enter_context(job.factory())
+        warm_up(stream, plan, target, job.in_flight)
+        return stream, closer
+    except Skipped as exc:
+        row.skipped = str(exc)
+        log.debug("bench: %s skipped: %s", job.name, exc)
+    except Exception as exc:  # noqa: BLE001 - recorded in the row, shown in the table
+        row.error = f"{type(exc).__name__}: {exc}"
+        log.warning("bench: %s failed", job.name, exc_info=True)
+    closer.close()
+    return None
+
+
+def _take_window(
+    job: Job,
+    row: Row,
+    streams: dict[int, tuple[Iterator[int], contextlib.ExitStack]],
+    index: int,
+    taken: list[Window],
+    plan: TimingPlan,
+    target: Target,
+) -> None:
+    """One timed window of ``job``, after drawing what its queues made while it waited; a failure ends the row."""
+    stream, closer = streams[index]
+    try:
+        for _ in range(job.in_flight):
+            next(stream)
+        target.sync()
+        taken.append(time_window(stream, plan, target))
+    except Exception as exc:  # noqa: BLE001 - recorded in the row; the other rows go on
+        row.error = f"{type(exc).__name__}: {exc}"
+        log.warning("bench: %s failed", job.name, exc_info=True)
+        del streams[index]
+        closer.close()
