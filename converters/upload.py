@@ -41,6 +41,7 @@ class Uploader:
         return filesystem(self.url, self.storage_options)
 
     def shown(self, rel: str = "") -> str:
+        """The URL (or that of ``rel`` below it) as it may be shown: secrets taken out."""
         return redact(join(self.url, rel) if rel else self.url, self.storage_options)
 
     def upload(self, out: Path, rel: str, size: int | None = None) -> None:
@@ -81,6 +82,7 @@ class Uploader:
         return True
 
     def after(self, write: Callable[..., ShardRecord]) -> "_WriteThenUpload":
+        """``write`` (the runner's ``write_shard``) followed by :meth:`publish`, as one picklable task function."""
         return _WriteThenUpload(write, self)
 
 

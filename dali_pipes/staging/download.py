@@ -41,7 +41,9 @@ def default_cache_dir(url: str) -> Path:
     return Path(base) / f"{readable}-{hashlib.sha256(clean.encode()).hexdigest()[:10]}"
 
 
-def plan_remote(url: str, dest: Path, storage_options: Mapping[str, Any] | None = None):
+def plan_remote(
+    url: str, dest: Path, storage_options: Mapping[str, Any] | None = None
+) -> tuple[list[StageItem], tuple[Path, bytes], Path, str, Callable]:
     """``(items, (marker path, marker bytes), path to open, origin, copier)`` for the dataset at ``url``."""
     url = url.rstrip("/")
     shown = redact(url, storage_options)

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from dali_pipes.remote.urls import is_url, redact
 from dali_pipes.staging.download import CACHE_ENV, default_cache_dir
+
+if TYPE_CHECKING:
+    from dali_pipes.staging.stage import StageReport
+    from dali_pipes.stores import Store
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +26,7 @@ def open_store(
     *,
     stage_to: str | os.PathLike | None = None,
     storage_options: Mapping[str, Any] | None = None,
-):
+) -> Store:
     """Open a dataset folder, a merged ``.h5`` file, or a dataset at a URL of object storage.
 
     A URL is staged first (into ``stage_to``, or :func:`default_cache_dir`), then opened locally:
@@ -35,7 +39,9 @@ def open_store(
     return open_local(stage_url(str(path), stage_to, storage_options).path)
 
 
-def stage_url(url: str, stage_to: str | os.PathLike | None, storage_options: Mapping[str, Any] | None = None):
+def stage_url(
+    url: str, stage_to: str | os.PathLike | None, storage_options: Mapping[str, Any] | None = None
+) -> StageReport:
     """Stage the dataset at ``url`` into ``stage_to`` (default: :func:`default_cache_dir`); the StageReport."""
     from dali_pipes.staging.stage import stage_dataset
 
@@ -52,7 +58,7 @@ def stage_url(url: str, stage_to: str | os.PathLike | None, storage_options: Map
 
 def stage_any(
     path: str | os.PathLike, stage_to: str | os.PathLike | None, storage_options: Mapping[str, Any] | None = None
-):
+) -> StageReport:
     """``DALILoader``'s staging: a URL into ``stage_to`` or the cache folder, a local dataset into ``stage_to``."""
     from dali_pipes.staging.stage import stage_dataset
 
