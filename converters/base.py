@@ -94,7 +94,8 @@ def absolute_path(path: str | os.PathLike) -> str:
     A manifest names its source's paths this way, so that the dataset's own commands (``bench``, ``verify``) find
     them from any folder; a relative one would mean the folder the conversion happened to run in.
     """
-    return os.path.abspath(os.fspath(path))
+    text = os.fspath(path)
+    return text if "://" in str(text) else os.path.abspath(text)  # a URL (s3://...) is kept as it is
 
 
 def optional_absolute_path(path: str | os.PathLike | None) -> str | None:

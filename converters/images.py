@@ -18,6 +18,7 @@ from PIL import Image, ImageOps
 
 from converters.base import ImageOptions, SampleError, process_wide_error
 from converters.image_formats import HEAD_BYTES, image_format, refusal
+from dali_pipes.remote.urls import is_url
 
 #: Decompression-bomb guard: images with more pixels than this are refused before
 #: decoding. It is Pillow's own error threshold (twice ``Image.MAX_IMAGE_PIXELS``'s
@@ -96,11 +97,24 @@ def prepare_image(data: bytes, name: str, options: ImageOptions, *, max_pixels: 
     return out.getvalue()
 
 
+def _read_url(url: str, name: str) -> bytes:
+    from converters.remote_inputs import read_input
+    from dali_pipes.remote.fs import RemoteError
+
+    try:
+        return read_input(url)
+    except RemoteError as exc:  # a missing object, access denied: this input's problem, named
+        raise SampleError(name, str(exc)) from None
+
+
 def load_image_file(path: str | os.PathLike, name: str, options: ImageOptions) -> bytes:
     """Read an image file and :func:`prepare_image` it; a file that cannot be read is a :class:`SampleError`."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        if is_url(path):  # an input in object storage (one request, retried)
+            data = _read_url(str(path), name)
+        else:
+            with open(path, "rb") as f:
+                data = f.read()
     except FileNotFoundError:
         raise SampleError(name, "file not found") from None
     except OSError as exc:

@@ -16,7 +16,7 @@ import os
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from converters.base import ConversionError, Item, Source
 from converters.planner import ShardPlan
@@ -179,8 +179,11 @@ def remove_temporaries(out: Path) -> None:
     remove_paths(out.glob(f"shard-*{TMP_SUFFIX}*"))
 
 
-def done_record(out: Path, plan: ShardPlan, suffix: str) -> ShardRecord | None:
-    """The recorded result of a shard finished by an earlier run, if its files are intact."""
+def done_record(
+    out: Path, plan: ShardPlan, suffix: str, remote: Callable[[ShardRecord], bool] | None = None
+) -> ShardRecord | None:
+    """The recorded result of a shard finished by an earlier run, if its files are intact (or, its local
+    files gone, when ``remote(record)`` says its upload is whole: :mod:`converters.upload`)."""
     record_file = _record_file(out, plan.number)
     if not record_file.exists():
         return None
@@ -189,6 +192,8 @@ def done_record(out: Path, plan: ShardPlan, suffix: str) -> ShardRecord | None:
     except (OSError, json.JSONDecodeError, KeyError, TypeError):
         return None  # unreadable: the shard is written again
     shard_file = out / record.path
+    if not shard_file.exists() and remote is not None:
+        return record if remote(record) else None
     if not shard_file.exists() or shard_file.stat().st_size != record.bytes:
         return None
     if record.index_path and not (out / record.index_path).exists():

@@ -110,6 +110,7 @@ def convert(
     progress: bool = True,
     engine: str = "local",
     scheduler: str | None = None,
+    uploader: Any = None,
 ) -> ConvertResult:
     """Convert ``source`` into a dataset folder ``out`` of ``format`` shards.
 
@@ -123,6 +124,7 @@ def convert(
     ``engine="dask"`` runs the shards on the Dask cluster at ``scheduler`` instead
     (``workers`` is then unused); the output is the same bytes, and either engine
     resumes what the other left unfinished.
+    ``uploader``: see :func:`converters.upload.convert_to_url` (each shard uploaded once written).
     """
     started = time.perf_counter()
     workers = _checked_options(format, on_error, workers)
@@ -149,12 +151,14 @@ def convert(
         claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
         suffix = writer_class(format).suffix
         remove_temporaries(out)
-        results = {p.number: r for p in plans if (r := done_record(out, p, suffix)) is not None}
+        remote = uploader.holds if uploader is not None else None
+        results = {p.number: r for p in plans if (r := done_record(out, p, suffix, remote)) is not None}
         if results:
             log.info("resuming: %d of %d shards were already written", len(results), len(plans))
         todo = [p for p in plans if p.number not in results]
         try:
-            _run_shards(_Job(source, format, items, out, on_error), todo, runner, progress, results)
+            write = write_shard if uploader is None else uploader.after(write_shard)
+            _run_shards(_Job(source, format, items, out, on_error, write), todo, runner, progress, results)
         except SampleError:
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
@@ -261,6 +265,7 @@ class _Job:
     items: Sequence[Item]
     out: Path
     on_error: str
+    write: Callable[..., ShardRecord]  # write_shard, or write_shard then its upload
 
 
 def _run_shards(
@@ -281,11 +286,11 @@ def _run_shards(
         if isinstance(engine, LocalEngine) and (engine.workers == 1 or len(todo) <= 1):
             _init_worker(None, None)
             for plan in todo:
-                record = write_shard(source, fmt, plan, items[plan.start : plan.stop], out, on_error, bar.update)
+                record = job.write(source, fmt, plan, items[plan.start : plan.stop], out, on_error, bar.update)
                 results[plan.number] = record
             return
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
-        tasks = shard_tasks(source, fmt, items, todo, out.absolute(), on_error)
+        tasks = [(k, job.write, args) for k, _, args in shard_tasks(source, fmt, items, todo, out.absolute(), on_error)]
         try:
             for number, record in engine.run(tasks, bar.update, shared=(source,)):
                 results[number] = record

@@ -17,8 +17,10 @@ from typing import Any
 from dali_pipes._version import __version__
 from dali_pipes.dataset.manifest import Manifest, ManifestError, load_manifest
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.remote.fs import RemoteError
 from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
-from dali_pipes.stores import Store, StoreError, open_store
+from dali_pipes.staging.remote import open_store  # a path, a merged .h5 file, or a URL (staged first)
+from dali_pipes.stores import Store, StoreError
 
 #: Names re-exported from :mod:`dali_pipes.pipelines`, imported when first used.
 _PIPELINE_NAMES = (
@@ -43,6 +45,7 @@ __all__ = [
     "LoaderError",
     "Manifest",
     "ManifestError",
+    "RemoteError",
     "ShardReadError",
     "Store",
     "StoreError",

@@ -110,3 +110,26 @@ def write_dataset():
         return root
 
     return write
+
+
+# --- object storage: a real S3-protocol server on the loopback interface -------------------
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 (a free port) behind a fault-injecting proxy (tests/s3_helpers.py)."""
+    pytest.importorskip("moto.server", reason="the test extra's moto[server] is not installed")
+    pytest.importorskip("s3fs", reason="the test extra's s3fs is not installed")
+    from s3_helpers import S3Server
+
+    server = S3Server()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def s3(s3_server):
+    """The session's S3 server with no faults left from an earlier test."""
+    s3_server.proxy.clear()
+    yield s3_server
+    s3_server.proxy.clear()

@@ -23,7 +23,7 @@ MAX_FUNCTION_LINES = 80
 
 #: The layers, top to bottom. A module may import its own package and anything in a lower layer, never a
 #: layer above nor another package of its own layer; only the tools (the first layer) may use one another.
-#: The data's way reads upwards: the on-disk contract, the stores that read it and the sampling rules, the
+#: The data's way reads upwards: the on-disk contract, object storage it may lie in, the stores that read it and the sampling rules, the
 #: staging and the DALI graphs, the loader (and, beside it, the converters, which must not touch it), the public
 #: API, the tools. Every package must be in one (a new one is placed here on purpose).
 LAYERS: tuple[tuple[str, ...], ...] = (
@@ -33,6 +33,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("dali_pipes.loading", "converters"),
     ("dali_pipes.staging", "dali_pipes.pipelines"),
     ("dali_pipes.stores", "dali_pipes.sampling"),
+    ("dali_pipes.remote",),
     ("dali_pipes.dataset",),
     ("dali_pipes.settings", "dali_pipes._version", "dali_pipes.sample_data"),
 )  # fmt: skip

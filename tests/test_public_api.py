@@ -12,6 +12,7 @@ EXPECTED = {
     "LoaderError",
     "Manifest",
     "ManifestError",
+    "RemoteError",
     "ShardReadError",
     "Store",
     "StoreError",

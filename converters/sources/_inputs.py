@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from converters.base import ConversionError, SampleError, absolute_path, process_wide_error
+from converters.remote_inputs import expand_url, is_url, read_range
+from dali_pipes.remote.fs import RemoteError
 
 #: An integer written as text (a label in a list file, a key list or a ``.cls`` member).
 INTEGER = re.compile(r"[+-]?\d+\Z")
@@ -56,6 +58,12 @@ def expand_inputs(patterns: Sequence[str | os.PathLike], what: str) -> list[str]
     seen: set[str] = set()
     for pattern in patterns:
         for name in expand_braces(str(pattern)):
+            if is_url(name):  # objects in storage: listed there, read by ranges
+                existing = expand_url(name)
+                if not existing:
+                    raise ConversionError(f"{name}: no such {what} (no object matches)")
+                found += [url for url in existing if url not in seen and not seen.add(url)]
+                continue
             matches = sorted(glob.glob(name)) if glob.has_magic(name) else [name]
             existing = [m for m in matches if os.path.exists(m)]
             if not existing:
@@ -131,6 +139,8 @@ class OpenFiles:
         """
         if self._pid != os.getpid():
             self.__init__()
+        if is_url(path):
+            return _read_remote(path, offset, size, name)
         try:
             if path != self._path:
                 self.close()
@@ -158,6 +168,17 @@ class OpenFiles:
             self.close()
         except OSError:
             pass
+
+
+def _read_remote(url: str, offset: int, size: int, name: str) -> bytes:
+    """``OpenFiles.read`` of an input in object storage: one ranged request, retried; short data is the sample's."""
+    try:
+        data = read_range(url, offset, size)
+    except RemoteError as exc:
+        raise SampleError(name, str(exc)) from None
+    if len(data) != size:
+        raise SampleError(name, f"{url} ends at byte {offset + len(data)}, inside this sample (truncated object)")
+    return data
 
 
 def read_classes_file(path: str | os.PathLike | None) -> list[str] | None:

@@ -28,6 +28,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from converters.base import ConversionError, Item, Sample, SampleError, Source, absolute_path
+from converters.remote_inputs import refuse_url
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -71,6 +72,8 @@ class ArraysSource(Source):
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         self.files = [absolute_path(f) for f in files]
+        for f in self.files:
+            refuse_url(f, "feature array files")
         self.selected = list(fields) if fields is not None else None
         self._plan: dict[str, list[_Part]] | None = None
         self._starts: dict[str, list[int]] = {}  # per field: the first row of each part, then the total

@@ -11,6 +11,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
 from converters.images import load_image_file
+from converters.remote_inputs import class_folders, is_url
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -59,6 +60,11 @@ class ImageFolderSource(Source):
         self.allow_empty_classes = allow_empty_classes
 
     def _class_names(self) -> list[str]:
+        if is_url(self.root):  # a tree in object storage: its class folders are the prefixes below ROOT
+            names = class_folders(self.root)[0]
+            if not names:
+                raise ConversionError(f"{self.root}: no class folders; imagefolder expects objects at ROOT/CLASS/IMAGE")
+            return names
         root = Path(self.root)
         if not root.exists():
             raise ConversionError(f"{root}: no such folder; give the root of a ROOT/CLASS/IMAGE tree")
@@ -81,8 +87,7 @@ class ImageFolderSource(Source):
         """Every visible file, class by class, each class sorted by relative path. ``Item.size`` is the file size."""
         items: list[Item] = []
         classes = self._class_names()
-        with os.scandir(self.root) as entries:
-            loose = sorted(e.name for e in entries if not e.name.startswith(".") and not e.is_dir())
+        loose, walk = _listing(self.root)
         if loose:
             log.warning(
                 "%s: %d file(s) directly in the root belong to no class and are not converted: %s",
@@ -93,7 +98,7 @@ class ImageFolderSource(Source):
         empty = []
         for label, name in enumerate(classes):
             found = 0
-            for rel, size in _walk_images(Path(self.root), name):
+            for rel, size in walk(name):
                 items.append(Item(name=os.path.join(self.root, rel), size=size, data=(rel, label)))
                 found += 1
             if not found:
@@ -106,7 +111,7 @@ class ImageFolderSource(Source):
         return items
 
     def input_folders(self) -> list[Path]:
-        return [Path(self.root)]
+        return [] if is_url(self.root) else [Path(self.root)]
 
     def check_result(self, items: list[Item], left_out: set[str]) -> None:
         """Refuse a class all of whose files were left out (none is an image): see the class docstring."""
@@ -133,6 +138,16 @@ class ImageFolderSource(Source):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "root": self.root, "image_options": self.image_options.to_json()}
+
+
+def _listing(root: str):
+    """The files loose in ``root`` (sorted), and a function giving a class folder's ``(relative path, size)``."""
+    if is_url(root):
+        _, loose, by_class = class_folders(root)
+        return loose, lambda name: by_class.get(name, [])
+    with os.scandir(root) as entries:
+        loose = sorted(e.name for e in entries if not e.name.startswith(".") and not e.is_dir())
+    return loose, lambda name: _walk_images(Path(root), name)
 
 
 def _walk_images(root: Path, class_name: str) -> list[tuple[str, int]]:

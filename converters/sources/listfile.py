@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import posixpath
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Iterator, Sequence
@@ -12,6 +14,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
 from converters.images import load_image_file
+from converters.remote_inputs import beside, is_url, open_input, tree
 from converters.sources._inputs import INTEGER
 from dali_pipes.dataset.manifest import Field
 
@@ -86,7 +89,8 @@ class ListFileSource(Source):
 
     def _parsed(self) -> list[_Entry]:
         if self._entries is None:
-            self._entries = _parse(Path(self.list_file), self.columns)
+            # A list in object storage stays a URL (its paths are then read from beside it, in the bucket).
+            self._entries = _parse(self.list_file if is_url(self.list_file) else Path(self.list_file), self.columns)
         return self._entries
 
     def _has_labels(self) -> bool:
@@ -110,10 +114,11 @@ class ListFileSource(Source):
         self._entries = None
         items = []
         missing = 0
+        sizes = _listed_sizes(self.list_file, entries)
         for entry in entries:
             try:
-                size = os.stat(entry.path).st_size
-            except OSError:
+                size = sizes[entry.path] if sizes is not None else os.stat(entry.path).st_size
+            except (OSError, KeyError):
                 size = 0
                 missing += 1
             items.append(Item(name=entry.path, size=size, data=(entry.path, entry.key, entry.label)))
@@ -159,10 +164,23 @@ def _layout(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return names
 
 
-def _rows(list_file: Path) -> Iterator[tuple[int, list[str]]]:
+def _listed_sizes(list_file: str, entries: list[_Entry]) -> dict[str, int] | None:
+    """For a list in object storage: the size of each object below its folder, listed once (not one request per
+    line); ``None`` for a local list, whose files are looked at one by one."""
+    if not is_url(list_file):
+        return None
+    folder = posixpath.dirname(list_file)
+    return {posixpath.join(folder, rel): size for rel, size in tree(folder).items()}
+
+
+def _rows(list_file: Path | str) -> Iterator[tuple[int, list[str]]]:
     """``(line number, columns)`` of every entry line, streamed: the list is never held whole in memory."""
     try:
-        with open(list_file, encoding="utf-8") as f:
+        with (
+            io.TextIOWrapper(open_input(list_file), encoding="utf-8")
+            if isinstance(list_file, str)
+            else open(list_file, encoding="utf-8")
+        ) as f:
             for number, line in enumerate(f, start=1):
                 stripped = line.strip()
                 if stripped and not stripped.startswith("#"):
@@ -171,10 +189,12 @@ def _rows(list_file: Path) -> Iterator[tuple[int, list[str]]]:
         raise ConversionError(f"{list_file}: not UTF-8 text ({exc}); save the list as UTF-8") from None
 
 
-def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
-    if not list_file.exists():
+def _parse(list_file: Path | str, columns: tuple[str, ...] | None) -> list[_Entry]:
+    if isinstance(list_file, str):  # a URL: a missing list is named by the read
+        pass
+    elif not list_file.exists():
         raise ConversionError(f"{list_file}: no such list file; give a text file of 'KEY PATH [LABEL]' lines")
-    if not list_file.is_file():
+    elif not list_file.is_file():
         raise ConversionError(f"{list_file}: not a file; the list source reads a text file of 'KEY PATH [LABEL]' lines")
 
     # A first pass checks the columns and infers the layout; the second builds the entries.
@@ -204,7 +224,7 @@ def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
             f"{list_file}:{first}: {width} columns, but the layout {' '.join(columns)!r} has {len(columns)}"
         )
 
-    base = list_file.parent
+    base = posixpath.dirname(list_file) if isinstance(list_file, str) else list_file.parent
     entries: list[_Entry] = []
     seen: dict[str, int] = {}
     for number, parts in _rows(list_file):
@@ -218,7 +238,16 @@ def _parse(list_file: Path, columns: tuple[str, ...] | None) -> list[_Entry]:
         if key in seen:
             raise ConversionError(f"{list_file}:{number}: key {key!r} repeats line {seen[key]}; keys must be unique")
         seen[key] = number
-        entries.append(_Entry(line=number, key=key, path=os.path.join(base, row["path"]), label=label))
+        entries.append(
+            _Entry(
+                line=number,
+                key=key,
+                path=beside(f"{base}/list", row["path"])
+                if isinstance(list_file, str)
+                else os.path.join(base, row["path"]),
+                label=label,
+            )
+        )
     log.debug("%s: %d entries, columns %s", list_file, len(entries), " ".join(columns))
     return entries
 

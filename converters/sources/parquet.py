@@ -24,7 +24,8 @@ from converters.base import (
     optional_absolute_path,
     process_wide_error,
 )
-from converters.images import prepare_image
+from converters.images import load_image_file, prepare_image
+from converters.remote_inputs import beside, is_url, open_input
 from converters.sources._inputs import (
     PlannedInputs,
     add_common_arguments,
@@ -120,8 +121,12 @@ class ParquetSource(PlannedInputs, Source):
         binary = (pa.types.is_binary, pa.types.is_large_binary)
         if pa.types.is_struct(image):
             member = image.get_field_index("bytes")
-            if member < 0 or not any(test(image.field(member).type) for test in binary):
-                raise ConversionError(f"{path}: column {self.image_column!r} is {image}, without a binary 'bytes'")
+            if image.get_field_index("path") < 0 and (
+                member < 0 or not any(test(image.field(member).type) for test in binary)
+            ):
+                raise ConversionError(
+                    f"{path}: column {self.image_column!r} is {image}, with neither a binary 'bytes' nor a 'path'"
+                )
         elif not any(test(image) for test in binary):
             raise ConversionError(f"{path}: column {self.image_column!r} is {image}; expected binary image bytes")
         if self.label_column is not None:
@@ -174,9 +179,13 @@ class ParquetSource(PlannedInputs, Source):
         path = None
         if isinstance(value, dict):
             value, path = value.get("bytes"), value.get("path")
-        if value is None:
+        if value is None and path:  # Hugging Face `datasets` built from files: the struct names the file only
+            image = load_image_file(beside(row.path, path), item.name, self.image_options)
+        elif value is None:
             raise SampleError(item.name, f"the image ({self.image_column!r}) is null")
-        sample: Sample = {"image": prepare_image(value, item.name, self.image_options)}
+        else:
+            image = prepare_image(value, item.name, self.image_options)
+        sample: Sample = {"image": image}
         if self.label_column:
             label = columns[self.label_column][row.index]
             if label is None:
@@ -203,7 +212,10 @@ def _open(path: str):
     except ImportError:
         raise ConversionError("convert parquet needs pyarrow: pip install 'dali-pipes[parquet]'") from None
     try:
-        return pq.ParquetFile(path)
+        # In object storage: a file whose reads are ranged requests, so a row group reads only its own pages.
+        return pq.ParquetFile(open_input(path) if is_url(path) else path)
+    except ConversionError:
+        raise
     except Exception as exc:  # noqa: BLE001 - ArrowInvalid, OSError, ...
         raise ConversionError(f"{path}: not a readable Parquet file ({exc})") from None
 

@@ -23,6 +23,7 @@ from converters.base import (
     optional_absolute_path,
 )
 from converters.images import prepare_image
+from converters.remote_inputs import refuse_url
 from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file
 from dali_pipes.dataset.manifest import Field
 
@@ -69,6 +70,7 @@ class LmdbSource(Source):
         classes_file: str | os.PathLike | None = None,
     ) -> None:
         self.path = absolute_path(path)
+        refuse_url(self.path, "LMDBs (memory-mapped files)")
         self.image_options = image_options
         self.keys_file = optional_absolute_path(keys_file)
         self.classes_file = optional_absolute_path(classes_file)

@@ -11,6 +11,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
 from converters.images import prepare_image
+from converters.remote_inputs import refuse_url
 from converters.sources._inputs import (
     OpenFiles,
     PlannedInputs,
@@ -169,6 +170,7 @@ class TFRecordSource(PlannedInputs, Source):
 def _records(path: str) -> list[_Record]:
     """Every record of one file; a damaged header ends the list with one record saying where and why."""
     records: list[_Record] = []
+    refuse_url(path, "TFRecord files")
     fd = os.open(path, os.O_RDONLY)
     try:
         for offset, size in walk_records(fd, path):

@@ -13,6 +13,7 @@ import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
 from converters.images import prepare_image
+from converters.remote_inputs import is_url, open_input
 from converters.sources._inputs import (
     OpenFiles,
     PlannedInputs,
@@ -166,7 +167,8 @@ def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
     tarfile itself would stop there without a word.
     """
     try:
-        tar = tarfile.open(path, "r:")
+        # A tar in object storage is read as a file whose reads are ranged requests: headers, data skipped.
+        tar = tarfile.open(fileobj=open_input(path), mode="r:") if is_url(path) else tarfile.open(path, "r:")
     except tarfile.ReadError as exc:
         raise ConversionError(
             f"{path}: not an uncompressed tar ({exc}); tar shards are read in place, so decompress it first"
@@ -203,7 +205,7 @@ def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
 
 def _end_damage(path: str, offset: int) -> str | None:
     """Why the tar does not end at ``offset`` with its end-of-archive marker (two zero blocks), or ``None``."""
-    with open(path, "rb") as f:
+    with open_input(path) if is_url(path) else open(path, "rb") as f:
         f.seek(offset)
         end = f.read(2 * tarfile.BLOCKSIZE)
     if end == bytes(2 * tarfile.BLOCKSIZE):

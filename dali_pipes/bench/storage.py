@@ -6,7 +6,10 @@ Three ways to read the same dataset with the same loader settings:
 - ``staged /dev/shm``: staged into a tmpfs first (:mod:`dali_pipes.staging.stage`); the
   copy is part of epoch 1, as it is for a training job;
 - ``cache=ram``: ``DALILoader(cache="ram")`` (:mod:`dali_pipes.staging.ramcache`); the
-  copy into memory is part of epoch 1 too.
+  copy into memory is part of epoch 1 too;
+
+and, from a local S3 server, the copy alone: ``s3fs get`` against ``s3 stage workers=1/4/16``
+(:mod:`dali_pipes.bench.object_storage`).
 
 Every row runs the loader's read-only graph (the stages suite's "read shards"
 row: the shards are read and nothing is decoded), so that storage, not
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.object_storage import s3_stage_rows
 from dali_pipes.bench.report import BenchReport, machine_description
 from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
 from dali_pipes.dataset.progress import bar_disabled
@@ -65,6 +69,8 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
         for mode in bar:
             bar.set_postfix_str(mode)
             rows.extend(_measure_mode(mode, inputs, spec, repeats))
+        bar.set_postfix_str("object storage")
+        rows.extend(s3_stage_rows(Path(inputs.dataset), inputs.num_samples, repeats=1 if quick else 2))
     report = BenchReport(
         "storage",
         "where the shards are read from: epoch 1 (cold, copy included) and epoch 2, read-only graph",
@@ -73,7 +79,7 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
         machine_description(),
         reference=ORIGINAL,
         reference_match=("epoch",),
-        columns=("shm_MB", "workers_pss_MB"),
+        columns=("shm_MB", "workers_pss_MB", "MB_s"),
     )
     report.notes.append(
         f"each row: median of {repeats} runs; epoch 1 starts with the dataset's pages dropped from the page "
@@ -83,6 +89,11 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     )
     report.notes.append(
         "shm_MB: memory held in /dev/shm by the row; workers_pss_MB: proportional set size of the DALI workers"
+    )
+    report.notes.append(
+        "s3 rows: the dataset's files brought back from a local S3 server (moto, 127.0.0.1) into a new folder; "
+        "images/s is samples copied per second, MB_s the dataset's bytes over the seconds of the copy "
+        "(best run); 's3fs get' copies one file after another"
     )
     return report
 

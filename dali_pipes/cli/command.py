@@ -15,7 +15,18 @@ from typing import Callable, Sequence
 
 from dali_pipes.cli.exit_codes import EXIT_ERROR, EXIT_FAILED
 from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
+from dali_pipes.cli.remote_args import (
+    add_output_url_options,
+    add_storage_options,
+    convert_to_url_from_args,
+    dataset_arg,
+    quiet_backends,
+    shown,
+    storage_options,
+)
+from dali_pipes.cli.synth import add_synth
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
+from dali_pipes.remote.urls import is_url, join
 
 log = logging.getLogger("dali_pipes.cli")
 
@@ -32,6 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(message)s",
         stream=sys.stderr,
     )
+    quiet_backends(args.verbose)
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_ERROR
@@ -49,6 +61,7 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
             f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such inputs out)",
             file=sys.stderr,
         )
+    # RemoteError and StageError are ValueErrors: one line naming the URL or file and what to do.
     except (ConversionError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
         print(f"dali-pipes: error: {exc}", file=sys.stderr)
     except KeyboardInterrupt:
@@ -76,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(commands)
     _add_merge(commands)
     _add_stage(commands)
-    _add_synth(commands)
+    add_synth(commands)
     add_bench_convert(commands)
     _add_demo(commands)
     _add_show(commands)
@@ -134,7 +147,7 @@ def _add_convert(commands) -> None:
     p.set_defaults(handler=_convert_coco)
 
     p = kinds.add_parser("arrays", help="feature arrays from .npy, .npz or HDF5 files")
-    p.add_argument("files", type=Path, nargs="+", help="input files, then the output folder last")
+    p.add_argument("files", type=dataset_arg, nargs="+", help="input files, then the output folder last")
     p.add_argument("--fields", help="comma-separated field names to keep (default: all)")
     _add_output_options(p, images=False, positional_out=False)
     p.set_defaults(handler=_convert_arrays)
@@ -154,7 +167,7 @@ def _add_convert(commands) -> None:
 
 def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_out: bool = True) -> None:
     if positional_out:
-        p.add_argument("out", type=Path, help="output dataset folder (created)")
+        p.add_argument("out", type=dataset_arg, help="output dataset folder (created), or a URL (s3://bucket/ds)")
     p.add_argument("--format", default="lmdb", help=f"shard format: {', '.join(FORMATS)} (default: lmdb)")
     size = p.add_mutually_exclusive_group()
     size.add_argument("--samples-per-shard", type=int, metavar="N", help="samples in each shard")
@@ -180,6 +193,7 @@ def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_
         help="bad inputs: leave out and list (skip) or stop (fail)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_output_url_options(p)
     if images:
         p.add_argument(
             "--max-size", type=int, metavar="PX", help="resize images whose longest side is larger (re-encodes as JPEG)"
@@ -229,7 +243,7 @@ def _convert_arrays(args) -> int:
 
 def _convert_packed(args) -> int:
     source, out = args.source_from_args(args, _image_options(args))
-    return _convert(source, Path(out), args)
+    return _convert(source, dataset_arg(str(out)), args)
 
 
 def _convert(source, out: Path, args) -> int:
@@ -237,7 +251,7 @@ def _convert(source, out: Path, args) -> int:
     from converters.runner import convert
     from dali_pipes.dataset.manifest import ERRORS_NAME, human_bytes
 
-    result = convert(
+    result = (convert if not is_url(out) else convert_to_url_from_args(args))(
         source,
         out,
         format=args.format,
@@ -251,14 +265,14 @@ def _convert(source, out: Path, args) -> int:
     )
     # One summary line, always with the count of inputs left out (also when it is 0).
     left_out = f"left out {len(result.errors)} input(s)" + (
-        f", listed in {out / ERRORS_NAME}:" if result.errors else ""
+        f", listed in {join(out, ERRORS_NAME) if is_url(out) else out / ERRORS_NAME}:" if result.errors else ""
     )
     if result.already_complete:
-        print(f"{out}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
+        print(f"{shown(out)}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
     else:
         rate = result.num_samples / result.seconds if result.seconds else 0.0
         print(
-            f"{out}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
+            f"{shown(out)}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
             f"{human_bytes(result.bytes)}, {result.seconds:.1f} s ({rate:,.0f} samples/s)"
             + (f", {result.resumed_shards} shard(s) kept from an earlier run" if result.resumed_shards else "")
             + f"; {left_out}"
@@ -275,22 +289,26 @@ def _convert(source, out: Path, args) -> int:
 
 
 def _add_inspect(commands) -> None:
-    p = commands.add_parser("inspect", help="summarise a dataset")
-    p.add_argument("dataset", type=Path)
+    p = commands.add_parser("inspect", help="summarise a dataset (a folder, or a URL such as s3://bucket/ds)")
+    p.add_argument("dataset", type=dataset_arg)
     p.add_argument("--json", action="store_true", help="print JSON for machines")
+    add_storage_options(p)
     p.set_defaults(handler=_inspect)
 
 
 def _inspect(args) -> int:
     from dali_pipes.cli.inspect import format_summary, summarize, summary_json
 
-    print(summary_json(args.dataset) if args.json else format_summary(summarize(args.dataset)))
+    options = storage_options(args)
+    summary = summarize(args.dataset, storage_options=options)
+    print(summary_json(args.dataset, storage_options=options) if args.json else format_summary(summary))
     return 0
 
 
 def _add_verify(commands) -> None:
-    p = commands.add_parser("verify", help="check every shard's size, checksum and records")
-    p.add_argument("dataset", type=Path)
+    p = commands.add_parser("verify", help="check every shard's size, checksum and records (of a URL: size and hash)")
+    p.add_argument("dataset", type=dataset_arg)
+    add_storage_options(p)
     p.add_argument("--decode", action="store_true", help="also decode every image")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_verify)
@@ -299,12 +317,15 @@ def _add_verify(commands) -> None:
 def _verify(args) -> int:
     from dali_pipes.cli.verify import verify_dataset
 
-    report = verify_dataset(args.dataset, decode=args.decode, progress=not args.no_progress)
+    report = verify_dataset(
+        args.dataset, decode=args.decode, progress=not args.no_progress, storage_options=storage_options(args)
+    )
     if report.ok:
         decoded = f", {report.images_decoded:,} images decoded" if args.decode else ""
-        print(f"{args.dataset}: OK: {report.num_shards} shard(s), {report.samples_read:,} samples read{decoded}")
+        read = f"{report.samples_read:,} samples read" if report.samples_read else "sizes and SHA-256 read remotely"
+        print(f"{shown(args.dataset)}: OK: {report.num_shards} shard(s), {read}{decoded}")
         return 0
-    print(f"{args.dataset}: {len(report.problems)} problem(s):", file=sys.stderr)
+    print(f"{shown(args.dataset)}: {len(report.problems)} problem(s):", file=sys.stderr)
     for problem in report.problems:
         print(f"  {problem}", file=sys.stderr)
     print("re-convert the dataset, or restore the damaged shards from a copy", file=sys.stderr)
@@ -329,16 +350,19 @@ def _merge(args) -> int:
 
 
 def _add_stage(commands) -> None:
-    p = commands.add_parser("stage", help="copy a dataset (or merged .h5) to a local disk or /dev/shm, resumably")
-    p.add_argument("dataset", type=Path, help="a dataset folder, or a merged .h5 file")
+    p = commands.add_parser(
+        "stage", help="copy a dataset (a folder, a merged .h5, or a URL) to a local disk or /dev/shm, resumably"
+    )
+    p.add_argument("dataset", type=dataset_arg, help="a dataset folder, a merged .h5 file, or a URL (s3://bucket/ds)")
     p.add_argument("dest", type=Path, help="the local folder to copy it into (e.g. /dev/shm/NAME)")
     p.add_argument(
         "--verify",
         action="store_true",
         help="re-hash the staged copy, also when it is reused (a merged file, which records no hash, against its source)",
     )
-    p.add_argument("--workers", type=int, default=4, help="files copied at once (default: 4)")
+    p.add_argument("--workers", type=int, default=4, help="files copied (or downloaded) at once (default: 4)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_storage_options(p)
     p.set_defaults(handler=_stage)
 
 
@@ -347,7 +371,12 @@ def _stage(args) -> int:
 
     # A StageError is a ValueError: _run prints it as one line.
     report = stage_dataset(
-        args.dataset, args.dest, verify=args.verify, workers=args.workers, progress=not args.no_progress
+        args.dataset,
+        args.dest,
+        verify=args.verify,
+        workers=args.workers,
+        progress=not args.no_progress,
+        storage_options=storage_options(args),
     )
     if report.reused:
         print(f"{report.path}: already staged, reused" + (" (verified)" if args.verify else ""))
@@ -356,58 +385,7 @@ def _stage(args) -> int:
     return 0
 
 
-# --- synth and benchmarks -----------------------------------------------------------------
-
-
-def _add_synth(commands) -> None:
-    p = commands.add_parser("synth", help="write an ImageNet-like folder of synthetic photo-like JPEGs")
-    p.add_argument("out", type=Path)
-    p.add_argument("--num", type=int, default=1000, help="number of images (default: 1000)")
-    p.add_argument("--size", default="500x375", help="WIDTHxHEIGHT (default: 500x375)")
-    p.add_argument("--classes", type=int, default=10, help="number of class folders (default: 10)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quality", type=int, default=90, help="JPEG quality (default: 90)")
-    p.add_argument("--workers", type=int, help="processes (default: all cores)")
-    p.add_argument(
-        "--photos",
-        nargs="?",
-        const="",
-        metavar="DIR",
-        help="crops of real photos (a class-folder tree; alone: the package's sample photos) instead of drawn images",
-    )
-    p.set_defaults(handler=_synth)
-
-
-def _synth(args) -> int:
-    from converters.synth import make_imagefolder, parse_size
-
-    if args.num < 1 or args.classes < 1:
-        raise ValueError("--num and --classes must be at least 1")
-    if args.photos is not None:
-        from converters.photo_crops import make_photo_crops
-
-        out = make_photo_crops(
-            args.out,
-            args.num,
-            photos=args.photos or None,
-            size=parse_size(args.size),
-            seed=args.seed,
-            quality=args.quality,
-            workers=args.workers,
-        )
-        print(f"{out}: {args.num} crops of real photos, in their photos' class folders")
-        return 0
-    out = make_imagefolder(
-        args.out,
-        args.num,
-        size=parse_size(args.size),
-        classes=args.classes,
-        seed=args.seed,
-        quality=args.quality,
-        workers=args.workers,
-    )
-    print(f"{out}: {args.num} images in {args.classes} class folders")
-    return 0
+# --- demo and show -------------------------------------------------------------------------
 
 
 def _add_demo(commands) -> None:

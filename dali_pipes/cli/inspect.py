@@ -5,23 +5,35 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from dali_pipes.dataset.manifest import ERRORS_NAME, human_bytes, load_manifest
+from dali_pipes.remote.urls import is_url, redact
 
 _SHOWN_CLASSES = 8
 _SHOWN_SHARDS = 10
 
 
-def summarize(path: str | os.PathLike) -> dict[str, Any]:
-    """A JSON-ready summary: format, counts, sizes, fields, classes, source, shards and errors."""
-    root = Path(path)
-    manifest = load_manifest(root)
+def summarize(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-ready summary: format, counts, sizes, fields, classes, source, shards and errors.
+
+    ``path`` may be a URL of object storage: its manifest and ``errors.jsonl`` are read over the network.
+    """
+    if is_url(path):
+        from dali_pipes.remote.dataset import load_remote_manifest, read_errors
+
+        manifest, _ = load_remote_manifest(str(path), storage_options)
+        errors = read_errors(str(path), storage_options)
+        where = redact(path, storage_options)
+    else:
+        root = Path(path)
+        manifest = load_manifest(root)
+        errors_file = root / ERRORS_NAME
+        errors = errors_file.read_text().splitlines() if errors_file.exists() else []
+        where = str(root)
     total_bytes = sum(s.bytes for s in manifest.shards)
-    errors_file = root / ERRORS_NAME
-    errors = errors_file.read_text().splitlines() if errors_file.exists() else []
     return {
-        "path": str(root),
+        "path": where,
         "format": manifest.format,
         "version": manifest.version,
         "created_by": manifest.created_by,
@@ -71,9 +83,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def summary_json(path: str | os.PathLike) -> str:
+def summary_json(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> str:
     """The summary as indented JSON."""
-    return json.dumps(summarize(path), indent=1)
+    return json.dumps(summarize(path, storage_options=storage_options), indent=1)
 
 
 __all__ = ["summarize", "format_summary", "summary_json"]

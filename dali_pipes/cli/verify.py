@@ -15,6 +15,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Mapping
 
 from PIL import Image
 from tqdm import tqdm
@@ -22,6 +23,7 @@ from tqdm import tqdm
 from dali_pipes.dataset.fileio import sha256_file
 from dali_pipes.dataset.manifest import ManifestError, load_manifest, resolve_inside
 from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.remote.urls import is_url, redact
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.checksum import RecordChecksumError
 
@@ -32,7 +34,7 @@ log = logging.getLogger(__name__)
 class VerifyReport:
     """The outcome of :func:`verify_dataset`: what was checked and every problem found."""
 
-    dataset: Path
+    dataset: Path | str
     num_shards: int
     num_samples: int
     samples_read: int = 0
@@ -44,12 +46,26 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_dataset(path: str | os.PathLike, *, decode: bool = False, progress: bool = True) -> VerifyReport:
+def verify_dataset(
+    path: str | os.PathLike,
+    *,
+    decode: bool = False,
+    progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
+) -> VerifyReport:
     """Check sizes, hashes and records of every shard; with ``decode``, decode every image too.
 
     Raises :class:`~dali_pipes.dataset.manifest.ManifestError` when the manifest itself is
-    unusable; problems with shards are returned in the report.
+    unusable; problems with shards are returned in the report. A URL of object storage is
+    checked remotely (:func:`verify_remote`).
     """
+    if is_url(path):
+        if decode:
+            raise ValueError(
+                f"{redact(path, storage_options)}: --decode reads every record, which is done on a local copy: "
+                "run 'dali-pipes stage URL DEST' and then 'dali-pipes verify --decode DEST'"
+            )
+        return verify_remote(str(path), progress=progress, storage_options=storage_options)
     root = Path(path)
     manifest = load_manifest(root)
     report = VerifyReport(root, len(manifest.shards), manifest.num_samples)
@@ -116,6 +132,40 @@ def _check_files(root: Path, shard) -> tuple[str | None, bool]:
     if sha256_file(shard_path) != shard.sha256:
         return "SHA-256 does not match the manifest (the file was altered or damaged)", True
     return None, True
+
+
+def verify_remote(url: str, *, progress: bool = True, storage_options: Mapping[str, Any] | None = None) -> VerifyReport:
+    """Check each shard (and index) at ``url``: present, of the recorded size, of the recorded SHA-256.
+
+    The bytes are read by ranges and hashed as they arrive; nothing is written locally. Records are
+    not read one by one (a shard whose SHA-256 matches holds the records it was written with); a
+    staged copy checks them again as it is read.
+    """
+    from dali_pipes.remote.dataset import load_remote_manifest
+    from dali_pipes.remote.fs import RemoteError, filesystem
+    from dali_pipes.remote.transfer import hash_remote
+    from dali_pipes.remote.urls import join
+
+    manifest, _ = load_remote_manifest(url, storage_options)
+    fs, root = filesystem(url, storage_options)
+    report = VerifyReport(url, len(manifest.shards), manifest.num_samples)
+    files = [(s.path, s.bytes, s.sha256) for s in manifest.shards]
+    files += [(s.index_path, None, s.index_sha256) for s in manifest.shards if s.index_path]
+    total = sum(s.bytes for s in manifest.shards)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="verify", disable=bar_disabled(progress)) as bar:
+        for rel, size, sha256 in files:
+            try:
+                got_size, got_hash = hash_remote(fs, join(root, rel), join(url, rel), bar.update, storage_options)
+            except RemoteError as exc:
+                report.problems.append(f"{rel}: {exc}")
+                continue
+            if size is not None and got_size != size:
+                report.problems.append(f"shard {rel}: size is {got_size} bytes, the manifest says {size}")
+            elif sha256 and got_hash != sha256:
+                report.problems.append(
+                    f"{rel}: SHA-256 does not match the manifest (the object was altered or damaged)"
+                )
+    return report
 
 
 def _decode_error(data: bytes) -> str | None:

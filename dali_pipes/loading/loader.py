@@ -38,6 +38,7 @@ from dali_pipes.loading.state import Pass as _Pass
 from dali_pipes.loading.state import loader_state, restored_position
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.loading.world import detect_world, resolve_device
+from dali_pipes.remote.urls import is_url
 from dali_pipes.sampling import check_int as _check_int
 from dali_pipes.sampling import num_batches, samples_consumed, samples_per_rank
 from dali_pipes.stores import Store, open_store
@@ -95,6 +96,10 @@ class DALILoader:
     is reused (:mod:`dali_pipes.staging.stage`). ``cache="ram"`` holds the shards this
     rank reads in shared memory, within ``cache_bytes`` (default: half the free
     memory, split between the node's ranks), the rest read from disk (:mod:`dali_pipes.staging.ramcache`).
+    ``path`` may be a URL of object storage (``s3://bucket/ds``, ``gs://``, ``az://``, ``hf://``): it is
+    staged into ``stage_to``, or without it into a cache folder (``$DALI_PIPES_CACHE``, else
+    ``~/.cache/dali-pipes``), its room checked first; ``storage_options`` go to the fsspec backend
+    (credentials, ``endpoint_url``) and are never logged.
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -124,6 +129,7 @@ class DALILoader:
         cache: str | None = None,
         cache_bytes: int | None = None,
         batch_reads: bool = True,
+        storage_options: Mapping[str, Any] | None = None,
     ) -> None:
         if isinstance(pipeline, type):
             raise TypeError(
@@ -144,7 +150,7 @@ class DALILoader:
         self.seed = int(seed)
         self.last_batch = last_batch
         self.with_index = bool(with_index)
-        self.store: Store = self._prepare_store(path, stage_to, cache, cache_bytes)
+        self.store: Store = self._prepare_store(path, stage_to, cache, cache_bytes, storage_options)
         try:
             pipeline = _bind(pipeline, self.store)
             self.pipeline = pipeline
@@ -213,16 +219,14 @@ class DALILoader:
             self, close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
         )
 
-    def _prepare_store(
-        self, path: str | os.PathLike, stage_to: str | os.PathLike | None, cache: str | None, cache_bytes: int | None
-    ) -> Store:
+    def _prepare_store(self, path, stage_to, cache, cache_bytes, storage_options) -> Store:
         """Stage the dataset (``stage_to``), open it, and cache this rank's shards (``cache="ram"``)."""
         #: What staging did (``stage_to``): the files copied, or that a staged copy was reused.
         self.staged = None
-        if stage_to is not None:
-            from dali_pipes.staging.stage import stage_dataset  # one process per DEST copies; the others wait and reuse
+        if stage_to is not None or is_url(path):  # one process per DEST copies; the others wait and reuse
+            from dali_pipes.staging.remote import stage_any
 
-            self.staged = stage_dataset(path, stage_to)
+            self.staged = stage_any(path, stage_to, storage_options)
             path = self.staged.path
         store = open_store(path)
         #: The RAM cache (``cache="ram"``): the shards it holds, its budget. Made before the workers start.

@@ -38,13 +38,15 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Mapping
 
 from tqdm import tqdm
 
-from dali_pipes.dataset.fileio import atomic_write_bytes, fsync_dir, sha256_file
+from dali_pipes.dataset.fileio import atomic_write_bytes, sha256_file
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
 from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.remote.urls import is_url
+from dali_pipes.staging.checked import TMP_PREFIX, StageError, StageItem, write_checked
 
 log = logging.getLogger(__name__)
 
@@ -52,23 +54,7 @@ log = logging.getLogger(__name__)
 LOCK_NAME = ".dali-pipes-stage.lock"
 #: Records which dataset a folder holds a copy of (written before its first file is copied).
 SOURCE_RECORD = ".dali-pipes-staged-from"
-#: Prefix of the temporary names of files being copied (removed by the next stager).
-TMP_PREFIX = ".dali-pipes-staging-"
 _CHUNK = 8 << 20
-
-
-class StageError(ValueError):
-    """A dataset that cannot be staged: a source that does not match its manifest, a full disk, a bad DEST."""
-
-
-@dataclass(frozen=True)
-class StageItem:
-    """One file to stage: its path relative to DEST, its source, size and expected SHA-256 (if recorded)."""
-
-    rel: str
-    source: Path
-    bytes: int
-    sha256: str | None
 
 
 @dataclass
@@ -89,6 +75,7 @@ def stage_dataset(
     verify: bool = False,
     workers: int = 4,
     progress: bool = True,
+    storage_options: Mapping[str, Any] | None = None,
 ) -> StageReport:
     """Copy ``dataset`` (a dataset folder or a merged ``.h5`` file) into the folder ``dest``.
 
@@ -97,20 +84,32 @@ def stage_dataset(
     guarantees. ``verify`` re-hashes a copy found complete (and every file kept
     from an earlier run is re-hashed anyway). Raises :class:`StageError` or
     :class:`~dali_pipes.dataset.manifest.ManifestError` naming the file at fault.
+
+    ``dataset`` may be a URL of object storage (``s3://bucket/ds``, ``gs://``, ``az://``, ``hf://``): the
+    shards are downloaded by ranged reads, ``workers`` at a time, each retried on dropped connections and
+    throttling and hash-checked as it arrives (:mod:`dali_pipes.staging.download`); ``storage_options``
+    go to its fsspec backend (credentials, ``endpoint_url``) and are never written or shown.
     """
-    source = Path(dataset)
     dest = Path(dest)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    items, marker, target = _plan(source, dest)
-    if dest.resolve() in {source.resolve(), source.resolve().parent}:
-        raise StageError(f"{dest}: is where {source} already is; stage into another folder")
+    if is_url(dataset):
+        from dali_pipes.staging.download import plan_remote
+
+        items, marker, target, origin, copy = plan_remote(str(dataset), dest, storage_options)
+        source: Path | str = origin
+    else:
+        source = Path(dataset)
+        items, marker, target = _plan(source, dest)
+        origin, copy = str(source.resolve()), copy_checked
+        if dest.resolve() in {source.resolve(), source.resolve().parent}:
+            raise StageError(f"{dest}: is where {source} already is; stage into another folder")
     if dest.exists() and not dest.is_dir():
         raise StageError(f"{dest}: is a file; stage into a folder (it is made if missing)")
     dest.mkdir(parents=True, exist_ok=True)
     with _StageLock(dest):
         report = StageReport(path=target)
-        _claim(dest, source)
+        _claim(dest, source, origin)
         marker_path, marker_bytes = marker
         if _complete(dest, items, marker_path, marker_bytes):
             report.reused = True
@@ -121,7 +120,7 @@ def stage_dataset(
         _remove_stale(dest, marker_path)
         todo = _keep_whole_files(dest, items, report, progress)
         _check_free_space(dest, todo)
-        _copy_all(dest, todo, report, workers, progress)
+        _copy_all(dest, todo, report, workers, progress, copy)
         if verify:
             _verify_all(dest, [item for item in items if item.rel in report.copied], progress)
         atomic_write_bytes(marker_path, marker_bytes)  # last: DEST is a dataset from now on
@@ -221,14 +220,13 @@ def _size(path: Path) -> int:
 # --- reuse ---------------------------------------------------------------------------------------
 
 
-def _claim(dest: Path, source: Path) -> None:
+def _claim(dest: Path, source: Path | str, origin: str) -> None:
     """Record that ``dest`` holds a copy of ``source``; refuse a folder that holds another dataset's copy.
 
     Two datasets staged into one folder would overwrite each other's shards, and a
     loader still reading the first could then read the second's files.
     """
     record = dest / SOURCE_RECORD
-    origin = str(source.resolve())
     try:
         recorded = record.read_text(encoding="utf-8").strip()
     except FileNotFoundError:
@@ -306,7 +304,13 @@ def _check_free_space(dest: Path, todo: list[StageItem]) -> None:
 # --- copying -------------------------------------------------------------------------------------
 
 
-def _copy_all(dest: Path, todo: list[StageItem], report: StageReport, workers: int, progress: bool) -> None:
+#: Copies one item to its target, calling ``advance`` with each count of bytes written.
+Copier = Callable[[StageItem, Path, Callable[[int], None]], None]
+
+
+def _copy_all(
+    dest: Path, todo: list[StageItem], report: StageReport, workers: int, progress: bool, copy_one: Copier
+) -> None:
     lock = threading.Lock()
     total = sum(item.bytes for item in todo)
     if todo:
@@ -314,7 +318,7 @@ def _copy_all(dest: Path, todo: list[StageItem], report: StageReport, workers: i
     with tqdm(total=total, unit="B", unit_scale=True, desc=f"stage {dest}", disable=bar_disabled(progress)) as bar:
 
         def copy(item: StageItem) -> None:
-            copy_checked(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
+            copy_one(item, dest / item.rel, lambda n: _locked(lock, bar.update, n))
             with lock:
                 report.copied.append(item.rel)
                 report.bytes_copied += item.bytes
@@ -337,35 +341,19 @@ def _locked(lock: threading.Lock, call, *args) -> None:
 
 def copy_checked(item: StageItem, target: Path, advance: Callable[[int], None]) -> None:
     """Copy ``item`` to ``target`` through a temporary name, checking its size and hash before the rename."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f"{TMP_PREFIX}{target.name}-{os.getpid()}-{threading.get_ident()}")
-    digest = hashlib.sha256()
-    size = 0
-    try:
-        with open(item.source, "rb") as src, open(tmp, "wb") as out:
+
+    def fill(out) -> tuple[int, str]:
+        digest = hashlib.sha256()
+        size = 0
+        with open(item.source, "rb") as src:
             while chunk := src.read(_CHUNK):
                 digest.update(chunk)
                 out.write(chunk)
                 size += len(chunk)
                 advance(len(chunk))
-            out.flush()
-            os.fsync(out.fileno())
-        if size != item.bytes:
-            raise StageError(
-                f"{item.source}: is {size} bytes, the manifest says {item.bytes}: the source changed or is damaged; "
-                "run 'dali-pipes verify' on it"
-            )
-        if item.sha256 is not None and digest.hexdigest() != item.sha256:
-            raise StageError(
-                f"{item.source}: SHA-256 does not match the manifest: the source shard is damaged or was replaced; "
-                "run 'dali-pipes verify' on it and re-convert"
-            )
-        os.replace(tmp, target)
-    except OSError as exc:
-        raise StageError(f"{target}: cannot stage {item.source} ({exc})") from exc
-    finally:
-        tmp.unlink(missing_ok=True)
-    fsync_dir(target.parent)
+        return size, digest.hexdigest()
+
+    write_checked(item, target, fill, str(item.source))
 
 
 def _verify_all(dest: Path, items: list[StageItem], progress: bool) -> None:
@@ -378,7 +366,10 @@ def _verify_all(dest: Path, items: list[StageItem], progress: bool) -> None:
         disable=bar_disabled(progress),
     ) as bar:
         for item in items:
-            expected = item.sha256 or sha256_file(item.source)
+            expected = item.sha256 or (sha256_file(item.source) if isinstance(item.source, Path) else None)
+            if expected is None:  # a remote file without a recorded hash (errors.jsonl): its size was checked
+                bar.update(item.bytes)
+                continue
             if sha256_file(dest / item.rel) != expected:
                 raise StageError(
                     f"{dest / item.rel}: the staged copy does not match "
@@ -412,4 +403,4 @@ class _StageLock:
             self._fd = None
 
 
-__all__ = ["StageError", "StageItem", "StageReport", "copy_checked", "stage_dataset"]
+__all__ = ["TMP_PREFIX", "StageError", "StageItem", "StageReport", "copy_checked", "stage_dataset", "write_checked"]

@@ -1,0 +1,133 @@
+"""The storage suite's object-storage rows: staging a dataset from an S3 server on this machine.
+
+A real S3-protocol server (moto's, ``python -m moto.server``, in a process of its own so that it
+does not share this one's interpreter lock) is started on 127.0.0.1 and the dataset's files are
+uploaded to it. Then the same files are brought back:
+
+- ``s3fs get``: one file after another with s3fs's ``get_file``, as a script without dali-pipes would;
+- ``s3 stage workers=N``: ``dali-pipes stage s3://... DEST`` with N parallel downloads (ranged reads,
+  each file hash-checked against the manifest as it arrives).
+
+Each row reports ``MB_s`` (the dataset's bytes over the seconds of the whole copy) and, as its
+``images/s``, the samples copied per second. The rows are skipped, saying why, without ``moto[server]``
+and ``s3fs`` (the test extra), or for a merged ``.h5`` file (staged from a local path only).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+from dali_pipes.bench.runner import Row, Timing
+
+GET = "s3fs get"
+WORKERS = (1, 4, 16)
+_KEYS = {"key": "bench-key", "secret": "bench-secret", "client_kwargs": {"region_name": "eu-west-1"}}
+
+
+def row_names() -> list[str]:
+    return [GET] + [f"s3 stage workers={n}" for n in WORKERS]
+
+
+def s3_stage_rows(dataset: Path, num_samples: int, repeats: int = 1) -> list[Row]:
+    """One row per way of bringing the dataset back from a local S3 server (see the module docstring)."""
+    rows = [Row(GET, "s3fs get_file of each file, one after another")]
+    rows += [Row(f"s3 stage workers={n}", f"dali-pipes stage s3://... with {n} parallel download(s)") for n in WORKERS]
+    why = _missing(dataset)
+    if why:
+        for row in rows:
+            row.skipped = why
+        return rows
+    try:
+        with _server() as endpoint:
+            options = {"endpoint_url": endpoint, "skip_instance_cache": True, **_KEYS}
+            url, size = _upload(dataset, options)
+            for row in rows:
+                seconds = [_time(row.name, url, options) for _ in range(repeats)]
+                row.timing = Timing(tuple(num_samples / s for s in seconds), num_samples * repeats, sum(seconds))
+                row.extra["MB_s"] = round(size / 1e6 / min(seconds), 1)
+    except Exception as exc:  # noqa: BLE001 - a failing row is shown, the others still run
+        for row in rows:
+            if row.timing is None:
+                row.error = f"{type(exc).__name__}: {exc}"
+    return rows
+
+
+def _missing(dataset: Path) -> str | None:
+    try:
+        import moto.server  # noqa: F401
+        import s3fs  # noqa: F401
+    except ImportError:
+        return 'needs moto[server] and s3fs: pip install -e ".[test]"'
+    if not dataset.is_dir():
+        return "a merged .h5 file is staged from a local path only"
+    return None
+
+
+@contextlib.contextmanager
+def _server() -> Iterator[str]:
+    """``python -m moto.server`` on a free loopback port; its endpoint URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError("the local S3 server (moto) did not start") from None
+                time.sleep(0.2)
+        yield endpoint
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _upload(dataset: Path, options: dict[str, Any]) -> tuple[str, int]:
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options)
+    fs.mkdir("bench")
+    fs.put(f"{dataset}/", "bench/ds/", recursive=True)
+    size = sum(p.stat().st_size for p in dataset.rglob("*") if p.is_file() and not p.name.startswith("."))
+    return "s3://bench/ds", size
+
+
+def _time(name: str, url: str, options: dict[str, Any]) -> float:
+    """Seconds to bring the dataset at ``url`` into a new temporary folder the way row ``name`` does."""
+    import s3fs
+
+    from dali_pipes.staging.stage import stage_dataset
+
+    dest = Path(tempfile.mkdtemp(prefix="dali-pipes-bench-s3-"))
+    try:
+        start = time.perf_counter()
+        if name == GET:
+            fs = s3fs.S3FileSystem(**options)
+            for path in sorted(fs.find(url.removeprefix("s3://"))):
+                fs.get_file(path, str(dest / Path(path).name))
+        else:
+            stage_dataset(url, dest, workers=int(name.rsplit("=", 1)[1]), storage_options=options, progress=False)
+        return time.perf_counter() - start
+    finally:
+        shutil.rmtree(dest, ignore_errors=True)
+
+
+__all__ = ["GET", "WORKERS", "row_names", "s3_stage_rows"]

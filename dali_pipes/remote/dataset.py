@@ -1,0 +1,51 @@
+"""A dataset at a URL: its manifest read over the network and checked as a local one is.
+
+Shard paths must stay inside the dataset (relative, no ``..``), as :func:`~dali_pipes.dataset.manifest.load_manifest`
+requires of a folder; the manifest's bytes are returned too, so that a staged copy can hold them unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import PurePosixPath
+from typing import Any, Mapping
+
+from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ManifestError, parse_manifest
+from dali_pipes.remote.fs import filesystem, remote_errors
+from dali_pipes.remote.transfer import retrying
+from dali_pipes.remote.urls import join, redact
+
+
+def load_remote_manifest(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
+    """``(manifest, its bytes)`` of the dataset at ``url``; :class:`RemoteError` or :class:`ManifestError` naming it."""
+    fs, root = filesystem(url, storage_options)
+    manifest_url = join(url, MANIFEST_NAME)
+    shown = redact(manifest_url, storage_options)
+    data = retrying(lambda: fs.cat_file(join(root, MANIFEST_NAME)), manifest_url, "reading", storage_options)
+    try:
+        manifest = parse_manifest(json.loads(data), where=shown)
+    except ManifestError:
+        raise
+    except ValueError as exc:  # not JSON
+        raise ManifestError(
+            f"{shown}: not valid JSON ({exc}); the manifest is damaged, convert the dataset again"
+        ) from None
+    for shard in manifest.shards:
+        for rel in (shard.path, shard.index_path):
+            if rel is not None and (PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts):
+                raise ManifestError(f"{shown}: shard path {rel!r} leaves the dataset; shard paths must stay inside it")
+    return manifest, data
+
+
+def read_errors(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+    """The lines of the dataset's ``errors.jsonl`` at ``url`` (none when it has none)."""
+    fs, root = filesystem(url, storage_options)
+    path = join(root, ERRORS_NAME)
+    with remote_errors(join(url, ERRORS_NAME), storage_options):
+        if not fs.exists(path):
+            return []
+    data = retrying(lambda: fs.cat_file(path), join(url, ERRORS_NAME), "reading", storage_options)
+    return data.decode("utf-8", errors="replace").splitlines()
+
+
+__all__ = ["load_remote_manifest", "read_errors"]

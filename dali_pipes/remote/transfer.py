@@ -1,0 +1,180 @@
+"""Whole objects moved between object storage and local files, checked, and retried with backoff.
+
+A read goes by byte ranges of :data:`CHUNK`; a connection dropped or timed out mid-object is
+retried after a pause that doubles each time (with jitter), from the byte reached, so that a
+flaky link costs a chunk rather than the object. Errors that retrying cannot mend (no such
+object, access denied, no credentials) are raised at once, and so is the last error after
+:data:`ATTEMPTS` tries, as a :class:`~dali_pipes.remote.fs.RemoteError` naming the URL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import random
+import time
+from typing import IO, Any, Callable, Mapping, TypeVar
+
+from dali_pipes.remote.fs import RemoteError, describe
+from dali_pipes.remote.urls import redact
+
+log = logging.getLogger(__name__)
+_T = TypeVar("_T")
+
+#: Bytes asked for in one ranged read.
+CHUNK = 8 << 20
+#: Tries at one request before giving up, and the first pause between them (seconds; doubles, at most BACKOFF_MAX).
+ATTEMPTS = 5
+BACKOFF = 0.2
+BACKOFF_MAX = 8.0
+_TRANSIENT_NAMES = ("timeout", "connection", "payload", "incompleteread", "responseparser", "disconnected", "ebusy")
+
+
+def transient(exc: BaseException) -> bool:
+    """True for an error worth retrying: a dropped or timed-out connection, a throttling answer."""
+    if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
+        return False
+    if isinstance(exc, (OSError, TimeoutError)):
+        return True
+    name = type(exc).__name__.lower()
+    return any(word in name for word in _TRANSIENT_NAMES)
+
+
+def retrying(call: Callable[[], _T], url: str, what: str, storage_options: Mapping[str, Any] | None = None) -> _T:
+    """``call()``, retried with backoff on transient errors; :class:`RemoteError` naming ``url`` when it gives up."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            return call()
+        except RemoteError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - sorted below into retried and raised
+            retry = transient(exc)
+            if not retry or attempt == ATTEMPTS:
+                message = describe(url, exc, storage_options)
+                if message is None and retry:  # a transient kind describe() does not know by name
+                    message = (
+                        f"{redact(url, storage_options)}: the storage server did not answer or dropped the connection "
+                        f"after {ATTEMPTS} tries ({redact(f'{type(exc).__name__}: {exc}', storage_options)}); check "
+                        "the endpoint and the network, then run the same command again (it resumes)"
+                    )
+                if message is None:
+                    raise
+                raise RemoteError(message) from None
+            pause = min(BACKOFF * 2 ** (attempt - 1), BACKOFF_MAX) * (0.5 + random.random())
+            log.info(
+                "%s: %s failed (%s, try %d of %d); retrying in %.1f s",
+                redact(url, storage_options),
+                what,
+                redact(exc, storage_options),
+                attempt,
+                ATTEMPTS,
+                pause,
+            )
+            time.sleep(pause)
+    raise AssertionError("unreachable: the last attempt returns or raises")  # pragma: no cover
+
+
+def read_ranges(
+    fs: Any,
+    path: str,
+    url: str,
+    size: int,
+    sink: Callable[[bytes], None],
+    storage_options: Mapping[str, Any] | None = None,
+) -> int:
+    """Read bytes ``0 .. size`` of ``path`` by ranges into ``sink``; return the count read (``size`` unless the
+    object is shorter, which the caller checks). Each range is retried on its own."""
+    offset = 0
+    while offset < size:
+        end = min(offset + CHUNK, size)
+        data = retrying(lambda: _range(fs, path, offset, end), url, f"reading bytes {offset}-{end}", storage_options)
+        if data:
+            sink(data)
+            offset += len(data)
+        if offset < end:  # a ranged read returns what there is: the object ends here
+            break
+    return offset
+
+
+def _range(fs: Any, path: str, start: int, end: int) -> bytes:
+    """Bytes ``start .. end`` of the object: fewer where it ends sooner, none where it ends before ``start``."""
+    try:
+        return fs.cat_file(path, start=start, end=end)
+    except OSError as exc:
+        if "not satisfiable" in str(exc) or "InvalidRange" in str(exc):  # S3's 416: the object ends before start
+            return b""
+        raise
+
+
+def remote_size(fs: Any, path: str, url: str, storage_options: Mapping[str, Any] | None = None) -> int:
+    """The object's size in bytes (:class:`RemoteError` naming ``url`` when there is none)."""
+    info = retrying(lambda: fs.info(path), url, "looking it up", storage_options)
+    return int(info.get("size") or 0)
+
+
+def download_to(
+    fs: Any,
+    path: str,
+    url: str,
+    out: IO[bytes],
+    expected_bytes: int,
+    advance: Callable[[int], None] = lambda n: None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[int, str]:
+    """Write the object into ``out`` by ranged reads; return ``(bytes read, hex SHA-256)``, hashed as read.
+
+    No request asks for the size first: the reads stop short where the object is shorter than
+    ``expected_bytes``, and one byte more is asked for at the end, so that a longer object shows
+    too (its count is then ``expected_bytes + 1``; that byte is neither written nor hashed).
+    """
+    digest = hashlib.sha256()
+    written = 0
+
+    def sink(data: bytes) -> None:
+        nonlocal written
+        if len(data) > expected_bytes - written:  # the byte past the end (sliced only then: a slice copies)
+            data = data[: expected_bytes - written]
+        written += len(data)
+        digest.update(data)
+        out.write(data)
+        advance(len(data))
+
+    return read_ranges(fs, path, url, expected_bytes + 1, sink, storage_options), digest.hexdigest()
+
+
+def hash_remote(
+    fs: Any,
+    path: str,
+    url: str,
+    advance: Callable[[int], None] = lambda n: None,
+    storage_options: Mapping[str, Any] | None = None,
+) -> tuple[int, str]:
+    """``(size, hex SHA-256)`` of the object, read by ranges (nothing written locally)."""
+    digest = hashlib.sha256()
+
+    def sink(data: bytes) -> None:
+        digest.update(data)
+        advance(len(data))
+
+    size = remote_size(fs, path, url, storage_options)
+    read = read_ranges(fs, path, url, size, sink, storage_options)
+    return read, digest.hexdigest()
+
+
+def upload_file(local: str, fs: Any, path: str, url: str, storage_options: Mapping[str, Any] | None = None) -> None:
+    """Upload a local file to ``path``. An object store shows an object only once its upload completes
+    (a single PUT, or a multipart upload completed last), so a killed upload leaves nothing at ``path``."""
+    retrying(lambda: fs.put_file(local, path), url, "uploading", storage_options)
+
+
+__all__ = [
+    "ATTEMPTS",
+    "CHUNK",
+    "download_to",
+    "hash_remote",
+    "read_ranges",
+    "remote_size",
+    "retrying",
+    "transient",
+    "upload_file",
+]

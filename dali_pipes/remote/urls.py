@@ -1,0 +1,109 @@
+"""URLs of object storage: which strings are URLs, names joined onto them, and secrets taken out of text.
+
+Secrets come in three ways: in ``storage_options`` (keys, tokens, SAS tokens, passwords), in the
+environment (``AWS_SECRET_ACCESS_KEY``, ``HF_TOKEN``, ...) and inside a URL (``user:password@``, a
+signed URL's query). :func:`redact` replaces each of them with ``***`` in any text shown to a person
+or written to a file: log lines, error messages, the manifest's ``source``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Any, Iterable, Mapping
+
+#: URL schemes read through fsspec, and the extra (``pip install "dali-pipes[EXTRA]"``) each needs.
+SCHEMES: dict[str, str] = {
+    "s3": "s3",
+    "s3a": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "az": "azure",
+    "abfs": "azure",
+    "abfss": "azure",
+    "hf": "hf",
+    "memory": "",  # fsspec's in-memory filesystem: no extra (tests, examples)
+}
+#: ``storage_options`` keys whose values are secrets (matched as words inside longer names too).
+_SECRET_KEY = re.compile(r"(secret|token|password|passwd|key|credential|sas|signature|auth)", re.IGNORECASE)
+#: Environment variables that hold secrets of the backends.
+SECRET_ENV = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_SECURITY_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "AZURE_STORAGE_KEY",
+    "AZURE_STORAGE_ACCOUNT_KEY",
+    "AZURE_STORAGE_SAS_TOKEN",
+    "AZURE_STORAGE_CONNECTION_STRING",
+    "AZURE_CLIENT_SECRET",
+    "GOOGLE_OAUTH_ACCESS_TOKEN",
+)
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+_QUERY = re.compile(r"(?P<url>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?'\"]*)\?[^\s'\"]*")
+#: Secrets shorter than this are not searched for: a 3-character "secret" would blank out ordinary words.
+_MIN_SECRET = 6
+
+
+def scheme(url: str | os.PathLike) -> str | None:
+    """The scheme of a URL that names object storage (``"s3"`` for ``s3://b/k``), else ``None``."""
+    text = os.fspath(url) if isinstance(url, os.PathLike) else url
+    if not isinstance(text, str) or "://" not in text:
+        return None
+    name = text.split("://", 1)[0].lower()
+    return name if name in SCHEMES else None
+
+
+def is_url(path: Any) -> bool:
+    """True for a URL of object storage (``s3://``, ``gs://``, ``az://``, ``hf://``, ...); False for local paths."""
+    return isinstance(path, (str, os.PathLike)) and scheme(path) is not None
+
+
+def join(url: str, *names: str) -> str:
+    """``url`` with ``names`` appended, one ``/`` between each (``join("s3://b/ds/", "index.json")``)."""
+    out = url.rstrip("/")
+    for name in names:
+        out = f"{out}/{name.strip('/')}"
+    return out
+
+
+def secrets_in(storage_options: Mapping[str, Any] | None) -> list[str]:
+    """The secret values of ``storage_options`` (nested dicts too) and of the environment."""
+    found: list[str] = []
+
+    def walk(options: Mapping[str, Any]) -> None:
+        for key, value in options.items():
+            if isinstance(value, Mapping):
+                walk(value)
+            elif isinstance(value, str) and _SECRET_KEY.search(str(key)):
+                found.append(value)
+
+    walk(storage_options or {})
+    found.extend(os.environ[name] for name in SECRET_ENV if os.environ.get(name))
+    return [s for s in found if len(s) >= _MIN_SECRET]
+
+
+def url_secrets(url: Any) -> list[str]:
+    """The secrets inside a URL: the userinfo of ``scheme://user:password@host`` and the query's values."""
+    text = str(url)
+    found = []
+    match = re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://([^/@\s]*)@", text)
+    if match:
+        found += [match.group(1), match.group(1).partition(":")[2]]
+    if "?" in text:
+        found += [v for part in text.split("?", 1)[1].split("&") for v in [part.partition("=")[2]] if v]
+    return [s for s in found if len(s) >= _MIN_SECRET]
+
+
+def redact(text: Any, storage_options: Mapping[str, Any] | None = None, extra: Iterable[str] = ()) -> str:
+    """``text`` (made a string) with every secret replaced by ``***``: URL passwords and queries, option values."""
+    out = _USERINFO.sub(lambda m: m.group("scheme") + "***@", str(text))
+    out = _QUERY.sub(lambda m: m.group("url") + "?***", out)
+    for secret in sorted({*secrets_in(storage_options), *extra}, key=len, reverse=True):
+        out = out.replace(secret, "***")
+    return out
+
+
+__all__ = ["SCHEMES", "SECRET_ENV", "is_url", "join", "redact", "scheme", "secrets_in", "url_secrets"]

@@ -1,0 +1,128 @@
+"""``dali-pipes stage/inspect/verify`` on URLs, and secrets that never show: against moto's S3 server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import traceback
+
+import pytest
+from s3_helpers import ACCESS_KEY
+from test_remote_stage import upload
+
+from dali_pipes import RemoteError
+from dali_pipes.cli.inspect import summarize
+from dali_pipes.cli.verify import verify_dataset
+from dali_pipes.remote.urls import redact
+from dali_pipes.staging.stage import stage_dataset
+
+from loader_helpers import sample_digests, shard_name, write_dataset
+
+#: A recognisable secret, planted where users keep theirs and searched for everywhere afterwards.
+CANARY = "CANARY-s3cr3t-7f1e9a0d42"
+
+
+def cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "dali_pipes", *args], capture_output=True, text=True, env=env, timeout=120
+    )
+
+
+def s3_env(s3, secret: str = "testsecret") -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY=secret,
+        AWS_DEFAULT_REGION="eu-west-1",
+        AWS_ENDPOINT_URL=s3.proxy.url,
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+    )
+    return env
+
+
+def test_stage_inspect_and_verify_take_urls(tmp_path, s3):
+    source = write_dataset(tmp_path / "src", 20, fmt="tfrecord")
+    url = upload(s3, source)
+    env = s3_env(s3)
+    out = cli("inspect", url, env=env)
+    assert out.returncode == 0, out.stderr
+    assert f"dataset   {url}" in out.stdout and "samples   20 in 3 shard(s)" in out.stdout
+    out = cli("verify", url, "--no-progress", env=env)
+    assert out.returncode == 0 and f"{url}: OK: 3 shard(s), sizes and SHA-256 read remotely" in out.stdout, out.stderr
+    out = cli("stage", url, str(tmp_path / "dest"), "--no-progress", "--workers", "3", env=env)
+    assert out.returncode == 0, out.stderr
+    assert sample_digests(tmp_path / "dest") == sample_digests(source)
+
+    damaged = bytearray((source / shard_name("tfrecord", 1)).read_bytes())
+    damaged[100] ^= 0xFF
+    s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{shard_name('tfrecord', 1)}", bytes(damaged))
+    out = cli("verify", url, "--no-progress", env=env)
+    assert out.returncode != 0 and f"{shard_name('tfrecord', 1)}: SHA-256 does not match" in out.stderr
+    out = cli("inspect", "s3://no-such-bucket/ds", env=env)
+    assert out.returncode != 0 and out.stderr.startswith(
+        "dali-pipes: error: s3://no-such-bucket/ds/index.json: no such"
+    )
+
+
+def test_redact_takes_out_url_passwords_queries_and_option_values():
+    text = "https://user:hunter2222@host/x?X-Amz-Signature=abcdef123456&X-Amz-Credential=zz and tok=SASTOKEN123"
+    shown = redact(
+        text, {"sas_token": "SASTOKEN123", "anon": False, "client_kwargs": {"aws_session_token": "nested-TOKEN"}}
+    )
+    assert "hunter2222" not in shown and "abcdef123456" not in shown and "SASTOKEN123" not in shown
+    assert shown.startswith("https://***@host/x?***")
+    assert "nested-TOKEN" not in redact("x nested-TOKEN y", {"client_kwargs": {"aws_session_token": "nested-TOKEN"}})
+
+
+def test_a_planted_secret_appears_in_no_file_log_output_or_error(tmp_path, s3, monkeypatch, caplog):
+    caplog.set_level(logging.DEBUG, logger="dali_pipes")
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    source = write_dataset(tmp_path / "src", 12, fmt="lmdb")
+    url = upload(s3, source)
+    options = {**s3.options, "secret": CANARY}
+    seen: list[str] = []
+
+    stage_dataset(url, tmp_path / "dest", storage_options=options, progress=False)
+    seen.append(json.dumps(summarize(url, storage_options=options)))
+    seen.append(str(verify_dataset(url, storage_options=options, progress=False)))
+    s3.proxy.add("deny", method="GET", times=None)  # an error on the way: its message must not carry the secret
+    with pytest.raises(RemoteError) as failure:
+        stage_dataset(url, tmp_path / "other", storage_options=options, progress=False)
+    seen.append(str(failure.value) + repr(failure.value))
+    s3.proxy.clear()
+    with pytest.raises(RemoteError) as failure:
+        stage_dataset(f"s3://{CANARY.lower()}-no-bucket/ds", tmp_path / "x", storage_options=options, progress=False)
+    seen.append(str(failure.value).replace(CANARY.lower(), ""))  # the bucket's own name is not the secret
+    with pytest.raises(RemoteError) as failure:  # a password inside the URL, quoted back by the backend
+        stage_dataset(f"s3://me:{CANARY}@bucket/ds", tmp_path / "y", storage_options=s3.options, progress=False)
+    seen.append("".join(traceback.format_exception(failure.value)))
+
+    env = s3_env(s3, secret=CANARY)
+    for args in (("inspect", url), ("verify", url), ("stage", url, str(tmp_path / "cli")), ("inspect", "s3://nob/x")):
+        out = cli("-v", *args, env=env)
+        seen += [out.stdout, out.stderr]
+    seen.append(caplog.text)
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            seen.append(path.read_bytes().decode("latin-1"))
+    leaks = [text[max(0, text.find(CANARY) - 80) : text.find(CANARY) + 40] for text in seen if CANARY in text]
+    assert not leaks, leaks
+
+
+def test_no_credentials_are_named_with_where_to_give_them(s3):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(
+        AWS_ENDPOINT_URL=s3.proxy.url,
+        AWS_CONFIG_FILE=os.devnull,
+        AWS_SHARED_CREDENTIALS_FILE=os.devnull,
+        AWS_EC2_METADATA_DISABLED="true",  # no instance-metadata lookup (it would wait on the network)
+        AWS_DEFAULT_REGION="eu-west-1",
+    )
+    out = cli("inspect", "s3://bucket/ds", env=env)
+    assert out.returncode != 0
+    assert out.stderr.startswith("dali-pipes: error: s3://bucket/ds/index.json: no credentials found")
+    assert "AWS_ACCESS_KEY_ID" in out.stderr and "Traceback" not in out.stderr

@@ -1,0 +1,138 @@
+"""Conversion from object storage (moto's S3 server on 127.0.0.1): tars and Parquet files read by ranged requests,
+faults on the way retried; Parquet image structs that give a path and no bytes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from packed_helpers import assert_converted, photos
+from s3_helpers import ACCESS_KEY
+from test_parquet_source import write_hf_parquet
+from test_webdataset_source import sample_members, write_tar
+
+from converters.base import ImageOptions
+from converters.runner import convert
+from converters.sources import ParquetSource, WebDatasetSource
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+
+@pytest.fixture
+def s3_env(s3, monkeypatch):
+    """Credentials and endpoint where users keep theirs (the environment), inherited by the worker processes."""
+    for name, value in dict(
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY="testsecret",
+        AWS_DEFAULT_REGION="eu-west-1",
+        AWS_ENDPOINT_URL=s3.proxy.url,
+        AWS_CONFIG_FILE="/dev/null",
+        AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+    ).items():
+        monkeypatch.setenv(name, value)
+    return s3
+
+
+def write_path_parquet(path: Path, rows, image_paths) -> Path:
+    """A Parquet file as ``datasets`` writes one built from files: each image struct has a path and no bytes."""
+    image_type = pa.struct([("bytes", pa.binary()), ("path", pa.string())])
+    schema = pa.schema([("image", image_type), ("label", pa.int64())])
+    images = [{"bytes": None, "path": p} for p in image_paths]
+    pq.write_table(pa.table({"image": images, "label": [r[2] for r in rows]}, schema=schema), path, row_group_size=8)
+    return path
+
+
+def path_rows(imagenet_mini, folder: Path):
+    """The photos as files in ``folder/images/`` and their rows, keyed by the path the struct gives."""
+    rows = photos(imagenet_mini)[:12]
+    (folder / "images").mkdir(parents=True)
+    for key, data, _ in rows:
+        (folder / "images" / f"{key}.jpg").write_bytes(data)
+    return rows
+
+
+def test_parquet_images_given_by_a_relative_or_absolute_path(imagenet_mini, tmp_path):
+    rows = path_rows(imagenet_mini, tmp_path / "data")
+    names = [f"images/{key}.jpg" if i % 2 else str(tmp_path / "data" / "images" / f"{key}.jpg")
+             for i, (key, _, _) in enumerate(rows)]  # fmt: skip
+    write_path_parquet(tmp_path / "data" / "train.parquet", rows, names)
+    convert(ParquetSource(str(tmp_path / "data" / "train.parquet")), tmp_path / "out", format="lmdb", progress=False)
+    assert_converted(tmp_path / "out", [(name, data, label) for name, (_, data, label) in zip(names, rows)])
+
+
+def test_parquet_from_s3_by_row_group_with_images_by_path(imagenet_mini, tmp_path, s3_env):
+    s3 = s3_env
+    rows = path_rows(imagenet_mini, tmp_path / "data")
+    names = [f"images/{key}.jpg" for key, _, _ in rows]
+    write_path_parquet(tmp_path / "data" / "train-0.parquet", rows[:5], names[:5])
+    write_hf_parquet(tmp_path / "data" / "train-1.parquet", rows[5:])  # bytes inside
+    bucket = s3.new_bucket()
+    s3.fs().put(f"{tmp_path / 'data'}/", f"{bucket}/data/", recursive=True)
+    drop = s3.proxy.add("drop", path=r"train-1\.parquet", times=2)  # dropped mid-answer, twice: retried
+    source = ParquetSource(f"s3://{bucket}/data/train-*.parquet", ImageOptions())
+    convert(source, tmp_path / "out", format="tfrecord", progress=False, workers=1)
+    expected = [(n, d, label) for n, (_, d, label) in zip(names[:5], rows[:5])] + rows[5:]
+    assert_converted(tmp_path / "out", expected)
+    assert not (tmp_path / "out" / "errors.jsonl").read_text().strip()
+    assert drop.seen == 2
+
+
+def test_webdataset_tars_from_s3_read_by_ranges(imagenet_mini, tmp_path, s3_env):
+    s3 = s3_env
+    expected = photos(imagenet_mini)
+    folder = tmp_path / "tars"
+    folder.mkdir()
+    for n, part in enumerate((expected[:20], expected[20:])):
+        write_tar(
+            folder / f"train-{n:06d}.tar", [m for key, image, label in part for m in sample_members(key, image, label)]
+        )
+    bucket = s3.new_bucket()
+    s3.fs().put(f"{folder}/", f"{bucket}/wds/", recursive=True)
+    slow = s3.proxy.add("slowdown", path=r"train-000001\.tar", times=3)
+    source = WebDatasetSource(f"s3://{bucket}/wds/train-{{000000..000001}}.tar", ImageOptions())
+    convert(source, tmp_path / "out", format="lmdb", progress=False, workers=2)
+    assert_converted(tmp_path / "out", expected)
+    assert slow.seen == 3
+
+
+def test_an_image_folder_in_s3_converts_as_the_same_folder_on_disk(imagenet_mini, tmp_path, s3_env):
+    from converters.sources import ImageFolderSource
+
+    from loader_helpers import sample_digests
+
+    bucket = s3_env.new_bucket()
+    s3_env.fs().put(f"{imagenet_mini}/", f"{bucket}/train/", recursive=True)
+    local = convert(ImageFolderSource(imagenet_mini), tmp_path / "local", format="hdf5", progress=False)
+    remote = convert(
+        ImageFolderSource(f"s3://{bucket}/train"), tmp_path / "out", format="hdf5", progress=False, workers=2
+    )
+    assert remote.manifest.classes == local.manifest.classes
+    assert remote.manifest.source["root"] == f"s3://{bucket}/train"
+    assert sample_digests(tmp_path / "out") == sample_digests(tmp_path / "local")
+
+
+def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_path, s3_env):
+    from converters.sources import ListFileSource
+
+    rows = path_rows(imagenet_mini, tmp_path / "data")
+    lines = [f"{key} images/{key}.jpg {label}" for key, _, label in rows]
+    (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
+    bucket = s3_env.new_bucket()
+    s3_env.fs().put(f"{tmp_path / 'data'}/", f"{bucket}/data/", recursive=True)
+    convert(ListFileSource(f"s3://{bucket}/data/train.txt"), tmp_path / "out", format="lmdb", progress=False)
+    assert_converted(tmp_path / "out", rows)
+
+
+@pytest.mark.parametrize(
+    "args, what",
+    [
+        (["lmdb", "s3://bucket/data.lmdb"], "LMDBs"),
+        (["arrays", "s3://bucket/x.npy"], "feature array files"),
+    ],
+)
+def test_inputs_not_read_from_object_storage_say_to_copy_them_first(tmp_path, args, what):
+    from test_convert import run_cli
+
+    out = run_cli("convert", *args, str(tmp_path / "out"), check=False)
+    assert out.returncode != 0 and f"{args[1]}: {what}" in out.stderr and "copy them first" in out.stderr
