@@ -129,10 +129,12 @@ def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_pa
     [
         (["lmdb", "s3://bucket/data.lmdb"], "LMDBs"),
         (["arrays", "s3://bucket/x.npy"], "feature array files"),
+        (["coco", "--images", "s3://bucket/images", "--annotations", "s3://b/i.json"], "COCO image folders"),
     ],
 )
 def test_inputs_not_read_from_object_storage_say_to_copy_them_first(tmp_path, args, what):
     from test_convert import run_cli
 
     out = run_cli("convert", *args, str(tmp_path / "out"), check=False)
-    assert out.returncode != 0 and f"{args[1]}: {what}" in out.stderr and "copy them first" in out.stderr
+    url = next(arg for arg in args if arg.startswith("s3://"))
+    assert out.returncode != 0 and f"{url}: {what}" in out.stderr and "copy them first" in out.stderr

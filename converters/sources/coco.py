@@ -15,6 +15,7 @@ from PIL import Image
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, absolute_path
 from converters.images import load_image_file
+from converters.remote_inputs import refuse_url
 from converters.sources import coco_masks
 from dali_pipes.dataset.manifest import Field
 
@@ -51,6 +52,9 @@ class CocoSource(Source):
         image_options: ImageOptions = ImageOptions(),
         masks: bool = False,
     ) -> None:
+        # Not read from object storage (yet): refused up front, naming the URL, rather than a file-not-found later.
+        refuse_url(os.fspath(images_dir), "COCO image folders")
+        refuse_url(os.fspath(annotations_json), "COCO annotation files")
         self.images_dir = absolute_path(images_dir)
         self.annotations_json = absolute_path(annotations_json)
         self.image_options = image_options

@@ -135,8 +135,9 @@ def _add_convert(commands) -> None:
     p.set_defaults(handler=_convert_list)
 
     p = kinds.add_parser("coco", help="COCO instances JSON plus its image folder")
-    p.add_argument("--images", type=Path, required=True, help="the image folder")
-    p.add_argument("--annotations", type=Path, required=True, help="instances JSON (e.g. instances_train2017.json)")
+    # str, not Path: a URL (refused with what to do) must reach the source as written (Path folds its "//").
+    p.add_argument("--images", required=True, help="the image folder")
+    p.add_argument("--annotations", required=True, help="instances JSON (e.g. instances_train2017.json)")
     p.add_argument(
         "--masks",
         action="store_true",
