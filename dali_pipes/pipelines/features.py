@@ -11,9 +11,12 @@ the stored dtype crosses to the device first, and normalisation and cast run
 there, so a ``float16`` field moves half the bytes of a ``float32`` one. What
 a batch of ``B`` samples of ``S`` bytes costs on the host (DALI 2.4, CPU
 device, LMDB or HDF5, measured): the store's batch read into one ``(B, *shape)``
-array (``B*S``, in a worker; HDF5 gathers the rows straight from the mapped file); the worker's write into DALI's shared memory (``B*S``); DALI
-gathering the samples into one contiguous output buffer (``B*S``); the
-iterator's copy into the torch tensor (``B*S``). TFRecord reads cost about 4-6
+array (``B*S``; HDF5 gathers the rows straight from the mapped file), in the
+training process by default (:attr:`Features.py_num_workers_by_default`); DALI's
+copy of the fed batch (``B*S``); the iterator's copy into the torch tensor
+(``B*S``). With ``py_num_workers > 0`` the read runs in a worker, which adds its
+write into DALI's shared memory (``B*S``) and DALI's per-sample handling of the
+batch on both sides of it. TFRecord reads cost about 4-6
 copies instead of one (protobuf decoding).
 """
 
