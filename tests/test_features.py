@@ -184,6 +184,9 @@ def test_features_read_in_the_training_process_unless_told_otherwise(arrays):
     spec = Features(fields=("emb", "label"))
     assert resolve_counts(spec, None, None, None, None)[2] == 0
     assert resolve_counts(spec, None, None, 2, None)[2] == 2  # an explicit count wins
+    tuned = arrays[0] / "tuned.json"
+    tuned.write_text('{"kind": "dali-pipes-settings", "version": 1, "loader": {"py_num_workers": 3}}')
+    assert resolve_counts(spec, tuned, None, None, None)[2] == 3  # and so does a tuned settings file
     assert resolve_counts(PipelineSpecLike(), None, None, None, None)[2] >= 1  # other specs keep their readers
     _, data = arrays
     path = converted(arrays, "hdf5")
