@@ -65,8 +65,8 @@ class Features:
     #: and a vectorised CRC check (about 0.4 us a row), while DALI's parallel source moves a batch
     #: between processes sample by sample (a pickled header and a shared-memory copy per row on
     #: the worker's side, one array per row to unpack on the loader's): 100k rows of 16 float32,
-    #: batch 1024, 2 cores, side by side: 810,603 rows/s and 1.2 CPU s per million rows in the
-    #: main process, 254,282 rows/s and 4.5 CPU s with one worker (README, "Scale").
+    #: batch 1024, 2 cores, side by side: 759,027 rows/s and 1.3 CPU s per million rows in the
+    #: main process, 325,402 rows/s and 3.9 CPU s with one worker (README, "Scale").
     py_num_workers_by_default: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
