@@ -17,6 +17,7 @@ def test_scale_suite_measures_every_step_at_every_size(tmp_path, capsys):
         ("convert list -> lmdb", 400),
         ("convert arrays -> hdf5", 400),
         ("loader Features b1024", 400),
+        ("loader Features b1024, epochs 2+", 400),
     ]
     for row in rows:
         assert row["seconds"] > 0 and row["per_second"] == row["n"] / row["seconds"]

@@ -177,6 +177,36 @@ def test_resume_gives_the_rest_of_the_epoch(arrays):
     assert head + rest == whole
 
 
+def test_features_read_in_the_training_process_unless_told_otherwise(arrays):
+    """Small rows cost less to read in the loader's process than to move from a worker: no workers by default."""
+    from dali_pipes.loading.options import resolve_counts
+
+    spec = Features(fields=("emb", "label"))
+    assert resolve_counts(spec, None, None, None, None)[2] == 0
+    assert resolve_counts(spec, None, None, 2, None)[2] == 2  # an explicit count wins
+    tuned = arrays[0] / "tuned.json"
+    tuned.write_text('{"kind": "dali-pipes-settings", "version": 1, "loader": {"py_num_workers": 3}}')
+    assert resolve_counts(spec, tuned, None, None, None)[2] == 3  # and so does a tuned settings file
+    assert resolve_counts(PipelineSpecLike(), None, None, None, None)[2] >= 1  # other specs keep their readers
+    _, data = arrays
+    path = converted(arrays, "hdf5")
+    with DALILoader(path, spec, batch_size=BATCH, device="cpu", shuffle=False, with_index=True) as it:
+        assert it.worker_pids == []
+        batches = list(it)
+    with DALILoader(path, spec, batch_size=BATCH, device="cpu", shuffle=False, py_num_workers=1) as it:
+        assert len(it.worker_pids) == 1
+        by_worker = list(it)
+    for batch, other in zip(batches, by_worker, strict=True):
+        np.testing.assert_array_equal(batch["emb"].numpy(), data["emb"][batch["index"].numpy()])
+        np.testing.assert_array_equal(batch["emb"].numpy(), other["emb"].numpy())
+
+
+class PipelineSpecLike:
+    """A spec without ``py_num_workers_by_default`` (as the image specs are)."""
+
+    required_fields = ("emb",)
+
+
 # ---------------------------------------------------------------- host copies
 
 

