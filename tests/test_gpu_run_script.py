@@ -27,10 +27,18 @@ def test_data_step_writes_the_datasets_every_later_step_reads(tmp_path):
     proc = _run(out, "data", GPU_RUN_IMAGES="24", GPU_RUN_TAR=str(tmp_path / "run.tgz"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     summary = (out / "summary.txt").read_text().splitlines()
-    assert [line.split()[0] for line in summary] == ["data-synth", "data-lmdb", "data-coco", "data-features"]
+    assert [line.split()[0] for line in summary] == [
+        "data-synth",
+        "data-lmdb",
+        "data-coco",
+        "data-coco-masks",
+        "data-features",
+    ]
     assert all(" rc=0 " in line for line in summary), summary
     assert load_manifest(out / "data" / "imagenet").num_samples == 24
     assert load_manifest(out / "data" / "coco").num_samples == 61  # the COCO sample's photos
+    # With masks, the three images whose annotations hold 2-point polygons are left out (and listed).
+    assert load_manifest(out / "data" / "coco-masks").num_samples == 58
     assert load_manifest(out / "data" / "features").num_samples == 20000
     # The archive holds the logs and summary, not the data (it is what comes back from a short lease).
     with tarfile.open(tmp_path / "run.tgz") as archive:
