@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, resolve_inside
 from dali_pipes.remote.dataset import load_remote_manifest
-from dali_pipes.remote.fs import filesystem, remote_errors
+from dali_pipes.remote.fs import filesystem
 from dali_pipes.remote.transfer import download_to, retrying
 from dali_pipes.remote.urls import join, redact
 from dali_pipes.staging.checked import StageError, StageItem, write_checked
@@ -53,6 +53,8 @@ def plan_remote(
         )
     fs, root = filesystem(url, storage_options)
     manifest, marker_bytes = load_remote_manifest(url, storage_options)
+    # One listing gives every size the manifest does not (index files, errors.jsonl): one request, not one per file.
+    sizes = _sizes(fs, root, url, storage_options)
     items = []
     for shard in manifest.shards:
         resolve_inside(dest, shard.path)  # refuses a path that leaves the dataset (and so DEST)
@@ -60,15 +62,21 @@ def plan_remote(
         if shard.index_path:
             resolve_inside(dest, shard.index_path)
             index = join(root, shard.index_path)
-            size = _size(fs, index, join(url, shard.index_path), storage_options)
+            size = sizes.get(index)
+            if size is None:  # not listed (a store slow to list what was just written): asked for, or named missing
+                size = _size(fs, index, join(url, shard.index_path), storage_options)
             items.append(StageItem(shard.index_path, index, size, shard.index_sha256))
     errors = join(root, ERRORS_NAME)
-    with remote_errors(join(url, ERRORS_NAME), storage_options):
-        has_errors = fs.exists(errors)
-    if has_errors:
-        items.append(StageItem(ERRORS_NAME, errors, _size(fs, errors, join(url, ERRORS_NAME), storage_options), None))
+    if errors in sizes:
+        items.append(StageItem(ERRORS_NAME, errors, sizes[errors], None))
     copier = _copier(fs, root, url, storage_options)
     return items, (dest / MANIFEST_NAME, marker_bytes), dest, shown, copier
+
+
+def _sizes(fs: Any, root: str, url: str, storage_options: Mapping[str, Any] | None) -> dict[str, int]:
+    """``{path: size}`` of every object under ``root``, from one (paged) listing."""
+    listed = retrying(lambda: fs.find(root, detail=True), url, "listing", storage_options)
+    return {path.rstrip("/"): int(info.get("size") or 0) for path, info in listed.items()}
 
 
 def _size(fs: Any, path: str, url: str, storage_options: Mapping[str, Any] | None) -> int:
