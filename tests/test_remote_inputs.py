@@ -138,3 +138,32 @@ def test_inputs_not_read_from_object_storage_say_to_copy_them_first(tmp_path, ar
     out = run_cli("convert", *args, str(tmp_path / "out"), check=False)
     url = next(arg for arg in args if arg.startswith("s3://"))
     assert out.returncode != 0 and f"{url}: {what}" in out.stderr and "copy them first" in out.stderr
+
+
+def test_tfrecord_files_in_s3_convert_as_the_same_files_on_disk(imagenet_mini, tmp_path, s3_env):
+    """Headers walked in one ordered pass through large ranged reads, records read by range; damage still named."""
+    pytest.importorskip("tfrecord")
+    from test_tfrecord_source import boxes_of, imagenet_example, write_records
+
+    from converters.sources import TFRecordSource
+
+    from loader_helpers import sample_digests
+
+    expected = photos(imagenet_mini)
+    folder = tmp_path / "tfr"
+    folder.mkdir()
+    for n, part in enumerate((expected[:20], expected[20:])):
+        examples = [imagenet_example(k, img, lab, boxes_of(i)) for i, (k, img, lab) in enumerate(part)]
+        write_records(folder / f"train-{n:05d}-of-00002", examples)
+    # A third file cut short inside its second record: the first record kept, the rest named as damaged.
+    whole = (folder / "train-00000-of-00002").read_bytes()
+    first = 12 + int.from_bytes(whole[:8], "little") + 4
+    (folder / "train-cut").write_bytes(whole[: first + 100])
+    bucket = s3_env.new_bucket()
+    s3_env.fs().put(f"{folder}/", f"{bucket}/tfr/", recursive=True)
+    local = convert(TFRecordSource(str(folder / "train-*")), tmp_path / "local", format="lmdb", progress=False)
+    remote = convert(TFRecordSource(f"s3://{bucket}/tfr/train-*"), tmp_path / "out", format="lmdb", progress=False)
+    assert remote.manifest.num_samples == local.manifest.num_samples == len(expected) + 1
+    assert sample_digests(tmp_path / "out") == sample_digests(tmp_path / "local")
+    errors = (tmp_path / "out" / "errors.jsonl").read_text()
+    assert f"s3://{bucket}/tfr/train-cut:1" in errors and "runs past the end of the file" in errors

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
 from converters.images import prepare_image
-from converters.remote_inputs import refuse_url
+from converters.remote_inputs import is_url, open_input
 from converters.sources._inputs import (
     OpenFiles,
     PlannedInputs,
@@ -25,7 +26,7 @@ from converters.sources._inputs import (
 from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.base import StoreError
 from dali_pipes.stores.tfexample import BYTES_LIST, FLOAT_LIST, INT64_LIST, decode_example, unframe
-from dali_pipes.stores.tfrecord import walk_records
+from dali_pipes.stores.tfrecord import walk_record_headers
 
 log = logging.getLogger(__name__)
 
@@ -168,28 +169,48 @@ class TFRecordSource(PlannedInputs, Source):
 
 
 def _records(path: str) -> list[_Record]:
-    """Every record of one file; a damaged header ends the list with one record saying where and why."""
-    records: list[_Record] = []
-    refuse_url(path, "TFRecord files")
+    """Every record of one file; a damaged header ends the list with one record saying where and why.
+
+    A local file is walked by its descriptor; a URL is read once in order, through a buffer of
+    large ranged requests (headers in the same block cost nothing more), never copied whole.
+    """
+    with _header_reader(path) as (pread, end):
+        records: list[_Record] = []
+        try:
+            for offset, size in walk_record_headers(pread, end, path):
+                records.append(_Record(path, len(records), offset, size))
+        except StoreError as exc:
+            # A compressed file fails at its first header; refused whole, not counted as one bad record.
+            compression = None if records else _compression(pread(0, 2))
+            if compression is not None:
+                raise ConversionError(
+                    f"{path}: the file is {compression}-compressed; TFRecord files are read in place, so decompress "
+                    f"it first (TensorFlow's compression_type={compression!r})"
+                ) from None
+            where = records[-1].offset + records[-1].size if records else 0
+            damage = f"{str(exc).removeprefix(f'{path}: ')}; the rest of the file from byte {where} cannot be read"
+            log.warning("%s: %s", path, damage)
+            records.append(_Record(path, len(records), where, 0, damage))
+    return records
+
+
+@contextlib.contextmanager
+def _header_reader(path: str) -> Iterator[tuple[Callable[[int, int], bytes], int]]:
+    """``(pread(offset, size), file size)`` for ``path``, a local file or a URL."""
+    if is_url(path):
+        with open_input(path) as f:
+
+            def pread_remote(offset: int, size: int) -> bytes:
+                f.seek(offset)  # within the buffered block: no request
+                return f.read(size)
+
+            yield pread_remote, f.raw.size
+        return
     fd = os.open(path, os.O_RDONLY)
     try:
-        for offset, size in walk_records(fd, path):
-            records.append(_Record(path, len(records), offset, size))
-    except StoreError as exc:
-        # A compressed file fails at its first header; refused whole, not counted as one bad record.
-        compression = None if records else _compression(os.pread(fd, 2, 0))
-        if compression is not None:
-            raise ConversionError(
-                f"{path}: the file is {compression}-compressed; TFRecord files are read in place, so decompress it "
-                f"first (TensorFlow's compression_type={compression!r})"
-            ) from None
-        where = records[-1].offset + records[-1].size if records else 0
-        damage = f"{str(exc).removeprefix(f'{path}: ')}; the rest of the file from byte {where} cannot be read"
-        log.warning("%s: %s", path, damage)
-        records.append(_Record(path, len(records), where, 0, damage))
+        yield (lambda offset, size: os.pread(fd, size, offset)), os.fstat(fd).st_size
     finally:
         os.close(fd)
-    return records
 
 
 def _compression(head: bytes) -> str | None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -26,10 +26,17 @@ def walk_records(fd: int, path: str | os.PathLike) -> Iterator[tuple[int, int]]:
     Raises :class:`StoreError` naming the record and byte where the file is damaged
     or truncated, after yielding every whole record before it.
     """
-    end = os.fstat(fd).st_size
+    return walk_record_headers(lambda offset, size: os.pread(fd, size, offset), os.fstat(fd).st_size, path)
+
+
+def walk_record_headers(
+    pread: Callable[[int, int], bytes], end: int, path: str | os.PathLike
+) -> Iterator[tuple[int, int]]:
+    """:func:`walk_records` over any reader: ``pread(offset, size)`` bytes of a file of ``end`` bytes
+    (a local descriptor, or a remote object read in order through a buffer)."""
     offset = number = 0
     while offset < end:
-        head = os.pread(fd, HEADER_SIZE, offset)
+        head = pread(offset, HEADER_SIZE)
         if len(head) < HEADER_SIZE:
             raise StoreError(f"{path}: record {number} at byte {offset}: truncated header")
         (length,) = struct.unpack_from("<Q", head)
