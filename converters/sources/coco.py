@@ -7,15 +7,16 @@ import json
 import logging
 import math
 import os
+import posixpath
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import numpy as np
 from PIL import Image
 
 from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, absolute_path
 from converters.images import load_image_file
-from converters.remote_inputs import refuse_url
+from converters.remote_inputs import is_url, open_input, tree
 from converters.sources import coco_masks
 from dali_pipes.dataset.manifest import Field
 
@@ -52,9 +53,6 @@ class CocoSource(Source):
         image_options: ImageOptions = ImageOptions(),
         masks: bool = False,
     ) -> None:
-        # Not read from object storage (yet): refused up front, naming the URL, rather than a file-not-found later.
-        refuse_url(os.fspath(images_dir), "COCO image folders")
-        refuse_url(os.fspath(annotations_json), "COCO annotation files")
         self.images_dir = absolute_path(images_dir)
         self.annotations_json = absolute_path(annotations_json)
         self.image_options = image_options
@@ -70,12 +68,26 @@ class CocoSource(Source):
 
     def _coco(self) -> "_Coco":
         if self._parsed is None:
-            if not Path(self.images_dir).is_dir():
+            if not is_url(self.images_dir) and not Path(self.images_dir).is_dir():
                 raise ConversionError(
                     f"{self.images_dir}: no such image folder; give the folder the JSON's file_names are in"
                 )
-            self._parsed = _parse(Path(self.annotations_json))
+            self._parsed = _parse(self.annotations_json)
         return self._parsed
+
+    def _sizes(self) -> Callable[[str], int | None]:
+        """The size of an image by its path (``None``: not there): one listing of a URL folder, or ``os.stat``."""
+        if is_url(self.images_dir):
+            listed = tree(self.images_dir)
+            return lambda file_name: listed.get(file_name)
+
+        def local(file_name: str) -> int | None:
+            try:
+                return os.stat(os.path.join(self.images_dir, file_name)).st_size
+            except OSError:
+                return None
+
+        return local
 
     def with_masks(self) -> bool:
         """Whether instance masks are stored (``masks=True``); checks that there are segmentations and pycocotools."""
@@ -111,11 +123,15 @@ class CocoSource(Source):
         coco = self._coco()
         items = []
         missing = 0
+        size_of = self._sizes()
         for image in coco.images:
-            path = os.path.join(self.images_dir, image["file_name"])
-            try:
-                size = os.stat(path).st_size
-            except OSError:
+            path = (
+                posixpath.join(self.images_dir, image["file_name"])
+                if is_url(self.images_dir)
+                else (os.path.join(self.images_dir, image["file_name"]))
+            )
+            size = size_of(image["file_name"])
+            if size is None:
                 size = 0
                 missing += 1
             boxes, categories, crowd, segmentations, ann_ids = coco.annotations.get(image["id"], ([], [], [], [], []))
@@ -146,7 +162,7 @@ class CocoSource(Source):
 
     def load(self, item: Item) -> Sample:
         file_name, image_id, size, boxes, categories, crowd, segmentations = item.data
-        image = load_image_file(os.path.join(self.images_dir, file_name), item.name, self.image_options)
+        image = load_image_file(item.name, item.name, self.image_options)
         sample: Sample = {
             "image": image,
             "boxes": boxes,
@@ -161,7 +177,7 @@ class CocoSource(Source):
         return sample
 
     def input_folders(self) -> list[Path]:
-        return [Path(self.images_dir)]
+        return [] if is_url(self.images_dir) else [Path(self.images_dir)]
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -213,11 +229,12 @@ def _image_size_scaled(stored: tuple[int, int], width: int, height: int) -> tupl
     return stored if all(abs(a - b) <= 1 for a, b in zip(expected, stored)) else None
 
 
-def _parse(path: Path) -> _Coco:
-    if not path.is_file():
+def _parse(path: str) -> _Coco:
+    if not is_url(path) and not Path(path).is_file():
         raise ConversionError(f"{path}: no such annotations file; give a COCO instances JSON")
     try:
-        with open(path, "rb") as f:
+        # A URL is read in order through large ranged requests (each retried), never copied whole.
+        with open_input(path) if is_url(path) else open(path, "rb") as f:
             data = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ConversionError(f"{path}: not valid JSON ({exc})") from None
