@@ -111,6 +111,20 @@ def transform(mask: np.ndarray, window: tuple[int, int, int, int], out_hw: tuple
     return out[:, ::-1] if flip else out
 
 
+def convert_with_masks(coco_mini: Path, data: dict, tmp_path: Path) -> tuple[Path, list[dict]]:
+    """``data`` as the instances JSON of coco-mini's images, converted with masks; the output and its errors."""
+    (tmp_path / "instances.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    convert(
+        CocoSource(coco_mini / "images", tmp_path / "instances.json", masks=True),
+        out,
+        format="lmdb",
+        workers=1,
+        progress=False,
+    )
+    return out, [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+
+
 def test_the_reference_resize_is_pil_nearest_except_at_exact_ties():
     mask = (np.random.default_rng(0).random((321, 480)) > 0.5).astype(np.uint8)
     ours = transform(mask, (0, 0, 480, 321), (300, 400), flip=False)
@@ -244,16 +258,7 @@ def test_bad_segmentations_are_listed_and_the_rest_kept(coco_mini: Path, tmp_pat
     h, w = sizes[rle_size["image_id"]]
     rle = mask_api.merge(mask_api.frPyObjects(rle_size["segmentation"], h, w))
     rle_size["segmentation"] = {"size": [h + 1, w], "counts": rle["counts"].decode("ascii")}
-    (tmp_path / "instances.json").write_text(json.dumps(data))
-    out = tmp_path / "out"
-    convert(
-        CocoSource(coco_mini / "images", tmp_path / "instances.json", masks=True),
-        out,
-        format="lmdb",
-        workers=1,
-        progress=False,
-    )
-    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    out, errors = convert_with_masks(coco_mini, data, tmp_path)
     reasons = " | ".join(e["reason"] for e in errors)
     assert "odd number of coordinates" in reasons and "RLE size" in reasons
     assert reasons.count("a polygon needs at least 3") == len(DEGENERATE)
@@ -359,16 +364,7 @@ def test_four_deep_overlaps_use_four_layers_and_a_fifth_is_refused(coco_mini: Pa
     ]
     twin = {**others[0], "file_name": image["file_name"], "height": image["height"], "width": image["width"]}
     data = {**data, "images": [image, twin], "annotations": anns}
-    (tmp_path / "instances.json").write_text(json.dumps(data))
-    out = tmp_path / "out"
-    convert(
-        CocoSource(coco_mini / "images", tmp_path / "instances.json", masks=True),
-        out,
-        format="lmdb",
-        workers=1,
-        progress=False,
-    )
-    errors = [json.loads(line) for line in (out / "errors.jsonl").read_text().splitlines()]
+    out, errors = convert_with_masks(coco_mini, data, tmp_path)
     assert len(errors) == 1 and "overlaps instances in all 4 mask layers" in errors[0]["reason"]
     store = open_store(out)
     assert len(store) == 1 and Image.open(io.BytesIO(store[0]["masks"])).mode == "RGBA"
