@@ -26,13 +26,13 @@ from typing import Iterator, Sequence
 from dali_pipes.bench.runner import (
     Job,
     Row,
-    Skipped,
     Target,
     TimingPlan,
     Window,
     collect_garbage,
     measure,
     record_gpu_memory,
+    record_outcome,
     time_window,
     timing_of,
     warm_up,
@@ -119,12 +119,8 @@ def _open(job: Job, row: Row, plan: TimingPlan, target: Target) -> tuple[Iterato
         # Rows open one after another and stay open: each row's figure is what it added.
         record_gpu_memory(row, before, target)
         return stream, closer
-    except Skipped as exc:
-        row.skipped = str(exc)
-        log.debug("bench: %s skipped: %s", job.name, exc)
     except Exception as exc:  # noqa: BLE001 - recorded in the row, shown in the table
-        row.error = f"{type(exc).__name__}: {exc}"
-        log.warning("bench: %s failed", job.name, exc_info=True)
+        record_outcome(row, exc)
     closer.close()
     return None
 
@@ -146,7 +142,6 @@ def _take_window(
         target.sync()
         taken.append(time_window(stream, plan, target))
     except Exception as exc:  # noqa: BLE001 - recorded in the row; the other rows go on
-        row.error = f"{type(exc).__name__}: {exc}"
-        log.warning("bench: %s failed", job.name, exc_info=True)
+        record_outcome(row, exc)
         del streams[index]
         closer.close()

@@ -342,13 +342,19 @@ def measure(job: Job, plan: TimingPlan, target: Target) -> Row:
             with job.factory() as stream:
                 row.timing = time_stream(stream, plan, target, in_flight=job.in_flight)
                 record_gpu_memory(row, before, target)
-    except Skipped as exc:
-        row.skipped = str(exc)
-        log.debug("bench: %s skipped: %s", name, exc)
     except Exception as exc:  # noqa: BLE001 - recorded in the row, shown in the table, exit status non-zero
-        row.error = f"{type(exc).__name__}: {exc}"
-        log.warning("bench: %s failed", name, exc_info=True)
+        record_outcome(row, exc)
     return row
+
+
+def record_outcome(row: Row, exc: Exception) -> None:
+    """Put why ``row`` did not run in it: the reason of a :class:`Skipped`, else the error (logged with its traceback)."""
+    if isinstance(exc, Skipped):
+        row.skipped = str(exc)
+        log.debug("bench: %s skipped: %s", row.name, exc)
+    else:
+        row.error = f"{type(exc).__name__}: {exc}"
+        log.warning("bench: %s failed", row.name, exc_info=exc)
 
 
 def collect_garbage() -> None:
