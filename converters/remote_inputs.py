@@ -45,12 +45,12 @@ def read_range(url: str, offset: int, size: int) -> bytes:
     return retrying(lambda: fs.cat_file(path, start=offset, end=offset + size), url, f"reading bytes at {offset}")
 
 
-def open_input(url: str) -> IO[bytes]:
-    """A seekable binary file over ``url`` whose reads are ranged requests of at least :data:`BLOCK` bytes,
+def open_input(url: str, block: int = BLOCK) -> IO[bytes]:
+    """A seekable binary file over ``url`` whose reads are ranged requests of at least ``block`` bytes,
     each retried on its own (a dropped connection costs one block, not the file)."""
     fs, path = url_fs(url)
     size = int(retrying(lambda: fs.info(path), url, "looking it up").get("size") or 0)
-    return io.BufferedReader(_RangedFile(url, size), buffer_size=BLOCK)
+    return io.BufferedReader(_RangedFile(url, size), buffer_size=block)
 
 
 class _RangedFile(io.RawIOBase):

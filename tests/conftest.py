@@ -133,3 +133,20 @@ def s3(s3_server):
     s3_server.proxy.clear()
     yield s3_server
     s3_server.proxy.clear()
+
+
+@pytest.fixture
+def s3_env(s3, monkeypatch):
+    """Credentials and endpoint where users keep theirs (the environment), inherited by the worker processes."""
+    from s3_helpers import ACCESS_KEY
+
+    for name, value in dict(
+        AWS_ACCESS_KEY_ID=ACCESS_KEY,
+        AWS_SECRET_ACCESS_KEY="testsecret",
+        AWS_DEFAULT_REGION="eu-west-1",
+        AWS_ENDPOINT_URL=s3.proxy.url,
+        AWS_CONFIG_FILE="/dev/null",
+        AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+    ).items():
+        monkeypatch.setenv(name, value)
+    return s3

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 from packed_helpers import assert_converted, photos
-from s3_helpers import ACCESS_KEY
 from test_parquet_source import write_hf_parquet
 from test_webdataset_source import sample_members, write_tar
 
@@ -17,21 +16,6 @@ from converters.sources import ParquetSource, WebDatasetSource
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
-
-
-@pytest.fixture
-def s3_env(s3, monkeypatch):
-    """Credentials and endpoint where users keep theirs (the environment), inherited by the worker processes."""
-    for name, value in dict(
-        AWS_ACCESS_KEY_ID=ACCESS_KEY,
-        AWS_SECRET_ACCESS_KEY="testsecret",
-        AWS_DEFAULT_REGION="eu-west-1",
-        AWS_ENDPOINT_URL=s3.proxy.url,
-        AWS_CONFIG_FILE="/dev/null",
-        AWS_SHARED_CREDENTIALS_FILE="/dev/null",
-    ).items():
-        monkeypatch.setenv(name, value)
-    return s3
 
 
 def write_path_parquet(path: Path, rows, image_paths) -> Path:
@@ -128,7 +112,6 @@ def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_pa
     "args, what",
     [
         (["lmdb", "s3://bucket/data.lmdb"], "LMDBs"),
-        (["arrays", "s3://bucket/x.npy"], "feature array files"),
     ],
 )
 def test_inputs_not_read_from_object_storage_say_to_copy_them_first(tmp_path, args, what):

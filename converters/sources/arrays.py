@@ -6,6 +6,10 @@ file and ``/`` replaced by ``.`` (``feats/mel`` -> ``feats.mel``). The first axi
 is the sample axis. A name found in several files is one field whose parts are
 concatenated along axis 0 in the order the files are given.
 
+Files may be URLs of object storage (``s3://``, ``gs://``, ...; a pattern such
+as ``s3://b/feats-*.npy`` is expanded in the bucket): they are read by ranged
+requests, never copied whole (:mod:`converters.sources.remote_arrays`).
+
 Nothing is read while planning: :meth:`ArraysSource.items` reads headers and
 metadata only. In the workers, ``.npy`` files and members of uncompressed
 ``.npz`` archives (``np.savez``) are memory-mapped and HDF5 datasets are read a
@@ -22,13 +26,14 @@ import os
 import struct
 import zipfile
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
 from converters.base import ConversionError, Item, Sample, SampleError, Source, absolute_path
-from converters.remote_inputs import refuse_url
+from converters.remote_inputs import expand_url, is_url
+from converters.sources import remote_arrays
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -72,8 +77,6 @@ class ArraysSource(Source):
         if isinstance(files, (str, os.PathLike)):
             files = [files]
         self.files = [absolute_path(f) for f in files]
-        for f in self.files:
-            refuse_url(f, "feature array files")
         self.selected = list(fields) if fields is not None else None
         self._plan: dict[str, list[_Part]] | None = None
         self._starts: dict[str, list[int]] = {}  # per field: the first row of each part, then the total
@@ -158,8 +161,8 @@ def _plan(files: list[str], selected: list[str] | None) -> dict[str, list[_Part]
     if not files:
         raise ConversionError("arrays: no input files; give one or more .npy, .npz or .h5 files")
     found: dict[str, list[_Part]] = {}
-    for file in files:
-        for name, part in _scan(Path(file)):
+    for file in _expand(files):
+        for name, part in _scan(file):
             found.setdefault(name, []).append(part)
     if selected is not None:
         unknown = [n for n in selected if n not in found]
@@ -191,20 +194,36 @@ def _plan(files: list[str], selected: list[str] | None) -> dict[str, list[_Part]
     return found
 
 
-def _scan(path: Path) -> list[tuple[str, _Part]]:
-    """The ``(field name, part)`` pairs of one file, reading headers only."""
-    if not path.is_file():
-        raise ConversionError(f"{path}: no such file; give .npy, .npz or .h5 files")
+def _expand(files: list[str]) -> list[str]:
+    """The input files, a URL pattern (``s3://b/feats-*.npy``) expanded in the bucket (a shell does it locally)."""
+    out = []
+    for file in files:
+        if is_url(file) and any(c in file for c in "*?["):
+            matches = expand_url(file)
+            if not matches:
+                raise ConversionError(f"{file}: no object matches; give .npy, .npz or .h5 files")
+            out += matches
+        else:
+            out.append(file)
+    return out
+
+
+def _scan(file: str) -> list[tuple[str, _Part]]:
+    """The ``(field name, part)`` pairs of one file (a local path or a URL), reading headers only."""
+    path = PurePosixPath(file) if is_url(file) else Path(file)
+    if not is_url(file) and not path.is_file():
+        raise ConversionError(f"{file}: no such file; give .npy, .npz or .h5 files")
     suffix = path.suffix.lower()
-    if suffix in NPY_SUFFIXES:
-        with open(path, "rb") as f:
-            _, dtype, shape, _ = _npy_header(f, str(path))
-        return [(path.stem, _part(str(path), "", "npy", dtype, shape))]
-    if suffix in NPZ_SUFFIXES:
-        return _scan_npz(path)
-    if suffix in HDF5_SUFFIXES:
-        return _scan_hdf5(path)
-    raise ConversionError(f"{path}: unknown array file type {suffix!r}; expected .npy, .npz, .h5 or .hdf5")
+    if suffix not in NPY_SUFFIXES + NPZ_SUFFIXES + HDF5_SUFFIXES:
+        raise ConversionError(f"{file}: unknown array file type {suffix!r}; expected .npy, .npz, .h5 or .hdf5")
+    # A URL is read by ranged requests (a missing object is named here), never copied whole.
+    with remote_arrays.open_url(file) if is_url(file) else open(file, "rb") as opened:
+        if suffix in NPY_SUFFIXES:
+            _, dtype, shape, _ = _npy_header(opened, file)
+            return [(path.stem, _part(file, "", "npy", dtype, shape))]
+        if suffix in NPZ_SUFFIXES:
+            return _scan_npz(file, opened)
+        return _scan_hdf5(file, opened)
 
 
 def _part(file: str, member: str, kind: str, dtype: np.dtype, shape: tuple[int, ...]) -> _Part:
@@ -234,9 +253,9 @@ def _npy_header(f: Any, where: str) -> tuple[int, np.dtype, tuple[int, ...], boo
     return f.tell(), dtype, tuple(shape), bool(fortran)
 
 
-def _scan_npz(path: Path) -> list[tuple[str, _Part]]:
+def _scan_npz(path: str, opened: Any) -> list[tuple[str, _Part]]:
     try:
-        archive = zipfile.ZipFile(path)
+        archive = zipfile.ZipFile(opened)
     except (zipfile.BadZipFile, OSError) as exc:
         raise ConversionError(f"{path}: not a .npz archive ({exc})") from None
     parts = []
@@ -247,15 +266,15 @@ def _scan_npz(path: Path) -> list[tuple[str, _Part]]:
             member = info.filename[: -len(".npy")]
             with archive.open(info) as f:
                 _, dtype, shape, _ = _npy_header(f, f"{path}:{member}")
-            parts.append((member.replace("/", "."), _part(str(path), member, "npz", dtype, shape)))
+            parts.append((member.replace("/", "."), _part(path, member, "npz", dtype, shape)))
     return parts
 
 
-def _scan_hdf5(path: Path) -> list[tuple[str, _Part]]:
+def _scan_hdf5(path: str, opened: Any) -> list[tuple[str, _Part]]:
     import h5py
 
     try:
-        handle = h5py.File(path, "r")
+        handle = h5py.File(opened, "r")
     except OSError as exc:
         raise ConversionError(f"{path}: not a readable HDF5 file ({exc})") from None
     parts: list[tuple[str, _Part]] = []
@@ -265,7 +284,7 @@ def _scan_hdf5(path: Path) -> list[tuple[str, _Part]]:
             dtype = obj.dtype
             if h5py.check_string_dtype(dtype) or h5py.check_vlen_dtype(dtype):
                 dtype = np.dtype(object)
-            parts.append((name.replace("/", "."), _part(str(path), name, "hdf5", dtype, tuple(obj.shape or ()))))
+            parts.append((name.replace("/", "."), _part(path, name, "hdf5", dtype, tuple(obj.shape or ()))))
 
     with handle:
         handle.visititems(visit)
@@ -276,17 +295,21 @@ def _scan_hdf5(path: Path) -> list[tuple[str, _Part]]:
 
 
 def _open_array(part: _Part, handles: dict[tuple[str, str], Any]) -> Any:
-    """An object indexable by row: a memory map, an in-memory array or an HDF5 dataset."""
+    """An object indexable by row: a memory map, an in-memory array, an HDF5 dataset, or rows read by range."""
+    remote = is_url(part.file)
     if part.kind == "npy":
-        return np.load(part.file, mmap_mode="r")
+        return remote_arrays.open_remote_npy(part.file, _npy_header) if remote else np.load(part.file, mmap_mode="r")
     if part.kind == "hdf5":
         import h5py
 
         file_key = (part.file, "")
         handle = handles.get(file_key)
         if handle is None:
-            handle = handles[file_key] = h5py.File(part.file, "r")
+            opened = remote_arrays.open_remote_hdf5(part.file) if remote else h5py.File(part.file, "r")
+            handle = handles[file_key] = opened
         return handle[part.member]
+    if remote:
+        return remote_arrays.open_remote_npz_member(part.file, part.member, _npy_header)
     return _open_npz_member(part)
 
 
@@ -296,12 +319,7 @@ def _open_npz_member(part: _Part) -> np.ndarray:
         if info.compress_type == zipfile.ZIP_STORED:
             # Stored members are plain .npy bytes inside the zip: map them in place.
             with open(part.file, "rb") as raw:
-                raw.seek(info.header_offset)
-                local = raw.read(30)
-                if local[:4] != b"PK\x03\x04":
-                    raise ValueError(f"bad zip local header for {part.member}")
-                name_len, extra_len = struct.unpack("<HH", local[26:30])
-                raw.seek(info.header_offset + 30 + name_len + extra_len)
+                raw.seek(remote_arrays.member_data_offset(raw, info))
                 offset, dtype, shape, fortran = _npy_header(raw, part.where)
             if not shape[0]:
                 return np.empty(shape, dtype)  # np.memmap refuses a zero-length map
