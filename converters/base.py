@@ -151,6 +151,10 @@ class Source(ABC):
         :class:`ConversionError`; the shards stay, so a re-run that passes completes at once.
         """
 
+    def release(self) -> None:
+        """Remove the local copies of inputs this source made for a conversion (an LMDB downloaded from a URL);
+        called once the conversion completed. Nothing by default."""
+
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """The manifest's ``source`` entry: the kind, the input paths and the options that shape the output."""

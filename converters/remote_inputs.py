@@ -83,15 +83,6 @@ class _RangedFile(io.RawIOBase):
         return len(data)
 
 
-def refuse_url(path: str, what: str) -> None:
-    """A :class:`ConversionError` for an input kind not read from object storage (yet): copy it first."""
-    if is_url(path):
-        raise ConversionError(
-            f"{path}: {what} are converted from a local copy only; copy them first (for S3: aws s3 cp --recursive "
-            "URL DIR, or fsspec's get) and convert the copy; the output may still be a URL"
-        )
-
-
 def expand_url(pattern: str) -> list[str]:
     """The objects a URL pattern names (``s3://b/train-*.tar``), sorted; the URL itself when it has no wildcard."""
     fs, path = url_fs(pattern)

@@ -108,20 +108,6 @@ def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_pa
     assert_converted(tmp_path / "out", rows)
 
 
-@pytest.mark.parametrize(
-    "args, what",
-    [
-        (["lmdb", "s3://bucket/data.lmdb"], "LMDBs"),
-    ],
-)
-def test_inputs_not_read_from_object_storage_say_to_copy_them_first(tmp_path, args, what):
-    from test_convert import run_cli
-
-    out = run_cli("convert", *args, str(tmp_path / "out"), check=False)
-    url = next(arg for arg in args if arg.startswith("s3://"))
-    assert out.returncode != 0 and f"{url}: {what}" in out.stderr and "copy them first" in out.stderr
-
-
 def test_tfrecord_files_in_s3_convert_as_the_same_files_on_disk(imagenet_mini, tmp_path, s3_env):
     """Headers walked in one ordered pass through large ranged reads, records read by range; damage still named."""
     pytest.importorskip("tfrecord")

@@ -1,9 +1,15 @@
-"""``lmdb``: a plain LMDB whose values are encoded images (as ``img2lmdb`` scripts write them)."""
+"""``lmdb``: a plain LMDB whose values are encoded images (as ``img2lmdb`` scripts write them).
+
+An LMDB given by URL (``s3://bucket/train.lmdb``) is downloaded first, into a local folder that is
+checked for room and removed after the conversion (:mod:`converters.sources.lmdb_download`): an LMDB
+is memory-mapped, never opened over the network.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +29,8 @@ from converters.base import (
     optional_absolute_path,
 )
 from converters.images import prepare_image
-from converters.remote_inputs import refuse_url
+from converters.remote_inputs import is_url
+from converters.sources import lmdb_download
 from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file
 from dali_pipes.dataset.manifest import Field
 
@@ -68,16 +75,33 @@ class LmdbSource(Source):
         *,
         keys_file: str | os.PathLike | None = None,
         classes_file: str | os.PathLike | None = None,
+        download_dir: str | os.PathLike | None = None,
     ) -> None:
         self.path = absolute_path(path)
-        refuse_url(self.path, "LMDBs (memory-mapped files)")
         self.image_options = image_options
         self.keys_file = optional_absolute_path(keys_file)
         self.classes_file = optional_absolute_path(classes_file)
         self._labelled: bool | None = None  # kept when pickled: every shard task asks fields()
+        # A URL: where its LMDB is downloaded (kept when pickled, so that the workers open the same copy).
+        self._local = str(lmdb_download.download_folder(self.path, download_dir)) if is_url(self.path) else None
+        self._checked_on: str | None = None  # the machine whose copy was downloaded or checked
 
     def _open(self) -> lmdb.Environment:
-        return _open_env(self.path)
+        if self._local is None:
+            return _open_env(self.path)
+        if self._checked_on != socket.gethostname():
+            # First use on this machine (the main process, or a Dask worker elsewhere): downloaded, a copy left by
+            # an earlier run checked, or another process's download waited for.
+            lmdb_download.download_lmdb(self.path, self._local)
+            self._checked_on = socket.gethostname()
+        return _open_env(self._local)
+
+    def release(self) -> None:
+        """Remove the local copy of an LMDB given by URL (the CLI calls this after a conversion that completed);
+        a later use downloads it again. Nothing to do for a local LMDB."""
+        if self._local is not None:
+            _close_env(self._local)
+            lmdb_download.remove_download(Path(self._local))
 
     def _entries(self) -> list[_Entry]:
         if self.keys_file is None:
@@ -150,8 +174,9 @@ class LmdbSource(Source):
 
 
 # py-lmdb refuses to open one environment twice in a process, and a worker process runs many
-# tasks, each with its own copy of the source: one read-only handle per path and process.
-_ENVS: dict[tuple[str, int], lmdb.Environment] = {}
+# tasks, each with its own copy of the source: one read-only handle per path and process, with the
+# inode of its data file (a file replaced since, such as a fresh download, is opened anew).
+_ENVS: dict[tuple[str, int], tuple[lmdb.Environment, int]] = {}
 _ENVS_LOCK = threading.Lock()
 
 
@@ -159,16 +184,31 @@ def _open_env(path: str) -> lmdb.Environment:
     """This process's read-only handle of the LMDB at ``path`` (an LMDB handle must not cross a fork)."""
     key = (os.path.realpath(path), os.getpid())
     with _ENVS_LOCK:
-        env = _ENVS.get(key)
+        if not os.path.exists(path):
+            raise ConversionError(f"{path}: no such LMDB (give its folder, holding data.mdb, or that file)")
+        try:
+            inode = os.stat(os.path.join(path, "data.mdb") if os.path.isdir(path) else path).st_ino
+        except OSError:
+            inode = -1  # no data file: lmdb.open says so below
+        env, opened = _ENVS.get(key, (None, None))
+        if env is not None and opened != inode:
+            env.close()
+            env = None
         if env is None:
-            if not os.path.exists(path):
-                raise ConversionError(f"{path}: no such LMDB (give its folder, holding data.mdb, or that file)")
             try:
                 env = lmdb.open(path, readonly=True, lock=False, readahead=False, subdir=os.path.isdir(path))
             except lmdb.Error as exc:
                 raise ConversionError(f"{path}: not an LMDB ({exc})") from None
-            _ENVS[key] = env
+            _ENVS[key] = (env, inode)
         return env
+
+
+def _close_env(path: str) -> None:
+    """Close this process's handle of the LMDB at ``path`` (before its files are removed)."""
+    with _ENVS_LOCK:
+        env, _ = _ENVS.pop((os.path.realpath(path), os.getpid()), (None, None))
+    if env is not None:
+        env.close()
 
 
 def _image(value: bytes | memoryview | None, name: str, options: ImageOptions) -> bytes:
@@ -215,12 +255,23 @@ def _read_keys_file(path: Path) -> list[_Entry]:
 
 def add_arguments(parser) -> None:
     """The ``dali-pipes convert lmdb`` arguments (the output options are added by the CLI)."""
-    parser.add_argument("src", help="the LMDB: its folder (holding data.mdb) or its data file")
+    parser.add_argument(
+        "src", help="the LMDB: its folder (holding data.mdb) or its data file; or a URL of either (downloaded first)"
+    )
     parser.add_argument("out", help="output dataset folder (created)")
     parser.add_argument("--keys", metavar="FILE", help="'KEY [LABEL]' lines: the keys to read, in order, and labels")
+    parser.add_argument(
+        "--download-dir",
+        metavar="DIR",
+        help="with an LMDB URL: the local folder it is downloaded into before converting (default: under "
+        "$DALI_PIPES_CACHE or ~/.cache/dali-pipes); its room is checked first, and the copy removed once converted",
+    )
     add_common_arguments(parser)
 
 
 def from_args(args, image_options: ImageOptions) -> tuple[LmdbSource, str]:
     """The source the parsed command line describes, and the output folder."""
-    return LmdbSource(args.src, image_options, keys_file=args.keys, classes_file=args.classes), args.out
+    source = LmdbSource(
+        args.src, image_options, keys_file=args.keys, classes_file=args.classes, download_dir=args.download_dir
+    )
+    return source, args.out

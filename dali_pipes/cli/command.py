@@ -244,7 +244,9 @@ def _convert_arrays(args) -> int:
 
 def _convert_packed(args) -> int:
     source, out = args.source_from_args(args, _image_options(args))
-    return _convert(source, dataset_arg(str(out)), args)
+    code = _convert(source, dataset_arg(str(out)), args)
+    source.release()  # after a conversion that completed; a failed one keeps its download for the re-run
+    return code
 
 
 def _convert(source, out: Path, args) -> int:
