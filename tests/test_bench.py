@@ -227,6 +227,9 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         s3_rows = [row for row in report.rows if "epoch" not in row.params]
         assert [row.name for row in s3_rows] == row_names()  # from a local S3 server (skipped without moto)
         assert all(row.extra["MB_s"] > 0 for row in s3_rows if row.timing is not None)
+        # Through the latency proxy, and the report says with which latency.
+        assert all(row.extra["latency_ms"] == 30 for row in s3_rows if row.timing is not None)
+        assert any("first byte 30 ms" in note for note in report.notes)
         shm = {row.name: row.extra["shm_MB"] for row in epochs}
         size = sum(p.stat().st_size for p in dataset.glob("shard-*")) / 1e6
         # Staging holds the whole dataset in the tmpfs; the cache the shards (all: the rows shuffle).

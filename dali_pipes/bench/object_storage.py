@@ -2,20 +2,26 @@
 
 A real S3-protocol server (moto's, ``python -m moto.server``, in a process of its own so that it
 does not share this one's interpreter lock) is started on 127.0.0.1 and the dataset's files are
-uploaded to it. Then the same files are brought back:
+uploaded to it. Then the same files are brought back through a proxy that gives every answer the
+first-byte latency of a real S3 region (:data:`LATENCY_MS`, 30 ms by default) and, optionally, each
+connection a bandwidth cap (:data:`CONNECTION_MB_S`; none by default), since a server on the loopback
+interface answers at once and parallel downloads gain nothing against it
+(:mod:`dali_pipes.bench.latency_proxy`; ``DALI_PIPES_BENCH_S3_LATENCY_MS`` and
+``DALI_PIPES_BENCH_S3_MB_S`` set them; 0 turns either off):
 
 - ``s3fs get``: one file after another with s3fs's ``get_file``, as a script without dali-pipes would;
 - ``s3 stage workers=N``: ``dali-pipes stage s3://... DEST`` with N parallel downloads (ranged reads,
   each file hash-checked against the manifest as it arrives).
 
-Each row reports ``MB_s`` (the dataset's bytes over the seconds of the whole copy) and, as its
-``images/s``, the samples copied per second. The rows are skipped, saying why, without ``moto[server]``
+Each row reports ``MB_s`` (the dataset's bytes over the seconds of the whole copy), the
+``latency_ms`` and ``connection_MB_s`` it ran with, and, as its ``images/s``, the samples copied per second. The rows are skipped, saying why, without ``moto[server]``
 and ``s3fs`` (the test extra), or for a merged ``.h5`` file (staged from a local path only).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import socket
 import subprocess
@@ -30,6 +36,9 @@ from dali_pipes.bench.runner import Row, Timing
 
 GET = "s3fs get"
 WORKERS = (1, 4, 16)
+#: First-byte latency added to every answer (ms), and the cap on one connection's MB/s (0: none).
+LATENCY_MS = float(os.environ.get("DALI_PIPES_BENCH_S3_LATENCY_MS", "30"))
+CONNECTION_MB_S = float(os.environ.get("DALI_PIPES_BENCH_S3_MB_S", "0"))
 _KEYS = {"key": "bench-key", "secret": "bench-secret", "client_kwargs": {"region_name": "eu-west-1"}}
 
 
@@ -39,21 +48,28 @@ def row_names() -> list[str]:
 
 def s3_stage_rows(dataset: Path, num_samples: int, repeats: int = 1) -> list[Row]:
     """One row per way of bringing the dataset back from a local S3 server (see the module docstring)."""
-    rows = [Row(GET, "s3fs get_file of each file, one after another")]
-    rows += [Row(f"s3 stage workers={n}", f"dali-pipes stage s3://... with {n} parallel download(s)") for n in WORKERS]
+    via = f", each answer's first byte {LATENCY_MS:g} ms late" + (
+        f", {CONNECTION_MB_S:g} MB/s per connection" if CONNECTION_MB_S else ""
+    )
+    rows = [Row(GET, f"s3fs get_file of each file, one after another{via}")]
+    rows += [
+        Row(f"s3 stage workers={n}", f"dali-pipes stage s3://... with {n} parallel download(s){via}") for n in WORKERS
+    ]
     why = _missing(dataset)
     if why:
         for row in rows:
             row.skipped = why
         return rows
     try:
-        with _server() as endpoint:
-            options = {"endpoint_url": endpoint, "skip_instance_cache": True, **_KEYS}
-            url, size = _upload(dataset, options)
+        with _server() as port, _proxy(port) as proxy_port:
+            url, size = _upload(dataset, _options(port))
+            options = _options(proxy_port)
             for row in rows:
                 seconds = [_time(row.name, url, options) for _ in range(repeats)]
                 row.timing = Timing(tuple(num_samples / s for s in seconds), num_samples * repeats, sum(seconds))
-                row.extra["MB_s"] = round(size / 1e6 / min(seconds), 1)
+                row.extra.update(
+                    MB_s=round(size / 1e6 / min(seconds), 1), latency_ms=LATENCY_MS, connection_MB_s=CONNECTION_MB_S
+                )
     except Exception as exc:  # noqa: BLE001 - a failing row is shown, the others still run
         for row in rows:
             if row.timing is None:
@@ -72,9 +88,31 @@ def _missing(dataset: Path) -> str | None:
     return None
 
 
+def _options(port: int) -> dict[str, Any]:
+    return {"endpoint_url": f"http://127.0.0.1:{port}", "skip_instance_cache": True, **_KEYS}
+
+
 @contextlib.contextmanager
-def _server() -> Iterator[str]:
-    """``python -m moto.server`` on a free loopback port; its endpoint URL."""
+def _proxy(upstream: int) -> Iterator[int]:
+    """The latency proxy (a process of its own) in front of ``127.0.0.1:upstream``; the port it listens on."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "dali_pipes.bench.latency_proxy", str(upstream), str(LATENCY_MS), str(CONNECTION_MB_S)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        if not line.strip().isdigit():
+            raise RuntimeError("the latency proxy did not start")
+        yield int(line)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@contextlib.contextmanager
+def _server() -> Iterator[int]:
+    """``python -m moto.server`` on a free loopback port; the port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
@@ -94,7 +132,7 @@ def _server() -> Iterator[str]:
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError("the local S3 server (moto) did not start") from None
                 time.sleep(0.2)
-        yield endpoint
+        yield port
     finally:
         process.terminate()
         process.wait(timeout=10)
@@ -130,4 +168,4 @@ def _time(name: str, url: str, options: dict[str, Any]) -> float:
         shutil.rmtree(dest, ignore_errors=True)
 
 
-__all__ = ["GET", "WORKERS", "row_names", "s3_stage_rows"]
+__all__ = ["CONNECTION_MB_S", "GET", "LATENCY_MS", "WORKERS", "row_names", "s3_stage_rows"]

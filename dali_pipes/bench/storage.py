@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.object_storage import s3_stage_rows
+from dali_pipes.bench.object_storage import CONNECTION_MB_S, LATENCY_MS, s3_stage_rows
 from dali_pipes.bench.report import BenchReport, machine_description
 from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
 from dali_pipes.dataset.progress import bar_disabled
@@ -93,7 +93,10 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     report.notes.append(
         "s3 rows: the dataset's files brought back from a local S3 server (moto, 127.0.0.1) into a new folder; "
         "images/s is samples copied per second, MB_s the dataset's bytes over the seconds of the copy "
-        "(best run); 's3fs get' copies one file after another"
+        "(best run); 's3fs get' copies one file after another; every answer went through a proxy that holds its "
+        f"first byte {LATENCY_MS:g} ms (a real S3 region's latency; DALI_PIPES_BENCH_S3_LATENCY_MS)"
+        + (f" and caps each connection at {CONNECTION_MB_S:g} MB/s" if CONNECTION_MB_S else "")
+        + " (DALI_PIPES_BENCH_S3_MB_S)"
     )
     return report
 
