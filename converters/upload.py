@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -35,7 +35,8 @@ class Uploader:
     """Where shards go (``url``, with the backend's ``storage_options``); pickled to the worker processes."""
 
     url: str
-    storage_options: Mapping[str, Any] | None = None
+    # Not in the repr: a task's arguments are shown in some engines' logs (Dask's "Compute Failed" lines).
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
 
     def _fs(self):
         return filesystem(self.url, self.storage_options)
