@@ -123,8 +123,9 @@ def describe(url: str, exc: BaseException, storage_options: Mapping[str, Any] | 
         return (
             f"{shown}: no credentials found ({reason}); give them where the backend looks (for S3: "
             "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials or AWS_PROFILE; GCS: gcloud auth "
-            "application-default login; Azure: AZURE_STORAGE_ACCOUNT_NAME and a key or SAS token; HF: HF_TOKEN) "
-            'or in storage_options, or read a public bucket with storage_options={"anon": True}'
+            "application-default login; Azure: AZURE_STORAGE_ACCOUNT_NAME and a key or SAS token, or "
+            "AZURE_STORAGE_ANON=false to use az login; HF: HF_TOKEN) or in storage_options, or read a public bucket "
+            'with storage_options={"anon": True} (S3, Azure) or {"token": "anon"} (GCS)'
         )
     if isinstance(exc, PermissionError):
         return (

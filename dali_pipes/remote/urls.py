@@ -39,6 +39,7 @@ SECRET_ENV = (
     "AZURE_STORAGE_SAS_TOKEN",
     "AZURE_STORAGE_CONNECTION_STRING",
     "AZURE_CLIENT_SECRET",
+    "AZURE_STORAGE_CLIENT_SECRET",
     "GOOGLE_OAUTH_ACCESS_TOKEN",
 )
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")

@@ -1,0 +1,91 @@
+"""Stores other than S3 take the same fsspec path: a missing backend names its extra, and inputs held in fsspec's
+in-memory filesystem (no ETag, no S3 errors, its own listing) convert to the same shards as from disk."""
+
+from __future__ import annotations
+
+import importlib.util
+import uuid
+
+import numpy as np
+import pytest
+from test_lmdb_source import write_lmdb
+from test_remote_arrays import shard_hashes, write_arrays
+
+from converters.base import ConversionError
+from converters.runner import convert
+from converters.sources import ArraysSource, LmdbSource
+from dali_pipes import RemoteError
+from dali_pipes.remote.fs import filesystem
+
+
+@pytest.mark.parametrize(
+    "url, module, extra",
+    [
+        ("gs://bucket/ds", "gcsfs", "gcs"),
+        ("gcs://bucket/ds", "gcsfs", "gcs"),
+        ("az://container/ds", "adlfs", "azure"),
+        ("abfs://container/ds", "adlfs", "azure"),
+        ("hf://datasets/org/name/ds", "huggingface_hub", "hf"),
+    ],
+)
+def test_a_missing_backend_names_the_extra_to_install(url, module, extra):
+    if importlib.util.find_spec(module) is not None:
+        pytest.skip(f"{module} is installed here")
+    with pytest.raises(RemoteError) as raised:
+        filesystem(url)
+    assert str(raised.value).startswith(f"{url}: ") and f'pip install "dali-pipes[{extra}]"' in str(raised.value)
+    with pytest.raises(ConversionError, match=rf'pip install "dali-pipes\[{extra}\]"'):
+        ArraysSource([f"{url}/feats.npy"]).fields()
+
+
+@pytest.fixture
+def memory_root():
+    """A folder of its own in fsspec's in-memory filesystem (this process only: conversions run with workers=1)."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/dali-pipes-test-{uuid.uuid4().hex[:8]}"
+    yield fs, root
+    fs.rm(root, recursive=True)
+
+
+def test_arrays_from_the_memory_filesystem_are_the_same_shards_as_from_disk(tmp_path, memory_root):
+    fs, root = memory_root
+    files = write_arrays(tmp_path / "feats")
+    for f in files:
+        fs.pipe(f"{root}/feats/{f.name}", f.read_bytes())
+    local = convert(ArraysSource(files), tmp_path / "local", format="tfrecord", samples_per_shard=9, progress=False)
+    urls = [f"memory://{root}/feats/{f.name}" for f in files[:2]] + [f"memory://{root}/feats/*.npz"]
+    urls.append(f"memory://{root}/feats/c.h5")
+    remote = convert(ArraysSource(urls), tmp_path / "out", format="tfrecord", samples_per_shard=9, workers=1)
+    assert shard_hashes(remote) == shard_hashes(local)
+
+
+def test_an_lmdb_from_the_memory_filesystem_is_downloaded_and_removed(imagenet_mini, tmp_path, memory_root):
+    from packed_helpers import photos
+
+    fs, root = memory_root
+    local = write_lmdb(tmp_path / "train.lmdb", {k.encode(): d for k, d, _ in photos(imagenet_mini)})
+    fs.pipe(f"{root}/train.lmdb/data.mdb", (local / "data.mdb").read_bytes())
+    expected = convert(LmdbSource(local), tmp_path / "local", format="hdf5", progress=False)
+    source = LmdbSource(f"memory://{root}/train.lmdb", download_dir=tmp_path / "dl")
+    remote = convert(source, tmp_path / "out", format="hdf5", progress=False, workers=1)
+    assert shard_hashes(remote) == shard_hashes(expected)
+    source.release()
+    assert not (tmp_path / "dl").exists()
+
+
+def test_a_short_object_read_past_its_end_stops_there(memory_root):
+    """The ranged reads ask for one byte past the expected end; the in-memory store answers with no bytes."""
+    from dali_pipes.remote.transfer import CHUNK, download_to
+
+    fs, root = memory_root
+    data = np.random.default_rng(0).integers(0, 255, CHUNK, dtype=np.uint8).tobytes()
+    fs.pipe(f"{root}/blob", data)
+    import io
+
+    out = io.BytesIO()
+    count, _ = download_to(fs, f"{root}/blob", f"memory://{root}/blob", out, CHUNK)
+    assert count == CHUNK and out.getvalue() == data
+    count, _ = download_to(fs, f"{root}/blob", f"memory://{root}/blob", io.BytesIO(), CHUNK + 10)
+    assert count == CHUNK  # shorter than expected: said by the count, never padded
