@@ -89,7 +89,7 @@ def open_remote_npy(url: str, read_header) -> Any:
 def open_remote_npz_member(url: str, member: str, read_header) -> Any:
     """The rows of ``member`` of the ``.npz`` object at ``url``: by range when stored, whole when compressed."""
     where = f"{url}:{member}"
-    with open_url(url) as raw, zipfile.ZipFile(raw) as archive:
+    with open_url(url, ROWS_BLOCK) as raw, zipfile.ZipFile(raw) as archive:  # a compressed member is read whole
         info = archive.getinfo(member + ".npy")
         if info.compress_type != zipfile.ZIP_STORED:
             log.info(
