@@ -84,12 +84,26 @@ class _RangedFile(io.RawIOBase):
 
 
 def expand_url(pattern: str) -> list[str]:
-    """The objects a URL pattern names (``s3://b/train-*.tar``), sorted; the URL itself when it has no wildcard."""
+    """The objects a URL pattern names (``s3://b/train-*.tar``), sorted; the URL itself when it has no wildcard.
+
+    Each match keeps the pattern's own spelling up to its last folder without a wildcard: the backend's
+    paths drop what its URLs may hold before them (``abfs://container@account.dfs.core.windows.net/``
+    names the account, ``hf://datasets/ORG/NAME@REV/`` a revision), which a match must not lose."""
     fs, path = url_fs(pattern)
-    prefix = f"{scheme(pattern)}://"
     if not any(c in path for c in "*?["):
         return [pattern] if retrying(lambda: fs.isfile(path), pattern, "looking it up") else []
-    return [prefix + match for match in sorted(retrying(lambda: fs.glob(path), pattern, "listing"))]
+    url_dir, path_dir = _static_folder(pattern), _static_folder(path)
+    fallback = f"{scheme(pattern)}://"
+    return [
+        url_dir + match[len(path_dir) :] if match.startswith(path_dir) else fallback + match
+        for match in sorted(retrying(lambda: fs.glob(path), pattern, "listing"))
+    ]
+
+
+def _static_folder(text: str) -> str:
+    """``text`` up to and with the last ``/`` before its first wildcard."""
+    first = min(i for i in (text.find(c) for c in "*?[") if i >= 0)
+    return text[: text.rfind("/", 0, first) + 1]
 
 
 def beside(base: str, rel: str) -> str:

@@ -89,3 +89,15 @@ def test_a_short_object_read_past_its_end_stops_there(memory_root):
     assert count == CHUNK and out.getvalue() == data
     count, _ = download_to(fs, f"{root}/blob", f"memory://{root}/blob", io.BytesIO(), CHUNK + 10)
     assert count == CHUNK  # shorter than expected: said by the count, never padded
+
+
+def test_a_pattern_expands_to_urls_in_the_spelling_it_was_given(memory_root):
+    """The backend's paths are spelled otherwise than its URLs (here a leading ``/``; for Azure the account, for the
+    Hub a revision): each match keeps the pattern's spelling."""
+    from converters.remote_inputs import expand_url
+
+    fs, root = memory_root
+    for name in ("b.npy", "a.npy", "c.txt"):
+        fs.pipe(f"{root}/feats/{name}", b"x")
+    given = f"memory:/{root}/feats"  # memory://dali-pipes-test-.../feats: no leading "/" in the URL's path
+    assert expand_url(f"{given}/*.npy") == [f"{given}/a.npy", f"{given}/b.npy"]
