@@ -101,3 +101,25 @@ def test_a_pattern_expands_to_urls_in_the_spelling_it_was_given(memory_root):
         fs.pipe(f"{root}/feats/{name}", b"x")
     given = f"memory:/{root}/feats"  # memory://dali-pipes-test-.../feats: no leading "/" in the URL's path
     assert expand_url(f"{given}/*.npy") == [f"{given}/a.npy", f"{given}/b.npy"]
+
+
+def test_convert_to_stage_from_and_verify_a_dataset_in_the_memory_filesystem(tmp_path, memory_root):
+    """Upload, listing, ranged downloads and remote hashing through a backend that is not S3."""
+    from converters.sources import ImageFolderSource
+    from converters.synth import make_imagefolder
+    from converters.upload import convert_to_url
+    from dali_pipes.cli.verify import verify_dataset
+    from dali_pipes.staging.stage import stage_dataset
+
+    from test_convert import shard_digests
+
+    _, root = memory_root
+    images = make_imagefolder(tmp_path / "images", 30, size=(64, 48), classes=2)
+    url = f"memory://{root}/train"
+    options = dict(format="tfrecord", samples_per_shard=8, progress=False)
+    local = convert(ImageFolderSource(images), tmp_path / "local", **options)
+    convert_to_url(ImageFolderSource(images), url, work_dir=tmp_path / "work", workers=1, **options)
+    assert verify_dataset(url, progress=False).ok
+    report = stage_dataset(url, tmp_path / "staged", workers=4, progress=False)
+    assert len(report.copied) == 2 * len(local.manifest.shards) + 1  # shards, their indexes, errors.jsonl
+    assert shard_digests(tmp_path / "staged") == shard_digests(tmp_path / "local")
