@@ -41,7 +41,7 @@ RECORD_NAME = "download.json"
 def download_folder(url: str, download_dir: str | os.PathLike | None = None) -> Path:
     """The local folder the LMDB at ``url`` is downloaded into (``download_dir``, else one under the cache)."""
     if download_dir is not None:
-        return Path(download_dir)
+        return Path(os.path.abspath(download_dir))  # absolute: workers may start in another folder
     cache = default_cache_dir(url)
     return cache.with_name("lmdb-input-" + cache.name)
 
