@@ -11,7 +11,6 @@ list-file task re-read and parsed the whole list.
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import tracemalloc
 from pathlib import Path
@@ -19,7 +18,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from converters.planner import plan_shards
+from converters.base import ConversionError
+from converters.input_plan import plan_input
 from converters.runner import JOB_DIR, shard_tasks, write_shard
 from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
@@ -76,14 +76,14 @@ SOURCES = {
 }
 
 
-def _first_task(make, root: Path, n: int, photo: Path) -> tuple[bytes, Path]:
+def _task(make, root: Path, n: int, photo: Path, which: int = 0) -> tuple[bytes, Path]:
+    """Shard ``which``'s task (0: the first, -1: the last), pickled as a worker gets it."""
     root.mkdir()
     source = make(root, n, photo)
-    items = source.items()
-    plans = plan_shards(items, samples_per_shard=PER_SHARD)
+    inputs = plan_input(source, samples_per_shard=PER_SHARD)
     out = root / "out"
     (out / JOB_DIR).mkdir(parents=True)
-    _, _, args = shard_tasks(source, "lmdb", items, plans[:1], out, "fail")[0]
+    _, _, args = shard_tasks(source, "lmdb", inputs, [inputs.plans[which]], out, "fail")[0]
     return pickle.dumps((source, *args)), out  # what a worker gets: the shared source, then the task
 
 
@@ -95,12 +95,13 @@ def _bytes_read() -> int:
     raise AssertionError("no rchar in /proc/self/io")
 
 
+@pytest.mark.parametrize("which", [0, -1], ids=["first", "last"])
 @pytest.mark.parametrize("kind", sorted(SOURCES))
-def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, imagenet_mini, kind):
+def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, imagenet_mini, kind, which):
     photo = _photo(imagenet_mini)
     sizes, read, peaks = [], [], []
     for n in (SMALL, SMALL, LARGE):  # the first run warms imports and caches
-        task, out = _first_task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo)
+        task, out = _task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo, which)
         sizes.append(len(task))
         args = pickle.loads(task)  # what a spawned worker gets
         before = _bytes_read()
@@ -118,12 +119,25 @@ def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, 
     assert peaks[2] - peaks[1] < 50_000, peaks
 
 
-def test_a_list_shard_task_never_parses_the_list_file(tmp_path, imagenet_mini):
-    # The cause of the per-shard cost: each task re-parsed the whole list to learn whether it has labels.
-    task, _ = _first_task(_list_source, tmp_path / "list", LARGE, _photo(imagenet_mini))
+def test_a_list_shard_task_reads_only_its_own_lines_and_never_checks_the_list_again(tmp_path, imagenet_mini):
+    # Each task re-parsed the whole list to learn whether it has labels; a streamed one reads its lines from their
+    # byte offset, once the list was checked in the parent.
+    task, _ = _task(_list_source, tmp_path / "list", LARGE, _photo(imagenet_mini), which=-1)
     args = pickle.loads(task)
-    source = args[0]
-    os.unlink(source.list_file)  # a task that needs the list file now fails instead of re-reading it
+    source, plan = args[0], args[2]
+    assert args[3] is None and plan.anchor > 0  # no items carried: the last shard's first line, by offset
+    lines = Path(source.list_file).read_bytes().splitlines(keepends=True)
+    assert plan.anchor == sum(len(line) for line in lines[: plan.start])
     record = write_shard(*args)
-    assert record.num_samples == PER_SHARD
-    assert source._entries is None and "label" in source.fields()
+    assert record.num_samples == PER_SHARD and "label" in source.fields()
+
+
+def test_a_shard_whose_input_changed_after_planning_is_refused_and_not_kept(tmp_path, imagenet_mini):
+    task, out = _task(_list_source, tmp_path / "list", SMALL, _photo(imagenet_mini), which=-1)
+    args = pickle.loads(task)
+    listing = Path(args[0].list_file)
+    lines = listing.read_text().splitlines(keepends=True)
+    listing.write_text("".join(lines[:-1]) + lines[-1].replace("key", "kex"))  # the last key renamed
+    with pytest.raises(ConversionError, match=r"shard 3: the input changed while it was converted"):
+        write_shard(*args)
+    assert not list(out.glob("shard-*"))
