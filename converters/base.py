@@ -134,15 +134,6 @@ class Source(ABC):
         """Whether the runner streams this source's items (a :class:`StreamingSource`) instead of holding them."""
         return False
 
-    def input_boundaries(self) -> list[int] | None:
-        """For an input of several files: the index in :meth:`items` where each file after the first begins.
-
-        The planner never lets a shard span one (each shard task opens one input
-        file); shards are cut within a file by the usual count or size rule.
-        ``None`` (the default): the input is not sharded. Called after :meth:`items`.
-        """
-        return None
-
     def extra(self) -> dict[str, Any]:
         """Anything else the manifest should keep (for example COCO's category names)."""
         return {}

@@ -56,7 +56,6 @@ def plan_input(source: Source, *, samples_per_shard: int | None = None, shard_si
             stream(),
             samples_per_shard=samples_per_shard,
             shard_size=shard_size,
-            boundaries=source.input_boundaries(),
         )
     )
     if not plans:

@@ -95,7 +95,6 @@ def plan_shards(
     *,
     samples_per_shard: int | None = None,
     shard_size: int | None = None,
-    boundaries: Sequence[int] | None = None,
 ) -> list[ShardPlan]:
     """Cut ``items`` into consecutive shards by count or by bytes (:func:`cut_shards` over a list).
 
@@ -104,38 +103,28 @@ def plan_shards(
     check_shard_options(samples_per_shard, shard_size)
     if samples_per_shard is None and shard_size is None:
         shard_size = auto_shard_size(sum(item.size for item in items))
-    plans = list(cut_shards(items, samples_per_shard=samples_per_shard, shard_size=shard_size, boundaries=boundaries))
+    plans = list(cut_shards(items, samples_per_shard=samples_per_shard, shard_size=shard_size))
     if not plans:
         raise ConversionError("nothing to convert: the input holds no samples")
     return plans
 
 
 def cut_shards(
-    items: Iterable[Item],
-    *,
-    samples_per_shard: int | None = None,
-    shard_size: int | None = None,
-    boundaries: Iterable[int] | None = None,
+    items: Iterable[Item], *, samples_per_shard: int | None = None, shard_size: int | None = None
 ) -> Iterator[ShardPlan]:
     """The shards of a stream of items, each yielded once its last item has passed: memory O(1) in the input.
 
-    With ``samples_per_shard``, every shard of a file but its last holds exactly that many items. With
-    ``shard_size``, shards are filled up to that many bytes of input (an item larger than that gets a shard of
-    its own). ``boundaries`` (from :meth:`Source.input_boundaries`) are the item indices where a new input file
-    begins: no shard spans one, so each shard task reads one input file; shards are cut within each file by the
-    same rule, so a large file is still spread over workers.
+    With ``samples_per_shard``, every shard but the last holds exactly that many items. With ``shard_size``,
+    shards are filled up to that many bytes of input (an item larger than that gets a shard of its own).
+    Input files play no part: many small files (one-sample tars, small Parquet files) fill shards of the
+    target size, and a large one is spread over several; a task reads its files one after another.
     """
     assert (samples_per_shard is None) != (shard_size is None), "exactly one of a count and a size"
-    edges = iter(sorted(set(boundaries or ())))
-    edge = next(edges, None)
     shard = _OpenShard(0, 0)
     index = -1
     for index, item in enumerate(items):
-        while edge is not None and edge < index:
-            edge = next(edges, None)
         if index > shard.start and (
-            index == edge
-            or (samples_per_shard is not None and index - shard.start >= samples_per_shard)
+            (samples_per_shard is not None and index - shard.start >= samples_per_shard)
             or (shard_size is not None and shard.filled + item.size > shard_size)
         ):
             yield shard.plan(index)

@@ -30,7 +30,6 @@ from converters.sources._inputs import (
     PlannedInputs,
     add_common_arguments,
     expand_inputs,
-    file_boundaries,
     input_patterns,
     inputs_and_output,
     read_classes_file,
@@ -135,9 +134,6 @@ class ParquetSource(PlannedInputs, Source):
             if not pa.types.is_integer(schema.field(self.label_column).type):
                 label = schema.field(self.label_column).type
                 raise ConversionError(f"{path}: label column {self.label_column!r} is {label}, not integers")
-
-    def input_boundaries(self) -> list[int]:
-        return file_boundaries(self.items(), lambda item: item.data.path)
 
     def fields(self) -> dict[str, Field]:
         fields = {"image": Field.image()}

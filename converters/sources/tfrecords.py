@@ -18,7 +18,6 @@ from converters.sources._inputs import (
     PlannedInputs,
     add_common_arguments,
     expand_inputs,
-    file_boundaries,
     input_patterns,
     inputs_and_output,
     read_classes_file,
@@ -108,9 +107,6 @@ class TFRecordSource(PlannedInputs, Source):
     def items(self) -> list[Item]:
         """One item per record, file by file; ``Item.size`` is the record's size."""
         return self._scan()
-
-    def input_boundaries(self) -> list[int]:
-        return file_boundaries(self._scan(), lambda item: item.data.path)
 
     def fields(self) -> dict[str, Field]:
         if self._has_boxes is None:

@@ -19,7 +19,6 @@ from converters.sources._inputs import (
     PlannedInputs,
     add_common_arguments,
     expand_inputs,
-    file_boundaries,
     input_patterns,
     inputs_and_output,
     parse_label,
@@ -106,9 +105,6 @@ class WebDatasetSource(PlannedInputs, Source):
     def items(self) -> list[Item]:
         """One item per key, tar by tar, in member order; ``Item.size`` is the sample's bytes in the tar."""
         return self._scan()
-
-    def input_boundaries(self) -> list[int]:
-        return file_boundaries(self._scan(), lambda item: item.data.path)
 
     def fields(self) -> dict[str, Field]:
         if self._has_json is None:
