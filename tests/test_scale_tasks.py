@@ -10,8 +10,10 @@ list-file task re-read and parsed the whole list.
 
 from __future__ import annotations
 
+import io
 import json
 import pickle
+import tarfile
 import tracemalloc
 from pathlib import Path
 
@@ -25,6 +27,7 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
+from converters.sources.webdataset import WebDatasetSource
 
 PER_SHARD = 10
 SMALL, LARGE = 40, 400
@@ -68,11 +71,23 @@ def _coco_source(root: Path, n: int, photo: Path) -> CocoSource:
     return CocoSource(root / "images", root / "instances.json")
 
 
+def _webdataset_source(root: Path, n: int, photo: Path) -> WebDatasetSource:
+    image = photo.read_bytes()
+    with tarfile.open(root / "train.tar", "w") as tar:  # one tar: a task must start at its own sample's header
+        for i in range(n):
+            for name, data in ((f"s{i:06d}.jpg", image), (f"s{i:06d}.cls", str(i % 7).encode())):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1_700_000_000
+                tar.addfile(info, io.BytesIO(data))
+    return WebDatasetSource([root / "train.tar"])
+
+
 SOURCES = {
     "list": _list_source,
     "arrays": _arrays_source,
     "imagefolder": _imagefolder_source,
     "coco": _coco_source,
+    "webdataset": _webdataset_source,
 }
 
 
