@@ -1,6 +1,6 @@
 """A conversion's parent holds O(shards), not O(samples), for every streamed source.
 
-Planning a list file, feature arrays or a map-style dataset walks the input as a stream and keeps per shard its
+Planning a list file, feature arrays, a map-style dataset, WebDataset tars or TFRecord files walks the input as a stream and keeps per shard its
 range, anchor and fingerprint: ``tracemalloc``'s peak while planning 10x the input stays within a few KB, where
 holding one record per input (as before) cost 0.3-0.5 KB a sample. Class folders are streamed class by class, so
 their parent holds one class's listing and a count per class.
@@ -8,11 +8,15 @@ their parent holds one class's listing and a count per class.
 
 from __future__ import annotations
 
+import gc
+import io
+import tarfile
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_tfrecord_source import imagenet_example, write_records
 
 from converters import unique_keys
 from converters.input_plan import plan_input
@@ -21,8 +25,10 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.dataset import DatasetSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
+from converters.sources.tfrecords import TFRecordSource
+from converters.sources.webdataset import WebDatasetSource
 
-SMALL, LARGE = 2_000, 20_000
+SMALL, LARGE = 1_000, 10_000
 
 
 def _list(root: Path, n: int) -> ListFileSource:
@@ -63,7 +69,22 @@ def _classes(root: Path, n: int) -> ImageFolderSource:
     return ImageFolderSource(root / "images")
 
 
+def _tars(root: Path, n: int) -> WebDatasetSource:
+    with tarfile.open(root / "train.tar", "w") as tar:
+        for i in range(n):
+            info = tarfile.TarInfo(f"s{i:06d}.jpg")
+            info.size = 3
+            tar.addfile(info, io.BytesIO(b"jpg"))
+    return WebDatasetSource([root / "train.tar"], label_ext=None)
+
+
+def _records(root: Path, n: int) -> TFRecordSource:
+    write_records(root / "train.tfrecord", [imagenet_example(f"s{i:06d}", b"jpg", 1, []) for i in range(n)])
+    return TFRecordSource([root / "train.tfrecord"])
+
+
 def _planning_peak(source) -> int:
+    gc.collect()  # garbage of the input's making is not the planning's
     tracemalloc.start()
     try:
         inputs = plan_input(source)
@@ -74,11 +95,11 @@ def _planning_peak(source) -> int:
 
 
 @pytest.mark.parametrize(
-    "make, allowed",
-    [(_list, 16_000), (_arrays, 16_000), (_dataset, 16_000), (_classes, 250_000)],
-    ids=["list", "arrays", "dataset", "imagefolder"],
+    "make",
+    [_list, _arrays, _dataset, _tars, _records, _classes],
+    ids=["list", "arrays", "dataset", "webdataset", "tfrecord", "imagefolder"],
 )
-def test_planning_ten_times_the_input_does_not_hold_ten_times_the_memory(tmp_path, monkeypatch, make, allowed):
+def test_planning_ten_times_the_input_does_not_hold_ten_times_the_memory(tmp_path, monkeypatch, make):
     # Keys spill to disk after 4 per bucket here (8,192 in use), so that the test's lists exercise the spilling.
     monkeypatch.setattr(unique_keys, "SPILL", 4)
     peaks = []
@@ -86,9 +107,10 @@ def test_planning_ten_times_the_input_does_not_hold_ten_times_the_memory(tmp_pat
         root = tmp_path / f"n{len(peaks)}"
         root.mkdir()
         peaks.append(_planning_peak(make(root, n)))
-    # Measured: 18,000 more samples held as records cost 3.0-6.1 MB; streamed, 0-2 KB (900 more class folders:
-    # 117 KB, their names and counts).
-    assert peaks[2] - peaks[1] < allowed, peaks
+    # Measured for 9,000 more samples: held as records (before), 1.5 MB (arrays) to 6.9 MB (class folders);
+    # streamed, 0-2 KB, or once in a while 160-180 KB of some cache filled on the way (the same at 1,000 samples),
+    # and 53 KB for 450 more class folders (their names and counts).
+    assert peaks[2] - peaks[1] < 400_000, peaks
 
 
 def test_a_repeated_key_is_found_across_spilled_buckets_with_both_lines(tmp_path, monkeypatch):

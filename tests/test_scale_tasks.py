@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_tfrecord_source import imagenet_example, write_records
 
 from converters.base import ConversionError
 from converters.input_plan import plan_input
@@ -27,6 +28,7 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
+from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 
 PER_SHARD = 10
@@ -82,12 +84,19 @@ def _webdataset_source(root: Path, n: int, photo: Path) -> WebDatasetSource:
     return WebDatasetSource([root / "train.tar"])
 
 
+def _tfrecord_source(root: Path, n: int, photo: Path) -> TFRecordSource:
+    image = photo.read_bytes()
+    write_records(root / "train.tfrecord", [imagenet_example(f"s{i:06d}.jpg", image, i % 7, []) for i in range(n)])
+    return TFRecordSource([root / "train.tfrecord"])
+
+
 SOURCES = {
     "list": _list_source,
     "arrays": _arrays_source,
     "imagefolder": _imagefolder_source,
     "coco": _coco_source,
     "webdataset": _webdataset_source,
+    "tfrecord": _tfrecord_source,
 }
 
 
