@@ -90,6 +90,18 @@ def _tfrecord_source(root: Path, n: int, photo: Path) -> TFRecordSource:
     return TFRecordSource([root / "train.tfrecord"])
 
 
+def _parquet_source(root: Path, n: int, photo: Path):
+    from test_parquet_source import write_hf_parquet  # needs pyarrow (the parquet extra, in the test extra)
+
+    from converters.sources import ParquetSource
+
+    # A larger Parquet input is more files (a file's footer grows with its row groups, and every reader of the
+    # file reads it whole): 40 rows a file, in row groups of 7.
+    rows = [(f"s{i:06d}.jpg", photo.read_bytes(), i % 3) for i in range(n)]
+    files = [write_hf_parquet(root / f"train-{k:03d}.parquet", rows[k : k + 40], group=7) for k in range(0, n, 40)]
+    return ParquetSource(files)
+
+
 SOURCES = {
     "list": _list_source,
     "arrays": _arrays_source,
@@ -97,6 +109,7 @@ SOURCES = {
     "coco": _coco_source,
     "webdataset": _webdataset_source,
     "tfrecord": _tfrecord_source,
+    "parquet": _parquet_source,
 }
 
 
@@ -126,8 +139,9 @@ def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, 
     sizes, read, peaks = [], [], []
     for n in (SMALL, SMALL, LARGE):  # the first run warms imports and caches
         task, out = _task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo, which)
-        sizes.append(len(task))
         args = pickle.loads(task)  # what a spawned worker gets
+        # The task alone: the source travels once per worker (with its list of input files, O(files)).
+        sizes.append((len(pickle.dumps(args[1:])), len(pickle.dumps(args[0]))))
         before = _bytes_read()
         tracemalloc.start()
         record = write_shard(*args)
@@ -136,7 +150,9 @@ def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, 
         read.append(_bytes_read() - before)
         assert record.num_samples == PER_SHARD and not record.errors
     # Identical shards of 10 items; only absolute paths (tmp folder names) may differ by a few bytes.
-    assert abs(sizes[2] - sizes[1]) < 200, sizes
+    assert abs(sizes[2][0] - sizes[1][0]) < 200, sizes
+    more_files = 9 if kind == "parquet" else 0  # the larger Parquet input is 10 files instead of 1
+    assert abs(sizes[2][1] - sizes[1][1]) < 200 + 100 * more_files, sizes
     # The larger input is 10x the smaller (a list file of ~40 KB more): a task reading it would show.
     assert read[2] - read[1] < 8_000, read
     # Nor hold more memory: 360 more parsed lines or COCO entries would be well over 50 KB.
