@@ -23,13 +23,15 @@ from test_tfrecord_source import imagenet_example, write_records
 
 from converters.base import ConversionError
 from converters.input_plan import plan_input
-from converters.runner import JOB_DIR, shard_tasks, write_shard
+from converters.jobdir import legacy_job_digest
+from converters.runner import JOB_DIR, convert, shard_tasks, write_shard
 from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
+from converters.synth import render
 
 PER_SHARD = 10
 SMALL, LARGE = 40, 400
@@ -181,3 +183,32 @@ def test_a_shard_whose_input_changed_after_planning_is_refused_and_not_kept(tmp_
     with pytest.raises(ConversionError, match=r"shard 3: the input changed while it was converted"):
         write_shard(*args)
     assert not list(out.glob("shard-*"))
+
+
+def test_a_dataset_finished_before_streamed_planning_is_still_recognised_and_a_label_edit_is_seen(tmp_path):
+    # Versions before streamed planning hashed every item after the plan; a dataset they finished must still
+    # be recognised as this job's (the same command says there is nothing to do), and nothing else may be.
+    (tmp_path / "photo.jpg").write_bytes(render(0, size=(16, 16)).tobytes("jpeg", "RGB"))
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"k{i} photo.jpg {i % 3}\n" for i in range(12)))
+    out = tmp_path / "out"
+    convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    manifest = json.loads((out / "index.json").read_text())
+    source = ListFileSource(listing)
+    inputs = plan_input(source, samples_per_shard=5)
+    manifest["source"]["job"] = legacy_job_digest(source, "lmdb", inputs.stream(source), inputs.plans)
+    (out / "index.json").write_text(json.dumps(manifest))
+    again = convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    assert again.already_complete
+
+    # A dataset of this version: its digest covers the labels (the old one only names and sizes, so for a dataset
+    # an older version finished, an edited label still goes unseen, as it did then).
+    fresh = tmp_path / "fresh"
+    convert(ListFileSource(listing), fresh, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    listing.write_text(listing.read_text().replace("k7 photo.jpg 1", "k7 photo.jpg 2"))  # one label edited
+    with pytest.raises(ConversionError, match="already holds a different dataset"):
+        convert(ListFileSource(listing), fresh, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    manifest["source"]["job"] = "0" * 64  # and a digest of no job at all is another dataset
+    (out / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConversionError, match="already holds a different dataset"):
+        convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
