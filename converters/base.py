@@ -13,7 +13,7 @@ import os
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Union
+from typing import Any, ClassVar, Iterator, Mapping, Union
 
 import numpy as np
 
@@ -65,12 +65,15 @@ class Item:
     """One planned input sample: a display ``name`` (a path or key), the ``size`` in
     bytes used to plan shard sizes, and whatever the source needs to load it (``data``).
 
-    Slotted: a conversion holds one per input sample in the parent process.
+    ``anchor``: for a :class:`StreamingSource`, where the item lies in the input (a byte offset into a list
+    file, a row number), from which :meth:`StreamingSource.items_from` reads it and those after it again.
+    Slotted: a source that is not streamed holds one per input sample in the parent process.
     """
 
     name: str
     size: int
     data: Any = None
+    anchor: Any = None
 
 
 @dataclass(frozen=True)
@@ -127,14 +130,9 @@ class Source(ABC):
         """Class names, index = label, or ``None`` when the source has no classes."""
         return None
 
-    def input_boundaries(self) -> list[int] | None:
-        """For an input of several files: the index in :meth:`items` where each file after the first begins.
-
-        The planner never lets a shard span one (each shard task opens one input
-        file); shards are cut within a file by the usual count or size rule.
-        ``None`` (the default): the input is not sharded. Called after :meth:`items`.
-        """
-        return None
+    def streams(self) -> bool:
+        """Whether the runner streams this source's items (a :class:`StreamingSource`) instead of holding them."""
+        return False
 
     def extra(self) -> dict[str, Any]:
         """Anything else the manifest should keep (for example COCO's category names)."""
@@ -144,11 +142,11 @@ class Source(ABC):
         """Folders this source reads everything below: a conversion refuses to write its output inside one."""
         return []
 
-    def check_result(self, items: list[Item], left_out: set[str]) -> None:
+    def check_result(self, left_out: set[str]) -> None:
         """Refuse a finished conversion that this source cannot stand by; called before the manifest is written.
 
-        ``left_out`` are the :attr:`Item.name` of the inputs left out as bad. Raises
-        :class:`ConversionError`; the shards stay, so a re-run that passes completes at once.
+        ``left_out`` are the :attr:`Item.name` of the inputs left out as bad (the items were enumerated in this
+        process before). Raises :class:`ConversionError`; the shards stay, so a re-run that passes completes at once.
         """
 
     def release(self) -> None:
@@ -158,6 +156,37 @@ class Source(ABC):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """The manifest's ``source`` entry: the kind, the input paths and the options that shape the output."""
+
+
+class StreamingSource(Source):
+    """A source whose items are enumerated as a stream and re-read per shard: memory O(1) in the input.
+
+    The runner walks :meth:`iter_items` (twice when the shard size depends on the input's total) to plan the
+    shards, keeping of each only its first item's :attr:`Item.anchor`; a shard task then reads its items with
+    :meth:`items_from`, in the worker. So neither the parent nor a task holds a list of the whole input.
+    """
+
+    def streams(self) -> bool:
+        return True
+
+    @abstractmethod
+    def iter_items(self) -> Iterator[Item]:
+        """Every input sample with its :attr:`Item.anchor`, in a deterministic order, read as it goes.
+
+        Raises :class:`ConversionError` for an empty or missing input (at the latest once the stream ends).
+        """
+
+    @abstractmethod
+    def items_from(self, anchor: Any) -> Iterator[Item]:
+        """The items from the one whose :attr:`Item.anchor` is ``anchor`` on, as :meth:`iter_items` gives them.
+
+        Called in a worker, which takes as many as its shard holds; the source's state after the planning
+        passes (:meth:`fields`, a list file's columns) travels with it.
+        """
+
+    def items(self) -> list[Item]:
+        """Every input sample as a list (for small inputs and tests; the runner streams :meth:`iter_items`)."""
+        return list(self.iter_items())
 
 
 class ShardWriter(ABC):

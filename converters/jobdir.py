@@ -90,22 +90,36 @@ def remove_paths(paths: Iterable[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def job_digest(source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan]) -> str:
-    """A hash of everything that determines the output bytes, to recognise the same job on a re-run."""
-    digest = hashlib.sha256()
+def job_digest(source: Source, fmt: str, plans: Sequence[ShardPlan]) -> str:
+    """A hash of everything that determines the output bytes, to recognise the same job on a re-run.
+
+    The shards' fingerprints stand for the items (their names and sizes), so the digest needs no pass of its own.
+    """
     header = {
         "format": fmt,
         "source": source.describe(),
-        "shards": [[p.start, p.stop] for p in plans],
+        "shards": [[p.start, p.stop, p.fingerprint] for p in plans],
     }
+    return hashlib.sha256(json.dumps(header, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def legacy_job_digest(source: Source, fmt: str, items: Iterable[Item], plans: Sequence[ShardPlan]) -> str:
+    """The digest that versions before streamed planning wrote into a finished manifest (the items hashed after the plan), so
+    that a dataset they finished is still recognised as this job's instead of refused as another dataset."""
+    digest = hashlib.sha256()
+    header = {"format": fmt, "source": source.describe(), "shards": [[p.start, p.stop] for p in plans]}
     digest.update(json.dumps(header, sort_keys=True, default=str).encode())
     for item in items:
         digest.update(f"{item.name}\0{item.size}\n".encode())
     return digest.hexdigest()
 
 
-def finished_dataset(out: Path, digest: str) -> Manifest | None:
-    """The manifest of ``out`` when it is a complete conversion of this very job."""
+def finished_dataset(out: Path, digest: str, legacy: Callable[[], str] | None = None) -> Manifest | None:
+    """The manifest of ``out`` when it is a complete conversion of this very job.
+
+    ``legacy`` computes the digest an older version would have written for this job (one more pass over the
+    input, so only asked when the manifest's digest is not ``digest``).
+    """
     if not (out / MANIFEST_NAME).exists():
         return None
     try:
@@ -114,7 +128,8 @@ def finished_dataset(out: Path, digest: str) -> Manifest | None:
         raise ConversionError(
             f"{out} already holds a dataset whose manifest cannot be read ({exc}); choose another output folder"
         ) from exc
-    if manifest.source.get("job") != digest:
+    recorded = manifest.source.get("job")
+    if recorded != digest and (legacy is None or recorded != legacy()):
         raise ConversionError(
             f"{out} already holds a different dataset; choose another output folder or delete this one"
         )

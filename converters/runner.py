@@ -37,13 +37,14 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
 from converters.base import ConversionError, Item, SampleError, Source
 from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.engines import LocalEngine, WorkerDied, make_engine
+from converters.input_plan import InputPlan, plan_input, shard_items
 from converters.jobdir import (
     TMP_SUFFIX,
     OutputLock,
@@ -53,13 +54,14 @@ from converters.jobdir import (
     done_record,
     finished_dataset,
     job_digest,
+    legacy_job_digest,
     read_errors,
     remove_paths,
     remove_temporaries,
     save_record,
     shard_name,
 )
-from converters.planner import ShardPlan, plan_shards
+from converters.planner import ShardPlan
 from converters.writers import writer_class
 from dali_pipes._version import __version__
 from dali_pipes.dataset.fileio import atomic_write_bytes, fsync_dir, sha256_file
@@ -132,13 +134,11 @@ def convert(
 
     out = Path(out)
     _refuse_output_inside_input(source, out)
-    items = source.items()
-    plans = plan_shards(
-        items, samples_per_shard=samples_per_shard, shard_size=shard_size, boundaries=source.input_boundaries()
-    )
-    digest = job_digest(source, format, items, plans)
+    inputs = plan_input(source, samples_per_shard=samples_per_shard, shard_size=shard_size)
+    plans = inputs.plans
+    digest = job_digest(source, format, plans)
 
-    finished = finished_dataset(out, digest)
+    finished = finished_dataset(out, digest, lambda: legacy_job_digest(source, format, inputs.stream(source), plans))
     if finished is not None:
         # Said once, by the caller (the CLI's summary line); here only for debugging.
         log.debug("%s is already a complete conversion of this input; nothing to do", out)
@@ -158,12 +158,12 @@ def convert(
         todo = [p for p in plans if p.number not in results]
         try:
             write = write_shard if uploader is None else uploader.after(write_shard)
-            _run_shards(_Job(source, format, items, out, on_error, write), todo, runner, progress, results)
+            _run_shards(_Job(source, format, inputs, out, on_error, write), todo, runner, progress, results)
         except SampleError:
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
             raise
-        source.check_result(items, {e["input"] for r in results.values() for e in r.errors})
+        source.check_result({e["input"] for r in results.values() for e in r.errors})
         manifest = _assemble(out, source, format, plans, results, digest)
         shutil.rmtree(job_dir, ignore_errors=True)
     errors = [e for p in plans for e in results[p.number].errors]
@@ -262,7 +262,7 @@ class _Job:
 
     source: Source
     fmt: str
-    items: Sequence[Item]
+    inputs: InputPlan
     out: Path
     on_error: str
     write: Callable[..., ShardRecord]  # write_shard, or write_shard then its upload
@@ -272,10 +272,10 @@ def _run_shards(
     job: _Job, todo: Sequence[ShardPlan], engine: Any, progress: bool, results: dict[int, ShardRecord]
 ) -> None:
     """Write the shards of ``todo`` with ``engine`` (or in this process when there is one worker or shard)."""
-    source, fmt, items, out, on_error = job.source, job.fmt, job.items, job.out, job.on_error
+    source, fmt, inputs, out, on_error = job.source, job.fmt, job.inputs, job.out, job.on_error
     done_before = sum(r.num_samples + len(r.errors) for r in results.values())
     bar = tqdm(
-        total=len(items),
+        total=inputs.count,
         initial=done_before,
         unit="img",
         desc=f"convert {fmt}",
@@ -286,11 +286,13 @@ def _run_shards(
         if isinstance(engine, LocalEngine) and (engine.workers == 1 or len(todo) <= 1):
             _init_worker(None, None)
             for plan in todo:
-                record = job.write(source, fmt, plan, items[plan.start : plan.stop], out, on_error, bar.update)
+                record = job.write(source, fmt, plan, inputs.items_for(plan), out, on_error, bar.update)
                 results[plan.number] = record
             return
         # An absolute output path, so that workers started elsewhere (a Dask cluster) write to the same folder.
-        tasks = [(k, job.write, args) for k, _, args in shard_tasks(source, fmt, items, todo, out.absolute(), on_error)]
+        tasks = [
+            (k, job.write, args) for k, _, args in shard_tasks(source, fmt, inputs, todo, out.absolute(), on_error)
+        ]
         try:
             for number, record in engine.run(tasks, bar.update, shared=(source,)):
                 results[number] = record
@@ -308,9 +310,10 @@ def _run_shards(
 
 
 def shard_tasks(
-    source: Source, fmt: str, items: Sequence[Item], plans: Sequence[ShardPlan], out: Path, on_error: str
+    source: Source, fmt: str, inputs: InputPlan, plans: Sequence[ShardPlan], out: Path, on_error: str
 ) -> list[tuple[int, Callable[..., ShardRecord], tuple[Any, ...]]]:
-    """One engine task per shard: its :func:`write_shard` call, carrying only that shard's items.
+    """One engine task per shard: its :func:`write_shard` call, carrying only that shard's plan (and its items
+    when they are held in this process; a streaming source's task reads them from the input).
 
     The source is not in the tasks: the engine sends it to each worker once and
     passes it first (``engine.run(..., shared=(source,))``), since a dataset may be
@@ -319,14 +322,14 @@ def shard_tasks(
     workers instead of each task re-reading the whole input to find it.
     """
     source.fields()
-    return [(plan.number, write_shard, (fmt, plan, items[plan.start : plan.stop], out, on_error)) for plan in plans]
+    return [(plan.number, write_shard, (fmt, plan, inputs.items_for(plan), out, on_error)) for plan in plans]
 
 
 def write_shard(
     source: Source,
     fmt: str,
     plan: ShardPlan,
-    items: Sequence[Item],
+    items: Sequence[Item] | None,
     out: Path,
     on_error: str,
     on_progress=None,
@@ -335,6 +338,7 @@ def write_shard(
 ) -> ShardRecord:
     """Write one shard under a temporary name, rename it into place, and record it as done.
 
+    ``items``: the shard's items, or ``None`` to read them from a streaming source's input (:func:`shard_items`).
     ``stop`` says whether to abandon the shard (another shard failed with
     ``--on-error fail``); without it, the stop event of this worker process is asked.
     Returns the shard's record: path, count, size, hashes and the inputs left out.
@@ -353,7 +357,8 @@ def write_shard(
     try:
         _check_job_alive(out, stop)
         writer = writer_cls(tmp, source.fields())
-        count, errors = _write_samples(writer, source, items, on_error, final.name, stop, on_progress)
+        inputs = shard_items(source, plan, items)
+        count, errors = _write_samples(writer, source, inputs, on_error, final.name, stop, on_progress)
         writer.close()
         # The job may have been given up while this shard was written (a Dask task that ran on).
         _check_job_alive(out, stop)
@@ -374,7 +379,7 @@ def write_shard(
 def _write_samples(
     writer: Any,
     source: Source,
-    items: Sequence[Item],
+    items: Iterable[Item],
     on_error: str,
     shard: str,
     stop: Callable[[], bool],

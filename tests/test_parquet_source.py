@@ -47,7 +47,7 @@ def test_hf_layout_converts_byte_for_byte_with_class_names(imagenet_mini, tmp_pa
     run_cli("convert", "parquet", str(tmp_path / "train-*.parquet"), out, "--format", "tfrecord", "--no-progress")
     assert_converted(out, expected)
     manifest = load_manifest(out)
-    assert [s.num_samples for s in manifest.shards] == [30, 17]  # one shard per file
+    assert [s.num_samples for s in manifest.shards] == [47]  # two small files packed into one shard
     assert list(manifest.classes) == CLASS_NAMES
 
 

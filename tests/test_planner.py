@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from converters.base import ConversionError, Item
-from converters.planner import auto_shard_size, parse_size, plan_shards
+from converters.planner import auto_shard_size, cut_shards, parse_size, plan_shards
 
 
 def _items(sizes):
@@ -61,24 +61,20 @@ def test_empty_input_and_conflicting_options_are_refused():
         plan_shards(_items([1]), samples_per_shard=0)
 
 
-def test_shards_never_span_an_input_file():
+def test_shards_are_cut_by_count_or_size_whatever_the_input_files():
+    # Items of three files (4, 3 and 3 items): shards of the target count or size span them.
     items = _items([10] * 10)
-    # Files of 4, 3 and 3 small items: by default one shard each; by count or size, cut within each file.
-    assert [(p.start, p.stop) for p in plan_shards(items, boundaries=[4, 7])] == [(0, 4), (4, 7), (7, 10)]
-    by_count = plan_shards(items, samples_per_shard=3, boundaries=[4, 7])
-    assert [(p.start, p.stop) for p in by_count] == [(0, 3), (3, 4), (4, 7), (7, 10)]
-    by_size = plan_shards(items, shard_size=20, boundaries=[4, 7])
-    assert [(p.start, p.stop) for p in by_size] == [(0, 2), (2, 4), (4, 6), (6, 7), (7, 9), (9, 10)]
-    assert [p.number for p in by_size] == list(range(6))
-    # An empty input file (a repeated boundary) and out-of-range ones add no shard.
-    assert len(plan_shards(items, boundaries=[0, 4, 4, 10, 12])) == 2
+    assert [(p.start, p.stop) for p in plan_shards(items, samples_per_shard=3)] == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert [(p.start, p.stop) for p in plan_shards(items, shard_size=40)] == [(0, 4), (4, 8), (8, 10)]
+    assert [(p.start, p.stop) for p in plan_shards(items)] == [(0, 10)]  # one automatic shard
 
 
-def test_a_large_input_file_is_cut_by_the_automatic_size():
-    # One 2 GB file and a small one, no count or size given: the big file is spread over several shards
-    # (it was one shard, written by one core), and still no shard spans the two files.
-    items = _items([50 * 1000**2] * 40)
-    plan = plan_shards(items, boundaries=[38])
-    auto = auto_shard_size(sum(item.size for item in items))
-    assert [(p.start, p.stop) for p in plan] == [(a, a + 2) for a in range(0, 38, 2)] + [(38, 40)]
-    assert all(sum(item.size for item in items[p.start : p.stop]) <= auto for p in plan)
+def test_streamed_cutting_keeps_each_shards_first_anchor_and_a_fingerprint_of_its_items():
+    items = [Item(name=f"f{i}", size=10, data=("key", i % 3), anchor=100 + i) for i in range(10)]
+    plans = list(cut_shards(iter(items), shard_size=40))
+    assert [p.anchor for p in plans] == [100, 104, 108]
+    assert plans == plan_shards(items, shard_size=40)  # the list planner is the same rule
+    # The fingerprint covers names, sizes and what the item is loaded by (a label edited makes another shard).
+    edited = items[:5] + [Item(name="f5", size=10, data=("key", 99), anchor=105)] + items[6:]
+    other = list(cut_shards(iter(edited), shard_size=40))
+    assert [p.fingerprint == q.fingerprint for p, q in zip(plans, other)] == [True, False, True]

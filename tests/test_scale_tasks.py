@@ -10,21 +10,28 @@ list-file task re-read and parsed the whole list.
 
 from __future__ import annotations
 
+import io
 import json
-import os
 import pickle
+import tarfile
 import tracemalloc
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_tfrecord_source import imagenet_example, write_records
 
-from converters.planner import plan_shards
-from converters.runner import JOB_DIR, shard_tasks, write_shard
+from converters.base import ConversionError
+from converters.input_plan import plan_input
+from converters.jobdir import legacy_job_digest
+from converters.runner import JOB_DIR, convert, shard_tasks, write_shard
 from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
+from converters.sources.tfrecords import TFRecordSource
+from converters.sources.webdataset import WebDatasetSource
+from converters.synth import render
 
 PER_SHARD = 10
 SMALL, LARGE = 40, 400
@@ -68,22 +75,54 @@ def _coco_source(root: Path, n: int, photo: Path) -> CocoSource:
     return CocoSource(root / "images", root / "instances.json")
 
 
+def _webdataset_source(root: Path, n: int, photo: Path) -> WebDatasetSource:
+    image = photo.read_bytes()
+    with tarfile.open(root / "train.tar", "w") as tar:  # one tar: a task must start at its own sample's header
+        for i in range(n):
+            for name, data in ((f"s{i:06d}.jpg", image), (f"s{i:06d}.cls", str(i % 7).encode())):
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1_700_000_000
+                tar.addfile(info, io.BytesIO(data))
+    return WebDatasetSource([root / "train.tar"])
+
+
+def _tfrecord_source(root: Path, n: int, photo: Path) -> TFRecordSource:
+    image = photo.read_bytes()
+    write_records(root / "train.tfrecord", [imagenet_example(f"s{i:06d}.jpg", image, i % 7, []) for i in range(n)])
+    return TFRecordSource([root / "train.tfrecord"])
+
+
+def _parquet_source(root: Path, n: int, photo: Path):
+    from test_parquet_source import write_hf_parquet  # needs pyarrow (the parquet extra, in the test extra)
+
+    from converters.sources import ParquetSource
+
+    # A larger Parquet input is more files (a file's footer grows with its row groups, and every reader of the
+    # file reads it whole): 40 rows a file, in row groups of 7.
+    rows = [(f"s{i:06d}.jpg", photo.read_bytes(), i % 3) for i in range(n)]
+    files = [write_hf_parquet(root / f"train-{k:03d}.parquet", rows[k : k + 40], group=7) for k in range(0, n, 40)]
+    return ParquetSource(files)
+
+
 SOURCES = {
     "list": _list_source,
     "arrays": _arrays_source,
     "imagefolder": _imagefolder_source,
     "coco": _coco_source,
+    "webdataset": _webdataset_source,
+    "tfrecord": _tfrecord_source,
+    "parquet": _parquet_source,
 }
 
 
-def _first_task(make, root: Path, n: int, photo: Path) -> tuple[bytes, Path]:
+def _task(make, root: Path, n: int, photo: Path, which: int = 0) -> tuple[bytes, Path]:
+    """Shard ``which``'s task (0: the first, -1: the last), pickled as a worker gets it."""
     root.mkdir()
     source = make(root, n, photo)
-    items = source.items()
-    plans = plan_shards(items, samples_per_shard=PER_SHARD)
+    inputs = plan_input(source, samples_per_shard=PER_SHARD)
     out = root / "out"
     (out / JOB_DIR).mkdir(parents=True)
-    _, _, args = shard_tasks(source, "lmdb", items, plans[:1], out, "fail")[0]
+    _, _, args = shard_tasks(source, "lmdb", inputs, [inputs.plans[which]], out, "fail")[0]
     return pickle.dumps((source, *args)), out  # what a worker gets: the shared source, then the task
 
 
@@ -95,14 +134,16 @@ def _bytes_read() -> int:
     raise AssertionError("no rchar in /proc/self/io")
 
 
+@pytest.mark.parametrize("which", [0, -1], ids=["first", "last"])
 @pytest.mark.parametrize("kind", sorted(SOURCES))
-def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, imagenet_mini, kind):
+def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, imagenet_mini, kind, which):
     photo = _photo(imagenet_mini)
     sizes, read, peaks = [], [], []
     for n in (SMALL, SMALL, LARGE):  # the first run warms imports and caches
-        task, out = _first_task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo)
-        sizes.append(len(task))
+        task, out = _task(SOURCES[kind], tmp_path / f"n{len(sizes)}", n, photo, which)
         args = pickle.loads(task)  # what a spawned worker gets
+        # The task alone: the source travels once per worker (with its list of input files, O(files)).
+        sizes.append((len(pickle.dumps(args[1:])), len(pickle.dumps(args[0]))))
         before = _bytes_read()
         tracemalloc.start()
         record = write_shard(*args)
@@ -111,19 +152,63 @@ def test_shard_task_size_and_start_up_work_do_not_grow_with_the_input(tmp_path, 
         read.append(_bytes_read() - before)
         assert record.num_samples == PER_SHARD and not record.errors
     # Identical shards of 10 items; only absolute paths (tmp folder names) may differ by a few bytes.
-    assert abs(sizes[2] - sizes[1]) < 200, sizes
+    assert abs(sizes[2][0] - sizes[1][0]) < 200, sizes
+    more_files = 9 if kind == "parquet" else 0  # the larger Parquet input is 10 files instead of 1
+    assert abs(sizes[2][1] - sizes[1][1]) < 200 + 100 * more_files, sizes
     # The larger input is 10x the smaller (a list file of ~40 KB more): a task reading it would show.
     assert read[2] - read[1] < 8_000, read
     # Nor hold more memory: 360 more parsed lines or COCO entries would be well over 50 KB.
     assert peaks[2] - peaks[1] < 50_000, peaks
 
 
-def test_a_list_shard_task_never_parses_the_list_file(tmp_path, imagenet_mini):
-    # The cause of the per-shard cost: each task re-parsed the whole list to learn whether it has labels.
-    task, _ = _first_task(_list_source, tmp_path / "list", LARGE, _photo(imagenet_mini))
+def test_a_list_shard_task_reads_only_its_own_lines_and_never_checks_the_list_again(tmp_path, imagenet_mini):
+    # Each task re-parsed the whole list to learn whether it has labels; a streamed one reads its lines from their
+    # byte offset, once the list was checked in the parent.
+    task, _ = _task(_list_source, tmp_path / "list", LARGE, _photo(imagenet_mini), which=-1)
     args = pickle.loads(task)
-    source = args[0]
-    os.unlink(source.list_file)  # a task that needs the list file now fails instead of re-reading it
+    source, plan = args[0], args[2]
+    assert args[3] is None and plan.anchor > 0  # no items carried: the last shard's first line, by offset
+    lines = Path(source.list_file).read_bytes().splitlines(keepends=True)
+    assert plan.anchor == sum(len(line) for line in lines[: plan.start])
     record = write_shard(*args)
-    assert record.num_samples == PER_SHARD
-    assert source._entries is None and "label" in source.fields()
+    assert record.num_samples == PER_SHARD and "label" in source.fields()
+
+
+def test_a_shard_whose_input_changed_after_planning_is_refused_and_not_kept(tmp_path, imagenet_mini):
+    task, out = _task(_list_source, tmp_path / "list", SMALL, _photo(imagenet_mini), which=-1)
+    args = pickle.loads(task)
+    listing = Path(args[0].list_file)
+    lines = listing.read_text().splitlines(keepends=True)
+    listing.write_text("".join(lines[:-1]) + lines[-1].replace("key", "kex"))  # the last key renamed
+    with pytest.raises(ConversionError, match=r"shard 3: the input changed while it was converted"):
+        write_shard(*args)
+    assert not list(out.glob("shard-*"))
+
+
+def test_a_dataset_finished_before_streamed_planning_is_still_recognised_and_a_label_edit_is_seen(tmp_path):
+    # Versions before streamed planning hashed every item after the plan; a dataset they finished must still
+    # be recognised as this job's (the same command says there is nothing to do), and nothing else may be.
+    (tmp_path / "photo.jpg").write_bytes(render(0, size=(16, 16)).tobytes("jpeg", "RGB"))
+    listing = tmp_path / "list.txt"
+    listing.write_text("".join(f"k{i} photo.jpg {i % 3}\n" for i in range(12)))
+    out = tmp_path / "out"
+    convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    manifest = json.loads((out / "index.json").read_text())
+    source = ListFileSource(listing)
+    inputs = plan_input(source, samples_per_shard=5)
+    manifest["source"]["job"] = legacy_job_digest(source, "lmdb", inputs.stream(source), inputs.plans)
+    (out / "index.json").write_text(json.dumps(manifest))
+    again = convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    assert again.already_complete
+
+    # A dataset of this version: its digest covers the labels (the old one only names and sizes, so for a dataset
+    # an older version finished, an edited label still goes unseen, as it did then).
+    fresh = tmp_path / "fresh"
+    convert(ListFileSource(listing), fresh, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    listing.write_text(listing.read_text().replace("k7 photo.jpg 1", "k7 photo.jpg 2"))  # one label edited
+    with pytest.raises(ConversionError, match="already holds a different dataset"):
+        convert(ListFileSource(listing), fresh, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    manifest["source"]["job"] = "0" * 64  # and a digest of no job at all is another dataset
+    (out / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConversionError, match="already holds a different dataset"):
+        convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)

@@ -55,7 +55,7 @@ def tars(imagenet_mini, tmp_path_factory) -> tuple[list[Path], list]:
 
 
 @pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
-def test_tars_convert_byte_for_byte_one_shard_per_tar(tars, tmp_path, fmt):
+def test_tars_convert_byte_for_byte_into_shards_of_the_target_size(tars, tmp_path, fmt):
     paths, expected = tars
     classes = tmp_path / "classes.txt"
     classes.write_text("".join(f"class-{i}\n" for i in range(10)))
@@ -63,7 +63,7 @@ def test_tars_convert_byte_for_byte_one_shard_per_tar(tars, tmp_path, fmt):
     run_cli("convert", "webdataset", pattern, tmp_path / "out", "--format", fmt, "--classes", classes, "--no-progress")
     assert_converted(tmp_path / "out", expected)
     manifest = load_manifest(tmp_path / "out")
-    assert [s.num_samples for s in manifest.shards] == [20, 15, 12]  # one shard per tar: each task opens one
+    assert [s.num_samples for s in manifest.shards] == [47]  # 47 small samples fill one automatic shard of three tars
     assert manifest.classes[3] == "class-3"
     assert "json" in manifest.fields  # the webdataset tar's .json members are kept, empty where there is none
     store = open_store(tmp_path / "out")
@@ -123,12 +123,13 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
         part = files[n * 10 : (n + 1) * 10]
         write_tar(tmp_path / f"s-{n:02d}.tar", [(f"{f.stem}.jpg", f.read_bytes()) for f in part])
     pattern = str(tmp_path / "s-{00..15}.tar")
-    common = ["--label-ext", "", "--format", "tfrecord", "--no-progress"]
+    # 7 samples a shard: most shards span two tars of 10, and each task reads them one after the other.
+    common = ["--label-ext", "", "--format", "tfrecord", "--samples-per-shard", "7", "--no-progress"]
     run_cli("convert", "webdataset", pattern, tmp_path / "reference", "--workers", "2", *common)
 
     out = tmp_path / "killed"
     _kill_after_shards(["convert", "webdataset", pattern, out, "--workers", "2", *common], out, shards=3)
-    assert 3 <= _records(out) < 16 and not (out / "index.json").exists()
+    assert 3 <= _records(out) < 23 and not (out / "index.json").exists()
     proc = run_cli("convert", "webdataset", pattern, out, "--workers", "1", *common)
     assert "kept from an earlier run" in proc.stdout
     assert shard_digests(out) == shard_digests(tmp_path / "reference")

@@ -106,11 +106,6 @@ class PlannedInputs:
         return {**self.__dict__, **dict.fromkeys(self._not_pickled)}
 
 
-def file_boundaries(items: Sequence[Any], file_of) -> list[int]:
-    """The indices where ``file_of(item)`` changes: where each input file after the first begins."""
-    return [i for i in range(1, len(items)) if file_of(items[i]) != file_of(items[i - 1])]
-
-
 class OpenFiles:
     """The input file a worker process reads, read by offset, never seeked.
 

@@ -10,7 +10,7 @@ Files may be URLs of object storage (``s3://``, ``gs://``, ...; a pattern such
 as ``s3://b/feats-*.npy`` is expanded in the bucket): they are read by ranged
 requests, never copied whole (:mod:`converters.sources.remote_arrays`).
 
-Nothing is read while planning: :meth:`ArraysSource.items` reads headers and
+Nothing is read while planning: :meth:`ArraysSource.iter_items` reads headers and
 metadata only. In the workers, ``.npy`` files and members of uncompressed
 ``.npz`` archives (``np.savez``) are memory-mapped and HDF5 datasets are read a
 row at a time. Members of compressed archives (``np.savez_compressed``) cannot
@@ -27,11 +27,11 @@ import struct
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, Item, Sample, SampleError, Source, absolute_path
+from converters.base import ConversionError, Item, Sample, SampleError, StreamingSource, absolute_path
 from converters.remote_inputs import expand_url, is_url
 from converters.sources import remote_arrays
 from dali_pipes.dataset.manifest import Field
@@ -61,7 +61,7 @@ class _Part:
         return f"{self.file}:{self.member}" if self.member else self.file
 
 
-class ArraysSource(Source):
+class ArraysSource(StreamingSource):
     """Rows of named arrays; see the module docstring for how files map to fields.
 
     ``fields`` selects (and orders) the fields to keep; by default every field is
@@ -108,13 +108,16 @@ class ArraysSource(Source):
         plan = self._fields_plan()
         return sum(p.count for p in next(iter(plan.values())))
 
-    def items(self) -> list[Item]:
-        """One item per row; ``Item.data`` is the row index."""
+    def iter_items(self) -> Iterator[Item]:
+        """One item per row; ``Item.data`` and ``Item.anchor`` are the row index."""
+        return self.items_from(0)
+
+    def items_from(self, anchor: int) -> Iterator[Item]:
         plan = self._fields_plan()
         size = sum(
             p.dtype.itemsize * int(np.prod(p.sample_shape, dtype=np.int64)) for p in (v[0] for v in plan.values())
         )
-        return [Item(name=f"sample {i}", size=size, data=i) for i in range(len(self))]
+        return (Item(name=f"sample {i}", size=size, data=i, anchor=i) for i in range(anchor, len(self)))
 
     # -- loading (workers) ------------------------------------------------------------------------
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, StreamingSource
 from converters.images import prepare_image
 from dali_pipes.dataset.manifest import Field
 
@@ -19,7 +19,7 @@ INFERRED = (
 )
 
 
-class DatasetSource(Source):
+class DatasetSource(StreamingSource):
     """The samples of a map-style dataset, ``dataset[0]`` to ``dataset[len(dataset) - 1]``, read in the workers.
 
     A sample is a tuple or list (its values in the order of ``fields``) or a dict
@@ -65,9 +65,12 @@ class DatasetSource(Source):
     def classes(self) -> list[str] | None:
         return self._classes
 
-    def items(self) -> list[Item]:
+    def iter_items(self) -> Iterator[Item]:
         """One item per index; ``Item.size`` is the size of sample 0, for planning shard sizes."""
-        return [Item(name=f"sample {i}", size=self._sample_size, data=i) for i in range(self.length)]
+        return self.items_from(0)
+
+    def items_from(self, anchor: int) -> Iterator[Item]:
+        return (Item(name=f"sample {i}", size=self._sample_size, data=i, anchor=i) for i in range(anchor, self.length))
 
     def _values(self, index: int, raw: Any) -> dict[str, Any]:
         names = list(self._fields)

@@ -5,11 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
+from converters.base import ConversionError, ImageOptions, Item, Sample, StreamingSource, absolute_path
 from converters.images import load_image_file
 from converters.remote_inputs import class_folders, is_url
 from dali_pipes.dataset.manifest import Field
@@ -26,7 +26,7 @@ IMAGE_EXTENSIONS = frozenset(
 )
 
 
-class ImageFolderSource(Source):
+class ImageFolderSource(StreamingSource):
     """Images under ``ROOT/CLASS/...``; the label is the index of ``CLASS`` among the sorted class folders.
 
     Every visible sub-folder of ``root`` is a class (names sorted as strings, as
@@ -58,6 +58,8 @@ class ImageFolderSource(Source):
         self.root = absolute_path(root)
         self.image_options = image_options
         self.allow_empty_classes = allow_empty_classes
+        self._found: dict[int, int] = {}  # label -> files, counted while the items are walked in this process
+        self._loose_said = False
 
     def _class_names(self) -> list[str]:
         if is_url(self.root):  # a tree in object storage: its class folders are the prefixes below ROOT
@@ -83,42 +85,62 @@ class ImageFolderSource(Source):
     def fields(self) -> dict[str, Field]:
         return {"image": Field.image(), "label": Field.array("int64", ()), "key": Field.text()}
 
-    def items(self) -> list[Item]:
-        """Every visible file, class by class, each class sorted by relative path. ``Item.size`` is the file size."""
-        items: list[Item] = []
+    def streams(self) -> bool:
+        # A tree in object storage is listed once, whole (one request per 1,000 objects), and its items held.
+        return not is_url(self.root)
+
+    def iter_items(self) -> Iterator[Item]:
+        """Every visible file, class by class, each class sorted by relative path. ``Item.size`` is the file size;
+        ``Item.anchor`` is ``(label, position in its class)``. Refuses an empty class at the end of the stream."""
         classes = self._class_names()
         loose, walk = _listing(self.root)
-        if loose:
+        if loose and not self._loose_said:
+            self._loose_said = True  # said once, though planning may walk the tree twice
             log.warning(
                 "%s: %d file(s) directly in the root belong to no class and are not converted: %s",
                 self.root,
                 len(loose),
                 ", ".join(loose[:5]) + (", ..." if len(loose) > 5 else ""),
             )
-        empty = []
+        self._found = {}
         for label, name in enumerate(classes):
-            found = 0
-            for rel, size in walk(name):
-                items.append(Item(name=os.path.join(self.root, rel), size=size, data=(rel, label)))
-                found += 1
-            if not found:
-                empty.append((name, label))
-        if not items:
+            for position, (rel, size) in enumerate(walk(name)):
+                yield self._item(rel, size, label, position)
+                self._found[label] = position + 1
+        if not self._found:
             raise ConversionError(f"{self.root}: its class folders hold no files; imagefolder reads ROOT/CLASS/IMAGE")
-        for name, label in empty:
-            self._empty_class(name, label, "holds no files")
-        log.debug("%s: %d images in %d classes", self.root, len(items), len(classes))
-        return items
+        for label, name in enumerate(classes):
+            if label not in self._found:
+                self._empty_class(name, label, "holds no files")
+        log.debug("%s: %d images in %d classes", self.root, sum(self._found.values()), len(classes))
+
+    def items_from(self, anchor: tuple[int, int]) -> Iterator[Item]:
+        first_label, skip = anchor
+        classes = self._class_names()
+        _, walk = _listing(self.root)
+        for label in range(first_label, len(classes)):
+            for position, (rel, size) in enumerate(walk(classes[label])):
+                if label > first_label or position >= skip:
+                    yield self._item(rel, size, label, position)
+
+    def _item(self, rel: str, size: int, label: int, position: int) -> Item:
+        return Item(name=os.path.join(self.root, rel), size=size, data=(rel, label), anchor=(label, position))
 
     def input_folders(self) -> list[Path]:
         return [] if is_url(self.root) else [Path(self.root)]
 
-    def check_result(self, items: list[Item], left_out: set[str]) -> None:
+    def check_result(self, left_out: set[str]) -> None:
         """Refuse a class all of whose files were left out (none is an image): see the class docstring."""
-        kept = {item.data[1] for item in items if item.name not in left_out}
         classes = self._class_names()
-        for label in sorted({item.data[1] for item in items} - kept):
-            self._empty_class(classes[label], label, "holds no image (every file in it was left out)")
+        label_of = {name: label for label, name in enumerate(classes)}
+        lost: dict[int, int] = {}
+        for name in left_out:
+            label = label_of.get(_class_of(self.root, name))
+            if label is not None:
+                lost[label] = lost.get(label, 0) + 1
+        for label, count in sorted(lost.items()):
+            if count >= self._found.get(label, 0):
+                self._empty_class(classes[label], label, "holds no image (every file in it was left out)")
 
     def _empty_class(self, name: str, label: int, why: str) -> None:
         if not self.allow_empty_classes:
@@ -138,6 +160,11 @@ class ImageFolderSource(Source):
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "root": self.root, "image_options": self.image_options.to_json()}
+
+
+def _class_of(root: str, name: str) -> str:
+    """The class folder of an input named ``name`` (``ROOT/CLASS/...``, a path or a URL)."""
+    return name[len(root) :].lstrip("/").split("/", 1)[0]
 
 
 def _listing(root: str):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import logging
 import os
 import posixpath
@@ -12,10 +11,11 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, Source, absolute_path
+from converters.base import ConversionError, ImageOptions, Item, Sample, StreamingSource, absolute_path
 from converters.images import load_image_file
 from converters.remote_inputs import beside, is_url, open_input, tree
 from converters.sources._inputs import INTEGER
+from converters.unique_keys import RepeatedHashes
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -38,13 +38,13 @@ TWO_COLUMN_RULE = (
 
 @dataclass(frozen=True)
 class _Entry:
-    line: int
+    line: int  # counted from where the reading started (the first line when it started at the top)
     key: str
     path: str  # resolved: absolute, or relative to the list file's folder joined to it
     label: int | None
 
 
-class ListFileSource(Source):
+class ListFileSource(StreamingSource):
     """Images named by the lines of a list file.
 
     Each non-blank line that does not start with ``#`` holds whitespace-separated
@@ -63,6 +63,11 @@ class ListFileSource(Source):
     either every line has one or none does, and then there is no ``label`` field.
     Relative paths are taken from the list file's folder. Keys must be unique.
 
+    The list is streamed, never held: it is checked once (columns, labels, unique keys) in the
+    conversion's process, and each shard task reads its own lines from their byte offset (the items'
+    anchor). A list in object storage is the exception: its files' sizes come from one listing of
+    its folder, so its items are listed once and held.
+
     Fields: ``image``, ``label`` (int64, only when the list has labels), ``key`` (UTF-8).
     """
 
@@ -78,63 +83,60 @@ class ListFileSource(Source):
         self.list_file = absolute_path(list_file)
         self.image_options = image_options
         self.columns = _layout(columns)
-        self._entries: list[_Entry] | None = None
-        self._labelled: bool | None = None  # kept when pickled: every shard task asks fields()
+        # The columns, given or inferred, once the list was checked; kept when pickled, so a task never re-checks.
+        self._checked: tuple[str, ...] | None = None
+        self._missing_said = False
 
-    def __getstate__(self) -> dict[str, Any]:
-        # Workers only need Item.data; a parsed million-line list must not travel with every task.
-        state = dict(self.__dict__)
-        state["_entries"] = None
-        return state
+    def streams(self) -> bool:
+        return not is_url(self.list_file)
 
-    def _parsed(self) -> list[_Entry]:
-        if self._entries is None:
-            # A list in object storage stays a URL (its paths are then read from beside it, in the bucket).
-            self._entries = _parse(self.list_file if is_url(self.list_file) else Path(self.list_file), self.columns)
-        return self._entries
+    def _where(self) -> Path | str:
+        # A list in object storage stays a URL (its paths are then read from beside it, in the bucket).
+        return self.list_file if is_url(self.list_file) else Path(self.list_file)
 
-    def _has_labels(self) -> bool:
-        if self._labelled is None:
-            self._labelled = self._parsed()[0].label is not None
-        return self._labelled
+    def _layout_checked(self) -> tuple[str, ...]:
+        if self._checked is None:
+            self._checked = _check(self._where(), self.columns)
+        return self._checked
 
     def fields(self) -> dict[str, Field]:
         fields = {"image": Field.image()}
-        if self._has_labels():
+        if "label" in self._layout_checked():
             fields["label"] = Field.array("int64", ())
         fields["key"] = Field.text()
         return fields
 
-    def items(self) -> list[Item]:
-        """One item per line, in file order. ``Item.size`` is the file size (0 for a missing file, reported by ``load``)."""
-        entries = self._parsed()
-        # Decided here, in the parent, so that a shard task (which never gets the entries) knows it.
-        self._labelled = entries[0].label is not None
-        # The items carry what the workers need; the parsed entries would only double the parent's memory.
-        self._entries = None
-        items = []
-        missing = 0
-        sizes = _listed_sizes(self.list_file, entries)
-        for entry in entries:
-            try:
-                size = sizes[entry.path] if sizes is not None else os.stat(entry.path).st_size
-            except (OSError, KeyError):
-                size = 0
-                missing += 1
-            items.append(Item(name=entry.path, size=size, data=(entry.path, entry.key, entry.label)))
-        if missing == len(entries):
+    def iter_items(self) -> Iterator[Item]:
+        """One item per line, in file order. ``Item.size`` is the file size (0 for a missing file, reported by
+        ``load``); ``Item.anchor`` the byte offset of the line."""
+        sizes = _listed_sizes(self.list_file)
+        count = missing = 0
+        first: _Entry | None = None
+        for offset, entry in _entries(self._where(), self._layout_checked(), 0):
+            size = _file_size(entry.path, sizes)
+            count += 1
+            first = first or entry
+            missing += size is None
+            yield _item(entry, size or 0, offset)
+        if first is None:
+            raise ConversionError(f"{self.list_file}: no entries (only blank or '#' lines); the list is empty")
+        if missing == count:
             raise ConversionError(
-                f"{self.list_file}: none of its {len(entries)} paths exists (first: {entries[0].path} from line "
-                f"{entries[0].line}); relative paths are read from the list file's folder"
+                f"{self.list_file}: none of its {count} paths exists (first: {first.path} from line "
+                f"{first.line}); relative paths are read from the list file's folder"
             )
-        if missing:
+        if missing and not self._missing_said:
+            self._missing_said = True  # said once, though planning may read the list twice
             log.warning(
                 "%s: %d of %d listed files do not exist; they will be reported as errors",
                 self.list_file,
                 missing,
-                len(entries),
+                count,
             )
-        return items
+
+    def items_from(self, anchor: int) -> Iterator[Item]:
+        for offset, entry in _entries(self._where(), self._layout_checked(), anchor):
+            yield _item(entry, _file_size(entry.path, None) or 0, offset)
 
     def load(self, item: Item) -> Sample:
         path, key, label = item.data
@@ -154,6 +156,20 @@ class ListFileSource(Source):
         }
 
 
+def _item(entry: _Entry, size: int, offset: int) -> Item:
+    return Item(name=entry.path, size=size, data=(entry.path, entry.key, entry.label), anchor=offset)
+
+
+def _file_size(path: str, sizes: dict[str, int] | None) -> int | None:
+    """The size of a listed file (from the folder's listing for a list in object storage); ``None``: missing."""
+    if sizes is not None:
+        return sizes.get(path)
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return None
+
+
 def _layout(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
     if columns is None:
         return None
@@ -164,7 +180,7 @@ def _layout(columns: str | Sequence[str] | None) -> tuple[str, ...] | None:
     return names
 
 
-def _listed_sizes(list_file: str, entries: list[_Entry]) -> dict[str, int] | None:
+def _listed_sizes(list_file: str) -> dict[str, int] | None:
     """For a list in object storage: the size of each object below its folder, listed once (not one request per
     line); ``None`` for a local list, whose files are looked at one by one."""
     if not is_url(list_file):
@@ -173,36 +189,70 @@ def _listed_sizes(list_file: str, entries: list[_Entry]) -> dict[str, int] | Non
     return {posixpath.join(folder, rel): size for rel, size in tree(folder).items()}
 
 
-def _rows(list_file: Path | str) -> Iterator[tuple[int, list[str]]]:
-    """``(line number, columns)`` of every entry line, streamed: the list is never held whole in memory."""
-    try:
-        with (
-            io.TextIOWrapper(open_input(list_file), encoding="utf-8")
-            if isinstance(list_file, str)
-            else open(list_file, encoding="utf-8")
-        ) as f:
-            for number, line in enumerate(f, start=1):
-                stripped = line.strip()
-                if stripped and not stripped.startswith("#"):
-                    yield number, stripped.split()
-    except UnicodeDecodeError as exc:
-        raise ConversionError(f"{list_file}: not UTF-8 text ({exc}); save the list as UTF-8") from None
+def _rows(list_file: Path | str, start: int = 0) -> Iterator[tuple[int, int, list[str]]]:
+    """``(line number, byte offset, columns)`` of every entry line from byte ``start`` on, streamed: the list is
+    never held whole in memory. Line numbers count from ``start``."""
+    with open_input(list_file) if isinstance(list_file, str) else open(list_file, "rb") as f:
+        f.seek(start)
+        offset = start
+        for number, raw in enumerate(f, start=1):
+            line_offset, offset = offset, offset + len(raw)
+            try:
+                stripped = raw.decode("utf-8").strip()
+            except UnicodeDecodeError as exc:
+                raise ConversionError(f"{list_file}:{number}: not UTF-8 text ({exc}); save the list as UTF-8") from None
+            if stripped and not stripped.startswith("#"):
+                yield number, line_offset, stripped.split()
 
 
-def _parse(list_file: Path | str, columns: tuple[str, ...] | None) -> list[_Entry]:
+def _entries(list_file: Path | str, columns: tuple[str, ...], start: int) -> Iterator[tuple[int, _Entry]]:
+    """``(byte offset, entry)`` of the lines from byte ``start`` on, read with the checked ``columns``."""
+    base = f"{list_file}" if isinstance(list_file, str) else list_file.parent
+    for number, offset, parts in _rows(list_file, start):
+        row = dict(zip(columns, parts))
+        path = beside(base, row["path"]) if isinstance(list_file, str) else os.path.join(base, row["path"])
+        label = int(row["label"]) if "label" in row else None
+        yield offset, _Entry(line=number, key=row.get("key", row["path"]), path=path, label=label)
+
+
+def _check(list_file: Path | str, columns: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The list's columns (``columns``, or inferred), once every line is known good: the same column count,
+    integer labels, unique keys. Reads the list two or three times, holding none of it."""
     if isinstance(list_file, str):  # a URL: a missing list is named by the read
         pass
     elif not list_file.exists():
         raise ConversionError(f"{list_file}: no such list file; give a text file of 'KEY PATH [LABEL]' lines")
     elif not list_file.is_file():
         raise ConversionError(f"{list_file}: not a file; the list source reads a text file of 'KEY PATH [LABEL]' lines")
+    columns = _checked_columns(list_file, columns)
+    repeated = RepeatedHashes()
+    for number, _, parts in _rows(list_file):
+        row = dict(zip(columns, parts))
+        if "label" in row and not INTEGER.match(row["label"]):
+            raise ConversionError(f"{list_file}:{number}: label {row['label']!r} is not an integer")
+        repeated.add(row.get("key", row["path"]))
+    candidates = repeated.repeated()
+    if candidates:  # some hashes repeat: find the keys that do, by their line numbers
+        seen: dict[str, int] = {}
+        for number, _, parts in _rows(list_file):
+            key = dict(zip(columns, parts)).get("key", parts[columns.index("path")])
+            if hash(key) in candidates:
+                if key in seen:
+                    raise ConversionError(
+                        f"{list_file}:{number}: key {key!r} repeats line {seen[key]}; keys must be unique"
+                    )
+                seen[key] = number
+    log.debug("%s: columns %s", list_file, " ".join(columns))
+    return columns
 
-    # A first pass checks the columns and infers the layout; the second builds the entries.
+
+def _checked_columns(list_file: Path | str, columns: tuple[str, ...] | None) -> tuple[str, ...]:
+    """The columns every line has: ``columns`` when given (and matching), else inferred by :data:`TWO_COLUMN_RULE`."""
     first: int | None = None
     width = 0
     integer_line: int | None = None  # first line whose second column is an integer
     other_line: int | None = None  # first line whose second column is not
-    for number, parts in _rows(list_file):
+    for number, _, parts in _rows(list_file):
         if first is None:
             first, width = number, len(parts)
         elif len(parts) != width:
@@ -218,42 +268,16 @@ def _parse(list_file: Path | str, columns: tuple[str, ...] | None) -> list[_Entr
     if first is None:
         raise ConversionError(f"{list_file}: no entries (only blank or '#' lines); the list is empty")
     if columns is None:
-        columns = _infer_layout(list_file, width, first, integer_line, other_line)
-    elif len(columns) != width:
+        return _infer_layout(list_file, width, first, integer_line, other_line)
+    if len(columns) != width:
         raise ConversionError(
             f"{list_file}:{first}: {width} columns, but the layout {' '.join(columns)!r} has {len(columns)}"
         )
-
-    base = posixpath.dirname(list_file) if isinstance(list_file, str) else list_file.parent
-    entries: list[_Entry] = []
-    seen: dict[str, int] = {}
-    for number, parts in _rows(list_file):
-        row = dict(zip(columns, parts))
-        label = None
-        if "label" in row:
-            if not INTEGER.match(row["label"]):
-                raise ConversionError(f"{list_file}:{number}: label {row['label']!r} is not an integer")
-            label = int(row["label"])
-        key = row.get("key", row["path"])
-        if key in seen:
-            raise ConversionError(f"{list_file}:{number}: key {key!r} repeats line {seen[key]}; keys must be unique")
-        seen[key] = number
-        entries.append(
-            _Entry(
-                line=number,
-                key=key,
-                path=beside(f"{base}/list", row["path"])
-                if isinstance(list_file, str)
-                else os.path.join(base, row["path"]),
-                label=label,
-            )
-        )
-    log.debug("%s: %d entries, columns %s", list_file, len(entries), " ".join(columns))
-    return entries
+    return columns
 
 
 def _infer_layout(
-    list_file: Path, width: int, first: int, integer_line: int | None, other_line: int | None
+    list_file: Path | str, width: int, first: int, integer_line: int | None, other_line: int | None
 ) -> tuple[str, ...]:
     if width == 3:
         return LAYOUTS["key path label"]

@@ -10,7 +10,7 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
@@ -20,7 +20,7 @@ from converters.base import (
     Item,
     Sample,
     SampleError,
-    Source,
+    StreamingSource,
     optional_absolute_path,
     process_wide_error,
 )
@@ -30,7 +30,6 @@ from converters.sources._inputs import (
     PlannedInputs,
     add_common_arguments,
     expand_inputs,
-    file_boundaries,
     input_patterns,
     inputs_and_output,
     read_classes_file,
@@ -51,7 +50,7 @@ class _Row:
     row: int  # row within the file
 
 
-class ParquetSource(PlannedInputs, Source):
+class ParquetSource(PlannedInputs, StreamingSource):
     """One sample per row of Parquet files, file by file, in row order.
 
     ``image_column`` holds the encoded image: binary, or a struct with a
@@ -66,7 +65,7 @@ class ParquetSource(PlannedInputs, Source):
     """
 
     kind: ClassVar[str] = KIND
-    _not_pickled = ("_items", "_class_names", "_group")
+    _not_pickled = ("_class_names", "_group")
 
     def __init__(
         self,
@@ -82,34 +81,45 @@ class ParquetSource(PlannedInputs, Source):
         self.image_column = image_column
         self.label_column = label_column or None
         self.classes_file = optional_absolute_path(classes_file)
-        self._items: list[Item] | None = None
+        self._paths: list[str] | None = None  # kept when pickled: a task reads by file number
         self._class_names: list[str] | None = None
         self._group: tuple[int, str, int, dict[str, list] | str] | None = None  # (pid, path, group, columns or why not)
 
-    def items(self) -> list[Item]:
-        """One item per row; ``Item.size`` is the row group's bytes shared out over its rows."""
-        if self._items is None:
-            items: list[Item] = []
-            for n, path in enumerate(expand_inputs(self.patterns, "Parquet file")):
-                items += self._rows(path, first=n == 0)
-            if not items:
-                raise ConversionError(f"parquet: {', '.join(self.patterns)} hold no rows")
-            self._items = items
-        return self._items
+    def _file_paths(self) -> list[str]:
+        if self._paths is None:
+            self._paths = expand_inputs(self.patterns, "Parquet file")
+        return self._paths
 
-    def _rows(self, path: str, *, first: bool) -> list[Item]:
+    def iter_items(self) -> Iterator[Item]:
+        """One item per row, file by file, from the files' footers alone; ``Item.size`` is the row group's bytes
+        shared out over its rows, ``Item.anchor`` ``(file number, row group, row in the group)``."""
+        count = 0
+        for count, item in enumerate(self.items_from((0, 0, 0)), start=1):
+            yield item
+        if not count:
+            raise ConversionError(f"parquet: {', '.join(self.patterns)} hold no rows")
+
+    def items_from(self, anchor: tuple[int, int, int]) -> Iterator[Item]:
+        first, first_group, first_index = anchor
+        for number, path in enumerate(self._file_paths()[first:], start=first):
+            start = (first_group, first_index) if number == first else (0, 0)
+            yield from self._rows(path, number, *start)
+
+    def _rows(self, path: str, number: int, first_group: int, first_index: int) -> Iterator[Item]:
         meta = _open(path).metadata
         self._check_schema(path, meta.schema.to_arrow_schema())
-        if first:
+        if number == 0:
             self._class_names = _hf_class_names(meta.schema.to_arrow_schema(), self.label_column)
-        items, row = [], 0
-        for group in range(meta.num_row_groups):
+        row = sum(meta.row_group(group).num_rows for group in range(first_group))
+        for group in range(first_group, meta.num_row_groups):
             info = meta.row_group(group)
             size = info.total_byte_size // max(1, info.num_rows)
-            for index in range(info.num_rows):
-                items.append(Item(name=f"{path}:{row}", size=size, data=_Row(path, group, index, row)))
-                row += 1
-        return items
+            for index in range(first_index if group == first_group else 0, info.num_rows):
+                anchor = (number, group, index)
+                yield Item(
+                    name=f"{path}:{row + index}", size=size, data=_Row(path, group, index, row + index), anchor=anchor
+                )
+            row += info.num_rows
 
     def _check_schema(self, path: str, schema) -> None:
         import pyarrow as pa
@@ -135,9 +145,6 @@ class ParquetSource(PlannedInputs, Source):
             if not pa.types.is_integer(schema.field(self.label_column).type):
                 label = schema.field(self.label_column).type
                 raise ConversionError(f"{path}: label column {self.label_column!r} is {label}, not integers")
-
-    def input_boundaries(self) -> list[int]:
-        return file_boundaries(self.items(), lambda item: item.data.path)
 
     def fields(self) -> dict[str, Field]:
         fields = {"image": Field.image()}

@@ -10,15 +10,21 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
+from converters.base import (
+    ConversionError,
+    ImageOptions,
+    Item,
+    Sample,
+    SampleError,
+    StreamingSource,
+    optional_absolute_path,
+)
 from converters.images import prepare_image
 from converters.remote_inputs import is_url, open_input
 from converters.sources._inputs import (
     OpenFiles,
-    PlannedInputs,
     add_common_arguments,
     expand_inputs,
-    file_boundaries,
     input_patterns,
     inputs_and_output,
     read_classes_file,
@@ -46,7 +52,7 @@ class _Record:
     damage: str | None = None
 
 
-class TFRecordSource(PlannedInputs, Source):
+class TFRecordSource(StreamingSource):
     """Samples of TFRecord files of ``tf.train.Example`` records, one per record, in file order.
 
     Features by name (the defaults are the TF/TPU ImageNet layout of
@@ -83,38 +89,49 @@ class TFRecordSource(PlannedInputs, Source):
         self.key_feature = key_feature or None
         self.bbox_prefix = bbox_prefix or None
         self.classes_file = optional_absolute_path(classes_file)
-        self._items: list[Item] | None = None
-        self._has_boxes: bool | None = None  # kept when pickled: every shard task asks fields()
+        # Kept when pickled (every shard task asks fields() and reads by file number).
+        self._paths: list[str] | None = None
+        self._has_boxes: bool | None = None
         self._files = OpenFiles()
 
-    def _scan(self) -> list[Item]:
-        if self._items is None:
-            items: list[Item] = []
-            for path in expand_inputs(self.patterns, "TFRecord file"):
-                items += [Item(name=f"{r.path}:{r.number}", size=r.size, data=r) for r in _records(path)]
-            first = next((item for item in items if item.data.damage is None), None)
-            if first is None:
-                raise ConversionError(f"tfrecord: {', '.join(self.patterns)} hold no readable record")
-            features = self._features(first)
-            if self.image_feature not in features:
-                raise ConversionError(
-                    f"{first.name}: no feature {self.image_feature!r} (features: {', '.join(sorted(features))}); "
-                    "name the image feature with --image-feature"
-                )
-            self._has_boxes = self.bbox_prefix is not None and f"{self.bbox_prefix}xmin" in features
-            self._items = items
-        return self._items
+    def _file_paths(self) -> list[str]:
+        if self._paths is None:
+            self._paths = expand_inputs(self.patterns, "TFRecord file")
+        return self._paths
 
-    def items(self) -> list[Item]:
-        """One item per record, file by file; ``Item.size`` is the record's size."""
-        return self._scan()
+    def iter_items(self) -> Iterator[Item]:
+        """One item per record, file by file; ``Item.size`` is the record's size, ``Item.anchor``
+        ``(file number, byte offset, record number)``. The first readable record's features decide the fields."""
+        readable = False
+        for item in self.items_from((0, 0, 0)):
+            if not readable and item.data.damage is None:
+                self._learn_fields(item)
+                readable = True
+            yield item
+        if not readable:
+            raise ConversionError(f"tfrecord: {', '.join(self.patterns)} hold no readable record")
 
-    def input_boundaries(self) -> list[int]:
-        return file_boundaries(self._scan(), lambda item: item.data.path)
+    def items_from(self, anchor: tuple[int, int, int]) -> Iterator[Item]:
+        first, start, number = anchor
+        for index, path in enumerate(self._file_paths()[first:], start=first):
+            at = (start, number) if index == first else (0, 0)
+            for r in _records(path, *at):
+                yield Item(name=f"{r.path}:{r.number}", size=r.size, data=r, anchor=(index, r.offset, r.number))
+
+    def _learn_fields(self, first: Item) -> None:
+        features = self._features(first)
+        if self.image_feature not in features:
+            raise ConversionError(
+                f"{first.name}: no feature {self.image_feature!r} (features: {', '.join(sorted(features))}); "
+                "name the image feature with --image-feature"
+            )
+        self._has_boxes = self.bbox_prefix is not None and f"{self.bbox_prefix}xmin" in features
 
     def fields(self) -> dict[str, Field]:
         if self._has_boxes is None:
-            self._scan()
+            for _ in self.iter_items():  # up to the first readable record
+                if self._has_boxes is not None:
+                    break
         fields = {"image": Field.image()}
         if self.label_feature:
             fields["label"] = Field.array("int64", ())
@@ -168,30 +185,31 @@ class TFRecordSource(PlannedInputs, Source):
         }
 
 
-def _records(path: str) -> list[_Record]:
-    """Every record of one file; a damaged header ends the list with one record saying where and why.
+def _records(path: str, start: int = 0, number: int = 0) -> Iterator[_Record]:
+    """The records of one file from record ``number`` at byte ``start`` on; a damaged header ends them with one
+    record saying where and why.
 
     A local file is walked by its descriptor; a URL is read once in order, through a buffer of
     large ranged requests (headers in the same block cost nothing more), never copied whole.
     """
     with _header_reader(path) as (pread, end):
-        records: list[_Record] = []
+        where = start
         try:
-            for offset, size in walk_record_headers(pread, end, path):
-                records.append(_Record(path, len(records), offset, size))
+            for offset, size in walk_record_headers(pread, end, path, start, number):
+                yield _Record(path, number, offset, size)
+                where, number = offset + size, number + 1
         except StoreError as exc:
             # A compressed file fails at its first header; refused whole, not counted as one bad record.
-            compression = None if records else _compression(pread(0, 2))
+            compression = _compression(pread(0, 2)) if where == 0 else None
             if compression is not None:
                 raise ConversionError(
                     f"{path}: the file is {compression}-compressed; TFRecord files are read in place, so decompress "
                     f"it first (TensorFlow's compression_type={compression!r})"
                 ) from None
-            where = records[-1].offset + records[-1].size if records else 0
             damage = f"{str(exc).removeprefix(f'{path}: ')}; the rest of the file from byte {where} cannot be read"
-            log.warning("%s: %s", path, damage)
-            records.append(_Record(path, len(records), where, 0, damage))
-    return records
+            if start == 0:  # said by the planning pass; a task reading on from a later record says it again
+                log.warning("%s: %s", path, damage)
+            yield _Record(path, number, where, 0, damage)
 
 
 @contextlib.contextmanager

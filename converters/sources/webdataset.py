@@ -7,19 +7,25 @@ import os
 import re
 import tarfile
 from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Sequence
+from typing import IO, Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, optional_absolute_path
+from converters.base import (
+    ConversionError,
+    ImageOptions,
+    Item,
+    Sample,
+    SampleError,
+    StreamingSource,
+    optional_absolute_path,
+)
 from converters.images import prepare_image
 from converters.remote_inputs import is_url, open_input
 from converters.sources._inputs import (
     OpenFiles,
-    PlannedInputs,
     add_common_arguments,
     expand_inputs,
-    file_boundaries,
     input_patterns,
     inputs_and_output,
     parse_label,
@@ -52,7 +58,7 @@ class _Members:
     damage: str | None = None  # where the tar cannot be read on from here: why
 
 
-class WebDatasetSource(PlannedInputs, Source):
+class WebDatasetSource(StreamingSource):
     """Samples of WebDataset tar shards: members sharing a key (``KEY.jpg``, ``KEY.cls``, ...) are one sample.
 
     Members are grouped as WebDataset groups them: consecutive members with the
@@ -62,6 +68,10 @@ class WebDatasetSource(PlannedInputs, Source):
     a ``json_ext`` member, when any sample has one, is kept as the ``json`` text
     field (empty for a sample without). Samples keep their order in the tars, and
     tars the order given. The tars are read in place (uncompressed tars only).
+
+    Streamed: the conversion's process reads the tars' headers as a stream (LAION-sized sets hold
+    100M samples), and each shard task reads its samples' headers again from the tar and byte where
+    its first sample begins (the items' anchor), one tar after another.
 
     Fields: ``image``, ``label`` (int64, as stored), ``key`` (the WebDataset key),
     and ``json``. A sample without an image or label, or with a bad one, is a bad
@@ -88,31 +98,38 @@ class WebDatasetSource(PlannedInputs, Source):
         self.classes_file = optional_absolute_path(classes_file)
         if not self.image_exts:
             raise ConversionError("webdataset: give at least one image extension")
-        self._items: list[Item] | None = None
-        self._has_json: bool | None = None  # kept when pickled: every shard task asks fields()
+        # Kept when pickled (every shard task asks fields() and reads by tar number): decided by a whole pass.
+        self._tars: list[str] | None = None
+        self._has_json: bool | None = None
         self._files = OpenFiles()
 
-    def _scan(self) -> list[Item]:
-        if self._items is None:
-            items: list[Item] = []
-            for path in expand_inputs(self.patterns, "tar shard"):
-                items += [_item(members) for members in _read_tar(path, self)]
-            if not items:
-                raise ConversionError(f"webdataset: {', '.join(self.patterns)} hold no samples")
-            self._has_json = self.json_ext is not None and any(i.data.json is not None for i in items)
-            self._items = items
-        return self._items
+    def _tar_paths(self) -> list[str]:
+        if self._tars is None:
+            self._tars = expand_inputs(self.patterns, "tar shard")
+        return self._tars
 
-    def items(self) -> list[Item]:
-        """One item per key, tar by tar, in member order; ``Item.size`` is the sample's bytes in the tar."""
-        return self._scan()
+    def iter_items(self) -> Iterator[Item]:
+        """One item per key, tar by tar, in member order; ``Item.size`` is the sample's bytes in the tar and
+        ``Item.anchor`` ``(tar number, byte offset of its first member's header)``."""
+        count = with_json = 0
+        for item in self.items_from((0, 0)):
+            count += 1
+            with_json += item.data.json is not None
+            yield item
+        if not count:
+            raise ConversionError(f"webdataset: {', '.join(self.patterns)} hold no samples")
+        self._has_json = self.json_ext is not None and with_json > 0
 
-    def input_boundaries(self) -> list[int]:
-        return file_boundaries(self._scan(), lambda item: item.data.path)
+    def items_from(self, anchor: tuple[int, int]) -> Iterator[Item]:
+        first, start = anchor
+        for number, path in enumerate(self._tar_paths()[first:], start=first):
+            for offset, members in _read_tar(path, self, start if number == first else 0):
+                yield _item(members, (number, offset))
 
     def fields(self) -> dict[str, Field]:
         if self._has_json is None:
-            self._scan()
+            for _ in self.iter_items():  # a whole pass decides whether any sample has a .json member
+                pass
         fields = {"image": Field.image()}
         if self.label_ext:
             fields["label"] = Field.array("int64", ())
@@ -154,30 +171,25 @@ class WebDatasetSource(PlannedInputs, Source):
         }
 
 
-def _item(members: _Members) -> Item:
+def _item(members: _Members, anchor: tuple[int, int]) -> Item:
     size = sum(span[1] for span in (members.image, members.label, members.json) if span is not None)
-    return Item(name=f"{members.path}:{members.key}", size=size, data=members)
+    return Item(name=f"{members.path}:{members.key}", size=size, data=members, anchor=anchor)
 
 
-def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
-    """The samples of one tar, in member order, from its headers alone (the data is skipped over).
+def _read_tar(path: str, source: WebDatasetSource, start: int = 0) -> Iterator[tuple[int, _Members]]:
+    """``(byte offset of its first header, members)`` of the samples of one tar from byte ``start`` (a member's
+    header) on, in member order, from the headers alone (the data is skipped over).
 
     Where the tar is damaged (an unreadable header, a truncated file, no end-of-archive
     marker), the samples before it are kept and one more sample names the byte and why;
     tarfile itself would stop there without a word.
     """
-    try:
-        # A tar in object storage is read as a file whose reads are ranged requests: headers, data skipped.
-        tar = tarfile.open(fileobj=open_input(path), mode="r:") if is_url(path) else tarfile.open(path, "r:")
-    except tarfile.ReadError as exc:
-        raise ConversionError(
-            f"{path}: not an uncompressed tar ({exc}); tar shards are read in place, so decompress it first"
-        ) from None
+    raw, tar = _open_tar(path, start)
     skipped = 0
-    with tar:
+    with raw, tar:
         group: dict[str, _Span] = {}
         key = None
-        damage = None
+        begins = damage = None
         try:
             while (info := tar.next()) is not None:
                 tar.members.clear()  # headers of a large tar need not pile up: each is used once
@@ -186,21 +198,42 @@ def _read_tar(path: str, source: WebDatasetSource) -> Iterator[_Members]:
                     skipped += info.isfile()
                     continue
                 if match.group(1) != key and key is not None:
-                    yield _members(path, key, group, source)
+                    yield begins, _members(path, key, group, source)
                     group = {}
+                if match.group(1) != key:
+                    begins = info.offset  # the first header of this member (a long name's or pax header too)
                 key = match.group(1)
                 group.setdefault(match.group(2).lower(), (info.offset_data, info.size))
         except tarfile.TarError as exc:
             damage = f"damaged tar ({exc})"
         damage = damage or _end_damage(path, tar.offset)
         if key is not None:
-            yield _members(path, key, group, source)
+            yield begins, _members(path, key, group, source)
         if damage is not None:
             damage += f"; the members from byte {tar.offset} on cannot be read"
-            log.warning("%s: %s", path, damage)
-            yield _Members(path, f"byte {tar.offset}", None, None, None, damage)
-    if skipped:
+            if start == 0:  # said by the planning pass; a task reading on from a later sample says it again
+                log.warning("%s: %s", path, damage)
+            yield tar.offset, _Members(path, f"byte {tar.offset}", None, None, None, damage)
+    if skipped and start == 0:
         log.warning("%s: %d members without an extension (not part of any sample) were left out", path, skipped)
+
+
+def _open_tar(path: str, start: int) -> tuple[IO[bytes], tarfile.TarFile]:
+    """The file at ``path`` (whose reads are ranged requests in object storage) and the tar read from byte ``start``
+    on; the tar leaves the file open when closed, so the caller closes both."""
+    raw = open_input(path) if is_url(path) else open(path, "rb")
+    try:
+        raw.seek(start)
+        return raw, tarfile.open(fileobj=raw, mode="r:")
+    except tarfile.ReadError as exc:
+        raw.close()
+        if start:  # a header the planning pass read: the tar changed since (the task's fingerprint says so too)
+            raise ConversionError(
+                f"{path}: no tar member at byte {start} any more ({exc}); the input changed"
+            ) from None
+        raise ConversionError(
+            f"{path}: not an uncompressed tar ({exc}); tar shards are read in place, so decompress it first"
+        ) from None
 
 
 def _end_damage(path: str, offset: int) -> str | None:

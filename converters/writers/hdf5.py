@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+from array import array
 from typing import Mapping
 
 import h5py
@@ -70,10 +71,12 @@ class Hdf5ShardWriter(ShardWriter):
         self._io = GuardedFile(self.path)
         self._file: h5py.File | None = None
         self._spools: dict[str, tempfile.SpooledTemporaryFile] = {}
-        self._offsets: dict[str, list[int]] = {}
+        # Per-sample state kept as packed arrays (8 and 4 bytes a value), not Python ints: a shard may hold
+        # millions of rows, and a list of ints or of small arrays costs 50-150 bytes a sample.
+        self._offsets: dict[str, array] = {}
         self._buffers: dict[str, list[np.ndarray]] = {}
         self._flush_rows: dict[str, int] = {}
-        self._crcs: list[np.ndarray] = []  # one row of field CRCs per sample
+        self._crcs = array("I")  # the field CRCs of each sample, one row after another
         try:
             self._file = h5py.File(self._io, "w", libver=LIBVER)
             self._create_datasets()
@@ -85,7 +88,7 @@ class Hdf5ShardWriter(ShardWriter):
         for name, field in self.fields.items():
             if is_ragged(field):
                 self._spools[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, dir=self.path.parent)
-                self._offsets[name] = [0]
+                self._offsets[name] = array("q", [0])
             else:
                 rows = chunk_rows(field)
                 shape = tuple(field.shape or ())
@@ -107,7 +110,7 @@ class Hdf5ShardWriter(ShardWriter):
         """Append one sample."""
         where = f"{self.path}: sample {self.num_samples}"
         values = normalize_sample(self.fields, sample, where)
-        self._crcs.append(sample_crcs(values))
+        self._crcs.frombytes(np.asarray(sample_crcs(values), dtype=np.uint32).tobytes())
         for name, field in self.fields.items():
             value = values[name]
             if is_ragged(field):
@@ -134,7 +137,7 @@ class Hdf5ShardWriter(ShardWriter):
 
     def _write_ragged(self, name: str, field: Field) -> None:
         spool = self._spools.pop(name)
-        offsets = np.asarray(self._offsets[name], dtype=np.int64)
+        offsets = np.frombuffer(self._offsets[name], dtype=np.int64)
         dtype = data_dtype(field)
         rest = row_shape(field)
         row_bytes = dtype.itemsize * math.prod(rest)
@@ -164,7 +167,7 @@ class Hdf5ShardWriter(ShardWriter):
                 self._write_ragged(name, field)
             else:
                 self._flush(name)
-        crcs = np.stack(self._crcs) if self._crcs else np.zeros((0, len(self.fields)), dtype=CRC_DTYPE)
+        crcs = np.frombuffer(self._crcs, dtype=np.uint32).astype(CRC_DTYPE).reshape(-1, len(self.fields))
         self._file.create_dataset(CRC_DATASET, data=crcs, dtype=CRC_DTYPE, track_times=False)
         for key, value in layout_attrs(self.fields, self.num_samples).items():
             self._file.attrs[key] = value

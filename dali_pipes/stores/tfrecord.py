@@ -30,11 +30,12 @@ def walk_records(fd: int, path: str | os.PathLike) -> Iterator[tuple[int, int]]:
 
 
 def walk_record_headers(
-    pread: Callable[[int, int], bytes], end: int, path: str | os.PathLike
+    pread: Callable[[int, int], bytes], end: int, path: str | os.PathLike, start: int = 0, number: int = 0
 ) -> Iterator[tuple[int, int]]:
     """:func:`walk_records` over any reader: ``pread(offset, size)`` bytes of a file of ``end`` bytes
-    (a local descriptor, or a remote object read in order through a buffer)."""
-    offset = number = 0
+    (a local descriptor, or a remote object read in order through a buffer), from record ``number`` at byte
+    ``start`` on (the first by default)."""
+    offset = start
     while offset < end:
         head = pread(offset, HEADER_SIZE)
         if len(head) < HEADER_SIZE:

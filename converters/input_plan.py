@@ -1,0 +1,90 @@
+"""The shards of one conversion, planned from its source: streamed for a :class:`StreamingSource`.
+
+A streaming source is walked once (or twice, when the shard size is the automatic one and needs the input's
+total first), and the parent keeps per shard its range, its first item's anchor and a fingerprint of its
+items: memory O(shards), not O(samples). Each shard task reads its own items from the input again
+(:func:`shard_items`), and refuses them when they are not the planned ones (the input changed meanwhile).
+Any other source's items are listed once and held, and each task is sent its slice, as before streaming.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+from converters.base import ConversionError, Item, Source, StreamingSource
+from converters.planner import Fingerprint, ShardPlan, auto_shard_size, check_shard_options, cut_shards
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class InputPlan:
+    """The shards of an input and how many items it holds; ``held``: the items of a source that is not streamed."""
+
+    plans: list[ShardPlan]
+    count: int
+    held: Sequence[Item] | None = None
+
+    def items_for(self, plan: ShardPlan) -> Sequence[Item] | None:
+        """What a task for ``plan`` carries: its items when they are held here, else ``None`` (read by the task)."""
+        return None if self.held is None else self.held[plan.start : plan.stop]
+
+    def stream(self, source: Source) -> Iterator[Item]:
+        """Every item again, in order (to hash them the way an older version did)."""
+        if self.held is not None:
+            return iter(self.held)
+        assert isinstance(source, StreamingSource)
+        return source.iter_items()
+
+
+def plan_input(source: Source, *, samples_per_shard: int | None = None, shard_size: int | None = None) -> InputPlan:
+    """Cut ``source`` into shards by count or bytes (the automatic size when neither is given)."""
+    check_shard_options(samples_per_shard, shard_size)
+    held = None if source.streams() else source.items()
+
+    def stream() -> Iterator[Item]:
+        return iter(held) if held is not None else source.iter_items()  # type: ignore[union-attr]
+
+    if samples_per_shard is None and shard_size is None:
+        total = sum(item.size for item in stream())  # a first pass: the automatic size depends on the total
+        shard_size = auto_shard_size(total)
+    plans = list(
+        cut_shards(
+            stream(),
+            samples_per_shard=samples_per_shard,
+            shard_size=shard_size,
+        )
+    )
+    if not plans:
+        raise ConversionError("nothing to convert: the input holds no samples")
+    count = plans[-1].stop
+    log.debug("%d items in %d shards (%s)", count, len(plans), "held" if held is not None else "streamed")
+    return InputPlan(plans, count, held)
+
+
+def shard_items(source: Source, plan: ShardPlan, items: Sequence[Item] | None) -> Iterable[Item]:
+    """The items of shard ``plan``: ``items`` when the task carries them, else read from the input by the task."""
+    if items is not None:
+        return items
+    if not isinstance(source, StreamingSource) or not source.streams():
+        raise TypeError(f"a task without items for a {type(source).__name__}, which cannot read them itself")
+    return _checked(source, plan)
+
+
+def _checked(source: StreamingSource, plan: ShardPlan) -> Iterator[Item]:
+    """The shard's items read from its anchor on, refused at the end when they are not those planned."""
+    seen = Fingerprint()
+    first = None
+    for item in itertools.islice(source.items_from(plan.anchor), plan.count):
+        first = first or item.name
+        seen.add(item)
+        yield item
+    if seen.count != plan.count or seen.hexdigest() != plan.fingerprint:
+        raise ConversionError(
+            f"shard {plan.number}: the input changed while it was converted (the {seen.count} inputs read from "
+            f"{first or 'its first one'} on are not the {plan.count} planned); nothing of this shard was kept. "
+            "Restore the input, or delete the output folder and convert again"
+        )
