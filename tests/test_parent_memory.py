@@ -14,6 +14,7 @@ import tarfile
 import tracemalloc
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 from test_tfrecord_source import imagenet_example, write_records
@@ -25,8 +26,10 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.dataset import DatasetSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
+from converters.sources.plainlmdb import LmdbSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
+from converters.synth import render
 
 SMALL, LARGE = 1_000, 10_000
 
@@ -83,6 +86,15 @@ def _records(root: Path, n: int) -> TFRecordSource:
     return TFRecordSource([root / "train.tfrecord"])
 
 
+def _plain_lmdb(root: Path, n: int) -> LmdbSource:
+    image = io.BytesIO()
+    render(0, size=(8, 8)).save(image, format="JPEG")  # the first values are probed as images
+    with lmdb.open(str(root / "plain.lmdb"), map_size=1 << 30) as env, env.begin(write=True) as txn:
+        for i in range(n):
+            txn.put(f"img{i:06d}".encode(), image.getvalue())
+    return LmdbSource(root / "plain.lmdb")
+
+
 def _planning_peak(source) -> int:
     gc.collect()  # garbage of the input's making is not the planning's
     tracemalloc.start()
@@ -96,8 +108,8 @@ def _planning_peak(source) -> int:
 
 @pytest.mark.parametrize(
     "make",
-    [_list, _arrays, _dataset, _tars, _records, _classes],
-    ids=["list", "arrays", "dataset", "webdataset", "tfrecord", "imagefolder"],
+    [_list, _arrays, _dataset, _tars, _records, _plain_lmdb, _classes],
+    ids=["list", "arrays", "dataset", "webdataset", "tfrecord", "lmdb", "imagefolder"],
 )
 def test_planning_ten_times_the_input_does_not_hold_ten_times_the_memory(tmp_path, monkeypatch, make):
     # Keys spill to disk after 4 per bucket here (8,192 in use), so that the test's lists exercise the spilling.

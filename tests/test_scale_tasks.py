@@ -17,6 +17,7 @@ import tarfile
 import tracemalloc
 from pathlib import Path
 
+import lmdb
 import numpy as np
 import pytest
 from test_tfrecord_source import imagenet_example, write_records
@@ -29,6 +30,7 @@ from converters.sources.arrays import ArraysSource
 from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
+from converters.sources.plainlmdb import LmdbSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 from converters.synth import render
@@ -104,6 +106,13 @@ def _parquet_source(root: Path, n: int, photo: Path):
     return ParquetSource(files)
 
 
+def _lmdb_source(root: Path, n: int, photo: Path) -> LmdbSource:
+    with lmdb.open(str(root / "plain.lmdb"), map_size=1 << 30) as env, env.begin(write=True) as txn:
+        for i in range(n):
+            txn.put(f"img{i:06d}".encode(), photo.read_bytes())
+    return LmdbSource(root / "plain.lmdb")
+
+
 SOURCES = {
     "list": _list_source,
     "arrays": _arrays_source,
@@ -112,6 +121,7 @@ SOURCES = {
     "webdataset": _webdataset_source,
     "tfrecord": _tfrecord_source,
     "parquet": _parquet_source,
+    "lmdb": _lmdb_source,
 }
 
 

@@ -13,7 +13,7 @@ import socket
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import lmdb
 import numpy as np
@@ -24,7 +24,7 @@ from converters.base import (
     Item,
     Sample,
     SampleError,
-    Source,
+    StreamingSource,
     absolute_path,
     optional_absolute_path,
 )
@@ -49,7 +49,7 @@ class _Entry:
     label: int | None
 
 
-class LmdbSource(Source):
+class LmdbSource(StreamingSource):
     """The values of a plain LMDB, each an encoded image; keys in byte order, or those of a key list.
 
     ``path`` is the LMDB folder (holding ``data.mdb``) or its data file. With
@@ -103,36 +103,49 @@ class LmdbSource(Source):
             _close_env(self._local)
             lmdb_download.remove_download(Path(self._local))
 
-    def _entries(self) -> list[_Entry]:
-        if self.keys_file is None:
-            with self._open().begin() as txn:
-                return [_Entry(bytes(key), None) for key in txn.cursor().iternext(keys=True, values=False)]
-        return _read_keys_file(Path(self.keys_file))
-
-    def items(self) -> list[Item]:
-        """One item per key; ``Item.size`` is the value's size (0 for a listed key the LMDB lacks)."""
-        entries = self._entries()
-        if not entries:
+    def iter_items(self) -> Iterator[Item]:
+        """One item per key, streamed; ``Item.size`` is the value's size (0 for a listed key the LMDB lacks),
+        ``Item.anchor`` the key (every key, in byte order) or the byte offset of its line in the key list."""
+        first: list[Item] = []  # the first few, to refuse an LMDB of something else than images up front
+        for item in self.items_from(None):
+            if len(first) < _PROBE:
+                first.append(item)
+                if len(first) == _PROBE:
+                    self._refuse_non_images(first)
+            yield item
+        if not first:
             raise ConversionError(f"{self.path}: the LMDB holds no entries")
-        self._labelled = entries[0].label is not None
-        items = []
-        with self._open().begin(buffers=True) as txn:
-            for entry in entries:
-                value = txn.get(entry.key)
-                name = f"{self.path}:{_key_text(entry.key)}"
-                items.append(Item(name=name, size=0 if value is None else len(value), data=entry))
-            self._refuse_non_images(txn, items)
-        return items
+        if len(first) < _PROBE:
+            self._refuse_non_images(first)
+        self._labelled = first[0].data.label is not None
 
-    def _refuse_non_images(self, txn, items: list[Item]) -> None:
+    def items_from(self, anchor: bytes | int | None) -> Iterator[Item]:
+        with self._open().begin(buffers=True) as txn:
+            if self.keys_file is None:
+                cursor = txn.cursor()
+                found = cursor.first() if anchor is None else cursor.set_range(anchor)
+                while found:
+                    key = bytes(cursor.key())
+                    yield self._item(_Entry(key, None), len(cursor.value()), key)
+                    found = cursor.next()
+                return
+            for offset, entry in _keys_file_entries(Path(self.keys_file), anchor or 0):
+                value = txn.get(entry.key)
+                yield self._item(entry, 0 if value is None else len(value), offset)
+
+    def _item(self, entry: _Entry, size: int, anchor: bytes | int) -> Item:
+        return Item(name=f"{self.path}:{_key_text(entry.key)}", size=size, data=entry, anchor=anchor)
+
+    def _refuse_non_images(self, items: list[Item]) -> None:
         """Stop before the job starts when the first values are all something else than images."""
         reasons = []
-        for item in items[:_PROBE]:
-            try:
-                _image(txn.get(item.data.key), item.name, ImageOptions())
-                return
-            except SampleError as exc:
-                reasons.append(exc.reason)
+        with self._open().begin(buffers=True) as txn:
+            for item in items[:_PROBE]:
+                try:
+                    _image(txn.get(item.data.key), item.name, ImageOptions())
+                    return
+                except SampleError as exc:
+                    reasons.append(exc.reason)
         raise ConversionError(
             f"{self.path}: none of the first {len(reasons)} values is an encoded image ({reasons[0]}); "
             "convert lmdb reads an LMDB whose values are image files (with --keys for a subset of keys)"
@@ -140,7 +153,7 @@ class LmdbSource(Source):
 
     def fields(self) -> dict[str, Field]:
         if self._labelled is None:
-            self._labelled = self.keys_file is not None and _read_keys_file(Path(self.keys_file))[0].label is not None
+            self._labelled = self.keys_file is not None and _first_key(Path(self.keys_file)).label is not None
         fields = {"image": Field.image()}
         if self._labelled:
             fields["label"] = Field.array("int64", ())
@@ -225,29 +238,43 @@ def _key_text(key: bytes) -> str:
     return key.decode("utf-8", "backslashreplace")
 
 
-def _read_keys_file(path: Path) -> list[_Entry]:
-    """``KEY [LABEL]`` lines (blank and ``#`` lines skipped); every line has a label or none does."""
+def _keys_file_entries(path: Path, start: int = 0) -> Iterator[tuple[int, _Entry]]:
+    """``(byte offset, entry)`` of the ``KEY [LABEL]`` lines from byte ``start`` on (blank and ``#`` lines
+    skipped), streamed; every line has a label or none does. Line numbers in errors count from ``start``."""
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        f = open(path, "rb")
     except FileNotFoundError:
         raise ConversionError(f"{path}: no such key list; give a text file of 'KEY [LABEL]' lines") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConversionError(f"{path}: cannot read the key list ({exc}); it must be UTF-8 text") from None
-    entries: list[_Entry] = []
+    except OSError as exc:
+        raise ConversionError(f"{path}: cannot read the key list ({exc})") from None
     width = None
-    for number, line in enumerate(lines, start=1):
-        parts = line.split()
-        if not parts or parts[0].startswith("#"):
-            continue
-        if len(parts) > 2 or (width is not None and len(parts) != width):
-            raise ConversionError(f"{path}:{number}: expected 'KEY LABEL' or 'KEY' on every line, as on the first")
-        if len(parts) == 2 and not INTEGER.match(parts[1]):
-            raise ConversionError(f"{path}:{number}: label {parts[1]!r} is not an integer")
-        width = len(parts)
-        entries.append(_Entry(parts[0].encode("utf-8"), int(parts[1]) if len(parts) == 2 else None))
-    if not entries:
+    found = False
+    with f:
+        f.seek(start)
+        offset = start
+        for number, raw in enumerate(f, start=1):
+            line_offset, offset = offset, offset + len(raw)
+            try:
+                parts = raw.decode("utf-8").split()
+            except UnicodeDecodeError as exc:
+                raise ConversionError(f"{path}:{number}: not UTF-8 text ({exc}); the key list must be UTF-8") from None
+            if not parts or parts[0].startswith("#"):
+                continue
+            if len(parts) > 2 or (width is not None and len(parts) != width):
+                raise ConversionError(f"{path}:{number}: expected 'KEY LABEL' or 'KEY' on every line, as on the first")
+            if len(parts) == 2 and not INTEGER.match(parts[1]):
+                raise ConversionError(f"{path}:{number}: label {parts[1]!r} is not an integer")
+            width, found = len(parts), True
+            yield line_offset, _Entry(parts[0].encode("utf-8"), int(parts[1]) if len(parts) == 2 else None)
+    if not found and start == 0:
         raise ConversionError(f"{path}: the key list is empty")
-    return entries
+
+
+def _first_key(path: Path) -> _Entry:
+    """The first entry of a key list (whether it has labels says whether every line has)."""
+    for _, entry in _keys_file_entries(path):
+        return entry
+    raise AssertionError("unreachable: an empty key list raised")
 
 
 # --- the command line -------------------------------------------------------------------------
