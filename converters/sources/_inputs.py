@@ -1,7 +1,7 @@
 """Helpers the sources of packed inputs share: naming input files, reading them in workers, class names.
 
-The packed sources (WebDataset tars, TFRecord files, Parquet files, an LMDB) plan
-every sample in the main process and read it back in a worker by position. A
+The packed sources (WebDataset tars, TFRecord files, Parquet files, an LMDB) stream
+their samples in the main process and read them back in a worker by position. A
 worker keeps its input file open between samples (:class:`OpenFiles`); nothing
 open travels when a source is pickled into a task.
 """
@@ -94,13 +94,10 @@ def inputs_and_output(positional: Sequence[str], what: str) -> tuple[list[str], 
 
 
 class PlannedInputs:
-    """A source that plans its inputs in the main process: the plan is not pickled into each task.
+    """A source some of whose attributes stay in the process that made them (a decoded row group, the class names
+    the planning read): :attr:`_not_pickled` names them (``None`` in the copy a worker gets)."""
 
-    A task carries its own items; the plan of every input file must not travel with
-    each. :attr:`_not_pickled` names the attributes left out (``None`` in the copy).
-    """
-
-    _not_pickled: tuple[str, ...] = ("_items",)
+    _not_pickled: tuple[str, ...] = ()
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, **dict.fromkeys(self._not_pickled)}
