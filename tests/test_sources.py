@@ -643,3 +643,10 @@ def test_prepare_image_applies_exif_orientation():
     data = _jpeg(400, 200, exif=exif.tobytes())
     out = _decoded(prepare_image(data, "sideways.jpg", ImageOptions(max_size=100)))
     assert out.size == (50, 100)
+
+
+def test_a_list_line_that_is_not_utf8_is_named_by_its_number(tmp_path):
+    (tmp_path / "a.jpg").write_bytes(b"x")
+    (tmp_path / "list.txt").write_bytes(b"k1 a.jpg 0\n# a comment\nk\xe9 a.jpg 1\n")
+    with pytest.raises(ConversionError, match=r"list.txt:3: not UTF-8 text"):
+        ListFileSource(tmp_path / "list.txt").fields()

@@ -12,7 +12,7 @@ import glob
 import os
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import IO, Any, Iterator, Sequence
 
 from converters.base import ConversionError, SampleError, absolute_path, process_wide_error
 from converters.remote_inputs import expand_url, is_url, read_range
@@ -23,6 +23,22 @@ INTEGER = re.compile(r"[+-]?\d+\Z")
 
 _RANGE = re.compile(r"\{(\d+)\.\.(\d+)\}")
 _CHOICE = re.compile(r"\{([^{}]*,[^{}]*)\}")
+
+
+def text_lines(f: IO[bytes], start: int, where: object) -> Iterator[tuple[int, int, list[str]]]:
+    """``(line number, byte offset, columns)`` of each line of ``f`` from byte ``start`` on that is neither blank
+    nor a ``#`` comment, streamed (a list file or key list is never held whole). Numbers count from ``start``;
+    ``where`` names the file in the error for a line that is not UTF-8."""
+    f.seek(start)
+    offset = start
+    for number, raw in enumerate(f, start=1):
+        line_offset, offset = offset, offset + len(raw)
+        try:
+            parts = raw.decode("utf-8").split()
+        except UnicodeDecodeError as exc:
+            raise ConversionError(f"{where}:{number}: not UTF-8 text ({exc}); save the file as UTF-8") from None
+        if parts and not parts[0].startswith("#"):
+            yield number, line_offset, parts
 
 
 def expand_braces(pattern: str) -> list[str]:

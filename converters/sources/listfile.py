@@ -14,7 +14,7 @@ import numpy as np
 from converters.base import ConversionError, ImageOptions, Item, Sample, StreamingSource, absolute_path
 from converters.images import load_image_file
 from converters.remote_inputs import beside, is_url, open_input, tree
-from converters.sources._inputs import INTEGER
+from converters.sources._inputs import INTEGER, text_lines
 from converters.unique_keys import RepeatedHashes
 from dali_pipes.dataset.manifest import Field
 
@@ -193,16 +193,7 @@ def _rows(list_file: Path | str, start: int = 0) -> Iterator[tuple[int, int, lis
     """``(line number, byte offset, columns)`` of every entry line from byte ``start`` on, streamed: the list is
     never held whole in memory. Line numbers count from ``start``."""
     with open_input(list_file) if isinstance(list_file, str) else open(list_file, "rb") as f:
-        f.seek(start)
-        offset = start
-        for number, raw in enumerate(f, start=1):
-            line_offset, offset = offset, offset + len(raw)
-            try:
-                stripped = raw.decode("utf-8").strip()
-            except UnicodeDecodeError as exc:
-                raise ConversionError(f"{list_file}:{number}: not UTF-8 text ({exc}); save the list as UTF-8") from None
-            if stripped and not stripped.startswith("#"):
-                yield number, line_offset, stripped.split()
+        yield from text_lines(f, start, list_file)
 
 
 def _entries(list_file: Path | str, columns: tuple[str, ...], start: int) -> Iterator[tuple[int, _Entry]]:

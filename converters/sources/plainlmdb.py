@@ -31,7 +31,7 @@ from converters.base import (
 from converters.images import prepare_image
 from converters.remote_inputs import is_url
 from converters.sources import lmdb_download
-from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file
+from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file, text_lines
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -250,16 +250,7 @@ def _keys_file_entries(path: Path, start: int = 0) -> Iterator[tuple[int, _Entry
     width = None
     found = False
     with f:
-        f.seek(start)
-        offset = start
-        for number, raw in enumerate(f, start=1):
-            line_offset, offset = offset, offset + len(raw)
-            try:
-                parts = raw.decode("utf-8").split()
-            except UnicodeDecodeError as exc:
-                raise ConversionError(f"{path}:{number}: not UTF-8 text ({exc}); the key list must be UTF-8") from None
-            if not parts or parts[0].startswith("#"):
-                continue
+        for number, line_offset, parts in text_lines(f, start, path):
             if len(parts) > 2 or (width is not None and len(parts) != width):
                 raise ConversionError(f"{path}:{number}: expected 'KEY LABEL' or 'KEY' on every line, as on the first")
             if len(parts) == 2 and not INTEGER.match(parts[1]):
