@@ -174,8 +174,8 @@ class LocalEngine:
             _drain(queue, progress)
         except BaseException:
             # A failure, or Ctrl-C (KeyboardInterrupt): running workers abandon their shards, the rest never start.
-            # A second Ctrl-C meanwhile is only noted: the stop is bounded (STOP_GRACE), and cut short it would
-            # leave workers running.
+            # A second Ctrl-C meanwhile is only noted (the handler is still held here; hold() only makes sure):
+            # the stop is bounded (STOP_GRACE), and cut short it would leave workers running.
             ctrl_c.hold()
             stop.set()
             _stop_pool(pool, ctx.processes, queue, progress)
@@ -225,15 +225,19 @@ class _CtrlC:
             self._replaced = None
 
     def deliver(self) -> None:
-        """Hand a noted Ctrl-C to the handler that was set, here and now (which raises KeyboardInterrupt by default)."""
+        """Hand a noted Ctrl-C, here and now, to the handler that was set (which raises KeyboardInterrupt by default)."""
         if not self.noted:
             return
         self.noted = False
-        held = self._replaced is not None
-        self.release()
-        signal.raise_signal(signal.SIGINT)
-        if held:  # its handler returned (one that ignores Ctrl-C, or the application's own): the run goes on
-            self.hold()
+        handler = self._replaced
+        if handler is None:  # not held any more: to whatever handles SIGINT now
+            signal.raise_signal(signal.SIGINT)
+        elif callable(handler):  # called while still held, so that a second Ctrl-C cannot cut the stop short
+            handler(signal.SIGINT, None)
+        elif handler == signal.SIG_DFL:  # the process ends, as it would have
+            self.release()
+            signal.raise_signal(signal.SIGINT)
+        # SIG_IGN: ignored, as it would have been; the run goes on
 
     @contextlib.contextmanager
     def released(self) -> Iterator[None]:
