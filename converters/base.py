@@ -149,6 +149,10 @@ class Source(ABC):
         process before). Raises :class:`ConversionError`; the shards stay, so a re-run that passes completes at once.
         """
 
+    def shard_done(self) -> None:
+        """Called in the process that wrote a shard once it is written (or given up): let go of what was opened to
+        read it, so that a worker's memory does not grow with the shards it wrote. Nothing by default."""
+
     def release(self) -> None:
         """Remove the local copies of inputs this source made for a conversion (an LMDB downloaded from a URL);
         called once the conversion completed. Nothing by default."""

@@ -141,6 +141,17 @@ class ArraysSource(StreamingSource):
             sample[name] = np.array(row, dtype=part.dtype.newbyteorder("="), copy=True)
         return sample
 
+    def shard_done(self) -> None:
+        """Unmap the ``.npy`` maps and close the HDF5 files: a map kept for the worker's life holds every page it
+        read (2.6x a worker's peak from 1M to 10M rows). Decompressed members stay: reading them again costs."""
+        if self._pid != os.getpid():
+            return
+        for key, handle in list(self._handles.items()):
+            if isinstance(handle, np.memmap) or not isinstance(handle, np.ndarray):
+                del self._handles[key]
+                if hasattr(handle, "close") and not isinstance(handle, np.memmap):
+                    handle.close()  # an h5py File (its datasets go with it); a remote reader
+
     def _array(self, part: _Part) -> Any:
         key = (part.file, part.member)
         array = self._handles.get(key)
