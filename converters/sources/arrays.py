@@ -142,15 +142,17 @@ class ArraysSource(StreamingSource):
         return sample
 
     def shard_done(self) -> None:
-        """Unmap the ``.npy`` maps and close the HDF5 files: a map kept for the worker's life holds every page it
-        read (2.6x a worker's peak from 1M to 10M rows). Decompressed members stay: reading them again costs."""
+        """Unmap local ``.npy`` maps and close local HDF5 files: a map kept for the worker's life holds every page it
+        read (2.6x a worker's peak from 1M to 10M rows). Decompressed members stay (reading them again costs), and
+        so do readers of files in object storage (a bounded block each; opening one again costs requests)."""
         if self._pid != os.getpid():
             return
         for key, handle in list(self._handles.items()):
-            if isinstance(handle, np.memmap) or not isinstance(handle, np.ndarray):
-                del self._handles[key]
-                if hasattr(handle, "close") and not isinstance(handle, np.memmap):
-                    handle.close()  # an h5py File (its datasets go with it); a remote reader
+            if is_url(key[0]) or (isinstance(handle, np.ndarray) and not isinstance(handle, np.memmap)):
+                continue
+            del self._handles[key]
+            if key[1] == "" and hasattr(handle, "close") and not isinstance(handle, np.memmap):
+                handle.close()  # an HDF5 file, after its datasets' entries (same file) went
 
     def _array(self, part: _Part) -> Any:
         key = (part.file, part.member)
