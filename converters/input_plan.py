@@ -34,26 +34,19 @@ class InputPlan:
 
     def stream(self, source: Source) -> Iterator[Item]:
         """Every item again, in order (to hash them the way an older version did)."""
-        if self.held is not None:
-            return iter(self.held)
-        assert isinstance(source, StreamingSource)
-        return source.iter_items()
+        return _walk(source, self.held)
 
 
 def plan_input(source: Source, *, samples_per_shard: int | None = None, shard_size: int | None = None) -> InputPlan:
     """Cut ``source`` into shards by count or bytes (the automatic size when neither is given)."""
     check_shard_options(samples_per_shard, shard_size)
     held = None if source.streams() else source.items()
-
-    def stream() -> Iterator[Item]:
-        return iter(held) if held is not None else source.iter_items()  # type: ignore[union-attr]
-
     if samples_per_shard is None and shard_size is None:
-        total = sum(item.size for item in stream())  # a first pass: the automatic size depends on the total
+        total = sum(item.size for item in _walk(source, held))  # a first pass: the automatic size needs the total
         shard_size = auto_shard_size(total)
     plans = list(
         cut_shards(
-            stream(),
+            _walk(source, held),
             samples_per_shard=samples_per_shard,
             shard_size=shard_size,
         )
@@ -63,6 +56,14 @@ def plan_input(source: Source, *, samples_per_shard: int | None = None, shard_si
     count = plans[-1].stop
     log.debug("%d items in %d shards (%s)", count, len(plans), "held" if held is not None else "streamed")
     return InputPlan(plans, count, held)
+
+
+def _walk(source: Source, held: Sequence[Item] | None) -> Iterator[Item]:
+    """The input's items in order: the held list, or a new pass over a streaming source."""
+    if held is not None:
+        return iter(held)
+    assert isinstance(source, StreamingSource)
+    return source.iter_items()
 
 
 def shard_items(source: Source, plan: ShardPlan, items: Sequence[Item] | None) -> Iterable[Item]:

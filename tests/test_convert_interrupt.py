@@ -74,17 +74,27 @@ def interrupt(args: list[str], out: Path, moment: str) -> tuple[int | None, str]
             time.sleep(0.01)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGINT)
-        try:
-            _, stderr = proc.communicate(timeout=STOP_WITHIN)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"one Ctrl-C did not stop the conversion within {STOP_WITHIN} s ({moment})") from None
-        return proc.returncode, stderr
+        return wait_stopped(proc, f"the conversion ({moment})", STOP_WITHIN)
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group: the workers included
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_group(proc)
+
+
+def wait_stopped(proc: subprocess.Popen, what: str, within: float) -> tuple[int, str]:
+    """``(exit code, stderr)`` of ``proc`` once a Ctrl-C was sent to it; fails if it runs past ``within`` seconds."""
+    try:
+        _, stderr = proc.communicate(timeout=within)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"one Ctrl-C did not stop {what} within {within} s") from None
+    return proc.returncode, stderr
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """Kill whatever is left of ``proc``'s process group (the workers included) and reap ``proc``."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
 
 
 def _check_interrupted_then_resumed(args: list[str], out: Path, moment: str, expected: dict[str, str]) -> None:

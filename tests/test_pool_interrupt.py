@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from test_convert_interrupt import kill_group, wait_stopped
+
 SCRIPT = Path(__file__).with_name("busy_pool_script.py")
 RUNS = 16
 #: Holding a Ctrl-C until the pool's own loop raises it takes up to its 0.2 s poll; stopping, about as long.
@@ -68,18 +70,11 @@ def _interrupt_once(moment: float) -> tuple[int | None, str]:
         assert proc.stdout.readline() == "running\n", proc.communicate()
         time.sleep(moment)
         os.killpg(proc.pid, signal.SIGINT)
-        try:
-            _, stderr = proc.communicate(timeout=STOP_WITHIN)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"one Ctrl-C {moment:.3f} s into the pool did not stop it within {STOP_WITHIN} s")
+        code, stderr = wait_stopped(proc, f"the pool ({moment:.3f} s into it)", STOP_WITHIN)
         assert not _left_after(proc.pid, 5.0), f"processes {_left_in_group(proc.pid)} left after the Ctrl-C"
-        return proc.returncode, stderr
+        return code, stderr
     finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group: the workers included
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        kill_group(proc)
 
 
 def test_one_ctrl_c_anywhere_in_a_busy_pool_ends_it_within_seconds():
