@@ -394,6 +394,55 @@ def test_lmdb_map_grows_instead_of_failing(tmp_path):
         assert got["blob"] == blobs[i] and got["n"] == i
 
 
+class _WriterKeepingItsMap(LmdbShardWriter):
+    """The writer as it was before it mapped its file anew after each commit (the control of the test below)."""
+
+    def _drop_mapped_pages(self) -> None:
+        pass
+
+
+def _mapped_kib(path: Path) -> int:
+    """Resident KiB of this process's mappings of the file at ``path`` (``/proc/self/smaps``)."""
+    total, in_file = 0, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if "-" in head[0] and len(head[0]) > 8 and not head[0].endswith(":"):  # a mapping's first line
+                in_file = len(head) >= 6 and head[5] == os.fspath(path)
+            elif in_file and head[0] == "Rss:":
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.parametrize("writer_class_", [LmdbShardWriter, _WriterKeepingItsMap], ids=["writer", "control"])
+def test_lmdb_writer_keeps_no_more_of_its_file_mapped_as_the_shard_grows(writer_class_, tmp_path):
+    """A worker writing a large automatic shard stayed flat in memory only once the map was replaced per commit.
+
+    The control, which keeps one map for the whole shard, holds more and more of the file resident (the pages
+    LMDB read back while appending): that is what made LMDB-writing workers grow with N in the scale bench.
+    """
+    fields = {"blob": Field(kind="bytes", encoding="raw"), "n": Field.array("int32", ())}
+    rng = np.random.default_rng(0)
+    blobs = [rng.bytes(1000 + i) for i in range(200)]
+    path = tmp_path / "big.lmdb"
+    peaks = []
+    with writer_class_(path, fields) as writer:
+        for i in range(30 * 1024):  # 30 commits of 1,024 samples, ~33 MB
+            writer.write({"blob": blobs[i % 200], "n": np.int32(i)})
+            if i % 1024 == 1023:
+                peaks.append(_mapped_kib(path))
+    early, late = max(peaks[:5]), max(peaks[-5:])
+    if writer_class_ is LmdbShardWriter:
+        assert late <= early + 256, f"the writer's map grew from {early} to {late} KiB while writing"
+        control = tmp_path / "control.lmdb"
+        with _WriterKeepingItsMap(control, fields) as writer:
+            for i in range(30 * 1024):
+                writer.write({"blob": blobs[i % 200], "n": np.int32(i)})
+        assert sha256(control) == sha256(path)  # mapping the file anew changes no byte of it
+    else:
+        assert late > early + 1024, f"the control's map did not grow ({early} -> {late} KiB): the test shows nothing"
+
+
 # --------------------------------------------------------------------------- TFRecord interoperability
 
 

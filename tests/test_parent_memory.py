@@ -1,6 +1,7 @@
 """A conversion's parent holds O(shards), not O(samples), for every streamed source.
 
-Planning a list file, feature arrays, a map-style dataset, WebDataset tars or TFRecord files walks the input as a stream and keeps per shard its
+Planning a list file, feature arrays, a map-style dataset, WebDataset tars, TFRecord or Parquet files, a plain
+LMDB or a segmentation pairs file walks the input as a stream and keeps per shard its
 range, anchor and fingerprint: ``tracemalloc``'s peak while planning 10x the input stays within a few KB, where
 holding one record per input (as before) cost 0.3-0.5 KB a sample. Class folders are streamed class by class, so
 their parent holds one class's listing and a count per class.
@@ -27,6 +28,7 @@ from converters.sources.dataset import DatasetSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
 from converters.sources.plainlmdb import LmdbSource
+from converters.sources.segmentation import SegmentationSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 from converters.synth import render
@@ -95,6 +97,30 @@ def _plain_lmdb(root: Path, n: int) -> LmdbSource:
     return LmdbSource(root / "plain.lmdb")
 
 
+def _parquet(root: Path, n: int):
+    from test_parquet_source import write_hf_parquet  # needs pyarrow (the parquet extra, in the test extra)
+
+    from converters.sources import ParquetSource
+
+    # A larger Parquet input is more files of 500 rows (a file's footer is read whole by every reader of it).
+    return ParquetSource(
+        [
+            write_hf_parquet(
+                root / f"train-{k:03d}.parquet",
+                [(f"s{i:06d}.jpg", b"jpg", i % 3) for i in range(k, min(n, k + 500))],
+                group=100,
+            )
+            for k in range(0, n, 500)
+        ]
+    )
+
+
+def _segmentation_pairs(root: Path, n: int) -> SegmentationSource:
+    (root / "a.jpg").write_bytes(b"\xff\xd8 not decoded while planning")
+    (root / "pairs.txt").write_text("".join(f"a.jpg masks/{i:08d}.png\n" for i in range(n)))
+    return SegmentationSource(pairs=root / "pairs.txt")
+
+
 def _planning_peak(source) -> int:
     gc.collect()  # garbage of the input's making is not the planning's
     tracemalloc.start()
@@ -108,8 +134,8 @@ def _planning_peak(source) -> int:
 
 @pytest.mark.parametrize(
     "make",
-    [_list, _arrays, _dataset, _tars, _records, _plain_lmdb, _classes],
-    ids=["list", "arrays", "dataset", "webdataset", "tfrecord", "lmdb", "imagefolder"],
+    [_list, _arrays, _dataset, _tars, _records, _plain_lmdb, _classes, _parquet, _segmentation_pairs],
+    ids=["list", "arrays", "dataset", "webdataset", "tfrecord", "lmdb", "imagefolder", "parquet", "segmentation-pairs"],
 )
 def test_planning_ten_times_the_input_does_not_hold_ten_times_the_memory(tmp_path, monkeypatch, make):
     # Keys spill to disk after 4 per bucket here (8,192 in use), so that the test's lists exercise the spilling.

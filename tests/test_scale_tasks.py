@@ -31,6 +31,7 @@ from converters.sources.coco import CocoSource
 from converters.sources.imagefolder import ImageFolderSource
 from converters.sources.listfile import ListFileSource
 from converters.sources.plainlmdb import LmdbSource
+from converters.sources.segmentation import SegmentationSource
 from converters.sources.tfrecords import TFRecordSource
 from converters.sources.webdataset import WebDatasetSource
 from converters.synth import render
@@ -106,6 +107,13 @@ def _parquet_source(root: Path, n: int, photo: Path):
     return ParquetSource(files)
 
 
+def _segmentation_pairs_source(root: Path, n: int, photo: Path) -> SegmentationSource:
+    (root / "photo.jpg").symlink_to(photo)
+    (root / "mask.png").write_bytes(b"not read while planning")
+    (root / "pairs.txt").write_text("".join("photo.jpg mask.png\n" for _ in range(n)))
+    return SegmentationSource(pairs=root / "pairs.txt")
+
+
 def _lmdb_source(root: Path, n: int, photo: Path) -> LmdbSource:
     with lmdb.open(str(root / "plain.lmdb"), map_size=1 << 30) as env, env.begin(write=True) as txn:
         for i in range(n):
@@ -122,6 +130,7 @@ SOURCES = {
     "tfrecord": _tfrecord_source,
     "parquet": _parquet_source,
     "lmdb": _lmdb_source,
+    "segmentation-pairs": _segmentation_pairs_source,
 }
 
 

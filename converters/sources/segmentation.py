@@ -4,6 +4,8 @@ Pairs are found by relative path without extension (VOC's ``JPEGImages/2007_0000
 with ``SegmentationClass/2007_000032.png``, ADE20K's ``images/training/x.jpg`` with
 ``annotations/training/x.png``), or listed in a ``--pairs`` file of ``IMAGE MASK``
 lines (Cityscapes, whose names differ: ``..._leftImg8bit.png`` / ``..._gtFine_labelIds.png``).
+A pairs file is streamed (the parent keeps no record per line: a task reads its lines again from a byte
+offset); paired folders are walked and held, one small record per image, since pairing needs both listings.
 
 The label map is read as class indices: a palette PNG's indices (VOC), a grey
 image's values, 8 or 16 bit; a colour image is refused (it holds colours, not
@@ -21,14 +23,14 @@ import io
 import logging
 import os
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Iterator
 
 import numpy as np
 from PIL import Image
 
-from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, Source, absolute_path
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, StreamingSource, absolute_path
 from converters.images import load_image_file
-from converters.sources._inputs import read_classes_file
+from converters.sources._inputs import read_classes_file, text_lines
 from converters.sources.imagefolder import IMAGE_EXTENSIONS
 from dali_pipes.dataset.manifest import Field
 
@@ -41,7 +43,7 @@ _INDEX_MODES = ("P", "L", "I;16", "I;16B", "I;16L", "I")
 DEFAULT_IGNORE_INDEX = 255
 
 
-class SegmentationSource(Source):
+class SegmentationSource(StreamingSource):
     """One sample per image: ``image`` (its bytes), ``mask`` (16-bit grey PNG of class indices) and ``key``.
 
     ``images`` and ``masks`` are the two folders (pairs by relative path without
@@ -87,12 +89,49 @@ class SegmentationSource(Source):
     def input_folders(self) -> list[Path]:
         return [Path(p) for p in (self.images, self.masks) if p is not None]
 
+    def streams(self) -> bool:
+        return self.pairs is not None
+
     def items(self) -> list[Item]:
-        """One item per image (sorted by key), each with its label map's path (``None`` when it has none)."""
-        pairs = self._listed_pairs() if self.pairs is not None else self._paired_folders()
-        if not pairs:
-            raise ConversionError(f"{self.pairs or self.images}: no images found")
-        return [Item(name=image, size=_size(image), data=(image, mask, key)) for key, image, mask in pairs]
+        """One item per image, each with its label map's path (``None`` when it has none): the pairs file's lines
+        in order, or the paired folders' images sorted by key."""
+        if self.streams():
+            return list(self.iter_items())
+        pairs = self._paired_folders()
+        items = [Item(name=image, size=_size(image), data=(image, mask, key)) for key, image, mask in pairs]
+        if not items:
+            raise ConversionError(f"{self.images}: no images found")
+        return items
+
+    def iter_items(self) -> Iterator[Item]:
+        """The pairs file's lines as items, streamed; ``Item.anchor`` is a line's byte offset. Paired folders:
+        their held list (:meth:`items`), since the runner does not stream them."""
+        if not self.streams():
+            yield from self.items()
+            return
+        found = False
+        for item in self.items_from(0):
+            found = True
+            yield item
+        if not found:
+            raise ConversionError(f"{self.pairs}: no images found (only blank or '#' lines)")
+
+    def items_from(self, anchor: int) -> Iterator[Item]:
+        """The pairs file's items from the line at byte ``anchor`` on."""
+        path = Path(self.pairs)
+        folder = os.path.dirname(self.pairs)  # relative paths are read from the pairs file's folder
+        try:
+            f = open(path, "rb")
+        except OSError as exc:
+            raise ConversionError(f"{path}: cannot read the pairs file ({exc})") from None
+        with f:
+            for number, offset, parts in text_lines(f, anchor, path):
+                if len(parts) != 2:
+                    where = f"{path}:{number}" if anchor == 0 else f"{path}: line {number} after byte {anchor}"
+                    raise ConversionError(f"{where}: expected 'IMAGE MASK', got {' '.join(parts)!r}")
+                # os.path, not pathlib: pathlib interns every part of every path, a table that grows with the file.
+                image, mask = (os.path.abspath(os.path.join(folder, p)) for p in parts)
+                yield Item(name=image, size=_size(image), data=(image, mask, parts[0]), anchor=offset)
 
     def _paired_folders(self) -> list[tuple[str, str, str | None]]:
         for folder in (self.images, self.masks):
@@ -104,23 +143,6 @@ class SegmentationSource(Source):
         if orphans:
             log.warning("%s: %d label map(s) have no image, e.g. %s", self.masks, len(orphans), masks[orphans[0]])
         return [(key, images[key], masks.get(key)) for key in sorted(images)]
-
-    def _listed_pairs(self) -> list[tuple[str, str, str | None]]:
-        path = Path(self.pairs)
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as exc:
-            raise ConversionError(f"{path}: cannot read the pairs file ({exc})") from None
-        out = []
-        for number, line in enumerate(lines, 1):
-            if not line.strip() or line.lstrip().startswith("#"):
-                continue
-            parts = line.split()
-            if len(parts) != 2:
-                raise ConversionError(f"{path}:{number}: expected 'IMAGE MASK', got {line.strip()!r}")
-            image, mask = (str(path.parent / p) if not os.path.isabs(p) else p for p in parts)
-            out.append((parts[0], os.path.abspath(image), os.path.abspath(mask)))
-        return out
 
     def load(self, item: Item) -> Sample:
         image_path, mask_path, key = item.data

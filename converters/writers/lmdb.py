@@ -102,9 +102,20 @@ class LmdbShardWriter(ShardWriter):
                 self._env.set_mapsize(size)
             except lmdb.Error as exc:
                 raise self._explain(exc, self._pending_bytes) from exc
+        self._drop_mapped_pages()
         self._pending.clear()
         self._pending_bytes = 0
         self._pending_samples = 0
+
+    def _drop_mapped_pages(self) -> None:
+        """Map the file anew, so that the pages LMDB read through its map since the last commit leave this process.
+
+        Without it the writer's resident memory grew with the shard (about 20 MB more for a 790 MB shard than for
+        a 79 MB one): every page LMDB reads back while appending stays mapped until the map is replaced. Setting
+        the map to its current size replaces it (``mdb_env_set_mapsize`` unmaps and maps again between
+        transactions); the file's bytes are the same either way (tested).
+        """
+        self._env.set_mapsize(self._env.info()["map_size"])
 
     def close(self) -> None:
         """Commit the last batch and the sample count, fsync, and close the environment."""
