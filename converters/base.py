@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Iterator, Mapping, Union
 import numpy as np
 
 from dali_pipes.dataset.manifest import Field
+from dali_pipes.remote.urls import redact_values
 
 #: One sample: field name -> bytes (``bytes`` fields) or a numpy array (``array`` fields).
 Sample = dict[str, Union[bytes, np.ndarray]]
@@ -160,6 +161,12 @@ class Source(ABC):
     @abstractmethod
     def describe(self) -> dict[str, Any]:
         """The manifest's ``source`` entry: the kind, the input paths and the options that shape the output."""
+
+    def recorded(self) -> dict[str, Any]:
+        """:meth:`describe` as it is written to files and hashed into the job's identity: secrets inside input
+        URLs (``user:password@``, a signed URL's query) replaced by ``***``, so that no manifest or job record
+        holds them and a URL signed anew still resumes the same job."""
+        return redact_values(self.describe())
 
 
 class StreamingSource(Source):

@@ -97,7 +97,7 @@ def job_digest(source: Source, fmt: str, plans: Sequence[ShardPlan]) -> str:
     """
     header = {
         "format": fmt,
-        "source": source.describe(),
+        "source": source.recorded(),
         "shards": [[p.start, p.stop, p.fingerprint] for p in plans],
     }
     return hashlib.sha256(json.dumps(header, sort_keys=True, default=str).encode()).hexdigest()
@@ -156,7 +156,7 @@ def claim_output(out: Path, digest: str, source: Source, fmt: str, created: bool
             f"{out} exists and is not empty ({', '.join(sorted(others)[:3])}...); choose a new or empty output folder"
         )
     (out / JOB_DIR).mkdir(exist_ok=True)
-    record = {"digest": digest, "format": fmt, "source": source.describe(), "created_output": created}
+    record = {"digest": digest, "format": fmt, "source": source.recorded(), "created_output": created}
     atomic_write_bytes(job_file, json.dumps(record, indent=1, default=str).encode())
 
 

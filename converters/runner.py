@@ -74,6 +74,7 @@ from dali_pipes.dataset.manifest import (
     write_manifest,
 )
 from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.remote.urls import redact_urls
 
 log = logging.getLogger(__name__)
 
@@ -207,7 +208,7 @@ def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) 
         format=fmt,
         fields=source.fields(),
         shards=tuple(shards),
-        source={**source.describe(), "job": digest},
+        source={**source.recorded(), "job": digest},
         classes=source.classes(),
         extra=source.extra(),
         created_by=f"dali-pipes {__version__}",
@@ -406,7 +407,7 @@ def _write_samples(
                 raise
             # Listed once, at the end (errors.jsonl, the CLI's summary, ConvertResult.errors), not here as well.
             log.debug("left out %s: %s", exc.name, exc.reason)
-            errors.append({"input": exc.name, "reason": exc.reason, "shard": shard})
+            errors.append({"input": redact_urls(exc.name), "reason": redact_urls(exc.reason), "shard": shard})
         else:
             if sample.keys() != fields.keys():
                 raise ValueError(f"{item.name}: the source gave fields {sorted(sample)}, expected {sorted(fields)}")

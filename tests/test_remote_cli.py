@@ -113,6 +113,46 @@ def test_a_planted_secret_appears_in_no_file_log_output_or_error(tmp_path, s3, m
     assert not leaks, leaks
 
 
+def test_a_conversion_from_s3_shows_and_records_no_planted_secret(tmp_path, s3, imagenet_mini):
+    """The secret key in the environment, and a password inside an input URL, appear in no file the conversion
+    wrote (shards, manifest, errors.jsonl, job records), nor in what the command printed or logged, whether it
+    converts (a listed image missing: left out, named) or fails (the URL with a password)."""
+    from packed_helpers import photos
+
+    env = s3_env(s3, secret=CANARY)
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    rows = photos(imagenet_mini)[:6]
+    for key, image, _ in rows:
+        (data / "images" / f"{key}.jpg").write_bytes(image)
+    lines = [f"{key} images/{key}.jpg {label}" for key, _, label in rows] + ["gone images/gone.jpg 1"]
+    (data / "train.txt").write_text("\n".join(lines) + "\n")
+    bucket = s3.new_bucket()
+    s3.fs().put(f"{data}/", f"{bucket}/data/", recursive=True)
+    out = tmp_path / "out"
+    seen: list[str] = []
+    for url in (f"s3://{bucket}/data/train.txt", f"s3://me:{CANARY}@{bucket}/data/train.txt"):
+        done = cli("-v", "convert", "list", url, str(out), "--format", "lmdb", "--on-error", "skip", env=env)
+        seen += [done.stdout, done.stderr]
+        assert (done.returncode == 0) == (CANARY not in url), done.stderr
+    assert "gone.jpg" in (out / "errors.jsonl").read_text()  # the run did get as far as naming a left-out input
+    assert json.loads((out / "index.json").read_text())["source"]["list_file"] == f"s3://{bucket}/data/train.txt"
+    for path in tmp_path.rglob("*"):
+        if path.is_file():
+            seen.append(path.read_bytes().decode("latin-1"))
+    leaks = [text[max(0, text.find(CANARY) - 80) : text.find(CANARY) + 40] for text in seen if CANARY in text]
+    assert not leaks, leaks
+
+
+def test_recorded_source_descriptions_lose_url_passwords_and_queries_but_keep_local_paths():
+    from converters.sources import ListFileSource
+
+    signed = ListFileSource("s3://me:pa55word-x@bucket/train.txt?X-Amz-Signature=0123456789abcdef")
+    assert signed.recorded()["list_file"] == "s3://***@bucket/train.txt?***"
+    local = ListFileSource("/data/testsecret/train.txt")  # the environment's secret values are not searched for
+    assert local.recorded() == local.describe()
+
+
 def test_no_credentials_are_named_with_where_to_give_them(s3):
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(

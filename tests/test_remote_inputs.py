@@ -13,6 +13,7 @@ from test_webdataset_source import sample_members, write_tar
 from converters.base import ImageOptions
 from converters.runner import convert
 from converters.sources import ParquetSource, WebDatasetSource
+from dali_pipes.cli import main as cli
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -94,6 +95,10 @@ def test_an_image_folder_in_s3_converts_as_the_same_folder_on_disk(imagenet_mini
     assert remote.manifest.classes == local.manifest.classes
     assert remote.manifest.source["root"] == f"s3://{bucket}/train"
     assert sample_digests(tmp_path / "out") == sample_digests(tmp_path / "local")
+    # The command line too: the URL reaches the source as written (a Path argument once made it "s3:/bucket").
+    argv = ["convert", "imagefolder", f"s3://{bucket}/train", str(tmp_path / "cli"), "--format", "hdf5"]
+    assert cli([*argv, "--no-progress", "--workers", "1"]) == 0
+    assert sample_digests(tmp_path / "cli") == sample_digests(tmp_path / "local")
 
 
 def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_path, s3_env):
@@ -106,6 +111,9 @@ def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_pa
     s3_env.fs().put(f"{tmp_path / 'data'}/", f"{bucket}/data/", recursive=True)
     convert(ListFileSource(f"s3://{bucket}/data/train.txt"), tmp_path / "out", format="lmdb", progress=False)
     assert_converted(tmp_path / "out", rows)
+    argv = ["convert", "list", f"s3://{bucket}/data/train.txt", str(tmp_path / "cli"), "--format", "lmdb"]
+    assert cli([*argv, "--no-progress"]) == 0
+    assert_converted(tmp_path / "cli", rows)
 
 
 def test_tfrecord_files_in_s3_convert_as_the_same_files_on_disk(imagenet_mini, tmp_path, s3_env):

@@ -301,6 +301,8 @@ def test_max_size_resizes_the_label_map_with_its_image(voc, tmp_path):
         (lambda: SemanticSegmentation(size=(64, 0)), "SemanticSegmentation.size"),
         (lambda: SemanticSegmentationVal(ignore_index=70000), "SemanticSegmentationVal.ignore_index"),
         (lambda: SegmentationSource("a"), "either an image folder and a label-map folder, or --pairs"),
+        (lambda: SegmentationSource("s3://b/images", "s3://b/masks"), "s3://b/images: segmentation reads local"),
+        (lambda: SegmentationSource(pairs="gs://b/pairs.txt?sig=abcdefgh"), r"pairs.txt\?\*\*\*: .* copy them"),
     ],
 )
 def test_bad_arguments_name_the_argument(make, match):

@@ -33,6 +33,7 @@ from converters.images import load_image_file
 from converters.sources._inputs import read_classes_file, text_lines
 from converters.sources.imagefolder import IMAGE_EXTENSIONS
 from dali_pipes.dataset.manifest import Field
+from dali_pipes.remote.urls import is_url, redact
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +68,13 @@ class SegmentationSource(StreamingSource):
     ) -> None:
         if (pairs is None) == (images is None or masks is None):
             raise ConversionError("give either an image folder and a label-map folder, or --pairs FILE")
+        for given in (images, masks, pairs):
+            if is_url(given):
+                raise ConversionError(
+                    f"{redact(given)}: segmentation reads local folders and pairs files only; copy them to a local "
+                    "disk first (for example with 'aws s3 sync' or 'gsutil -m rsync'), or convert the image-label "
+                    "pairs to a WebDataset or Parquet input, which convert reads from object storage"
+                )
         if not isinstance(ignore_index, int) or not 0 <= ignore_index <= 65535:
             raise ConversionError(f"--ignore-index must be an integer in 0..65535, got {ignore_index!r}")
         self.images = None if images is None else absolute_path(images)

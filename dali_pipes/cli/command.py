@@ -21,6 +21,7 @@ from dali_pipes.cli.remote_args import (
     convert_to_url_from_args,
     dataset_arg,
     quiet_backends,
+    redact_log_lines,
     shown,
     storage_options,
 )
@@ -44,6 +45,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stream=sys.stderr,
     )
     quiet_backends(args.verbose)
+    redact_log_lines()
     if not hasattr(args, "handler"):
         parser.print_help()
         return EXIT_ERROR
@@ -58,12 +60,13 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
         return handler(args)
     except SampleError as exc:
         print(
-            f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such inputs out)",
+            shown(f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such "
+                  "inputs out)"),
             file=sys.stderr,
-        )
+        )  # fmt: skip
     # RemoteError and StageError are ValueErrors: one line naming the URL or file and what to do.
     except (ConversionError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        print(f"dali-pipes: error: {exc}", file=sys.stderr)
+        print(shown(f"dali-pipes: error: {exc}"), file=sys.stderr)
     except KeyboardInterrupt:
         return _interrupted()
     return EXIT_ERROR
@@ -113,8 +116,9 @@ def _add_convert(commands) -> None:
     convert = commands.add_parser("convert", help="convert a training set into shards with one manifest")
     kinds = convert.add_subparsers(title="input kinds", metavar="KIND", required=True)
 
+    # Inputs are str, not Path: a URL (s3://bucket/train) must reach the source as written (Path folds its "//").
     p = kinds.add_parser("imagefolder", help="ImageNet-style ROOT/CLASS/IMAGE folders")
-    p.add_argument("root", type=Path, help="folder of class folders")
+    p.add_argument("root", help="folder of class folders, or a URL of one (s3://bucket/train)")
     p.add_argument(
         "--allow-empty-classes",
         action="store_true",
@@ -124,7 +128,7 @@ def _add_convert(commands) -> None:
     p.set_defaults(handler=_convert_imagefolder)
 
     p = kinds.add_parser("list", help="a list file of 'KEY PATH [LABEL]' lines")
-    p.add_argument("list_file", type=Path, help="the list (.scp, .txt); paths are relative to its folder or absolute")
+    p.add_argument("list_file", help="the list (.scp, .txt), or its URL; paths are relative to its folder or absolute")
     p.add_argument(
         "--columns",
         choices=("key path label", "key path", "path label", "path"),
@@ -135,7 +139,6 @@ def _add_convert(commands) -> None:
     p.set_defaults(handler=_convert_list)
 
     p = kinds.add_parser("coco", help="COCO instances JSON plus its image folder")
-    # str, not Path: a URL (refused with what to do) must reach the source as written (Path folds its "//").
     p.add_argument("--images", required=True, help="the image folder")
     p.add_argument("--annotations", required=True, help="instances JSON (e.g. instances_train2017.json)")
     p.add_argument(

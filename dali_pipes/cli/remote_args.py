@@ -84,6 +84,23 @@ def quiet_backends(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+class _Redacting(logging.Filter):
+    """Takes the secrets out of every log line a handler writes (:func:`~dali_pipes.remote.urls.redact`)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from dali_pipes.remote.urls import redact
+
+        record.msg, record.args = redact(record.getMessage()), None
+        return True
+
+
+def redact_log_lines() -> None:
+    """Have the root logger's handlers write no secret: a URL's password or signature, a secret variable's value,
+    whichever module (ours or a backend's) logged it."""
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Redacting())
+
+
 def shown(path: str | os.PathLike) -> str:
     """How a dataset argument is printed (a URL without its secrets)."""
     from dali_pipes.remote.urls import redact
@@ -97,6 +114,7 @@ __all__ = [
     "convert_to_url_from_args",
     "dataset_arg",
     "quiet_backends",
+    "redact_log_lines",
     "shown",
     "storage_options",
 ]

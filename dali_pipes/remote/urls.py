@@ -98,13 +98,44 @@ def url_secrets(url: Any) -> list[str]:
     return [s for s in found if len(s) >= _MIN_SECRET]
 
 
-def redact(text: Any, storage_options: Mapping[str, Any] | None = None, extra: Iterable[str] = ()) -> str:
-    """``text`` (made a string) with every secret replaced by ``***``: URL passwords and queries, option values."""
+def redact_urls(text: Any) -> str:
+    """``text`` (made a string) with the secrets inside URLs replaced by ``***``: ``user:password@``, queries."""
     out = _USERINFO.sub(lambda m: m.group("scheme") + "***@", str(text))
-    out = _QUERY.sub(lambda m: m.group("url") + "?***", out)
+    return _QUERY.sub(lambda m: m.group("url") + "?***", out)
+
+
+def redact(text: Any, storage_options: Mapping[str, Any] | None = None, extra: Iterable[str] = ()) -> str:
+    """``text`` (made a string) with every secret replaced by ``***``: URL passwords and queries, option values,
+    and the values of the environment's secret variables (:data:`SECRET_ENV`)."""
+    out = redact_urls(text)
     for secret in sorted({*secrets_in(storage_options), *extra}, key=len, reverse=True):
         out = out.replace(secret, "***")
     return out
 
 
-__all__ = ["SCHEMES", "SECRET_ENV", "is_url", "join", "redact", "scheme", "secrets_in", "url_secrets"]
+def redact_values(value: Any) -> Any:
+    """``value`` with :func:`redact_urls` applied to every string in it (dicts, lists and tuples walked): a
+    source's description as the manifest records it, with no password or signature of an input URL in it.
+    The environment's secrets are not searched for: a local path that happened to contain one's value would be
+    recorded wrongly, and a source's description holds paths and options, never the environment."""
+    if isinstance(value, str):
+        return redact_urls(value)
+    if isinstance(value, Mapping):
+        return {key: redact_values(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_values(item) for item in value)
+    return value
+
+
+__all__ = [
+    "SCHEMES",
+    "SECRET_ENV",
+    "is_url",
+    "join",
+    "redact",
+    "redact_urls",
+    "redact_values",
+    "scheme",
+    "secrets_in",
+    "url_secrets",
+]
