@@ -5,30 +5,69 @@ them through these helpers: a whole small file (an image, a list), a byte range 
 TFRecord record: :class:`~converters.sources._inputs.OpenFiles`), or a seekable file whose reads are
 ranged requests (a tar's headers, a Parquet file's row groups): the input is streamed, never copied
 whole. Credentials and endpoints come from the environment or ``~/.aws`` (as for the backend itself),
-or from fsspec's configuration (``FSSPEC_S3_ENDPOINT_URL``, ...), since the worker processes that read
-inputs inherit those; reads are retried with backoff (:mod:`dali_pipes.remote.transfer`).
+from fsspec's configuration (``FSSPEC_S3_ENDPOINT_URL``, ...), or from the storage options given with
+:func:`input_storage_options`; the worker processes that read inputs inherit all three through their
+environment. Reads are retried with backoff (:mod:`dali_pipes.remote.transfer`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
+import json
+import os
 import posixpath
-from typing import IO, Any
+from typing import IO, Any, Iterator, Mapping
 
 from converters.base import ConversionError
 from dali_pipes.remote.fs import RemoteError, filesystem
 from dali_pipes.remote.transfer import retrying
-from dali_pipes.remote.urls import is_url, scheme
+from dali_pipes.remote.urls import INPUT_OPTIONS_ENV, is_url, scheme
 
 #: Bytes fetched per ranged request when a remote input is read as a file (tar headers, Parquet pages).
 BLOCK = 4 << 20
 
 
-def url_fs(url: str) -> tuple[Any, str]:
-    """``(fs, path)`` of an input URL; a :class:`ConversionError` naming the URL when it cannot be reached."""
+@contextlib.contextmanager
+def input_storage_options(options: Mapping[str, Any] | None) -> Iterator[None]:
+    """Within this block, input URLs are opened with the backend options ``options`` (an endpoint, a region,
+    ``anon``, keys): building a source, planning, and the local worker processes a conversion starts in it.
+
+    The options travel to the workers as JSON in :data:`~dali_pipes.remote.urls.INPUT_OPTIONS_ENV`, as the
+    backends' own environment variables do; their secret values are redacted like those
+    (:func:`~dali_pipes.remote.urls.redact`). Dask workers read inputs with their own environment. ``None``
+    or ``{}`` changes nothing.
+    """
+    if not options:
+        yield
+        return
+    before = os.environ.get(INPUT_OPTIONS_ENV)
+    os.environ[INPUT_OPTIONS_ENV] = json.dumps(options)
     try:
-        return filesystem(url)
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(INPUT_OPTIONS_ENV, None)
+        else:
+            os.environ[INPUT_OPTIONS_ENV] = before
+
+
+def _options_now() -> dict[str, Any] | None:
+    text = os.environ.get(INPUT_OPTIONS_ENV)
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ConversionError(f"{INPUT_OPTIONS_ENV} is not JSON; unset it or give a JSON object") from None
+
+
+def url_fs(url: str) -> tuple[Any, str]:
+    """``(fs, path)`` of an input URL (with the :func:`input_storage_options` in force); a
+    :class:`ConversionError` naming the URL when it cannot be reached."""
+    try:
+        return filesystem(url, _options_now())
     except RemoteError as exc:
         raise ConversionError(str(exc)) from None
 
@@ -146,6 +185,7 @@ __all__ = [
     "beside",
     "class_folders",
     "expand_url",
+    "input_storage_options",
     "is_url",
     "open_input",
     "read_input",

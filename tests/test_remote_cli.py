@@ -144,6 +144,34 @@ def test_a_conversion_from_s3_shows_and_records_no_planted_secret(tmp_path, s3, 
     assert not leaks, leaks
 
 
+def test_input_storage_options_reach_the_workers_and_their_secret_shows_nowhere(tmp_path, s3, imagenet_mini):
+    """Endpoint and keys of the input bucket given only as --input-storage-option (the environment names no S3
+    server and holds no keys): the planning process and both spawned workers read the inputs with them."""
+    from packed_helpers import assert_converted, photos
+
+    data = tmp_path / "data"
+    (data / "images").mkdir(parents=True)
+    rows = photos(imagenet_mini)[:8]
+    for key, image, _ in rows:
+        (data / "images" / f"{key}.jpg").write_bytes(image)
+    (data / "train.txt").write_text("".join(f"{key} images/{key}.jpg {label}\n" for key, _, label in rows))
+    bucket = s3.new_bucket()
+    s3.fs().put(f"{data}/", f"{bucket}/data/", recursive=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true")
+    options = [f"endpoint_url={s3.proxy.url}", f"key={ACCESS_KEY}", f"secret={CANARY}"]
+    options += ["client_kwargs.region_name=eu-west-1"]
+    argv = ["-v", "convert", "list", f"s3://{bucket}/data/train.txt", str(tmp_path / "out"), "--format", "lmdb"]
+    argv += ["--workers", "2", "--samples-per-shard", "3", "--no-progress"]
+    done = cli(*argv, *[arg for option in options for arg in ("--input-storage-option", option)], env=env)
+    assert done.returncode == 0, done.stderr
+    assert_converted(tmp_path / "out", rows)
+    misplaced = cli(*argv[:4], str(tmp_path / "other"), "--storage-option", f"endpoint_url={s3.proxy.url}", env=env)
+    assert misplaced.returncode != 0 and "--input-storage-option" in misplaced.stderr  # not silently ignored
+    seen = [done.stdout, done.stderr] + [p.read_bytes().decode("latin-1") for p in tmp_path.rglob("*") if p.is_file()]
+    assert not [text for text in seen if CANARY in text]
+
+
 def test_recorded_source_descriptions_lose_url_passwords_and_queries_but_keep_local_paths():
     from converters.sources import ListFileSource
 

@@ -21,6 +21,7 @@ from dali_pipes.cli.remote_args import (
     convert_to_url_from_args,
     dataset_arg,
     quiet_backends,
+    reading_inputs,
     redact_log_lines,
     shown,
     storage_options,
@@ -57,7 +58,8 @@ def _run(handler: Callable[[argparse.Namespace], int], args: argparse.Namespace)
     from dali_pipes.stores import StoreError
 
     try:
-        return handler(args)
+        with reading_inputs(args):
+            return handler(args)
     except SampleError as exc:
         print(
             shown(f"dali-pipes: error: {exc.name}: {exc.reason} (nothing was kept; use --on-error skip to leave such "
@@ -257,6 +259,11 @@ def _convert(source, out: Path, args) -> int:
     from converters.runner import convert
     from dali_pipes.dataset.manifest import ERRORS_NAME, human_bytes
 
+    if storage_options(args) and not is_url(out):
+        raise ValueError(
+            "--storage-option is for an output URL, and the output is a local folder; give the options of "
+            "input URLs with --input-storage-option KEY=VALUE"
+        )
     result = (convert if not is_url(out) else convert_to_url_from_args(args))(
         source,
         out,

@@ -34,13 +34,15 @@ def add_storage_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
-    """The ``--storage-option`` values as a (nested, for dotted keys) dict; ``None`` when none were given."""
+def storage_options(args: argparse.Namespace, attribute: str = "storage_option") -> dict[str, Any] | None:
+    """The ``--storage-option`` values (``attribute``: another such option's) as a (nested, for dotted keys)
+    dict; ``None`` when none were given."""
     options: dict[str, Any] = {}
-    for item in getattr(args, "storage_option", None) or []:
+    flag = "--" + attribute.replace("_", "-")
+    for item in getattr(args, attribute, None) or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise ValueError(f"--storage-option {item.split('=')[0]!r}: expected KEY=VALUE")
+            raise ValueError(f"{flag} {item.split('=')[0]!r}: expected KEY=VALUE")
         try:
             parsed: Any = json.loads(value)
         except ValueError:
@@ -54,7 +56,8 @@ def storage_options(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def add_output_url_options(parser: argparse.ArgumentParser) -> None:
-    """``--work-dir`` and ``--storage-option``, for an output that is a URL (``convert ... s3://bucket/ds``)."""
+    """``--work-dir`` and ``--storage-option``, for an output that is a URL (``convert ... s3://bucket/ds``), and
+    ``--input-storage-option`` for inputs that are URLs."""
     parser.add_argument(
         "--work-dir",
         type=Path,
@@ -62,6 +65,27 @@ def add_output_url_options(parser: argparse.ArgumentParser) -> None:
         "(default: under $DALI_PIPES_CACHE or ~/.cache/dali-pipes)",
     )
     add_storage_options(parser)
+    parser.add_argument(
+        "--input-storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an option for the object-storage backend of the input URLs (repeatable; as --storage-option, which "
+        "is the output's): e.g. endpoint_url=http://host:9000, anon=true",
+    )
+
+
+def reading_inputs(args: argparse.Namespace):
+    """The context in which a ``convert`` command builds its source and runs: its ``--input-storage-option``
+    values in force for every input URL (nothing to do for other commands, or without the option)."""
+    import contextlib
+
+    options = storage_options(args, "input_storage_option")
+    if not options:
+        return contextlib.nullcontext()
+    from converters.remote_inputs import input_storage_options
+
+    return input_storage_options(options)
 
 
 def convert_to_url_from_args(args: argparse.Namespace):
@@ -114,6 +138,7 @@ __all__ = [
     "convert_to_url_from_args",
     "dataset_arg",
     "quiet_backends",
+    "reading_inputs",
     "redact_log_lines",
     "shown",
     "storage_options",

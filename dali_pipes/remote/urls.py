@@ -8,6 +8,7 @@ or written to a file: log lines, error messages, the manifest's ``source``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from typing import Any, Iterable, Mapping
@@ -42,6 +43,9 @@ SECRET_ENV = (
     "AZURE_STORAGE_CLIENT_SECRET",
     "GOOGLE_OAUTH_ACCESS_TOKEN",
 )
+#: The environment variable that carries the storage options of a conversion's input URLs (JSON) to the
+#: processes that read them: set by :func:`converters.remote_inputs.input_storage_options`, inherited by workers.
+INPUT_OPTIONS_ENV = "DALI_PIPES_INPUT_STORAGE_OPTIONS"
 _USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
 _QUERY = re.compile(r"(?P<url>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?'\"]*)\?[^\s'\"]*")
 #: Secrets shorter than this are not searched for: a 3-character "secret" would blank out ordinary words.
@@ -82,8 +86,18 @@ def secrets_in(storage_options: Mapping[str, Any] | None) -> list[str]:
                 found.append(value)
 
     walk(storage_options or {})
+    walk(_input_options_in_environment())
     found.extend(os.environ[name] for name in SECRET_ENV if os.environ.get(name))
     return [s for s in found if len(s) >= _MIN_SECRET]
+
+
+def _input_options_in_environment() -> Mapping[str, Any]:
+    """The input storage options that :data:`INPUT_OPTIONS_ENV` carries (empty when unset or unreadable)."""
+    try:
+        options = json.loads(os.environ.get(INPUT_OPTIONS_ENV) or "{}")
+    except ValueError:
+        return {}
+    return options if isinstance(options, Mapping) else {}
 
 
 def url_secrets(url: Any) -> list[str]:
@@ -128,6 +142,7 @@ def redact_values(value: Any) -> Any:
 
 
 __all__ = [
+    "INPUT_OPTIONS_ENV",
     "SCHEMES",
     "SECRET_ENV",
     "is_url",
