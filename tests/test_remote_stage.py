@@ -94,6 +94,10 @@ def test_a_shard_deleted_between_manifest_and_download_is_named(tmp_path, s3):
     with pytest.raises(RemoteError, match=rf"{url}/{name}: no such bucket or object"):
         stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False, workers=1)
     assert name not in final_files(tmp_path / "dest") and not (tmp_path / "dest" / MANIFEST_NAME).exists()
+    s3.fs().put_file(str(source / name), url.removeprefix("s3://") + "/" + name)  # put back: the re-run completes
+    report = stage_dataset(url, tmp_path / "dest", storage_options=s3.options, progress=False, workers=1)
+    assert name in report.copied and shard_name("lmdb", 0) not in report.copied  # the whole ones were kept
+    assert sample_digests(tmp_path / "dest") == sample_digests(source)
 
 
 def test_wrong_keys_no_bucket_and_no_dataset_are_named(tmp_path, s3):
