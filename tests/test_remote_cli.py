@@ -44,6 +44,28 @@ def s3_env(s3, secret: str = "testsecret") -> dict[str, str]:
     return env
 
 
+def assert_no_canary(seen: list[str], folder) -> None:
+    """:data:`CANARY` is in none of the texts ``seen`` nor in any file below ``folder``; else show where."""
+    seen = seen + [path.read_bytes().decode("latin-1") for path in folder.rglob("*") if path.is_file()]
+    leaks = [text[max(0, text.find(CANARY) - 80) : text.find(CANARY) + 40] for text in seen if CANARY in text]
+    assert not leaks, leaks
+
+
+def upload_list(s3, imagenet_mini, folder, count: int, extra_lines: tuple[str, ...] = ()) -> tuple[str, list]:
+    """``count`` photos and a list file of them (plus ``extra_lines``) in a new bucket: the list's URL, the rows."""
+    from packed_helpers import photos
+
+    (folder / "images").mkdir(parents=True)
+    rows = photos(imagenet_mini)[:count]
+    for key, image, _ in rows:
+        (folder / "images" / f"{key}.jpg").write_bytes(image)
+    lines = [f"{key} images/{key}.jpg {label}" for key, _, label in rows] + list(extra_lines)
+    (folder / "train.txt").write_text("\n".join(lines) + "\n")
+    bucket = s3.new_bucket()
+    s3.fs().put(f"{folder}/", f"{bucket}/data/", recursive=True)
+    return f"s3://{bucket}/data/train.txt", rows
+
+
 def test_stage_inspect_and_verify_take_urls(tmp_path, s3):
     source = write_dataset(tmp_path / "src", 20, fmt="tfrecord")
     url = upload(s3, source)
@@ -106,70 +128,44 @@ def test_a_planted_secret_appears_in_no_file_log_output_or_error(tmp_path, s3, m
         out = cli("-v", *args, env=env)
         seen += [out.stdout, out.stderr]
     seen.append(caplog.text)
-    for path in tmp_path.rglob("*"):
-        if path.is_file():
-            seen.append(path.read_bytes().decode("latin-1"))
-    leaks = [text[max(0, text.find(CANARY) - 80) : text.find(CANARY) + 40] for text in seen if CANARY in text]
-    assert not leaks, leaks
+    assert_no_canary(seen, tmp_path)
 
 
 def test_a_conversion_from_s3_shows_and_records_no_planted_secret(tmp_path, s3, imagenet_mini):
     """The secret key in the environment, and a password inside an input URL, appear in no file the conversion
     wrote (shards, manifest, errors.jsonl, job records), nor in what the command printed or logged, whether it
     converts (a listed image missing: left out, named) or fails (the URL with a password)."""
-    from packed_helpers import photos
-
     env = s3_env(s3, secret=CANARY)
-    data = tmp_path / "data"
-    (data / "images").mkdir(parents=True)
-    rows = photos(imagenet_mini)[:6]
-    for key, image, _ in rows:
-        (data / "images" / f"{key}.jpg").write_bytes(image)
-    lines = [f"{key} images/{key}.jpg {label}" for key, _, label in rows] + ["gone images/gone.jpg 1"]
-    (data / "train.txt").write_text("\n".join(lines) + "\n")
-    bucket = s3.new_bucket()
-    s3.fs().put(f"{data}/", f"{bucket}/data/", recursive=True)
+    listed, _ = upload_list(s3, imagenet_mini, tmp_path / "data", 6, ("gone images/gone.jpg 1",))
     out = tmp_path / "out"
     seen: list[str] = []
-    for url in (f"s3://{bucket}/data/train.txt", f"s3://me:{CANARY}@{bucket}/data/train.txt"):
+    for url in (listed, listed.replace("s3://", f"s3://me:{CANARY}@")):
         done = cli("-v", "convert", "list", url, str(out), "--format", "lmdb", "--on-error", "skip", env=env)
         seen += [done.stdout, done.stderr]
         assert (done.returncode == 0) == (CANARY not in url), done.stderr
     assert "gone.jpg" in (out / "errors.jsonl").read_text()  # the run did get as far as naming a left-out input
-    assert json.loads((out / "index.json").read_text())["source"]["list_file"] == f"s3://{bucket}/data/train.txt"
-    for path in tmp_path.rglob("*"):
-        if path.is_file():
-            seen.append(path.read_bytes().decode("latin-1"))
-    leaks = [text[max(0, text.find(CANARY) - 80) : text.find(CANARY) + 40] for text in seen if CANARY in text]
-    assert not leaks, leaks
+    assert json.loads((out / "index.json").read_text())["source"]["list_file"] == listed
+    assert_no_canary(seen, tmp_path)
 
 
 def test_input_storage_options_reach_the_workers_and_their_secret_shows_nowhere(tmp_path, s3, imagenet_mini):
     """Endpoint and keys of the input bucket given only as --input-storage-option (the environment names no S3
     server and holds no keys): the planning process and both spawned workers read the inputs with them."""
-    from packed_helpers import assert_converted, photos
+    from packed_helpers import assert_converted
 
-    data = tmp_path / "data"
-    (data / "images").mkdir(parents=True)
-    rows = photos(imagenet_mini)[:8]
-    for key, image, _ in rows:
-        (data / "images" / f"{key}.jpg").write_bytes(image)
-    (data / "train.txt").write_text("".join(f"{key} images/{key}.jpg {label}\n" for key, _, label in rows))
-    bucket = s3.new_bucket()
-    s3.fs().put(f"{data}/", f"{bucket}/data/", recursive=True)
+    listed, rows = upload_list(s3, imagenet_mini, tmp_path / "data", 8)
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     env.update(AWS_CONFIG_FILE=os.devnull, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_EC2_METADATA_DISABLED="true")
     options = [f"endpoint_url={s3.proxy.url}", f"key={ACCESS_KEY}", f"secret={CANARY}"]
     options += ["client_kwargs.region_name=eu-west-1"]
-    argv = ["-v", "convert", "list", f"s3://{bucket}/data/train.txt", str(tmp_path / "out"), "--format", "lmdb"]
+    argv = ["-v", "convert", "list", listed, str(tmp_path / "out"), "--format", "lmdb"]
     argv += ["--workers", "2", "--samples-per-shard", "3", "--no-progress"]
     done = cli(*argv, *[arg for option in options for arg in ("--input-storage-option", option)], env=env)
     assert done.returncode == 0, done.stderr
     assert_converted(tmp_path / "out", rows)
     misplaced = cli(*argv[:4], str(tmp_path / "other"), "--storage-option", f"endpoint_url={s3.proxy.url}", env=env)
     assert misplaced.returncode != 0 and "--input-storage-option" in misplaced.stderr  # not silently ignored
-    seen = [done.stdout, done.stderr] + [p.read_bytes().decode("latin-1") for p in tmp_path.rglob("*") if p.is_file()]
-    assert not [text for text in seen if CANARY in text]
+    assert_no_canary([done.stdout, done.stderr, misplaced.stdout, misplaced.stderr], tmp_path)
 
 
 def test_recorded_source_descriptions_lose_url_passwords_and_queries_but_keep_local_paths():
