@@ -70,4 +70,9 @@ def test_the_goal_sets_the_largest_n_against_the_one_before(capsys, tmp_path):
     assert (check["from_n"], check["to_n"]) == (1_000, 10_000)
     assert check["peak_growth"] == {"process": 1.1, "largest worker": 1.2, "smallest worker": 41.0 / 40.0}
     assert check["met"] is False  # the largest worker grew by 20%
-    assert "NOT met" in format_scale(rows)
+    assert check["in_goal"] and "convert: peak" in format_scale(rows) and ": NOT met" in format_scale(rows)
+    loader = [ScaleRow("loader Features", n, 1.0, 1_000.0, peak) for n, peak in ((1_000, 100.0), (10_000, 300.0))]
+    _set_growths(loader)
+    (check,) = goal_check(loader)
+    assert not check["met"] and not check["in_goal"]  # checked alike, but the goal is the conversion's
+    assert "reported, outside the goal (would be NOT met)" in format_scale(loader)
