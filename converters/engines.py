@@ -33,6 +33,7 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, Callable, Iterator, Sequence
 
 from converters.base import ConversionError
+from dali_pipes.remote.urls import redact_log_lines
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,9 @@ def _init_local_worker(
     # Progress ticks still buffered when the worker exits are dropped rather than waited for: after a stop the
     # runner no longer reads the queue, and a full pipe would keep this process from exiting.
     queue.cancel_join_thread()
+    # A spawned worker has no logging set up: its warnings (an input named by its URL) go to logging's last
+    # resort, which must not print a URL's password any more than the parent's handlers do.
+    redact_log_lines()
     _task_table = table
     _shared_args = shared
     with table.get_lock():

@@ -42,8 +42,15 @@ def input_storage_options(options: Mapping[str, Any] | None) -> Iterator[None]:
     if not options:
         yield
         return
+    try:
+        text = json.dumps(dict(options))
+    except (TypeError, ValueError) as exc:
+        raise ConversionError(
+            f"input storage options must be JSON values (strings, numbers, booleans, lists, dicts): {exc}; give "
+            "a backend object such as a botocore Config as its plain options instead (config_kwargs={...})"
+        ) from None
     before = os.environ.get(INPUT_OPTIONS_ENV)
-    os.environ[INPUT_OPTIONS_ENV] = json.dumps(options)
+    os.environ[INPUT_OPTIONS_ENV] = text
     try:
         yield
     finally:
@@ -58,9 +65,12 @@ def _options_now() -> dict[str, Any] | None:
     if not text:
         return None
     try:
-        return json.loads(text)
+        options = json.loads(text)
     except ValueError:
-        raise ConversionError(f"{INPUT_OPTIONS_ENV} is not JSON; unset it or give a JSON object") from None
+        options = None
+    if not isinstance(options, dict):
+        raise ConversionError(f"{INPUT_OPTIONS_ENV} is not a JSON object; unset it or give one") from None
+    return options
 
 
 def url_fs(url: str) -> tuple[Any, str]:
@@ -152,9 +162,15 @@ def beside(base: str, rel: str) -> str:
     return posixpath.join(posixpath.dirname(base), rel)
 
 
-@functools.lru_cache(maxsize=4)
 def tree(url: str) -> dict[str, int]:
-    """``{path relative to url: size}`` of every object below ``url`` (hidden names left out), listed once."""
+    """``{path relative to url: size}`` of every object below ``url`` (hidden names left out), listed once for
+    the input storage options in force."""
+    return _tree(url, os.environ.get(INPUT_OPTIONS_ENV))
+
+
+@functools.lru_cache(maxsize=4)
+def _tree(url: str, options: str | None) -> dict[str, int]:
+    """:func:`tree`, cached by URL and options (another endpoint or account may list other objects)."""
     fs, root = url_fs(url)
     root = root.rstrip("/")
     found = retrying(lambda: fs.find(root, detail=True), url, "listing")

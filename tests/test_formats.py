@@ -425,13 +425,13 @@ def test_lmdb_writer_keeps_no_more_of_its_file_mapped_as_the_shard_grows(writer_
     rng = np.random.default_rng(0)
     blobs = [rng.bytes(1000 + i) for i in range(200)]
     path = tmp_path / "big.lmdb"
-    peaks = []
+    after_commit = []  # what stays mapped from one commit to the next
     with writer_class_(path, fields) as writer:
         for i in range(30 * 1024):  # 30 commits of 1,024 samples, ~33 MB
             writer.write({"blob": blobs[i % 200], "n": np.int32(i)})
             if i % 1024 == 1023:
-                peaks.append(_mapped_kib(path))
-    early, late = max(peaks[:5]), max(peaks[-5:])
+                after_commit.append(_mapped_kib(path))
+    early, late = max(after_commit[:5]), max(after_commit[-5:])
     if writer_class_ is LmdbShardWriter:
         assert late <= early + 256, f"the writer's map grew from {early} to {late} KiB while writing"
         control = tmp_path / "control.lmdb"

@@ -168,6 +168,36 @@ def test_input_storage_options_reach_the_workers_and_their_secret_shows_nowhere(
     assert_no_canary([done.stdout, done.stderr, misplaced.stdout, misplaced.stderr], tmp_path)
 
 
+def test_the_log_filter_redacts_messages_and_tracebacks_once_and_leaves_bad_records_to_logging():
+    import io
+
+    from dali_pipes.remote.urls import RedactingFilter, redact_log_lines
+
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    redact_log_lines(handler)
+    redact_log_lines(handler)  # a second CLI call in the same process adds no second filter
+    assert sum(isinstance(f, RedactingFilter) for f in handler.filters) == 1
+    log = logging.getLogger("test-redacting")
+    log.addHandler(handler)
+    try:
+        log.warning("%s: gone", "s3://me:pa55word-x@bucket/a.jpg?X-Amz-Signature=0123456789")
+        try:
+            raise OSError("cannot open gs://u:hunter2222@b/x")
+        except OSError:
+            log.exception("failed")
+    finally:
+        log.removeHandler(handler)
+    text = stream.getvalue()
+    assert "s3://***@bucket/a.jpg?*** gone" in text and "gs://***@b/x" in text  # a query runs to a space
+    assert "pa55word" not in text and "hunter2222" not in text and "0123456789" not in text
+    bad = logging.LogRecord("x", logging.WARNING, __file__, 1, "%d", ("not a number",), None)
+    assert RedactingFilter().filter(bad) and bad.args == ("not a number",)  # left for logging's own report
+    assert (
+        redact("abfs://container@account.dfs.core.windows.net/x") == "abfs://container@account.dfs.core.windows.net/x"
+    )
+
+
 def test_recorded_source_descriptions_lose_url_passwords_and_queries_but_keep_local_paths():
     from converters.sources import ListFileSource
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -124,11 +125,18 @@ def test_bad_label_maps_are_listed_and_the_rest_kept(voc, tmp_path):
 
 def test_cli_pairs_file_and_folders_give_the_same_samples(voc, voc_lmdb, tmp_path):
     root, maps, images = voc
-    pairs = tmp_path / "pairs.txt"
     names = sorted(p.name for p in images.iterdir())
-    pairs.write_text("".join(f"{images / n} {root / 'masks' / Path(n).stem}.png\n" for n in names))
+    # Blank and '#' lines between the pairs, relative paths, and shards of 7 read by 2 workers: each task reads
+    # its own lines from a byte offset in the middle of the file.
+    masks = os.path.relpath(root / "masks", tmp_path)
+    ends = ["\n\n# next\n" if i % 5 == 0 else "\n" for i in range(len(names))]
+    lines = [f"{images / n} {masks}/{Path(n).stem}.png{end}" for n, end in zip(names, ends)]
+    pairs = tmp_path / "pairs.txt"
+    pairs.write_text("# image mask\n" + "".join(lines))
     out = tmp_path / "pairs"
-    assert cli(["convert", "segmentation", "--pairs", str(pairs), str(out), "--no-progress", "--workers", "1"]) == 0
+    argv = ["convert", "segmentation", "--pairs", str(pairs), str(out), "--samples-per-shard", "7", "--workers", "2"]
+    assert cli([*argv, "--no-progress"]) == 0
+    assert len(open_store(out).manifest.shards) == 9
     a, b = open_store(out), open_store(voc_lmdb)
     assert len(a) == len(b) == 61
     got = {a[i]["image"]: decoded(a[i]["mask"]) for i in range(61)}

@@ -22,13 +22,12 @@ from dali_pipes.cli.remote_args import (
     dataset_arg,
     quiet_backends,
     reading_inputs,
-    redact_log_lines,
     shown,
     storage_options,
 )
 from dali_pipes.cli.synth import add_synth
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
-from dali_pipes.remote.urls import is_url, join
+from dali_pipes.remote.urls import is_url, join, redact_log_lines
 
 log = logging.getLogger("dali_pipes.cli")
 

@@ -8,6 +8,7 @@ login, ``HF_TOKEN``): a value on the command line is visible to other users of t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -75,11 +76,9 @@ def add_output_url_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def reading_inputs(args: argparse.Namespace):
+def reading_inputs(args: argparse.Namespace) -> contextlib.AbstractContextManager[None]:
     """The context in which a ``convert`` command builds its source and runs: its ``--input-storage-option``
     values in force for every input URL (nothing to do for other commands, or without the option)."""
-    import contextlib
-
     options = storage_options(args, "input_storage_option")
     if not options:
         return contextlib.nullcontext()
@@ -108,23 +107,6 @@ def quiet_backends(verbose: bool) -> None:
         logging.getLogger(name).setLevel(logging.INFO if verbose else logging.WARNING)
 
 
-class _Redacting(logging.Filter):
-    """Takes the secrets out of every log line a handler writes (:func:`~dali_pipes.remote.urls.redact`)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        from dali_pipes.remote.urls import redact
-
-        record.msg, record.args = redact(record.getMessage()), None
-        return True
-
-
-def redact_log_lines() -> None:
-    """Have the root logger's handlers write no secret: a URL's password or signature, a secret variable's value,
-    whichever module (ours or a backend's) logged it."""
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(_Redacting())
-
-
 def shown(path: str | os.PathLike) -> str:
     """How a dataset argument is printed (a URL without its secrets)."""
     from dali_pipes.remote.urls import redact
@@ -139,7 +121,6 @@ __all__ = [
     "dataset_arg",
     "quiet_backends",
     "reading_inputs",
-    "redact_log_lines",
     "shown",
     "storage_options",
 ]

@@ -9,6 +9,7 @@ or written to a file: log lines, error messages, the manifest's ``source``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 from typing import Any, Iterable, Mapping
@@ -46,7 +47,9 @@ SECRET_ENV = (
 #: The environment variable that carries the storage options of a conversion's input URLs (JSON) to the
 #: processes that read them: set by :func:`converters.remote_inputs.input_storage_options`, inherited by workers.
 INPUT_OPTIONS_ENV = "DALI_PIPES_INPUT_STORAGE_OPTIONS"
-_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@\s]*@")
+#: ``user:password@`` in a URL (a userinfo without a colon, as in ``abfs://container@account...``, names a
+#: container, not a secret, and is kept).
+_USERINFO = re.compile(r"(?P<scheme>[a-zA-Z][a-zA-Z0-9+.-]*://)[^/@:\s]*:[^/@\s]*@")
 _QUERY = re.compile(r"(?P<url>[a-zA-Z][a-zA-Z0-9+.-]*://[^\s?'\"]*)\?[^\s'\"]*")
 #: Secrets shorter than this are not searched for: a 3-character "secret" would blank out ordinary words.
 _MIN_SECRET = 6
@@ -105,7 +108,7 @@ def url_secrets(url: Any) -> list[str]:
     text = str(url)
     found = []
     match = re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://([^/@\s]*)@", text)
-    if match:
+    if match and ":" in match.group(1):  # without a password, the userinfo names something (an Azure container)
         found += [match.group(1), match.group(1).partition(":")[2]]
     if "?" in text:
         found += [v for part in text.split("?", 1)[1].split("&") for v in [part.partition("=")[2]] if v]
@@ -125,6 +128,35 @@ def redact(text: Any, storage_options: Mapping[str, Any] | None = None, extra: I
     for secret in sorted({*secrets_in(storage_options), *extra}, key=len, reverse=True):
         out = out.replace(secret, "***")
     return out
+
+
+class RedactingFilter(logging.Filter):
+    """Takes the secrets out of every log line a handler writes (:func:`redact`), whichever module logged it.
+
+    It rewrites the record in place (its message made final, its arguments dropped), so the handlers after this
+    one see the redacted text too: only text is removed. A record whose arguments do not fit its format is
+    left as it is, for the handler to report as logging does.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            message = record.getMessage()
+        except Exception:  # noqa: BLE001 - the handler's own handleError reports it, as without this filter
+            return True
+        record.msg, record.args = redact(message), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        return True
+
+
+def redact_log_lines(*handlers: logging.Handler) -> None:
+    """Have ``handlers`` (default: the root logger's, or logging's last resort when it has none) write no
+    secret; a handler that already redacts is left as it is."""
+    for handler in handlers or (logging.getLogger().handlers or [logging.lastResort]):
+        if handler is not None and not any(isinstance(f, RedactingFilter) for f in handler.filters):
+            handler.addFilter(RedactingFilter())
 
 
 def redact_values(value: Any) -> Any:
@@ -147,7 +179,9 @@ __all__ = [
     "SECRET_ENV",
     "is_url",
     "join",
+    "RedactingFilter",
     "redact",
+    "redact_log_lines",
     "redact_urls",
     "redact_values",
     "scheme",
