@@ -609,7 +609,10 @@ def test_decoded_arrays_are_writable_copies_that_do_not_hold_the_record():
     assert got["f"].tobytes() == sample["f"].tobytes()
 
 
-@settings(max_examples=100, deadline=None)
+# Derandomized: the same 100 damages every run. Once (CI, 2026-11-26, the whole suite) hypothesis reported its
+# own data generation as inconsistent here, which no run of this test alone reproduced (the code it drives is
+# pure Python and deterministic); a fixed sequence keeps a guard test from failing a run on that.
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(data=st.data())
 def test_damaged_example_is_a_store_error_or_a_valid_sample(data, photo_bytes):
     """Whatever the damage (when CRCs are not there to catch it), decoding never fails any other way."""
