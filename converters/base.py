@@ -164,8 +164,8 @@ class Source(ABC):
 
     def recorded(self) -> dict[str, Any]:
         """:meth:`describe` as it is written to files and hashed into the job's identity: secrets inside input
-        URLs (``user:password@``, a signed URL's query) replaced by ``***``, so that no manifest or job record
-        holds them and a URL signed anew still resumes the same job."""
+        URLs (``user:password@``, a URL's query) replaced by ``***``, so that no manifest or job record holds
+        them."""
         return redact_values(self.describe())
 
 

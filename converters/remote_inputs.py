@@ -23,7 +23,7 @@ from typing import IO, Any, Iterator, Mapping
 from converters.base import ConversionError
 from dali_pipes.remote.fs import RemoteError, filesystem
 from dali_pipes.remote.transfer import retrying
-from dali_pipes.remote.urls import INPUT_OPTIONS_ENV, is_url, scheme
+from dali_pipes.remote.urls import INPUT_OPTIONS_ENV, input_options_in_environment, is_url, scheme
 
 #: Bytes fetched per ranged request when a remote input is read as a file (tar headers, Parquet pages).
 BLOCK = 4 << 20
@@ -61,16 +61,10 @@ def input_storage_options(options: Mapping[str, Any] | None) -> Iterator[None]:
 
 
 def _options_now() -> dict[str, Any] | None:
-    text = os.environ.get(INPUT_OPTIONS_ENV)
-    if not text:
-        return None
-    try:
-        options = json.loads(text)
-    except ValueError:
-        options = None
-    if not isinstance(options, dict):
-        raise ConversionError(f"{INPUT_OPTIONS_ENV} is not a JSON object; unset it or give one") from None
-    return options
+    options = input_options_in_environment()
+    if options is None:
+        raise ConversionError(f"{INPUT_OPTIONS_ENV} is not a JSON object; unset it or give one")
+    return options or None
 
 
 def url_fs(url: str) -> tuple[Any, str]:

@@ -89,18 +89,19 @@ def secrets_in(storage_options: Mapping[str, Any] | None) -> list[str]:
                 found.append(value)
 
     walk(storage_options or {})
-    walk(_input_options_in_environment())
+    walk(input_options_in_environment() or {})
     found.extend(os.environ[name] for name in SECRET_ENV if os.environ.get(name))
     return [s for s in found if len(s) >= _MIN_SECRET]
 
 
-def _input_options_in_environment() -> Mapping[str, Any]:
-    """The input storage options that :data:`INPUT_OPTIONS_ENV` carries (empty when unset or unreadable)."""
+def input_options_in_environment() -> dict[str, Any] | None:
+    """The input storage options that :data:`INPUT_OPTIONS_ENV` carries: ``{}`` when unset, ``None`` when it
+    holds no JSON object (the reader of inputs refuses that; redaction then finds nothing there)."""
     try:
         options = json.loads(os.environ.get(INPUT_OPTIONS_ENV) or "{}")
     except ValueError:
-        return {}
-    return options if isinstance(options, Mapping) else {}
+        return None
+    return options if isinstance(options, dict) else None
 
 
 def url_secrets(url: Any) -> list[str]:
@@ -177,6 +178,7 @@ __all__ = [
     "INPUT_OPTIONS_ENV",
     "SCHEMES",
     "SECRET_ENV",
+    "input_options_in_environment",
     "is_url",
     "join",
     "RedactingFilter",
