@@ -550,3 +550,15 @@ def test_tune_takes_a_setting_only_when_it_beats_the_incumbent_measured_beside_i
     assert choose([incumbent, clearly, slightly], incumbent) is clearly
     failed = trial(8, None)
     assert choose([failed, incumbent], incumbent) is incumbent
+
+
+def test_tune_decoder_only_is_refused_off_the_gpu_naming_the_device(dataset, tmp_path):
+    # The decoder hints are the mixed decoder's; on the CPU there would be nothing to search.
+    proc = subprocess.run(
+        [*CLI, "tune", str(dataset), "--device", "cpu", "--decoder-only", "--out", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode != 0 and "--decoder-only" in proc.stderr and "'cpu'" in proc.stderr, proc.stderr
+    assert not (tmp_path / "s.json").exists()

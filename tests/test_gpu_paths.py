@@ -7,6 +7,8 @@ when a GPU pipeline is built.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from nvidia.dali.backend import GetSchema
 from nvidia.dali.types import DALIDataType
@@ -22,8 +24,8 @@ SIZE_HINTS = ("device_memory_padding", "host_memory_padding", "preallocate_width
 @pytest.mark.parametrize("schema", MIXED_DECODERS)
 def test_every_hint_is_an_argument_of_the_mixed_decoders_with_its_type(schema):
     expected = {int: DALIDataType.INT32, float: DALIDataType.FLOAT, bool: DALIDataType.BOOL}
-    for hints in (DecoderHints(), DecoderHints.imagenet()):
-        for name, value in hints.as_kwargs().items():
+    for hints, region in itertools.product((DecoderHints(), DecoderHints.imagenet()), (False, True)):
+        for name, value in hints.as_kwargs(region=region).items():
             # A wrong name or type would be refused by DALI only when the GPU pipeline is built.
             assert GetSchema(schema).GetArgumentType(name) == expected[type(value)], (schema, name)
 
@@ -37,10 +39,15 @@ def test_sizes_dali_cannot_hold_as_int32_are_refused_up_front(name):
         DecoderHints(**{name: -1})
 
 
-def test_the_gpu_decoder_upsamples_chroma_like_the_cpu_one_by_default():
-    # DALI's default for the mixed decoder is off, which makes GPU pixels differ from the CPU's.
+def test_fancy_upsampling_is_on_for_whole_image_gpu_decodes_and_off_for_region_decodes_by_default():
+    # DALI's default for the mixed decoder is off, which makes GPU pixels differ from the CPU's; nvJPEG before 13.2
+    # declines a region decode with it on, which then falls back to libjpeg-turbo on the CPU threads.
     assert GetSchema("decoders__Image").GetArgumentDefaultValueString("jpeg_fancy_upsampling") == "False"
     assert DecoderHints().as_kwargs()["jpeg_fancy_upsampling"] is True
-    assert DecoderHints(jpeg_fancy_upsampling=False).as_kwargs()["jpeg_fancy_upsampling"] is False
-    with pytest.raises(ValueError, match="jpeg_fancy_upsampling must be True or False"):
+    assert DecoderHints().as_kwargs(region=True)["jpeg_fancy_upsampling"] is False
+    for forced in (True, False):
+        for region in (False, True):
+            assert DecoderHints(jpeg_fancy_upsampling=forced).as_kwargs(region=region)["jpeg_fancy_upsampling"] is forced
+    with pytest.raises(ValueError, match="jpeg_fancy_upsampling must be True, False or None"):
         DecoderHints(jpeg_fancy_upsampling="yes")
+

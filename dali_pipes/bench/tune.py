@@ -121,17 +121,24 @@ def tune(
     device: str = "auto",
     dtype: str = "float32",
     progress: bool = True,
+    decoder_only: bool = False,
 ) -> TuneResult:
-    """Search the loader settings for the highest images/s on this machine (see the module docstring)."""
+    """Search the loader settings for the highest images/s on this machine (see the module docstring).
+
+    ``decoder_only`` keeps the loader settings as they are and searches only the GPU
+    decoder's hints: a few minutes less where the settings are known.
+    """
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
     from dali_pipes.bench.runner import Target, TimingPlan
     from dali_pipes.loading.loader import resolve_device
 
-    inputs = bench_inputs(dataset, batch_size=batch_size, dtype=dtype)
     device, _ = resolve_device(device, int(os.environ.get("LOCAL_RANK") or 0))
+    if decoder_only and device != "gpu":
+        raise ValueError(f"tune --decoder-only searches the GPU decoder's hints; the device here is {device!r}")
+    inputs = bench_inputs(dataset, batch_size=batch_size, dtype=dtype)
     plan = TimingPlan.quick() if quick else TimingPlan(warmup_batches=3, repeats=3, min_batches=5, min_seconds=1.0)
-    space = candidates(inputs.cores, quick)
+    space = {} if decoder_only else candidates(inputs.cores, quick)
     loads, notes = _decoder_loads(device, quick)
     search = _Search(inputs, device, plan, Target(), progress)
     start = {k: inputs.loader_settings[k] for k in LOADER_KEYS}
@@ -145,10 +152,18 @@ def tune(
         best = search.best_of([Trial(best.settings, load) for load in loads], best)
     if device == "gpu":
         # Chroma upsampling as libjpeg-turbo does it (on) or nvJPEG's own (off): measured both ways, since
-        # whether the decoders keep their fast paths with it on depends on the nvJPEG version.
+        # whether the decoders keep their fast paths with it on depends on the nvJPEG version. The default
+        # (None) has it on for whole-image decodes only, so the other way to try is on everywhere.
         fancy = inputs.spec.decoder.jpeg_fancy_upsampling
-        best = search.best_of([Trial(best.settings, best.hw_decoder_load, not fancy)], best)
-    context = {**inputs.describe(), "device": device, "quick": quick, "search": space, "hw_decoder_loads": loads}
+        best = search.best_of([Trial(best.settings, best.hw_decoder_load, True if fancy is None else not fancy)], best)
+    context = {
+        **inputs.describe(),
+        "device": device,
+        "quick": quick,
+        "decoder_only": decoder_only,
+        "search": space,
+        "hw_decoder_loads": loads,
+    }
     return TuneResult(best, default, search.trials, context, machine_description(), notes)
 
 

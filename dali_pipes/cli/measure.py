@@ -171,6 +171,11 @@ def add_tune(commands) -> None:
     )
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the pipeline")
+    p.add_argument(
+        "--decoder-only",
+        action="store_true",
+        help="GPU only: keep the loader settings, search only hw_decoder_load and jpeg_fancy_upsampling",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_tune)
 
@@ -186,6 +191,7 @@ def _tune(args) -> int:
             device=args.device,
             dtype=args.dtype,
             progress=not args.no_progress,
+            decoder_only=args.decoder_only,
         )
     print(format_tune(result, save_settings(result, args.out)))
     return 0

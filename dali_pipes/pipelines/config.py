@@ -96,20 +96,24 @@ class DecoderHints:
     are DALI ``INT32`` arguments, so each must be below 2 GiB.
 
     ``jpeg_fancy_upsampling`` makes the GPU decoder upsample chroma the way
-    libjpeg-turbo (the CPU decoder) does. DALI leaves it off on the GPU; here it
-    is on by default, so that a pipeline gives nearly the same pixels on either
-    device: on an H100 (DALI 2.4) colour edges of 4:2:0 JPEGs differed from the
-    CPU's by at most 3-4 levels with it and by up to 42 without, with the CUDA and
-    the hardware decoder alike. Turn it off for nvJPEG's own upsampling when that
-    agreement does not matter (``dali-pipes tune`` measures both ways).
-    """
+    libjpeg-turbo (the CPU decoder) does: on an H100 (DALI 2.4) colour edges of
+    4:2:0 JPEGs differed from the CPU's by at most 3-4 levels with it and by up to
+    42 without, with the CUDA and the hardware decoder alike. DALI leaves it off on
+    the GPU. The default, ``None``, turns it on where the GPU decoders keep their
+    speed with it: whole-image decodes (the validation pipelines), so that those
+    give nearly the CPU's pixels. Region decodes (random crops, slices) get nvJPEG's
+    own upsampling, because nvJPEG before 13.2 (CUDA 13.3) declines a region decode
+    with fancy upsampling, which then falls back to libjpeg-turbo on the CPU threads.
+    ``True`` or ``False`` forces it either way for every decode (``dali-pipes tune``
+    measures it forced on).
+        """
 
     hw_decoder_load: float = 0.65
     device_memory_padding: int = 16 * 1024 * 1024
     host_memory_padding: int = 8 * 1024 * 1024
     preallocate_width_hint: int = 0
     preallocate_height_hint: int = 0
-    jpeg_fancy_upsampling: bool = True
+    jpeg_fancy_upsampling: bool | None = None
 
     def __post_init__(self) -> None:
         load = _finite_float("DecoderHints.hw_decoder_load", self.hw_decoder_load)
@@ -130,9 +134,10 @@ class DecoderHints:
                     f"got {value!r}"
                 )
             object.__setattr__(self, name, int(value))
-        if not isinstance(self.jpeg_fancy_upsampling, bool):
+        if self.jpeg_fancy_upsampling is not None and not isinstance(self.jpeg_fancy_upsampling, bool):
             raise ValueError(
-                f"DecoderHints.jpeg_fancy_upsampling must be True or False, got {self.jpeg_fancy_upsampling!r}"
+                "DecoderHints.jpeg_fancy_upsampling must be True, False or None (on for whole-image decodes only), "
+                f"got {self.jpeg_fancy_upsampling!r}"
             )
 
     @classmethod
@@ -146,15 +151,22 @@ class DecoderHints:
             preallocate_height_hint=6430,
         )
 
-    def as_kwargs(self) -> dict[str, Any]:
-        """The hints as keyword arguments of DALI's ``mixed`` image decoders."""
+    def as_kwargs(self, *, region: bool = False) -> dict[str, Any]:
+        """The hints as keyword arguments of DALI's ``mixed`` image decoders.
+
+        ``region``: the decoder decodes a window of each image (random crop, slice),
+        where the default leaves fancy upsampling off (see the class docstring).
+        """
+        fancy = self.jpeg_fancy_upsampling
+        if fancy is None:
+            fancy = not region
         return {
             "hw_decoder_load": self.hw_decoder_load,
             "device_memory_padding": self.device_memory_padding,
             "host_memory_padding": self.host_memory_padding,
             "preallocate_width_hint": self.preallocate_width_hint,
             "preallocate_height_hint": self.preallocate_height_hint,
-            "jpeg_fancy_upsampling": self.jpeg_fancy_upsampling,
+            "jpeg_fancy_upsampling": fancy,
         }
 
 

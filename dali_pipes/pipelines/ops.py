@@ -35,9 +35,9 @@ def _decoder_device(device: str) -> str:
     return "mixed" if device == "gpu" else "cpu"
 
 
-def _decoder_kwargs(device: str, hints: DecoderHints) -> dict:
+def _decoder_kwargs(device: str, hints: DecoderHints, *, region: bool = False) -> dict:
     # The memory hints only mean something to the mixed decoder.
-    return hints.as_kwargs() if device == "gpu" else {}
+    return hints.as_kwargs(region=region) if device == "gpu" else {}
 
 
 def decode(encoded: DataNode, *, device: str, hints: DecoderHints) -> DataNode:
@@ -68,7 +68,7 @@ def decode_random_crop(
         random_area=list(area),
         random_aspect_ratio=list(aspect_ratio),
         num_attempts=10,
-        **_decoder_kwargs(device, hints),
+        **_decoder_kwargs(device, hints, region=True),
     )
 
 
@@ -83,7 +83,7 @@ def decode_slice(encoded: DataNode, anchor: DataNode, shape: DataNode, *, device
         axis_names="WH",
         normalized_anchor=True,
         normalized_shape=True,
-        **_decoder_kwargs(device, hints),
+        **_decoder_kwargs(device, hints, region=True),
     )
 
 
