@@ -562,3 +562,27 @@ def test_tune_decoder_only_is_refused_off_the_gpu_naming_the_device(dataset, tmp
     )
     assert proc.returncode != 0 and "--decoder-only" in proc.stderr and "'cpu'" in proc.stderr, proc.stderr
     assert not (tmp_path / "s.json").exists()
+
+
+def test_bench_rows_measures_only_the_named_rows_and_refuses_unknown_names(dataset, tmp_path):
+    # A short lease times the rows it needs: the others are neither opened nor reported.
+    out = tmp_path / "rows.json"
+    command = [*CLI, "bench", str(dataset), "--quick", "--batch-size", str(BATCH), "--no-progress"]
+    proc = subprocess.run(
+        [*command, "--rows", "dali-pipes cpu, DALI readers.file cpu", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    # Two dali-pipes cpu rows (antialias both ways) and the anchor, nothing else.
+    assert sorted(row["name"] for row in data["rows"]) == ["DALI readers.file cpu", "dali-pipes cpu", "dali-pipes cpu"]
+    assert all(row["images_per_s"] for row in data["rows"])
+    assert data["context"]["rows"] == ["dali-pipes cpu", "DALI readers.file cpu"]
+    wrong = subprocess.run([*command, "--rows", "dali-pipes tpu"], capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0 and "'dali-pipes tpu'" in wrong.stderr and "'dali-pipes gpu'" in wrong.stderr
+    other = subprocess.run(
+        [*command, "--suite", "stages", "--rows", "dali-pipes cpu"], capture_output=True, text=True, timeout=300
+    )
+    assert other.returncode != 0 and "--rows applies to the main suite" in other.stderr

@@ -47,7 +47,8 @@ def test_fancy_upsampling_is_on_for_whole_image_gpu_decodes_and_off_for_region_d
     assert DecoderHints().as_kwargs(region=True)["jpeg_fancy_upsampling"] is False
     for forced in (True, False):
         for region in (False, True):
-            assert DecoderHints(jpeg_fancy_upsampling=forced).as_kwargs(region=region)["jpeg_fancy_upsampling"] is forced
+            assert (
+                DecoderHints(jpeg_fancy_upsampling=forced).as_kwargs(region=region)["jpeg_fancy_upsampling"] is forced
+            )
     with pytest.raises(ValueError, match="jpeg_fancy_upsampling must be True, False or None"):
         DecoderHints(jpeg_fancy_upsampling="yes")
-

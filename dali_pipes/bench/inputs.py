@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from dali_pipes.dataset.manifest import Manifest, load_manifest
 
@@ -32,10 +32,24 @@ class BenchInputs:
     files_reason: str | None = None
     images_root: Path | None = None
     loader_settings: dict[str, int] = field(default_factory=dict)
+    rows: tuple[str, ...] = ()
 
     @property
     def num_samples(self) -> int:
         return self.manifest.num_samples
+
+    def selected(self, jobs: list) -> list:
+        """``jobs`` cut to the rows ``rows`` names (every row when it names none); an unknown name is refused."""
+        if not self.rows:
+            return jobs
+        names = {job.name for job in jobs}
+        unknown = [name for name in self.rows if name not in names]
+        if unknown:
+            raise ValueError(
+                f"--rows: no row named {', '.join(map(repr, unknown))} in this suite; its rows are "
+                f"{', '.join(map(repr, sorted(names)))}"
+            )
+        return [job for job in jobs if job.name in self.rows]
 
     def describe(self) -> dict[str, Any]:
         """The context of the figures, for the JSON and the table header."""
@@ -70,6 +84,7 @@ class BenchInputs:
                 "antialias": spec.antialias,
             },
             "loader_settings": dict(self.loader_settings),
+            "rows": list(self.rows) or "all",
         }
 
 
@@ -86,8 +101,12 @@ def bench_inputs(
     cores: int | None = None,
     dtype: str = "float32",
     settings: str | os.PathLike | None = None,
+    rows: Sequence[str] = (),
 ) -> BenchInputs:
-    """Load the manifest, find the original images, and fix the spec, batch size and settings."""
+    """Load the manifest, find the original images, and fix the spec, batch size and settings.
+
+    ``rows`` names the rows to measure (the main suite's :meth:`BenchInputs.selected`; default all).
+    """
     from dali_pipes.pipelines import ClassificationTrain
 
     if batch_size < 1:
@@ -128,7 +147,7 @@ def bench_inputs(
                     len(files),
                     manifest.num_samples,
                 )
-    return BenchInputs(dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings)
+    return BenchInputs(dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings, tuple(rows))
 
 
 def find_image_folder(

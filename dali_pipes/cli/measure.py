@@ -6,6 +6,7 @@ handler parses the arguments and calls one library function.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 from pathlib import Path
@@ -90,8 +91,23 @@ def add_bench(commands) -> None:
         default="float32",
         help="output dtype of the DALI rows (default: float32, as the baselines)",
     )
+    p.add_argument(
+        "--rows",
+        type=_row_names,
+        default=(),
+        metavar="NAME,...",
+        help="main suite: measure only these rows, named as its table names them "
+        "(e.g. 'dali-pipes gpu,DALI readers.file gpu'): a shorter run",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
+
+
+def _row_names(text: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("give at least one row name")
+    return names
 
 
 def _bench_scale(args) -> int:
@@ -141,6 +157,7 @@ def _bench(args) -> int:
             settings=args.settings,
             dtype=args.dtype,
             progress=not args.no_progress,
+            rows=args.rows,
         )
     print(format_table(report))
     if args.json is not None:

@@ -106,7 +106,7 @@ class DecoderHints:
     with fancy upsampling, which then falls back to libjpeg-turbo on the CPU threads.
     ``True`` or ``False`` forces it either way for every decode (``dali-pipes tune``
     measures it forced on).
-        """
+    """
 
     hw_decoder_load: float = 0.65
     device_memory_padding: int = 16 * 1024 * 1024
