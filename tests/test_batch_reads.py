@@ -41,10 +41,78 @@ def test_store_batch_read_equals_sample_reads(datasets, fmt, kind):
                     assert got == value
                 else:
                     assert got.dtype == value.dtype and np.array_equal(got, value)
+        # arrays=True: the same bytes, as uint8 arrays; every other field as without it.
+        viewed = store.read_batch(indices, fields, arrays=True)
+        assert viewed.keys() == batch.keys()
+        for name, values in viewed.items():
+            if store.fields[name].kind != "bytes":
+                assert np.array_equal(values, batch[name])
+                continue
+            assert all(isinstance(v, np.ndarray) and v.dtype == np.uint8 for v in values)
+            assert [v.tobytes() for v in values] == batch[name]
     if fmt == "hdf5":  # the fixed fields were gathered from the mapped file, not through h5py
         maps = store.shard_readers[0]._h_maps
         assert maps["label"] is not None and (kind == "images" or maps["features"] is not None)
     store.close()
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
+def test_array_reads_copy_each_shard_once_and_outlive_the_store(datasets, fmt):
+    """arrays=True from a map: each shard's records copied into one buffer, valid after the store closes."""
+    import gc
+
+    store = open_store(datasets[fmt, "images"])
+    indices = np.array([7, 1, 8, 2, 7])  # shards of 5: two shards, a repeat
+    expected = [store.read(int(i), ("image",))["image"] for i in indices]
+    got = store.read_batch(indices, ("image",), arrays=True)["image"]
+    owners = {id(v.base) for v in got}
+    assert len(owners) == 2 and all(isinstance(v.base, np.ndarray) and v.base.flags.owndata for v in got)
+    store.close()  # LMDB's environment and the HDF5 file are closed, their maps gone
+    gc.collect()
+    assert [v.tobytes() for v in got] == expected
+
+
+def test_a_damaged_image_is_caught_in_array_reads_too(tmp_path):
+    """Array reads are CRC-checked too: a byte changed in the shard names the sample."""
+    path = write_dataset(tmp_path / "ds", N, fmt="lmdb", fields="images", samples_per_shard=5)
+    flip_image_header(path, "lmdb", 2, 13)
+    store = open_store(path)
+    with pytest.raises(StoreError, match=r"sample 13 \(shard shard-00002.lmdb, record 3\).*CRC"):
+        store.read_batch(np.array([0, 12, 13, 22]), ("image",), arrays=True)
+    store.close()
+
+
+@pytest.mark.parametrize("fmt,readers", [("lmdb", 0), ("hdf5", 0), ("tfrecord", 1)])
+def test_the_loader_reads_zero_copy_formats_in_its_own_process_by_default(datasets, fmt, readers):
+    """No reader processes for LMDB and HDF5 batches (copied out of the map); workers for TFRecord; images exact."""
+    from dali_pipes.loading.options import default_py_num_workers
+
+    assert default_py_num_workers(fmt, True, cpus=16) == (0 if readers == 0 else 4)
+    assert default_py_num_workers(fmt, False, cpus=16) == 4  # per-sample reads keep their workers
+    store = open_store(datasets[fmt, "images"])
+    expected = {i: np.frombuffer(store.read(i, ("image",))["image"], np.uint8) for i in range(N)}
+    store.close()
+    with DALILoader(datasets[fmt, "images"], EncodedBytes(), batch_size=4, device="cpu", with_index=True) as loader:
+        assert loader.py_num_workers == readers and (loader.worker_pids == []) == (readers == 0)
+        for epoch in (0, 1):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                for row in range(len(batch["index"])):
+                    got, index = batch["image"][row].numpy(), int(batch["index"][row])
+                    size = len(expected[index])
+                    assert got[:size].tobytes() == expected[index].tobytes() and not got[size:].any()
+
+
+class EncodedBytes:
+    """A spec handing out the encoded bytes as read, zero-padded to the batch's longest, and the label."""
+
+    required_fields: tuple[str, ...] = ("image", "label")
+    needs_conditionals: bool = False
+
+    def build(self, inputs, *, device):
+        from nvidia.dali import fn
+
+        return {"image": fn.pad(inputs["image"], axes=[0], fill_value=0), "label": inputs["label"]}
 
 
 def _spec(kind):

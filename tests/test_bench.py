@@ -174,7 +174,9 @@ def test_bench_plot_is_drawn(bench_cli):
 # --- the suites ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("suite", ["albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage", "recipe"])
+@pytest.mark.parametrize(
+    "suite", ["feed", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage", "recipe"]
+)
 def test_each_suite_runs_and_returns_its_table(dataset, suite):
     from dali_pipes.bench.report import format_table
     from dali_pipes.bench.suites import run_bench
@@ -213,6 +215,13 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         # time, or in CPU time, which a loaded machine moves less; quick windows are short for either).
         read, decoded = cpu[0].timing, cpu[1].timing
         assert read.median > decoded.median or read.cpu_seconds_per_1k < decoded.cpu_seconds_per_1k
+    if suite == "feed":
+        # DALI's reader, the loader as it comes (reading in its own process), and with worker processes.
+        assert [row.name for row in report.rows] == ["DALI readers.file feed", "dali-pipes feed", "dali-pipes feed"]
+        assert report.rows[1].params["py_num_workers"] == 0 and report.rows[2].params["py_num_workers"] >= 1
+        assert all(row.timing is not None for row in report.rows)
+        ratios = [entry["value"] for entry in report.summary.values()]
+        assert len(ratios) == 2 and all(value > 0 for value in ratios)
     if suite == "workers":
         assert {row.params["num_workers"] for row in report.rows} >= {0}
     if suite == "cpu-vs-gpu":

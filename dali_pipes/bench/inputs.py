@@ -88,9 +88,12 @@ class BenchInputs:
         }
 
 
-def default_loader_settings(cores: int) -> dict[str, int]:
-    """The ``dali-pipes`` rows' settings without a tuned file: DALI gets every core, as the DataLoader does."""
-    return {"num_threads": cores, "py_num_workers": max(1, min(4, cores // 2)), "prefetch": 2}
+def default_loader_settings(cores: int, fmt: str) -> dict[str, int]:
+    """The ``dali-pipes`` rows' settings without a tuned file: DALI gets every core, as the DataLoader does;
+    the reader processes are the loader's own default for the dataset's format."""
+    from dali_pipes.loading.options import default_py_num_workers
+
+    return {"num_threads": cores, "py_num_workers": default_py_num_workers(fmt, True, cores), "prefetch": 2}
 
 
 def bench_inputs(
@@ -123,7 +126,7 @@ def bench_inputs(
             f"{dataset}: {manifest.num_samples} samples is less than one batch of {batch_size}; use a smaller --batch-size"
         )
     spec = ClassificationTrain(size=224, dtype=dtype)
-    loader_settings = default_loader_settings(cores)
+    loader_settings = default_loader_settings(cores, manifest.format)
     if settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
 

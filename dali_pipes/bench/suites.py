@@ -4,6 +4,8 @@
   the CPU, the ``DataLoader`` baselines (PIL over the shards and over the
   original files, torchvision, Albumentations), DALI's ``fn.readers.file`` over
   the files (the anchor), and the decode-only ceiling of the same JPEGs;
+- ``feed``: the feed alone, this package's loader against DALI's
+  ``fn.readers.file``, nothing decoded (see :mod:`dali_pipes.bench.feed`);
 - ``albumentations``: Albumentations against torchvision-style PIL transforms
   (and torchvision itself), in one process and with ``num_workers`` = cores;
 - ``cpu-vs-gpu``: augmentation on the CPU and the GPU for growing image counts,
@@ -51,6 +53,7 @@ log = logging.getLogger(__name__)
 
 SUITES: tuple[str, ...] = (
     "main",
+    "feed",
     "albumentations",
     "cpu-vs-gpu",
     "workers",
@@ -342,6 +345,12 @@ def _recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
     return recipe_suite(inputs, plan, target, quick, progress)
 
 
+def _feed_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.feed import feed_suite
+
+    return feed_suite(inputs, plan, target, quick, progress)
+
+
 def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     from dali_pipes.bench.masks import masks_suite
 
@@ -350,6 +359,7 @@ def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
 
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
+    "feed": _feed_suite,
     "albumentations": albumentations_suite,
     "cpu-vs-gpu": cpu_vs_gpu_suite,
     "workers": workers_suite,

@@ -8,17 +8,23 @@ samples sorted and read together) and returns every output as a batch: a fixed
 array field as one ``(B, *shape)`` array, bytes fields as lists of ``uint8``
 arrays, then ``is_pad`` and ``index`` as ``(B,)`` arrays.
 
-Everything else is :class:`~dali_pipes.loading.sources.StoreSource`'s: the epoch plan
-(shared by the loader, see :mod:`dali_pipes.loading.epoch_plan`), the padding to whole
-batches, the end of an epoch and cancellation by ``StopIteration``. Batch
-``iteration`` holds exactly the samples ``iteration * B .. (iteration + 1) * B - 1``
-the per-sample source would have returned, in the same order. A read error
-names the sample (:meth:`Store.read_batch` reads a failing shard again sample
-by sample to find it).
+Each encoded image is copied once on its way to DALI (issue 35: the feed made
+two copies and a Python object per sample, half of its CPU cost). The store
+copies a shard's records of the batch out of its memory map in one pass, into
+one buffer (``read_batch(arrays=True)``, :func:`~dali_pipes.stores.base.packed`),
+after checking them against their CRCs. Read in the loader's process, the
+records go to DALI as a ``TensorListCPU`` of slices of those buffers, which the
+external source takes with ``no_copy=True``; read in a DALI worker process, they
+are copied into the shared memory that carries them to the loader's process.
+Why not hand DALI views of the map and copy nothing: DALI reads a batch in its
+own threads up to ``prefetch`` batches later, and a shard truncated meanwhile
+would kill the process with SIGBUS where the store now raises its error
+(``tests/test_store_faults.py``).
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -43,9 +49,19 @@ class BatchStoreSource(StoreSource):
         indices = np.array(self._indices[lo : lo + self.batch_size], dtype=np.int64)
         batch = self._read(indices)
         out: list[Any] = []
-        for name, convert in self._converters:
+        in_process = os.getpid() == self._owner_pid
+        for name in self.fields:
             value = batch[name]
-            out.append(value if isinstance(value, np.ndarray) else [convert(v) for v in value])
+            if isinstance(value, np.ndarray):
+                out.append(value)
+            elif in_process and self.store.fields[name].kind == "bytes":
+                from nvidia.dali.tensors import TensorListCPU  # imported when DALI runs: `import dali_pipes` must not
+
+                # Slices of the buffers the store copied into: DALI takes them as they are (no_copy), and its
+                # tensors keep them alive until it is done with them.
+                out.append(TensorListCPU(value, "", False))
+            else:
+                out.append([np.asarray(v) for v in value])  # a DALI worker copies them into shared memory
         out.append(np.array(self._is_pad[lo : lo + self.batch_size], dtype=bool))
         if self.with_index:
             out.append(indices)
@@ -55,7 +71,7 @@ class BatchStoreSource(StoreSource):
 
     def _read(self, indices: np.ndarray) -> dict[str, Any]:
         try:
-            return self.store.read_batch(indices, self.fields)
+            return self.store.read_batch(indices, self.fields, arrays=True)
         except StoreError:
             raise  # already names the dataset, shard and sample
         except Exception as exc:  # noqa: BLE001 - a worker error must name its sample

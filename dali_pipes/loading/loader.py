@@ -12,8 +12,7 @@ without either, the next pass after a complete one (or after one left part-way)
 covers the next epoch, so the order changes every epoch even if ``set_epoch`` is
 never called.
 
-Failures while iterating are :mod:`dali_pipes.loading.errors`; the diagnosis that names
-the sample behind one is :mod:`dali_pipes.loading.diagnose`.
+Failures while iterating: :mod:`dali_pipes.loading.errors`, named by :mod:`dali_pipes.loading.diagnose`.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
-from dali_pipes.loading.options import check_options, device_description, resolve_counts
+from dali_pipes.loading.options import check_options, default_py_num_workers, device_description, resolve_counts
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
 from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, output_casts, pipeline_seed
 from dali_pipes.loading.pipeline_build import required_fields as _required_fields
@@ -78,8 +77,8 @@ class DALILoader:
     values must agree with an initialised ``torch.distributed``. ``device="auto"``
     runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
     CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
-    processes reading the store (0: read in the main process; by default a few, or
-    the spec's ``py_num_workers_by_default``: ``Features`` reads in the main process), ``prefetch`` the
+    processes reading the store (0: read in the main process; by default 0 for LMDB and HDF5,
+    whose batches are copied straight out of the mapped shards, a few otherwise), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
     (``"fork"``, or ``"spawn"``; by default fork, or spawn once the CUDA driver is
     initialised in this process, which DALI cannot fork: ``torch.cuda.is_available()``
@@ -253,7 +252,9 @@ class DALILoader:
 
     # --- construction -------------------------------------------------------------------------
 
-    def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int, start_method: str):
+    def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int | None, start_method: str):
+        #: DALI's Python reader processes: as asked, else the format's default (0: read in this process).
+        self.py_num_workers = default_py_num_workers(self.store.manifest.format, self._batch_reads, workers=workers)
         return build_pipeline(
             spec,
             self._source,
@@ -266,7 +267,7 @@ class DALILoader:
             with_index=self.with_index,
             prefetch=self._prefetch,
             threads=threads,
-            workers=workers,
+            workers=self.py_num_workers,
             start_method=start_method,
             seed=pipeline_seed(self.seed, self.world.rank),
         )

@@ -28,8 +28,9 @@ def resolve_counts(
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
     decoder hints go to the spec); then the spec's ``py_num_workers_by_default``
     where it has one (``Features``: 0, the training process reads), else
-    defaults that leave cores for the training process: a few readers, a few
-    DALI threads.
+    defaults that leave cores for the training process: a few DALI threads.
+    ``py_num_workers`` stays ``None`` when nothing set it: it depends on the
+    dataset's format (:func:`default_py_num_workers`), known once the store is open.
     """
     if settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
@@ -43,12 +44,33 @@ def resolve_counts(
     prefetch = 2 if prefetch is None else prefetch
     if py_num_workers is None:
         py_num_workers = getattr(pipeline, "py_num_workers_by_default", None)
-    workers = max(1, min(4, cpus // 2)) if py_num_workers is None else py_num_workers
     threads = max(1, min(4, cpus)) if num_threads is None else num_threads
     check_int("prefetch", prefetch, 1)
-    check_int("py_num_workers", workers, 0)
+    if py_num_workers is not None:
+        py_num_workers = int(check_int("py_num_workers", py_num_workers, 0))
     check_int("num_threads", threads, 1)
-    return pipeline, int(threads), int(workers), int(prefetch)
+    return pipeline, int(threads), py_num_workers, int(prefetch)
+
+
+def default_py_num_workers(fmt: str, batch_reads: bool, cpus: int | None = None, *, workers: int | None = None) -> int:
+    """DALI's Python reader processes: ``workers`` when chosen, else none where reading costs the loader's process little.
+
+    Batch reads of a format whose readers copy records straight out of a memory
+    map (LMDB, HDF5: ``ShardReader.cheap_batch_reads``) cost a few microseconds a
+    sample, so they run in the loader's process: a worker would add a copy into
+    shared memory and the same per-sample work in this process to take it back
+    (``dali-pipes bench --suite feed`` measured the feed at 0.6x of
+    ``fn.readers.file``'s rate with one worker on 2 cores). Other formats and
+    per-sample reads get a few workers, leaving cores for the training process.
+    """
+    from dali_pipes.stores import reader_class
+
+    if workers is not None:
+        return workers
+    if batch_reads and reader_class(fmt).cheap_batch_reads:
+        return 0
+    cpus = cpus or os.cpu_count() or 1
+    return max(1, min(4, cpus // 2))
 
 
 def check_options(batch_size: int, seed: int, last_batch: str, cache: str | None, cache_bytes: int | None) -> None:

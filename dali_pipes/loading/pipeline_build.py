@@ -60,8 +60,10 @@ def build_pipeline(
     reserved = len(fields) + 1 + int(with_index)  # the fields, is_pad, and index if asked for
     names: list[str] = []
 
-    # DALI accepts a source prefetch depth only for parallel sources.
-    parallel = dict(parallel=True, prefetch_queue_depth=prefetch) if workers > 0 else {}
+    # DALI accepts a source prefetch depth only for parallel sources (which never copy what they are given).
+    # In this process, a batch source hands DALI buffers it copied the records into: no_copy, and DALI's
+    # tensors keep them alive while it uses them (loading/batch_source.py).
+    parallel = dict(parallel=True, prefetch_queue_depth=prefetch) if workers > 0 else dict(no_copy=batch_reads)
 
     def define():
         nodes = fn.external_source(

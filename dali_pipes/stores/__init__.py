@@ -116,7 +116,9 @@ class Store:
                 f"{where}, record {local}): {exc}. Run 'dali-pipes verify {self.root}' and re-convert the damaged shard."
             ) from exc
 
-    def read_batch(self, indices: Sequence[int] | np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+    def read_batch(
+        self, indices: Sequence[int] | np.ndarray, fields: Iterable[str] | None = None, *, arrays: bool = False
+    ) -> BatchDict:
         """The samples ``indices`` (global, in that order, repeats allowed), one call per shard touched.
 
         Returns ``{field: values}``: for a fixed-shape array field one array
@@ -126,6 +128,8 @@ class Store:
         (HDF5 hyperslabs, one LMDB cursor, TFRecord reads in file order). When a
         shard's batch read fails, its samples are read again one by one, so the
         error is :meth:`read`'s, naming the dataset, shard and sample.
+        ``arrays``: bytes fields as ``uint8`` arrays, copied out of the shards' memory
+        maps in one pass per shard where the format allows (see :meth:`ShardReader.read_batch`).
         """
         names = tuple(
             self.manifest.fields if fields is None else select_fields(self.manifest.fields, fields, str(self.root))
@@ -142,7 +146,7 @@ class Store:
         for positions in np.split(by_shard, cuts) if len(indices) else ():
             shard_no = int(shard_of[positions[0]])
             try:
-                values = self._shards[shard_no].read_batch(indices[positions] - starts[shard_no], names)
+                values = self._shards[shard_no].read_batch(indices[positions] - starts[shard_no], names, arrays=arrays)
             except Exception:
                 for index in indices[positions]:  # the first sample that fails raises read()'s message
                     self.read(int(index), names)

@@ -40,14 +40,17 @@ class MappedRows:
         self.starts = np.asarray(starts, dtype=np.int64)  # the first row of each view
         self.size = len(mapped)
 
-    def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows ``rows`` (sorted, distinct, in range) as one new array."""
+    def _check_not_shrunk(self) -> None:
         size = os.fstat(self.fd).st_size
         if size < self.size:
             raise StoreError(
                 f"{self.path}: the HDF5 shard shrank from {self.size} to {size} bytes while it was open "
                 "(truncated or rewritten in place); not read, since reading past its new end would kill the process"
             )
+
+    def take(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` (sorted, distinct, in range) as one new array."""
+        self._check_not_shrunk()
         first = self.views[0]
         if len(self.views) == 1:
             return first[rows]
@@ -57,6 +60,16 @@ class MappedRows:
             if hi > lo:
                 out[lo:hi] = view[rows[lo:hi] - start]
         return out
+
+    def slices(self, offsets: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:
+        """The ragged samples ``rows`` of a dataset held in one view: ``view[offsets[r]:offsets[r + 1]]`` each.
+
+        Views of the map, valid while it is open: copy them before the reader closes.
+        """
+        self._check_not_shrunk()
+        (view,) = self.views
+        starts, stops = offsets[rows].tolist(), offsets[rows + 1].tolist()
+        return [view[start:stop] for start, stop in zip(starts, stops)]
 
     def close(self) -> None:
         self.views = []

@@ -58,6 +58,27 @@ def select_fields(fields: Mapping[str, Field], names: Iterable[str] | None, wher
     return selected
 
 
+def packed(values: list) -> list[np.ndarray]:
+    """``values`` (buffers of bytes) copied into one new ``uint8`` array, handed back as its slices.
+
+    One allocation and one pass over memory for a shard's share of a batch,
+    instead of a ``bytes`` object per sample (see ``read_batch(arrays=True)``).
+    """
+    if not values:
+        return []
+    data = np.concatenate([np.frombuffer(v, dtype=np.uint8) for v in values])
+    ends = np.cumsum([len(v) for v in values]).tolist()
+    return [data[start:end] for start, end in zip([0, *ends], ends)]
+
+
+def as_arrays(batch: BatchDict, fields: Mapping[str, Field]) -> BatchDict:
+    """``batch`` with each bytes field's values as ``uint8`` arrays over the same bytes (no copy)."""
+    return {
+        name: [np.frombuffer(v, dtype=np.uint8) for v in values] if fields[name].kind == "bytes" else values
+        for name, values in batch.items()
+    }
+
+
 class ShardReader(ABC):
     """Random access to the samples of one shard file.
 
@@ -76,6 +97,9 @@ class ShardReader(ABC):
     """
 
     format: str
+    #: Whether ``read_batch(arrays=True)`` costs a few microseconds a record, reading from a memory map
+    #: (then the loader reads in its own process: :func:`~dali_pipes.loading.options.default_py_num_workers`).
+    cheap_batch_reads: bool = False
 
     def __init__(
         self,
@@ -111,7 +135,9 @@ class ShardReader(ABC):
         raises ``ValueError`` (see :func:`select_fields`).
         """
 
-    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+    def read_batch(
+        self, indices: np.ndarray, fields: Iterable[str] | None = None, *, arrays: bool = False
+    ) -> BatchDict:
         """The fields of the local samples ``indices`` (in that order, repeats allowed), in one call.
 
         Returns ``{field: values}``, each ``values`` either a list with one value
@@ -119,10 +145,16 @@ class ShardReader(ABC):
         array ``(len(indices), *shape)``. The values are those of :meth:`read`,
         sample for sample; formats override this with sorted, coalesced reads.
         This default reads one sample at a time.
+
+        ``arrays``: a bytes field's values come as ``uint8`` arrays instead of
+        ``bytes``; formats that read from a memory map (LMDB, HDF5) copy each
+        distinct record once, into one buffer for the shard (:func:`packed`), which
+        the loader hands to DALI without copying again.
         """
         selected = tuple(self._selected(fields))
         samples = [self.read(int(i), selected) for i in indices]
-        return {name: [sample[name] for sample in samples] for name in selected}
+        batch: BatchDict = {name: [sample[name] for sample in samples] for name in selected}
+        return as_arrays(batch, self.fields) if arrays else batch
 
     def _selected(self, fields: Iterable[str] | None) -> Mapping[str, Field]:
         """The fields a read asks for (see :func:`select_fields`)."""

@@ -23,7 +23,7 @@ import numpy as np
 
 from dali_pipes.dataset.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
 from dali_pipes.stores._h5map import MappedRows, map_rows
-from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
+from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, as_arrays, packed
 from dali_pipes.stores.hdf5_layout import (  # noqa: F401  (MANIFEST_ATTR and the layout stay importable from here)
     CHUNK_BYTES,
     CRC_DATASET,
@@ -130,6 +130,7 @@ class Hdf5ShardReader(ShardReader):
     """Random access to one HDF5 shard or merged file (see the module docstring for the layout)."""
 
     format = "hdf5"
+    cheap_batch_reads = True  # ragged bytes from the mapped file (see read_batch)
 
     def _open(self) -> None:
         f = open_file(self.path)
@@ -254,14 +255,18 @@ class Hdf5ShardReader(ShardReader):
                 check_record(sample[name], expected, f"{self.path}: record {index}", name)
         return sample
 
-    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+    def read_batch(
+        self, indices: np.ndarray, fields: Iterable[str] | None = None, *, arrays: bool = False
+    ) -> BatchDict:
         """The fields of the local samples ``indices`` (see :meth:`ShardReader.read_batch`).
 
         A fixed array field is gathered from the mapped file when its chunks are
         plain bytes (:mod:`dali_pipes.stores._h5map`), else read with one HDF5
         selection over the sorted, distinct rows: the hyperslab spanning them when
         it is small enough, else those rows only. A ragged field reads each
-        sample's byte range in file order.
+        sample's byte range in file order: from the mapped file when the field is
+        stored contiguously (as the writer stores it) and ``arrays`` is set, then
+        copied into one buffer (:func:`~dali_pipes.stores.base.packed`).
         """
         selected = self._selected(fields)
         indices = np.asarray(indices, dtype=np.int64)
@@ -276,13 +281,18 @@ class Hdf5ShardReader(ShardReader):
             ds = self._dataset(name, field)
             try:
                 if is_ragged(field):
-                    values = [self._ragged_record(ds, name, field, int(row)) for row in rows]
+                    mapped = self._mapped(name, ds) if arrays and field.kind == "bytes" else None
+                    in_map = mapped is not None and len(mapped.views) == 1  # a contiguous dataset
+                    if in_map:
+                        values = mapped.slices(self._h_offsets[name], rows)  # CRC-checked on the map, then copied
+                    else:
+                        values = [self._ragged_record(ds, name, field, int(row)) for row in rows]
                     self._check_rows(rows, values, name)
+                    if in_map:
+                        values = packed(values)
                     batch[name] = [values[k] for k in inverse.tolist()]
                 else:
-                    if name not in self._h_maps:
-                        self._h_maps[name] = map_rows(self.path, ds)
-                    mapped = self._h_maps[name]
+                    mapped = self._mapped(name, ds)
                     values = mapped.take(rows) if mapped is not None else self._fixed_rows(ds, rows)
                     self._check_rows(rows, values, name)
                     batch[name] = values[inverse].reshape(len(indices), *(field.shape or ()))
@@ -290,7 +300,13 @@ class Hdf5ShardReader(ShardReader):
                 raise StoreError(
                     f"{self.path}: records {rows.tolist()}, field {name!r}: HDF5 read failed ({exc})"
                 ) from exc
-        return batch
+        return as_arrays(batch, self.fields) if arrays else batch
+
+    def _mapped(self, name: str, ds: h5py.Dataset) -> MappedRows | None:
+        """The rows of field ``name``'s dataset read from the mapped file, when they can be (see _h5map)."""
+        if name not in self._h_maps:
+            self._h_maps[name] = map_rows(self.path, ds)
+        return self._h_maps[name]
 
     def _check_rows(self, rows: np.ndarray, values, name: str) -> None:
         """Check each of the sorted distinct ``rows`` read for field ``name`` against its stored CRC."""

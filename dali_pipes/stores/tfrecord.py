@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator
 
 import numpy as np
 
-from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError
+from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, as_arrays
 from dali_pipes.stores.tfexample import FOOTER_SIZE, HEADER_SIZE, decode_sample, masked_crc32c, parse_index, unframe
 
 
@@ -128,11 +128,14 @@ class TFRecordShardReader(ShardReader):
         """One whole record -> its sample, CRCs checked: the per-record step of :meth:`read` and :meth:`read_batch`."""
         return decode_sample(selected, unframe(record, where), where)
 
-    def read_batch(self, indices: np.ndarray, fields: Iterable[str] | None = None) -> BatchDict:
+    def read_batch(
+        self, indices: np.ndarray, fields: Iterable[str] | None = None, *, arrays: bool = False
+    ) -> BatchDict:
         """The fields of the local samples ``indices`` (see :meth:`ShardReader.read_batch`).
 
         The distinct records are read in file order, each run of adjacent records
         with one ``pread``, and each record checked and decoded on its own.
+        ``arrays``: bytes fields as ``uint8`` arrays over the decoded bytes.
         """
         selected = self._selected(fields)
         indices = np.asarray(indices, dtype=np.int64)
@@ -153,4 +156,5 @@ class TFRecordShardReader(ShardReader):
                 offset, size = int(spans[k, 0]) - first, int(spans[k, 1])
                 where = f"{self.path}: record {rows[k]} (byte {int(spans[k, 0])})"
                 samples.append(self._decode_record(selected, run[offset : offset + size], where))
-        return {name: [samples[k][name] for k in inverse.tolist()] for name in selected}
+        batch: BatchDict = {name: [samples[k][name] for k in inverse.tolist()] for name in selected}
+        return as_arrays(batch, self.fields) if arrays else batch

@@ -1,0 +1,73 @@
+"""The feed alone: each sample read and handed to DALI, nothing decoded (``dali-pipes bench DATASET --suite feed``).
+
+On a GPU the decoder needs the CPU threads that feed it (nvJPEG's CUDA path
+decodes Huffman on the CPU), so what the feed costs the cores is taken from the
+decoder. This suite measures that cost on any machine, GPU or not: both sides run
+the same graph, which only takes the shapes of the encoded bytes
+(:class:`~dali_pipes.bench.stages.GraphPrefix` with no step), on the CPU with the
+same DALI thread count and batch size:
+
+- ``DALI readers.file feed``: DALI's C++ file reader over the original JPEG files
+  (``random_shuffle=True``), as DALI's documentation shows it;
+- ``dali-pipes feed``: :class:`~dali_pipes.DALILoader` over the shards with its
+  defaults (exact per-rank epochs, ``is_pad``, record CRCs checked);
+- ``dali-pipes feed`` at ``py_num_workers=N``: the same, read by N Python worker
+  processes, when the default reads in the loader's process (what the loader did
+  before the zero-copy reads of issue 35).
+
+The summary gives our rate and CPU seconds per 1,000 images against DALI's
+reader: the goal is at least 1.0x its rate at no more CPU per image.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.interleave import run_jobs
+from dali_pipes.bench.jobs import anchor_job, dali_job, suite_report
+from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.runner import Target, TimingPlan
+from dali_pipes.bench.stages import GraphPrefix
+
+#: The rows' names.
+OURS, ANCHOR = "dali-pipes feed", "DALI readers.file feed"
+
+
+def feed_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Our feed against ``fn.readers.file``'s, read-only graphs on the CPU (see the module docstring)."""
+    feed = dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, 0))
+    default_workers = inputs.loader_settings.get("py_num_workers", 0)
+    jobs = [anchor_job(ANCHOR, feed, "cpu", target), dali_job(OURS, feed, "cpu", target)]
+    if default_workers == 0:
+        with_workers = max(1, min(4, inputs.cores // 2))
+        settings = {**inputs.loader_settings, "py_num_workers": with_workers}
+        jobs.append(dali_job(OURS, dataclasses.replace(feed, loader_settings=settings), "cpu", target))
+    report = suite_report(
+        "feed",
+        "the feed alone: samples read and handed to DALI, nothing decoded (shapes of the encoded bytes)",
+        inputs,
+        run_jobs(jobs, plan, target, progress=progress, title="bench feed"),
+        reference=ANCHOR,
+    )
+    report.summary = _feed_summary(report, inputs.loader_settings)
+    report.notes.append(
+        "both sides: the same DALI thread count and batch size, graph on the CPU; CPU s/1k is the whole "
+        "process tree's (DALI's threads, the loader's thread, any worker processes)"
+    )
+    return report
+
+
+def _feed_summary(report: BenchReport, settings: dict[str, Any]) -> dict[str, Any]:
+    ours = report.row(OURS, **settings)
+    anchor = report.row(ANCHOR)
+    rate = cpu = None
+    if ours is not None and anchor is not None and ours.timing is not None and anchor.timing is not None:
+        rate = ours.timing.median / anchor.timing.median
+        ours_cpu, anchor_cpu = ours.timing.cpu_seconds_per_1k, anchor.timing.cpu_seconds_per_1k
+        cpu = ours_cpu / anchor_cpu if ours_cpu is not None and anchor_cpu else None
+    return {
+        f"{OURS} / {ANCHOR}, images/s": {"value": rate, "unit": "x", "target": "at least 1.0x"},
+        f"{OURS} / {ANCHOR}, CPU s per 1,000 images": {"value": cpu, "unit": "x", "target": "at most 1.0x"},
+    }
