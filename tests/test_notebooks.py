@@ -46,7 +46,10 @@ def test_notebook_is_committed_without_outputs(name):
 @pytest.mark.parametrize(
     "name",
     # The benchmark notebook's 40 s re-run bench code that tests/test_bench.py covers: with the slow tests.
-    [pytest.param(name, marks=pytest.mark.slow) if name == "gpu_augmentation_benchmark.ipynb" else name for name in NAMES],
+    [
+        pytest.param(name, marks=pytest.mark.slow) if name == "gpu_augmentation_benchmark.ipynb" else name
+        for name in NAMES
+    ],
 )
 def test_notebook_runs_on_tiny_data(name, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")

@@ -66,7 +66,7 @@ def packed(values: list) -> list[np.ndarray]:
     """
     if not values:
         return []
-    data = np.concatenate([np.frombuffer(v, dtype=np.uint8) for v in values])
+    data = np.concatenate([v if isinstance(v, np.ndarray) else np.frombuffer(v, dtype=np.uint8) for v in values])
     ends = np.cumsum([len(v) for v in values]).tolist()
     return [data[start:end] for start, end in zip([0, *ends], ends)]
 

@@ -17,6 +17,7 @@ from dali_pipes.stores.lmdb_layout import (
     LEN_KEY,
     array_from_bytes,
     check_record,
+    check_records,
     check_rows,
     crc_key,
     little_endian,
@@ -242,8 +243,13 @@ class LmdbShardReader(ShardReader):
         """The stored CRCs of local samples ``rows`` (sorted), one row each; None for a dataset without them."""
         if not self.record_crc:
             return None
-        found = {bytes(key): value for key, value in cursor.getmulti([crc_key(row) for row in rows])}
-        return np.stack([self._parse_crcs(found.get(crc_key(row)), row, f"{self.path}: record {row}") for row in rows])
+        found = cursor.getmulti([crc_key(row) for row in rows])
+        size = CRC_DTYPE.itemsize * len(self.fields)
+        if len(found) == len(rows) and all(len(value) == size for _, value in found):
+            # Every record there and whole (the keys come back in the order asked): parsed at once.
+            return np.frombuffer(b"".join(value for _, value in found), dtype=CRC_DTYPE).reshape(len(rows), -1)
+        by_key = {bytes(key): value for key, value in found}  # one is missing or damaged: name it
+        return np.stack([self._parse_crcs(by_key.get(crc_key(row)), row, f"{self.path}: record {row}") for row in rows])
 
     def _record_value(self, value: bytes | memoryview, name: str, field, where: str, crc=None):
         """One record's stored bytes -> the field's value (bytes, or its array), checked against ``crc``.
@@ -258,11 +264,16 @@ class LmdbShardReader(ShardReader):
             return raw
         return array_from_bytes(raw, name, field, where)
 
-    def _record_array(self, value: memoryview, name: str, field, where: str, crc=None) -> memoryview:
-        """A bytes record left in the map (copied by the caller, inside the transaction), CRC-checked first."""
-        if crc is not None:
-            check_record(value, crc, where, name)
-        return value
+    def _packed_records(self, rows: list[int], order: list[int], found: list, name: str, crcs) -> list[np.ndarray]:
+        """A bytes field's records (``found``, in ``rows`` order) checked, then copied out of the map into one buffer.
+
+        Called inside the transaction, which keeps the map's views valid for the one copy.
+        """
+        records = [np.frombuffer(value, dtype=np.uint8) for _, value in found]
+        if crcs is not None:
+            check_records(records, crcs[:, self.crc_column[name]], lambda k: f"{self.path}: record {rows[k]}", name)
+        values = packed(records)
+        return [values[k] for k in order]
 
     def _fixed_values(self, rows: list[int], found: list, name: str, field, crcs: np.ndarray | None) -> np.ndarray:
         """The records of a fixed-shape array field as one ``(len(rows), *shape)`` array, one decode for all."""
@@ -321,10 +332,11 @@ class LmdbShardReader(ShardReader):
                     if field.kind == "array" and not field.variable_length:
                         batch[name] = self._fixed_values(rows_list, found, name, field, crcs)[inverse]
                         continue
-                    as_array = arrays and field.kind == "bytes"
-                    read_one = self._record_array if as_array else self._record_value
+                    if arrays and field.kind == "bytes":
+                        batch[name] = self._packed_records(rows_list, order, found, name, crcs)
+                        continue
                     values = [
-                        read_one(
+                        self._record_value(
                             value,
                             name,
                             field,
@@ -333,8 +345,6 @@ class LmdbShardReader(ShardReader):
                         )
                         for k, (row, (_, value)) in enumerate(zip(rows_list, found))
                     ]
-                    if as_array:
-                        values = packed(values)  # the one copy, while the transaction keeps the map's views valid
                     batch[name] = [values[k] for k in order]
         except lmdb.Error as exc:
             raise StoreError(f"{self.path}: records {rows_list}: LMDB read failed ({exc})") from exc

@@ -24,7 +24,7 @@ Nothing is pickled. A user can read a shard with plain ``lmdb``
 
 from __future__ import annotations
 
-from dali_pipes.stores.checksum import CRC_DTYPE, check_record, check_rows, sample_crcs
+from dali_pipes.stores.checksum import CRC_DTYPE, check_record, check_records, check_rows, sample_crcs
 from dali_pipes.stores.codec import array_from_bytes, array_to_bytes, little_endian
 
 __all__ = [
@@ -33,6 +33,7 @@ __all__ = [
     "array_from_bytes",
     "array_to_bytes",
     "check_record",
+    "check_records",
     "check_rows",
     "crc_key",
     "little_endian",
