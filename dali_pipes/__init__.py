@@ -41,6 +41,7 @@ _PIPELINE_NAMES = (
 )
 
 __all__ = [
+    "BatchFormat",
     "DALILoader",
     "LoaderError",
     "Manifest",
@@ -64,6 +65,8 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     if name in _PIPELINE_NAMES:
         return getattr(importlib.import_module("dali_pipes.pipelines"), name)
+    if name == "BatchFormat":
+        return importlib.import_module("dali_pipes.loading.compat").BatchFormat
     if name == "DALILoader":
         # Loaded on first use, so that the converters (which import dali_pipes.dataset.manifest, and so this
         # package) do not load the loader and its worker machinery.

@@ -322,14 +322,23 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
             with_index=True,
             py_num_workers=options.get("workers", 0),
         )
+        if options.get("dataloader_shape"):  # as a script written for a DataLoader evaluates: tuples, no padding
+            from dali_pipes import BatchFormat
+
+            kwargs["batch_format"] = BatchFormat(keys=("image", "label", "index"), drop_padding=True)
         loader = DALILoader(dataset, TinySpec(), **kwargs)
         report: dict = {"world": [loader.world.rank, loader.world.world_size], "len": len(loader), "epochs": []}
+        report["dataset_len"] = len(loader.dataset)
         for epoch in range(options["epochs"]):
-            loader.set_epoch(epoch)
+            loader.sampler.set_epoch(epoch) if options.get("dataloader_shape") else loader.set_epoch(epoch)
             batches = []
             try:
                 for batch in loader:
                     dist.all_reduce(torch.ones(1))  # a training step: every rank must take part
+                    if isinstance(batch, tuple):
+                        image, label, index = batch
+                        batches.append([index.tolist(), [False] * len(index)])
+                        continue
                     batches.append([batch["index"].tolist(), batch["is_pad"].tolist()])
             except LoaderError as exc:
                 # Keep this rank's own message: the job may report another rank's failure first.

@@ -8,6 +8,7 @@ import sys
 import dali_pipes
 
 EXPECTED = {
+    "BatchFormat",
     "DALILoader",
     "LoaderError",
     "Manifest",

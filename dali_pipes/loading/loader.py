@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
 from dali_pipes.loading import lifetime
 from dali_pipes.loading.batch_source import BatchStoreSource
+from dali_pipes.loading.compat import BatchFormat, DataLoaderSurface
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
@@ -35,12 +36,11 @@ from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes.loading.state import Pass as _Pass
 from dali_pipes.loading.state import loader_state, restored_position
+from dali_pipes.loading.store_setup import prepare_store
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.loading.world import detect_world, resolve_device
-from dali_pipes.remote.urls import is_url
 from dali_pipes.sampling import check_int as _check_int
 from dali_pipes.sampling import num_batches, samples_consumed, samples_per_rank
-from dali_pipes.stores import Store, open_store
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
@@ -60,7 +60,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-class DALILoader:
+class DALILoader(DataLoaderSurface):
     """Batches of a converted dataset through a DALI pipeline, for this DDP rank.
 
     ``path`` is a dataset folder written by ``dali-pipes convert``; ``pipeline``
@@ -105,6 +105,10 @@ class DALILoader:
     sample is seen exactly once per epoch across the ranks; the last batch may
     be shorter than ``batch_size``. :meth:`state_dict` records the epoch and the
     global samples consumed, so a run resumes mid-epoch, on any world size.
+
+    For scripts written for a ``DataLoader``: ``batch_format=BatchFormat(keys=("image", "label"))``
+    yields ``(image, label)`` tuples (``drop_padding=True`` for evaluation), and ``dataset``,
+    ``sampler.set_epoch``, ``batch_size`` and ``drop_last`` are there (:mod:`dali_pipes.loading.compat`).
     """
 
     def __init__(
@@ -130,11 +134,8 @@ class DALILoader:
         cache_bytes: int | None = None,
         batch_reads: bool = True,
         storage_options: Mapping[str, Any] | None = None,
+        batch_format: BatchFormat | None = None,
     ) -> None:
-        if isinstance(pipeline, type):
-            raise TypeError(
-                f"DALILoader: pass a pipeline spec instance, {pipeline.__name__}(), not the class {pipeline.__name__}"
-            )
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         pipeline, threads, workers, prefetch = resolve_counts(pipeline, settings, num_threads, py_num_workers, prefetch)
@@ -150,7 +151,8 @@ class DALILoader:
         self.seed = int(seed)
         self.last_batch = last_batch
         self.with_index = bool(with_index)
-        self.store: Store = self._prepare_store(path, stage_to, cache, cache_bytes, storage_options)
+        self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
+        self._open_store(path, stage_to, cache, cache_bytes, storage_options)
         try:
             pipeline = _bind(pipeline, self.store)
             self.pipeline = pipeline
@@ -219,31 +221,20 @@ class DALILoader:
             self, close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
         )
 
-    def _prepare_store(self, path, stage_to, cache, cache_bytes, storage_options) -> Store:
-        """Stage the dataset (``stage_to``), open it, and cache this rank's shards (``cache="ram"``)."""
-        #: What staging did (``stage_to``): the files copied, or that a staged copy was reused.
-        self.staged = None
-        if stage_to is not None or is_url(path):  # one process per DEST copies; the others wait and reuse
-            from dali_pipes.staging.remote import stage_any
-
-            self.staged = stage_any(path, stage_to, storage_options)
-            path = self.staged.path
-        store = open_store(path)
-        #: The RAM cache (``cache="ram"``): the shards it holds, its budget. Made before the workers start.
-        self.cache = None
-        if cache == "ram":
-            from dali_pipes.staging.ramcache import cache_for_loader
-
-            store, self.cache = cache_for_loader(
-                store,
-                cache_bytes,
-                world=self.world,
-                batch_size=self.batch_size,
-                seed=self.seed,
-                shuffle=self.shuffle,
-                last_batch=self.last_batch,
-            )
-        return store
+    def _open_store(self, path, stage_to, cache, cache_bytes, storage_options) -> None:
+        """``store``, ``staged`` (what staging did) and ``cache`` (the RAM cache): see :func:`prepare_store`."""
+        self.store, self.staged, self.cache = prepare_store(
+            path,
+            stage_to=stage_to,
+            cache=cache,
+            cache_bytes=cache_bytes,
+            storage_options=storage_options,
+            world=self.world,
+            batch_size=self.batch_size,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            last_batch=self.last_batch,
+        )
 
     @property
     def worker_pids(self) -> list[int]:
@@ -342,7 +333,7 @@ class DALILoader:
 
     # --- iteration ----------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[dict[str, Any]]:
+    def __iter__(self) -> Iterator[Any]:
         if self._iterator is None:
             raise LoaderError(f"{self.store.root}: this loader was closed")
         if self._failure is not None:
@@ -375,7 +366,7 @@ class DALILoader:
             except Exception as exc:  # noqa: BLE001 - every failure is explained and re-raised
                 self._fail(self._explain(exc, current), exc)
 
-    def _batches(self, current: _Pass) -> Iterator[dict[str, Any]]:
+    def _batches(self, current: _Pass) -> Iterator[Any]:
         n = len(self.store)
         last_size = current.samples - (current.batches - 1) * self.batch_size
         while current.handed < current.batches:
@@ -401,7 +392,7 @@ class DALILoader:
                 )
             for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device
                 batch[name] = batch[name].to(dtype)
-            yield batch
+            yield self.batch_format.apply(batch, last=current.handed == current.batches)
         # Collect DALI's end of epoch now, so that the next pass can reset at once.
         if self._next_batch(current) is not None:
             raise LoaderError(f"{self.store.root}: DALI yielded more batches than planned; this is a bug in dali-pipes")

@@ -32,6 +32,10 @@ def resolve_counts(
     ``py_num_workers`` stays ``None`` when nothing set it: it depends on the
     dataset's format (:func:`default_py_num_workers`), known once the store is open.
     """
+    if isinstance(pipeline, type):
+        raise TypeError(
+            f"DALILoader: pass a pipeline spec instance, {pipeline.__name__}(), not the class {pipeline.__name__}"
+        )
     if settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
 

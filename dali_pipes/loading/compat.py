@@ -1,0 +1,159 @@
+"""The ``DataLoader``-shaped surface of :class:`~dali_pipes.DALILoader`, for training scripts written for one.
+
+Scripts such as torchvision's reference ``train.py`` and timm's ``train.py`` unpack
+``(image, target)`` tuples, call ``loader.sampler.set_epoch(epoch)``, read
+``len(loader.dataset)``, ``loader.dataset.classes``, ``loader.batch_size`` and
+``loader.drop_last``. The loader answers all of these (issue 37):
+
+- :class:`BatchFormat` (``DALILoader(..., batch_format=...)``) says what a batch is:
+  the loader's dict (the default), or a tuple of named outputs as a ``DataLoader``
+  yields, and whether the last batch keeps its padding rows;
+- ``loader.dataset`` is a :class:`LoaderDataset` (``len()``: the samples in the
+  dataset; ``classes``, ``class_to_idx``);
+- ``loader.sampler`` is an :class:`EpochSampler` whose ``set_epoch`` is the loader's.
+
+Why padding is kept unless asked: with ``last_batch="pad"`` every rank yields the
+same number of full batches, the tail filled by wrap-around, as
+``DistributedSampler`` fills it; training steps then never see a batch of one row
+(which ``BatchNorm`` refuses). An evaluation loop wants each sample exactly once:
+``drop_padding=True`` drops the filler rows of the last batch, so the ranks'
+counts add up to ``len(loader.dataset)`` exactly (a rank's last batch may then be
+shorter, or empty, but every rank still yields the same number of batches, so no
+collective waits for ever). Only the last batch of a pass can hold padding, so
+only it is looked at: no GPU synchronisation on the others.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from dali_pipes.stores import Store
+
+__all__ = ["BatchFormat", "DataLoaderSurface", "EpochSampler", "LoaderDataset"]
+
+
+@dataclass(frozen=True)
+class BatchFormat:
+    """What each batch of a :class:`~dali_pipes.DALILoader` is.
+
+    ``keys``: yield a tuple of these outputs, in this order (``("image", "label")``
+    as a ``DataLoader`` over an image folder yields); ``None`` (default): the dict
+    of every output, ``is_pad`` included. ``drop_padding``: leave out the last
+    batch's wrap-around filler rows, for evaluation that counts each sample once
+    (see the module docstring for why it is off by default).
+    """
+
+    keys: tuple[str, ...] | None = None
+    drop_padding: bool = False
+
+    def __post_init__(self) -> None:
+        if self.keys is not None:
+            if isinstance(self.keys, str) or not all(isinstance(k, str) for k in self.keys) or not self.keys:
+                raise TypeError(
+                    f"BatchFormat.keys must be a tuple of output names such as ('image', 'label'), got {self.keys!r}"
+                )
+            object.__setattr__(self, "keys", tuple(self.keys))
+
+    def apply(self, batch: Mapping[str, Any], *, last: bool) -> Any:
+        """``batch`` (the loader's dict) in this format; ``last``: the pass's last batch, the only one with padding."""
+        if self.drop_padding and last:
+            keep = ~batch["is_pad"]
+            batch = {name: value[keep.to(value.device)] for name, value in batch.items()}
+        if self.keys is None:
+            return batch
+        missing = [key for key in self.keys if key not in batch]
+        if missing:
+            raise KeyError(
+                f"BatchFormat.keys names {', '.join(map(repr, missing))}, which the pipeline does not output; "
+                f"its outputs are {', '.join(map(repr, batch))}"
+            )
+        return tuple(batch[key] for key in self.keys)
+
+
+class LoaderDataset:
+    """``loader.dataset``: what scripts read from a ``DataLoader``'s dataset, for the dataset a loader reads.
+
+    ``len()`` is the number of samples in the dataset (all ranks together), as
+    ``len(DataLoader.dataset)`` is; ``classes`` and ``class_to_idx`` come from the
+    manifest (an image folder's class names; empty for a dataset without them).
+    Samples are read inside DALI, not through this object: ``open_store(path)[i]``
+    reads one.
+    """
+
+    def __init__(self, store: "Store") -> None:
+        self.root = store.root
+        self.classes: list[str] = list(store.manifest.classes or ())
+        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
+        self._num_samples = len(store)
+
+    def __len__(self) -> int:
+        return self._num_samples
+
+    def __getitem__(self, index: int) -> Any:
+        raise TypeError(
+            f"{self.root}: a DALILoader's dataset is read inside DALI, not by index; "
+            "dali_pipes.open_store(path)[i] reads sample i"
+        )
+
+    def __repr__(self) -> str:
+        return f"LoaderDataset({str(self.root)!r}, samples={len(self)}, classes={len(self.classes)})"
+
+
+class EpochSampler:
+    """``loader.sampler``: ``set_epoch`` as on a ``DistributedSampler``, and ``len()``, this rank's samples per epoch.
+
+    Holds its loader weakly: a loader dropped by its user is freed at once.
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = weakref.ref(loader)
+
+    def _get(self) -> Any:
+        loader = self._loader()
+        if loader is None:
+            raise RuntimeError("the DALILoader of this sampler no longer exists")
+        return loader
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's :meth:`~dali_pipes.DALILoader.set_epoch`: the next pass covers ``epoch``."""
+        self._get().set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self._get().samples_per_epoch
+
+
+class DataLoaderSurface:
+    """The attributes of a ``DataLoader`` that training scripts read, for :class:`~dali_pipes.DALILoader`.
+
+    Needs ``store``, ``batch_size``, ``last_batch``, ``world`` and ``set_epoch`` of the class it is mixed into.
+    """
+
+    store: "Store"
+    batch_size: int
+    last_batch: str
+    world: Any
+
+    @property
+    def dataset(self) -> LoaderDataset:
+        """The dataset as a ``DataLoader``'s: ``len()`` its samples, ``classes`` and ``class_to_idx``."""
+        return LoaderDataset(self.store)
+
+    @property
+    def sampler(self) -> EpochSampler:
+        """``sampler.set_epoch(epoch)`` as on a ``DistributedSampler``: the loader's ``set_epoch``."""
+        return EpochSampler(self)
+
+    @property
+    def drop_last(self) -> bool:
+        """Whether the incomplete last global batch is dropped (``last_batch="drop"``)."""
+        return self.last_batch == "drop"
+
+    @property
+    def samples_per_epoch(self) -> int:
+        """The samples this rank reads in a whole epoch, padding included (``len(DistributedSampler)``)."""
+        from dali_pipes.sampling import samples_per_rank
+
+        return samples_per_rank(len(self.store), self.batch_size, self.world.world_size, self.last_batch, 0)

@@ -1,0 +1,105 @@
+"""DALILoader as scripts written for a DataLoader use it: tuples, ``dataset``, ``sampler.set_epoch``, exact evaluation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_ddp import run_job
+
+from dali_pipes import BatchFormat, DALILoader, open_store
+from dali_pipes.loading.compat import LoaderDataset
+
+from loader_helpers import TinySpec, write_dataset
+
+N = 23
+
+
+@pytest.fixture(scope="module")
+def photos(imagenet_mini, tmp_path_factory):
+    """The package's sample photos (class folders), converted to LMDB."""
+    from converters.runner import convert
+    from converters.sources import ImageFolderSource
+
+    out = tmp_path_factory.mktemp("shape") / "shards"
+    convert(ImageFolderSource(imagenet_mini), out, format="lmdb", workers=1, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("shape-tiny") / "ds", N, samples_per_shard=5)
+
+
+def test_tuples_and_the_attributes_a_training_script_reads(photos):
+    store = open_store(photos)
+    classes = list(store.manifest.classes)
+    labels = {i: int(store.read(i, ("label",))["label"]) for i in range(len(store))}
+    fmt = BatchFormat(keys=("image", "label", "index"))
+    with DALILoader(photos, TinySpec(), batch_size=8, device="cpu", batch_format=fmt, with_index=True) as loader:
+        assert len(loader.dataset) == len(store) and loader.dataset.classes == classes and len(classes) > 1
+        assert loader.dataset.class_to_idx == {name: i for i, name in enumerate(classes)}
+        assert loader.batch_size == 8 and loader.drop_last is False
+        assert len(loader.sampler) == loader.samples_per_epoch == len(store)  # one rank: the whole dataset
+        loader.sampler.set_epoch(3)
+        assert loader.epoch == 3
+        seen = []
+        for batch in loader:
+            assert isinstance(batch, tuple) and len(batch) == 3
+            image, label, index = batch
+            assert image.dim() == 4 and len(image) == len(label) and label.dtype == torch.int64
+            assert [labels[i] for i in index.tolist()] == label.tolist()  # each image with its own label
+            seen.extend(index.tolist())
+        assert sorted(seen) == list(range(len(store)))
+        assert loader.epoch == 4  # the next pass: set_epoch went through the sampler to the loader
+    with pytest.raises(TypeError, match="read inside DALI"):
+        LoaderDataset(store)[0]
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_evaluation_without_padding_counts_each_sample_once_over_the_ranks(tiny, drop):
+    """23 samples, batch 4, 3 ranks: with drop_padding the ranks' rows add up to the dataset, once each."""
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=drop)
+    counts, rows = [], []
+    for rank in range(3):
+        with DALILoader(
+            tiny,
+            TinySpec(),
+            batch_size=4,
+            device="cpu",
+            shuffle=False,
+            rank=rank,
+            world_size=3,
+            with_index=True,
+            batch_format=fmt,
+        ) as loader:
+            batches = list(loader)
+            counts.append(len(batches))
+            rows.extend(i for _, index in batches for i in index.tolist())
+    assert len(set(counts)) == 1  # every rank yields as many batches: no collective waits for ever
+    if drop:
+        assert sorted(rows) == list(range(N))
+    else:
+        assert sorted(set(rows)) == list(range(N)) and len(rows) == counts[0] * 3 * 4  # the filler is duplicates
+
+
+def test_batch_format_refuses_what_it_cannot_yield(tiny):
+    with pytest.raises(TypeError, match="tuple of output names"):
+        BatchFormat(keys="image")
+    fmt = BatchFormat(keys=("image", "target"))
+    with DALILoader(tiny, TinySpec(), batch_size=4, device="cpu", batch_format=fmt) as loader:
+        with pytest.raises(KeyError, match="'target'.*outputs are 'image', 'label', 'is_pad'"):
+            next(iter(loader))
+
+
+def test_a_ddp_evaluation_through_the_dataloader_surface_reads_each_sample_once(tiny, tmp_path):
+    """Real processes (gloo): sampler.set_epoch and tuples without padding, each epoch exactly the dataset."""
+    reports = run_job(3, tiny, tmp_path, batch_size=4, epochs=2, dataloader_shape=True)
+    assert all(report["dataset_len"] == N for report in reports)
+    for epoch in range(2):
+        per_rank = [report["epochs"][epoch] for report in reports]
+        assert len({len(batches) for batches in per_rank}) == 1
+        read = sorted(i for batches in per_rank for indices, _ in batches for i in indices)
+        assert read == list(range(N))
+    first = [i for report in reports for indices, _ in report["epochs"][0] for i in indices]
+    second = [i for report in reports for indices, _ in report["epochs"][1] for i in indices]
+    assert first != second  # set_epoch through the sampler changed the order
