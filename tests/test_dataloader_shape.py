@@ -103,3 +103,27 @@ def test_a_ddp_evaluation_through_the_dataloader_surface_reads_each_sample_once(
     first = [i for report in reports for indices, _ in report["epochs"][0] for i in indices]
     second = [i for report in reports for indices, _ in report["epochs"][1] for i in indices]
     assert first != second  # set_epoch through the sampler changed the order
+
+
+def test_the_models_dtype_and_channels_last_as_the_scripts_prefetchers_deliver_them(tiny):
+    """bfloat16 and channels_last NCHW: the same pixels as the spec's plain NCHW float32 output."""
+    from dali_pipes import ClassificationVal
+
+    plain = BatchFormat(keys=("image", "label"))
+    model_like = BatchFormat(keys=("image", "label"), dtype="bfloat16", channels_last=True)
+    outputs = {}
+    for layout, fmt in (("NCHW", plain), ("NHWC", model_like), ("NCHW", model_like)):
+        spec = ClassificationVal(size=16, layout=layout)
+        with DALILoader(tiny, spec, batch_size=4, device="cpu", batch_format=fmt) as loader:
+            outputs[layout, fmt.dtype] = [image for image, _ in loader]
+    for key in (("NHWC", "bfloat16"), ("NCHW", "bfloat16")):
+        for image, reference in zip(outputs[key], outputs["NCHW", None]):
+            assert image.dtype == torch.bfloat16 and image.shape == reference.shape
+            assert image.is_contiguous(memory_format=torch.channels_last)
+            assert torch.equal(image, reference.to(torch.bfloat16))
+    # From NHWC, channels_last is a view of DALI's batch: nothing copied.
+    nhwc = torch.rand(2, 5, 6, 3)
+    (view,) = BatchFormat(keys=("image",), channels_last=True).apply({"image": nhwc}, last=False, layout="NHWC")
+    assert view.data_ptr() == nhwc.data_ptr() and view.shape == (2, 3, 5, 6)
+    with pytest.raises(ValueError, match="torch dtype"):
+        BatchFormat(dtype="bfloat17")

@@ -48,6 +48,12 @@ class BatchFormat:
 
     keys: tuple[str, ...] | None = None
     drop_padding: bool = False
+    #: The ``image`` output cast to this torch dtype (``"bfloat16"``, ``"float16"``...), as timm's prefetcher casts
+    #: to the model's dtype; on the output's device.
+    dtype: str | None = None
+    #: The ``image`` output as NCHW in ``torch.channels_last`` memory format, as ``--channels-last`` models take it.
+    #: From a spec with ``layout="NHWC"`` this is a view, no copy; from NCHW, one copy.
+    channels_last: bool = False
 
     def __post_init__(self) -> None:
         if self.keys is not None:
@@ -56,12 +62,23 @@ class BatchFormat:
                     f"BatchFormat.keys must be a tuple of output names such as ('image', 'label'), got {self.keys!r}"
                 )
             object.__setattr__(self, "keys", tuple(self.keys))
+        if self.dtype is not None:
+            import torch
 
-    def apply(self, batch: Mapping[str, Any], *, last: bool) -> Any:
-        """``batch`` (the loader's dict) in this format; ``last``: the pass's last batch, the only one with padding."""
+            if not isinstance(getattr(torch, str(self.dtype), None), torch.dtype):
+                raise ValueError(f"BatchFormat.dtype must name a torch dtype such as 'bfloat16', got {self.dtype!r}")
+
+    def apply(self, batch: Mapping[str, Any], *, last: bool, layout: str = "NCHW") -> Any:
+        """``batch`` (the loader's dict) in this format.
+
+        ``last``: the pass's last batch, the only one with padding; ``layout``: the
+        spec's layout of the ``image`` output (``"NCHW"`` or ``"NHWC"``).
+        """
         if self.drop_padding and last:
             keep = ~batch["is_pad"]
             batch = {name: value[keep.to(value.device)] for name, value in batch.items()}
+        if (self.dtype is not None or self.channels_last) and "image" in batch:
+            batch = {**batch, "image": self._image(batch["image"], layout)}
         if self.keys is None:
             return batch
         missing = [key for key in self.keys if key not in batch]
@@ -71,6 +88,18 @@ class BatchFormat:
                 f"its outputs are {', '.join(map(repr, batch))}"
             )
         return tuple(batch[key] for key in self.keys)
+
+    def _image(self, image: Any, layout: str) -> Any:
+        import torch
+
+        if self.channels_last:
+            if layout == "NHWC":
+                image = image.permute(0, 3, 1, 2)  # NHWC bytes are NCHW in channels_last format: a view
+            else:
+                image = image.contiguous(memory_format=torch.channels_last)
+        if self.dtype is not None:
+            image = image.to(getattr(torch, self.dtype))  # keeps the memory format
+        return image
 
 
 class LoaderDataset:

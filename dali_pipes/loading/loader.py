@@ -152,6 +152,7 @@ class DALILoader(DataLoaderSurface):
         self.last_batch = last_batch
         self.with_index = bool(with_index)
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
+        self._layout = getattr(pipeline, "layout", "NCHW")
         self._open_store(path, stage_to, cache, cache_bytes, storage_options)
         try:
             pipeline = _bind(pipeline, self.store)
@@ -392,7 +393,7 @@ class DALILoader(DataLoaderSurface):
                 )
             for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device
                 batch[name] = batch[name].to(dtype)
-            yield self.batch_format.apply(batch, last=current.handed == current.batches)
+            yield self.batch_format.apply(batch, last=current.handed == current.batches, layout=self._layout)
         # Collect DALI's end of epoch now, so that the next pass can reset at once.
         if self._next_batch(current) is not None:
             raise LoaderError(f"{self.store.root}: DALI yielded more batches than planned; this is a bug in dali-pipes")
