@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_ddp import run_job
 
-from dali_pipes import BatchFormat, DALILoader, open_store
+from dali_pipes import BatchFormat, ClassificationVal, DALILoader, open_store
 from dali_pipes.loading.compat import LoaderDataset
 
 from loader_helpers import TinySpec, write_dataset
@@ -107,8 +107,6 @@ def test_a_ddp_evaluation_through_the_dataloader_surface_reads_each_sample_once(
 
 def test_the_models_dtype_and_channels_last_as_the_scripts_prefetchers_deliver_them(tiny):
     """bfloat16 and channels_last NCHW: the same pixels as the spec's plain NCHW float32 output."""
-    from dali_pipes import ClassificationVal
-
     plain = BatchFormat(keys=("image", "label"))
     model_like = BatchFormat(keys=("image", "label"), dtype="bfloat16", channels_last=True)
     outputs = {}
@@ -127,3 +125,62 @@ def test_the_models_dtype_and_channels_last_as_the_scripts_prefetchers_deliver_t
     assert view.data_ptr() == nhwc.data_ptr() and view.shape == (2, 3, 5, 6)
     with pytest.raises(ValueError, match="torch dtype"):
         BatchFormat(dtype="bfloat17")
+
+
+def test_a_collate_style_transform_runs_on_every_batch(tiny):
+    """Any callable, as a script's collate_fn would apply it: called with the tuple's items, its result yielded."""
+    plain = BatchFormat(keys=("image", "label"))
+    hooked = BatchFormat(keys=("image", "label"), transform=lambda image, label: (image.flip(-1), label + 100))
+    got = {}
+    for fmt in (plain, hooked):
+        with DALILoader(tiny, TinySpec(), batch_size=4, device="cpu", shuffle=False, batch_format=fmt) as loader:
+            got[fmt] = list(loader)
+    assert len(got[plain]) == len(got[hooked]) == 6
+    for (image, label), (flipped, shifted) in zip(got[plain], got[hooked]):
+        assert torch.equal(flipped, image.flip(-1)) and torch.equal(shifted, label + 100)
+
+
+def test_timms_mixup_mixes_our_batches_and_its_switch_is_honoured(tiny):
+    """timm's Mixup as the transform: soft targets of the right width; loader.mixup_enabled = False stops it."""
+    from recipe_helpers import timm_module
+
+    mixup = timm_module("mixup").Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=5)
+    fmt = BatchFormat(keys=("image", "label"), transform=mixup)
+    spec = ClassificationVal(size=16)
+    with DALILoader(
+        tiny, spec, batch_size=4, device="cpu", last_batch="drop", shuffle=False, batch_format=fmt
+    ) as loader:
+        assert loader.mixup_enabled
+        mixed = list(loader)
+        loader.mixup_enabled = False  # timm's train.py at --mixup-off-epoch
+        assert mixup.mixup_enabled is False and not loader.mixup_enabled
+        unmixed = list(loader)
+    with DALILoader(tiny, spec, batch_size=4, device="cpu", last_batch="drop", shuffle=False) as loader:
+        reference = [(batch["image"], batch["label"]) for batch in loader]
+    assert len(mixed) == len(unmixed) == len(reference) == N // 4
+    for (image, target), (ref_image, ref_label) in zip(mixed, reference):
+        assert target.shape == (4, 5) and torch.allclose(target.sum(1), torch.ones(4))
+        assert not torch.equal(image, ref_image)  # mixed with the flipped batch
+    for (image, target), (ref_image, ref_label) in zip(unmixed, reference):
+        assert torch.equal(image, ref_image)
+        assert target.argmax(1).tolist() == ref_label.tolist() and target.max(1).values.min() > 0.9  # smoothed one-hot
+
+
+def test_mixing_that_cannot_be_honoured_is_refused_saying_what_to_use(tiny):
+    from recipe_helpers import timm_module
+
+    from dali_pipes import ClassificationTrain
+    from dali_pipes.pipelines import Mix
+
+    timm_mixup = timm_module("mixup")
+    with pytest.raises(ValueError, match="FastCollateMixup.*timm.data.Mixup"):
+        BatchFormat(keys=("image", "label"), transform=timm_mixup.FastCollateMixup(mixup_alpha=0.8, num_classes=5))
+    mixing_spec = ClassificationTrain(size=16, mix=Mix(mixup_alpha=0.8, num_classes=5))
+    fmt = BatchFormat(keys=("image", "label"), transform=timm_mixup.Mixup(mixup_alpha=0.8, num_classes=5))
+    with pytest.raises(ValueError, match="mixes in the graph.*mix in one place"):
+        DALILoader(tiny, mixing_spec, batch_size=4, device="cpu", batch_format=fmt)
+    with DALILoader(tiny, mixing_spec, batch_size=4, device="cpu") as loader:
+        assert loader.mixup_enabled
+        with pytest.raises(ValueError, match="cannot be switched.*BatchFormat\\(transform=timm.data.Mixup"):
+            loader.mixup_enabled = False
+        loader.mixup_enabled = True  # already so: nothing to switch

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:
     from dali_pipes.stores import Store
@@ -54,6 +54,10 @@ class BatchFormat:
     #: The ``image`` output as NCHW in ``torch.channels_last`` memory format, as ``--channels-last`` models take it.
     #: From a spec with ``layout="NHWC"`` this is a view, no copy; from NCHW, one copy.
     channels_last: bool = False
+    #: Applied to each batch last, as a script's ``collate_fn`` applies it: called with the tuple's items
+    #: (``transform(image, label)``, as torchvision's ``v2.MixUp``/``v2.CutMix`` and timm's ``Mixup`` take them),
+    #: or with the dict when ``keys`` is None; what it returns is the batch.
+    transform: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.keys is not None:
@@ -67,6 +71,8 @@ class BatchFormat:
 
             if not isinstance(getattr(torch, str(self.dtype), None), torch.dtype):
                 raise ValueError(f"BatchFormat.dtype must name a torch dtype such as 'bfloat16', got {self.dtype!r}")
+        if self.transform is not None:
+            _check_transform(self.transform)
 
     def apply(self, batch: Mapping[str, Any], *, last: bool, layout: str = "NCHW") -> Any:
         """``batch`` (the loader's dict) in this format.
@@ -80,14 +86,23 @@ class BatchFormat:
         if (self.dtype is not None or self.channels_last) and "image" in batch:
             batch = {**batch, "image": self._image(batch["image"], layout)}
         if self.keys is None:
-            return batch
+            return batch if self.transform is None else self.transform(batch)
         missing = [key for key in self.keys if key not in batch]
         if missing:
             raise KeyError(
                 f"BatchFormat.keys names {', '.join(map(repr, missing))}, which the pipeline does not output; "
                 f"its outputs are {', '.join(map(repr, batch))}"
             )
-        return tuple(batch[key] for key in self.keys)
+        out = tuple(batch[key] for key in self.keys)
+        return out if self.transform is None else self.transform(*out)
+
+    def check_spec(self, spec: Any) -> None:
+        """Refuse a mixing ``transform`` on a spec that mixes in its graph: the transform would get soft targets."""
+        if self.transform is not None and getattr(spec, "mix", None) is not None and _is_mixer(self.transform):
+            raise ValueError(
+                f"{type(spec).__name__} mixes in the graph (mix={spec.mix!r}) and BatchFormat.transform "
+                f"({type(self.transform).__name__}) would mix its soft targets again: mix in one place"
+            )
 
     def _image(self, image: Any, layout: str) -> Any:
         import torch
@@ -100,6 +115,22 @@ class BatchFormat:
         if self.dtype is not None:
             image = image.to(getattr(torch, self.dtype))  # keeps the memory format
         return image
+
+
+def _is_mixer(transform: Any) -> bool:
+    """Whether ``transform`` mixes samples: timm's ``Mixup`` (``mixup_enabled``), torchvision's ``MixUp``/``CutMix``."""
+    return hasattr(transform, "mixup_enabled") or type(transform).__name__ in ("MixUp", "CutMix")
+
+
+def _check_transform(transform: Any) -> None:
+    if not callable(transform):
+        raise TypeError(f"BatchFormat.transform must be callable, such as timm's Mixup(...), got {transform!r}")
+    if type(transform).__name__ == "FastCollateMixup":
+        raise ValueError(
+            "BatchFormat.transform: timm's FastCollateMixup mixes a list of uint8 samples inside a collate_fn, and the "
+            "loader hands out whole batches: pass timm.data.Mixup with the same arguments instead (it mixes a batch), "
+            "or mix in the graph with ClassificationTrain(mix=Mix(...))"
+        )
 
 
 class LoaderDataset:
@@ -157,13 +188,16 @@ class EpochSampler:
 class DataLoaderSurface:
     """The attributes of a ``DataLoader`` that training scripts read, for :class:`~dali_pipes.DALILoader`.
 
-    Needs ``store``, ``batch_size``, ``last_batch``, ``world`` and ``set_epoch`` of the class it is mixed into.
+    Needs ``store``, ``batch_size``, ``last_batch``, ``world``, ``batch_format``, ``pipeline`` and
+    ``set_epoch`` of the class it is mixed into.
     """
 
     store: "Store"
     batch_size: int
     last_batch: str
     world: Any
+    batch_format: BatchFormat
+    pipeline: Any
 
     @property
     def dataset(self) -> LoaderDataset:
@@ -179,6 +213,32 @@ class DataLoaderSurface:
     def drop_last(self) -> bool:
         """Whether the incomplete last global batch is dropped (``last_batch="drop"``)."""
         return self.last_batch == "drop"
+
+    @property
+    def mixup_enabled(self) -> bool:
+        """Whether batches are mixed: the ``mixup_enabled`` of a ``BatchFormat.transform`` that has one
+        (timm's ``Mixup``), else whether the spec mixes in the graph.
+
+        Set it as timm's ``train.py`` does at ``--mixup-off-epoch``: it switches the
+        transform. A spec's in-graph ``Mix`` cannot be switched mid-run: that is refused, saying what to use.
+        """
+        mixer = self.batch_format.transform
+        if mixer is not None and hasattr(mixer, "mixup_enabled"):
+            return bool(mixer.mixup_enabled)
+        return getattr(self.pipeline, "mix", None) is not None
+
+    @mixup_enabled.setter
+    def mixup_enabled(self, value: bool) -> None:
+        mixer = self.batch_format.transform
+        if mixer is not None and hasattr(mixer, "mixup_enabled"):
+            mixer.mixup_enabled = bool(value)
+            return
+        if bool(value) != self.mixup_enabled:
+            raise ValueError(
+                f"mixup_enabled={bool(value)}: this loader's mixing cannot be switched "
+                f"({'the spec mixes in its graph' if self.mixup_enabled else 'nothing mixes'}); to switch it mid-run, "
+                "mix with BatchFormat(transform=timm.data.Mixup(...)) instead of the spec's Mix"
+            )
 
     @property
     def samples_per_epoch(self) -> int:

@@ -153,6 +153,7 @@ class DALILoader(DataLoaderSurface):
         self.with_index = bool(with_index)
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
         self._layout = getattr(pipeline, "layout", "NCHW")
+        self.batch_format.check_spec(pipeline)
         self._open_store(path, stage_to, cache, cache_bytes, storage_options)
         try:
             pipeline = _bind(pipeline, self.store)
