@@ -10,6 +10,7 @@ pipeline needs DALI conditionals (``needs_conditionals``) and adds its graph wit
 - ``ops``: graph fragments (decode, resize, jitter, normalise, auto-augment);
 - ``base``: the :class:`PipelineSpec` protocol and checks on ``build`` calls;
 - ``classification``: :class:`ClassificationTrain` and :class:`ClassificationVal`;
+- ``presets``: those two as torchvision's reference script and timm's ``train.py`` make them, from their flags;
 - ``detection``: :class:`Detection` and :class:`DetectionVal` (COCO-style boxes);
 - ``features``: :class:`Features` (fixed-shape arrays to the device);
 - ``schedule``: :class:`ResolutionSchedule` (FFCV's progressive resizing), sizes by epoch;

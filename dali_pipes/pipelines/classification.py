@@ -16,6 +16,7 @@ from dali_pipes.pipelines.config import (
     DTYPES,
     IMAGENET_MEAN,
     IMAGENET_STD,
+    INTERPOLATIONS,
     LAYOUTS,
     AutoAugmentPolicy,
     ColorJitter,
@@ -50,7 +51,9 @@ class _ImageOutput:
     PIL) filters when the resize shrinks; False resizes as OpenCV's ``INTER_LINEAR``
     (Albumentations' default) does: the CPU training graph cost 2.12 instead of 2.60 CPU
     seconds per 1,000 images in ``dali-pipes bench`` on 2 cores, with aliasing on strong
-    reductions (see the bench's antialias rows).
+    reductions (see the bench's antialias rows). ``interpolation`` is the resize filter:
+    ``"bilinear"`` (default, torchvision's reference), ``"bicubic"``, or ``"random"`` (one of
+    the two per image, timm's training default).
     """
 
     mean: tuple[float, float, float] = IMAGENET_MEAN
@@ -59,6 +62,7 @@ class _ImageOutput:
     layout: OutputLayout = "NCHW"
     decoder: DecoderHints = field(default_factory=DecoderHints)
     antialias: bool = True
+    interpolation: str = "bilinear"
 
     def __post_init__(self) -> None:
         name = type(self).__name__
@@ -68,6 +72,7 @@ class _ImageOutput:
         object.__setattr__(self, "std", check_channels(f"{name}.std", self.std, positive=True))
         check_choice(f"{name}.dtype", self.dtype, DTYPES)
         check_choice(f"{name}.layout", self.layout, LAYOUTS)
+        check_choice(f"{name}.interpolation", self.interpolation, INTERPOLATIONS)
         if not isinstance(self.decoder, DecoderHints):
             raise ValueError(f"{name}.decoder must be a DecoderHints, got {self.decoder!r}")
 
@@ -199,7 +204,12 @@ class ClassificationTrain(_ImageOutput):
                     images, device=device, area=self.scale, aspect_ratio=self.ratio, hints=self.decoder
                 ),
             ),
-            ("resize", lambda images: ops.resize_to(images, device=device, size=size, antialias=self.antialias)),
+            (
+                "resize",
+                lambda images: ops.resize_to(
+                    images, device=device, size=size, antialias=self.antialias, interpolation=self.interpolation
+                ),
+            ),
         ]
         if self.auto_augment is not None:
             policy = self.auto_augment
@@ -318,7 +328,9 @@ class ClassificationVal(_ImageOutput):
         """Add the evaluation graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
         images = ops.decode(inputs["image"], device=device, hints=self.decoder)
-        images = ops.resize_shorter(images, device=device, size=self.resize, antialias=self.antialias)
+        images = ops.resize_shorter(
+            images, device=device, size=self.resize, antialias=self.antialias, interpolation=self.interpolation
+        )
         # The centre crop always needs the final operator, whatever the dtype and layout.
         images = self._normalize(images, device=device, crop=self.size)
         return {"image": images, "label": label_output(inputs["label"], device)}

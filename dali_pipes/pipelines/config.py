@@ -24,6 +24,9 @@ DTYPES: tuple[str, ...] = ("float16", "bfloat16", "float32", "uint8")
 #: Output dtypes DALI has no type for: the graph makes float32, and the loader casts on the output's device.
 CAST_AFTER_DALI: dict[str, str] = {"bfloat16": "float32"}
 LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
+#: The resize filters: torchvision's and timm's names (``"random"``: bilinear or bicubic, drawn per image, timm's
+#: default for training).
+INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic", "random")
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("rand_augment", "trivial_augment")
 #: Largest value of a DALI ``INT32`` operator argument (the decoder's memory paddings and size hints).
 INT32_MAX = 2**31 - 1

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 import nvidia.dali.fn as fn
 import nvidia.dali.math as dali_math
@@ -92,7 +92,23 @@ def _square(size: int | DataNode) -> list[int] | DataNode:
     return size if isinstance(size, DataNode) else [size, size]
 
 
-def resize_to(images: DataNode, *, device: str, size: int | DataNode, antialias: bool = True) -> DataNode:
+def interp_type(interpolation: str = "bilinear") -> Any:
+    """DALI's ``interp_type`` for a filter name of :data:`~dali_pipes.pipelines.config.INTERPOLATIONS`.
+
+    ``"random"`` is a per-image draw of bilinear or bicubic (DALI takes the filter
+    as a per-sample argument), as timm's ``--train-interpolation random``.
+    """
+    if interpolation == "bilinear":
+        return types.INTERP_LINEAR
+    if interpolation == "bicubic":
+        return types.INTERP_CUBIC
+    choice = fn.random.choice([int(types.INTERP_LINEAR), int(types.INTERP_CUBIC)])
+    return fn.cast(choice, dtype=types.INTERP_TYPE)
+
+
+def resize_to(
+    images: DataNode, *, device: str, size: int | DataNode, antialias: bool = True, interpolation: str = "bilinear"
+) -> DataNode:
     """Resize to ``size`` x ``size`` (aspect not kept): bilinear, antialiased when shrinking unless told not to.
 
     ``size`` may be a node of float ``[h, w]`` per sample, fed per batch: the size then
@@ -100,12 +116,18 @@ def resize_to(images: DataNode, *, device: str, size: int | DataNode, antialias:
     output pixel whatever the scale (as OpenCV's ``INTER_LINEAR``, hence Albumentations,
     does): cheaper on the CPU, with aliasing on strong reductions.
     """
-    return fn.resize(images, device=device, size=_square(size), interp_type=types.INTERP_LINEAR, antialias=antialias)
+    return fn.resize(
+        images, device=device, size=_square(size), interp_type=interp_type(interpolation), antialias=antialias
+    )
 
 
-def resize_shorter(images: DataNode, *, device: str, size: int, antialias: bool = True) -> DataNode:
+def resize_shorter(
+    images: DataNode, *, device: str, size: int, antialias: bool = True, interpolation: str = "bilinear"
+) -> DataNode:
     """Resize keeping the aspect ratio so that the shorter side is ``size`` (see :func:`resize_to` for ``antialias``)."""
-    return fn.resize(images, device=device, resize_shorter=size, interp_type=types.INTERP_LINEAR, antialias=antialias)
+    return fn.resize(
+        images, device=device, resize_shorter=size, interp_type=interp_type(interpolation), antialias=antialias
+    )
 
 
 def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_dtype: str = "uint8") -> DataNode:
