@@ -31,6 +31,19 @@ class ConversionError(Exception):
     """
 
 
+class NothingConverted(ConversionError):
+    """Every input of a conversion was left out: the message says why, for the most common reasons."""
+
+    def __init__(self, errors: list[dict[str, str]]) -> None:
+        by_reason: dict[str, list[str]] = {}
+        for error in errors:
+            by_reason.setdefault(error["reason"], []).append(error["input"])
+        common = sorted(by_reason.items(), key=lambda item: -len(item[1]))
+        reasons = "; ".join(f"{len(names)} x {reason} (e.g. {names[0]})" for reason, names in common[:3])
+        more = f"; and {len(common) - 3} other reasons" if len(common) > 3 else ""
+        super().__init__(f"no input could be converted: all {len(errors)} inputs failed: {reasons}{more}")
+
+
 class SampleError(Exception):
     """One input sample cannot be converted; ``name`` says which input, ``reason`` why."""
 
@@ -143,11 +156,12 @@ class Source(ABC):
         """Folders this source reads everything below: a conversion refuses to write its output inside one."""
         return []
 
-    def check_result(self, left_out: set[str]) -> None:
+    def check_result(self, left_out: Mapping[str, str]) -> None:
         """Refuse a finished conversion that this source cannot stand by; called before the manifest is written.
 
-        ``left_out`` are the :attr:`Item.name` of the inputs left out as bad (the items were enumerated in this
-        process before). Raises :class:`ConversionError`; the shards stay, so a re-run that passes completes at once.
+        ``left_out`` maps the :attr:`Item.name` of each input left out as bad (the items were enumerated in this
+        process before) to why it was. Raises :class:`ConversionError`; the shards stay, so a re-run that passes
+        completes at once.
         """
 
     def shard_done(self) -> None:

@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterable, Sequence
 
 from tqdm import tqdm
 
-from converters.base import ConversionError, Item, SampleError, Source
+from converters.base import ConversionError, Item, NothingConverted, SampleError, Source
 from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.engines import LocalEngine, WorkerDied, make_engine
 from converters.input_plan import InputPlan, plan_input, shard_items
@@ -146,8 +146,7 @@ def convert(
         log.debug("%s is already a complete conversion of this input; nothing to do", out)
         return ConvertResult(out, finished, read_errors(out), time.perf_counter() - started, already_complete=True)
 
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    created = _make_output(out)
     job_dir = out / JOB_DIR
     with OutputLock(out):
         claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
@@ -165,8 +164,8 @@ def convert(
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
             raise
-        source.check_result({e["input"] for r in results.values() for e in r.errors})
-        manifest = _assemble(out, source, format, plans, results, digest)
+        source.check_result({e["input"]: e["reason"] for r in results.values() for e in r.errors})
+        manifest = _assemble(out, source, format, plans, results, digest, created)
         shutil.rmtree(job_dir, ignore_errors=True)
     errors = [e for p in plans for e in results[p.number].errors]
     result = ConvertResult(out, manifest, errors, time.perf_counter() - started, resumed_shards=len(plans) - len(todo))
@@ -192,8 +191,21 @@ def convert(
 SHARD_LAYOUT_VERSION = 3
 
 
-def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) -> Manifest:
-    """Write ``errors.jsonl`` and then the manifest, in shard order."""
+def _make_output(out: Path) -> bool:
+    """Make the output folder; whether this job created it. A file in its place is a one-line error."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConversionError(
+            f"{out}: the output must be a folder, but this path (or a folder above it) is a file; "
+            "choose another output folder"
+        ) from None
+    return created
+
+
+def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str, created: bool) -> Manifest:
+    """Write ``errors.jsonl`` and then the manifest, in shard order (nothing at all when every input failed)."""
     shards = []
     errors = []
     for plan in plans:
@@ -201,7 +213,8 @@ def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str) 
         shards.append(record.shard())
         errors.extend(record.errors)
     if sum(s.num_samples for s in shards) == 0:
-        raise ConversionError(f"no input could be converted: all {len(errors)} inputs failed (see the messages above)")
+        discard_job(out, created)  # nothing in it is usable: leave no half-made dataset behind
+        raise NothingConverted(errors)
     lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors)
     atomic_write_bytes(out / ERRORS_NAME, lines.encode())
     manifest = Manifest(

@@ -69,7 +69,7 @@ def test_a_class_whose_files_are_all_left_out_is_refused_and_allowing_it_finishe
     out = tmp_path / "out"
     proc = _convert(classes, out)
     assert proc.returncode != 0
-    assert "class folder 'dog' holds no image (every file in it was left out)" in proc.stderr
+    assert "class folder 'dog' holds no image (every file in it was left out; " in proc.stderr
     assert not (out / "index.json").exists()
 
     allowed = _convert(classes, out, "--allow-empty-classes")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, ClassVar, Iterator
+from typing import Any, ClassVar, Iterator, Mapping
 
 import numpy as np
 
@@ -129,18 +129,23 @@ class ImageFolderSource(StreamingSource):
     def input_folders(self) -> list[Path]:
         return [] if is_url(self.root) else [Path(self.root)]
 
-    def check_result(self, left_out: set[str]) -> None:
-        """Refuse a class all of whose files were left out (none is an image): see the class docstring."""
+    def check_result(self, left_out: Mapping[str, str]) -> None:
+        """Refuse a class all of whose files were left out (none is an image): see the class docstring.
+
+        The message names one file and why it was left out, so that the user learns the reason at once.
+        """
         classes = self._class_names()
         label_of = {name: label for label, name in enumerate(classes)}
-        lost: dict[int, int] = {}
+        lost: dict[int, list[str]] = {}
         for name in left_out:
             label = label_of.get(_class_of(self.root, name))
             if label is not None:
-                lost[label] = lost.get(label, 0) + 1
-        for label, count in sorted(lost.items()):
-            if count >= self._found.get(label, 0):
-                self._empty_class(classes[label], label, "holds no image (every file in it was left out)")
+                lost.setdefault(label, []).append(name)
+        for label, names in sorted(lost.items()):
+            if len(names) >= self._found.get(label, 0):
+                first = min(names)
+                why = f"holds no image (every file in it was left out; {first}: {left_out[first]})"
+                self._empty_class(classes[label], label, why)
 
     def _empty_class(self, name: str, label: int, why: str) -> None:
         if not self.allow_empty_classes:
