@@ -15,8 +15,9 @@ import importlib
 from typing import Any
 
 from dali_pipes._version import __version__
-from dali_pipes.dataset.manifest import Manifest, ManifestError, load_manifest
+from dali_pipes.dataset.manifest import Manifest, ManifestError
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.remote.dataset import load_manifest  # a folder or a URL
 from dali_pipes.remote.fs import RemoteError
 from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
 from dali_pipes.staging.remote import open_store  # a path, a merged .h5 file, or a URL (staged first)

@@ -52,3 +52,19 @@ def test_an_output_path_that_is_a_file_is_one_line_naming_it(folder, tmp_path, c
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and str(out) in err[0] and "must be a folder" in err[0], err
     assert taken.read_text() == "mine"
+
+
+def test_load_manifest_takes_a_url_as_every_dataset_path_does(tmp_path, s3):
+    """The README's 20-line script on s3://: load_manifest reads the manifest there (it once folded s3:// into s3:/)."""
+    from test_remote_stage import upload
+
+    import dali_pipes
+
+    from loader_helpers import write_dataset
+
+    source = write_dataset(tmp_path / "src", 9, samples_per_shard=4)
+    url = upload(s3, source)
+    remote = dali_pipes.load_manifest(url, storage_options=s3.options)
+    assert remote == dali_pipes.load_manifest(source) and remote.num_samples == 9
+    with pytest.raises(dali_pipes.RemoteError, match="no-such"):
+        dali_pipes.load_manifest(f"{url}-no-such", storage_options=s3.options)

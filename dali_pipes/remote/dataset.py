@@ -7,13 +7,29 @@ requires of a folder; the manifest's bytes are returned too, so that a staged co
 from __future__ import annotations
 
 import json
+import os
 from pathlib import PurePosixPath
 from typing import Any, Mapping
 
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ManifestError, parse_manifest
+from dali_pipes.dataset.manifest import load_manifest as load_local_manifest
 from dali_pipes.remote.fs import filesystem, remote_errors
 from dali_pipes.remote.transfer import retrying
-from dali_pipes.remote.urls import join, redact
+from dali_pipes.remote.urls import is_url, join, redact
+
+
+def load_manifest(
+    dataset: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None, check_paths: bool = True
+) -> Manifest:
+    """The manifest of a dataset folder, or of a dataset at a URL (``s3://bucket/ds``, ``gs://``, ``az://``, ``hf://``).
+
+    What ``dali_pipes.load_manifest`` is: a URL is read with ``storage_options``
+    (:func:`load_remote_manifest`), a folder by
+    :func:`dali_pipes.dataset.manifest.load_manifest` (``check_paths`` as there).
+    """
+    if is_url(dataset):
+        return load_remote_manifest(str(dataset), storage_options)[0]
+    return load_local_manifest(dataset, check_paths=check_paths)
 
 
 def load_remote_manifest(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
