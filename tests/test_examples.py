@@ -99,6 +99,9 @@ def test_multi_node_torchrun_two_nodes_on_loopback(tiny_dataset):
     for node, (out, err) in zip(nodes, outputs):
         assert node.returncode == 0, out + err
     assert re.findall(r"^epoch 0: (\d+) samples.* on (\d+) process", outputs[0][0], re.M) == [(str(NUM_IMAGES), "2")]
+    for rank, (out, _) in enumerate(outputs):  # every rank says it started and finished, not only rank 0
+        assert re.search(rf"^rank {rank} of 2: \d+ batches of 8 per epoch on cpu$", out, re.M), out
+        assert f"rank {rank} of 2: done" in out, out
 
 
 @pytest.mark.timeout(300)
@@ -127,8 +130,10 @@ def test_the_recipe_flags_train_with_soft_targets_and_a_rising_resolution(tiny_d
         env=env,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    epochs = re.findall(r"^epoch (\d+): (\d+) samples, loss ([\d.]+)", proc.stdout, re.M)
-    assert [(e, int(n)) for e, n, _ in epochs] == [("0", NUM_IMAGES), ("1", NUM_IMAGES)], proc.stdout
+    epochs = re.findall(r"^epoch (\d+): (\d+) samples, loss ([\d.]+), at (\d+) px", proc.stdout, re.M)
+    assert [(e, int(n), px) for e, n, _, px in epochs] == [("0", NUM_IMAGES, "32"), ("1", NUM_IMAGES, "64")], (
+        proc.stdout
+    )
     bad = subprocess.run(
         [sys.executable, "-m", "dali_pipes.examples.train_imagenet", str(tiny_dataset), "--res-schedule", "160,192"],
         capture_output=True,
@@ -136,3 +141,12 @@ def test_the_recipe_flags_train_with_soft_targets_and_a_rising_resolution(tiny_d
         timeout=60,
     )
     assert bad.returncode == 2 and "MIN,MAX,START,END" in bad.stderr
+
+
+def test_the_example_help_shows_every_default(capsys):
+    from dali_pipes.examples.train_imagenet import parse_args
+
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "per process (default: 64)" in shown and "(default: 0.1)" in shown and "(default: 224)" in shown

@@ -52,7 +52,9 @@ def small_convnet(num_classes: int) -> nn.Module:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     p.add_argument("dataset", help="dataset folder written by 'dali-pipes convert imagefolder'")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--batch-size", type=int, default=64, help="per process")
@@ -121,6 +123,9 @@ def main(argv=None) -> None:
         loader.load_state_dict(state["loader"])
         first_epoch = state["loader"]["epoch"]
 
+    world = dist.get_world_size() if distributed else 1
+    # One line per rank, at its start and its end: under torchrun each process shows it ran.
+    print(f"rank {rank} of {world}: {len(loader)} batches of {args.batch_size} per epoch on {device}", flush=True)
     for epoch in range(first_epoch, args.epochs):
         loader.set_epoch(epoch)  # was: sampler.set_epoch(epoch)
         model.train()
@@ -144,7 +149,7 @@ def main(argv=None) -> None:
             samples, total_loss = int(seen[0].item()), seen[1].item()
             print(
                 f"epoch {epoch}: {samples} samples, loss {total_loss / max(samples, 1):.4f}, "
-                f"{samples / elapsed:.1f} images/s on {dist.get_world_size() if distributed else 1} process(es)",
+                f"at {loader.pipeline.size_at(epoch)} px, {samples / elapsed:.1f} images/s on {world} process(es)",
                 flush=True,
             )
             if args.checkpoint:
@@ -153,6 +158,7 @@ def main(argv=None) -> None:
                     args.checkpoint,
                 )
     loader.close()
+    print(f"rank {rank} of {world}: done", flush=True)
     if distributed:
         dist.destroy_process_group()
 
