@@ -124,3 +124,27 @@ def test_one_after_another_when_asked():
     run_jobs(jobs, PLAN, Target("cpu"), progress=False, side_by_side=False)
     # a runs whole (warm-up 2 + 3 windows of 2) and closes before b opens.
     assert log == ["a"] * 8 + ["a closed"] + ["b"] * 8 + ["b closed"]
+
+
+def test_a_window_waits_for_the_row_before_to_stop_working():
+    """wait_until_quiet returns only once work running in the background (a row refilling its queues) has ended."""
+    import threading
+    import time
+
+    from dali_pipes.bench.interleave import wait_until_quiet
+
+    stop, ended = threading.Event(), []
+
+    def burn():
+        while not stop.is_set():
+            sum(range(10_000))
+        ended.append(time.perf_counter())
+
+    worker = threading.Thread(target=burn)
+    worker.start()
+    threading.Timer(0.4, stop.set).start()
+    waited = wait_until_quiet(limit=30)
+    returned = time.perf_counter()
+    worker.join()
+    assert ended and returned >= ended[0] and waited >= 0.3  # not before the busy thread stopped
+    assert wait_until_quiet(limit=30) < 5  # an idle process goes on at once (one short look)

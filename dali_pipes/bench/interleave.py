@@ -10,7 +10,8 @@ absolute figures move.
 
 A stream that sat idle while the others ran has its queues full: the first
 batches of its next window would come for free. So each window starts by
-drawing the row's ``in_flight`` batches untimed. Streams are opened (and warmed,
+drawing the row's ``in_flight`` batches untimed, once the row before has
+finished refilling its own queues (:func:`wait_until_quiet`). Streams are opened (and warmed,
 which starts their worker processes) rows without a DALI pipeline first, then
 DALI's, so that no worker is forked from a process already running DALI's threads.
 Rows timed cold (``Job.cold_images``: start-up is their point) are measured
@@ -21,8 +22,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from typing import Iterator, Sequence
 
+from dali_pipes.bench.cputime import tree_cpu_seconds
 from dali_pipes.bench.runner import (
     Job,
     Row,
@@ -137,6 +140,7 @@ def _take_window(
     """One timed window of ``job``, after drawing what its queues made while it waited; a failure ends the row."""
     stream, closer = streams[index]
     try:
+        wait_until_quiet()  # the row before refills its queues after its window: not on this row's time
         for _ in range(job.in_flight):
             next(stream)
         target.sync()
@@ -145,3 +149,25 @@ def _take_window(
         record_outcome(row, exc)
         del streams[index]
         closer.close()
+
+
+def wait_until_quiet(*, busy: float = 0.25, interval: float = 0.05, limit: float = 3.0) -> float:
+    """Wait until this process tree uses less than ``busy`` of a core over ``interval`` seconds; the seconds waited.
+
+    After its timed window a row's workers go on filling their queues (a
+    ``DataLoader``'s ``prefetch_factor`` batches per worker, a pool's chunks in
+    flight, DALI's prefetch): on two cores that took up to a second of CPU from the
+    next row's window, and rows measured after a heavy one came out slower and
+    noisier than alone (issue 38: the Albumentations row at 200 images/s, +-50%,
+    in the full table, 575 in a table of four). Waiting for that work to end first
+    gives every row the machine as it would have it alone. Gives up after
+    ``limit`` seconds (a row that is never idle costs the wait, not the figures).
+    """
+    started = time.perf_counter()
+    while time.perf_counter() - started < limit:
+        before = tree_cpu_seconds()
+        time.sleep(interval)
+        after = tree_cpu_seconds()
+        if before is None or after is None or after - before < busy * interval:
+            break
+    return time.perf_counter() - started
