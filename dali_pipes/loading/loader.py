@@ -22,10 +22,12 @@ import multiprocessing.util
 import os
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping, TypeVar
 
+from dali_pipes.dataset.outputs import RESERVED_OUTPUTS
 from dali_pipes.loading import lifetime
 from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.compat import BatchFormat, DataLoaderSurface
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
+from dali_pipes.loading.direct import DirectIterator, runs_without_dali
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.options import check_options, default_py_num_workers, device_description, resolve_counts
@@ -209,12 +211,15 @@ class DALILoader(DataLoaderSurface):
 
     def _start(self, device_id: int | None) -> None:
         """Watch the built pipeline's workers and make its iterator (the last step of construction)."""
-        lifetime.track(self._pipe)  # a process forked from this one must never shut it down
+        if self._pipe is not None:
+            lifetime.track(self._pipe)  # a process forked from this one must never shut it down
         self._device_id = device_id
         self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
         self._caller = Caller(f"dali-pipes-loader-{self.world.rank}") if self._workers.processes else None
-        self._iterator = dali_iterator(self._pipe, self.output_names)
+        direct = self._pipe is None  # a spec with no DALI work: the batch source's arrays, as tensors
+        self._iterator = DirectIterator(self._source, self.output_names, device_id) if direct else None
+        self._iterator = self._iterator or dali_iterator(self._pipe, self.output_names)
         # DALI stops its Python workers only when the pipeline is garbage collected or
         # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
         # joins its children *before* that, so live workers would hang its exit; this
@@ -248,6 +253,8 @@ class DALILoader(DataLoaderSurface):
     def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int | None, start_method: str):
         #: DALI's Python reader processes: as asked, else the format's default (0: read in this process).
         self.py_num_workers = default_py_num_workers(self.store.manifest.format, self._batch_reads, workers=workers)
+        if runs_without_dali(spec, batch_reads=self._batch_reads, workers=self.py_num_workers):
+            return None, (*self._fields, *RESERVED_OUTPUTS[: 1 + int(self.with_index)])  # loading/direct.py
         return build_pipeline(
             spec,
             self._source,

@@ -98,6 +98,12 @@ class Features:
         return self.fields
 
     @property
+    def runs_without_dali(self) -> bool:
+        """True without ``normalize`` and ``dtype``: the rows go to the device as read, with no DALI pipeline
+        (:mod:`dali_pipes.loading.direct`; the loader still uses DALI when asked for reader processes)."""
+        return not self.normalize and not self.dtype
+
+    @property
     def needs_conditionals(self) -> bool:
         """Always False."""
         return False
