@@ -51,6 +51,10 @@ def test_show_classification_grid_has_the_tile_layout_and_real_pixels(classifica
         "show", classification, "--pipeline", pipeline, "--out", out, "--num", "6", "--size", "64", "--device", "cpu"
     )
     assert str(out) in proc.stdout
+    # It says which settings it drew with: the recipe's MixUp/CutMix and erasing, the size asked for.
+    drawn = next(line for line in proc.stdout.splitlines() if line.startswith("drawn with "))
+    recipe_settings = "mix=Mix(mixup_alpha=0.8" in drawn and "erasing=RandomErasing(prob=1.0" in drawn
+    assert "size=64" in drawn and recipe_settings == (pipeline == "recipe"), drawn
     grid = np.asarray(Image.open(out).convert("RGB"))
     # 6 tiles in rows of 4: 2 rows, each a caption strip over a 64 px tile.
     assert grid.shape == (2 * (64 + CAPTION), 4 * 64, 3)

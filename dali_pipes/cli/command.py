@@ -457,7 +457,10 @@ def _show(args) -> int:
     path = show(
         args.dataset, args.out, pipeline=args.pipeline, num=args.num, seed=args.seed, size=args.size, device=args.device
     )
+    from dali_pipes.cli.show import make_spec, spec_settings
+
     print(f"{path}: {args.num} {args.pipeline} samples of {args.dataset}")
+    print(f"drawn with {spec_settings(make_spec(args.pipeline, size=args.size))}")
     return 0
 
 

@@ -86,6 +86,24 @@ def make_spec(pipeline: str, *, size: int | None = None, ignore_index: int = 255
     return spec(size=(side, side))
 
 
+def spec_settings(spec: Any) -> str:
+    """The settings of ``spec`` that differ from its class's defaults, as ``name=value`` (what a grid was drawn with)."""
+    import dataclasses
+
+    changed = []
+    for field in dataclasses.fields(spec):
+        if field.default is not dataclasses.MISSING:
+            default = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            default = field.default_factory()
+        else:
+            default = dataclasses.MISSING
+        value = getattr(spec, field.name)
+        if value != default:
+            changed.append(f"{field.name}={value!r}")
+    return f"{type(spec).__name__}({', '.join(changed)})"
+
+
 def show(
     dataset: str | os.PathLike,
     out: str | os.PathLike,
@@ -116,7 +134,7 @@ def show(
         classes = loader.store.manifest.classes
         batch = next(iter(loader))
     detection = pipeline.startswith(("detection", "instance"))
-    log.info("show: %d %s samples of %s", len(batch["image"]), pipeline, dataset)
+    log.info("show: %d %s samples of %s, drawn with %s", len(batch["image"]), pipeline, dataset, spec_settings(spec))
     images, labels = batch["image"], batch.get("labels", batch.get("label"))
     if pipeline.startswith("instance"):
         images = overlay_instances(to_pixels(images), batch["masks"], labels, batch["num_boxes"], box_color)

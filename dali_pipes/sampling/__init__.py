@@ -1,10 +1,15 @@
 """Who reads which sample when: the epoch order, each DDP rank's share, padding and resume.
 
 Pure functions over integers and numpy arrays (no DALI, no I/O), in
-:mod:`dali_pipes.sampling.rules`; the loader, the RAM cache and the public API
-all import them from here.
+:mod:`dali_pipes.sampling.rules` (permutations, the rank split) and
+:mod:`dali_pipes.sampling.weighted` (weighted epochs, dataset mixtures); the
+loader, the RAM cache and the public API all import them from here.
 """
 
-# The names and their list live once, in rules.py.
+# The names and their lists live once, in rules.py and weighted.py.
 from dali_pipes.sampling.rules import *  # noqa: F403
-from dali_pipes.sampling.rules import __all__ as __all__
+from dali_pipes.sampling.rules import __all__ as _rules
+from dali_pipes.sampling.weighted import *  # noqa: F403
+from dali_pipes.sampling.weighted import __all__ as _weighted
+
+__all__ = [*_rules, *_weighted]

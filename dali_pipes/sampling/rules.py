@@ -43,6 +43,7 @@ __all__ = [
     "rank_indices",
     "samples_consumed",
     "samples_per_rank",
+    "split_order",
 ]
 
 
@@ -195,8 +196,21 @@ def rank_indices(
     module docstring for the rules.
     """
     n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
+    return split_order(epoch_order(n, epoch, seed, shuffle), batch_size, rank, world_size, last_batch, start)
+
+
+def split_order(
+    order: np.ndarray, batch_size: int, rank: int, world_size: int, last_batch: LastBatch = "pad", start: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`rank_indices` for any global order of an epoch (a permutation, or a weighted draw with repeats).
+
+    ``order`` is the epoch's global sequence of sample indices; the rank split,
+    the padding by wrap-around from its start and the resume offset ``start`` are
+    those of the module docstring, with ``N = len(order)``.
+    """
+    order = np.asarray(order, dtype=np.int64)
+    _, batch_size, world_size, last_batch, start = _check_common(len(order), batch_size, world_size, last_batch, start)
     world = World(rank, world_size)
-    order = epoch_order(n, epoch, seed, shuffle)
     rest = order[start:]
     full, tail_per_rank = _layout(len(rest), batch_size, world_size, last_batch)
 
