@@ -19,7 +19,7 @@ from dali_pipes.dataset.manifest import Manifest, ManifestError
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.remote.dataset import load_manifest  # a folder or a URL
 from dali_pipes.remote.fs import RemoteError
-from dali_pipes.sampling import World, epoch_order, num_batches, rank_indices
+from dali_pipes.sampling import WeightedSampling, World, class_balanced_weights, epoch_order, num_batches, rank_indices
 from dali_pipes.staging.remote import open_store  # a path, a merged .h5 file, or a URL (staged first)
 from dali_pipes.stores import Store, StoreError
 
@@ -51,9 +51,11 @@ __all__ = [
     "ShardReadError",
     "Store",
     "StoreError",
+    "WeightedSampling",
     "WorkerDiedError",
     "World",
     "__version__",
+    "class_balanced_weights",
     "epoch_order",
     "load_manifest",
     "num_batches",

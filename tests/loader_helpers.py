@@ -322,6 +322,11 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
             with_index=True,
             py_num_workers=options.get("workers", 0),
         )
+        if options.get("weighted"):  # an epoch of options["weighted"] samples drawn with weights 1..N
+            from dali_pipes import WeightedSampling, load_manifest
+
+            n = load_manifest(dataset).num_samples
+            kwargs["sampling"] = WeightedSampling(np.arange(1, n + 1, dtype=float), num_samples=options["weighted"])
         if options.get("dataloader_shape"):  # as a script written for a DataLoader evaluates: tuples, no padding
             from dali_pipes import BatchFormat
 

@@ -161,8 +161,7 @@ def test_normalize_and_cast(dataset):
 
 
 def test_resume_gives_the_rest_of_the_epoch(arrays):
-    root, _ = arrays
-    path = root / "lmdb"
+    path = converted(arrays, "lmdb")  # converted here too: under pytest-xdist no other test may have run first
     spec = Features(fields=("label",))
     with loader(path, spec, rank=1, world_size=2, seed=2) as full:
         whole = [b["index"].tolist() for b in full]
@@ -213,8 +212,8 @@ class PipelineSpecLike:
 @pytest.mark.parametrize("fmt", ["lmdb", "hdf5"])
 def test_reading_a_sample_copies_its_arrays_once(arrays, fmt):
     """The store hands over each array with one host copy (the one per-sample Python copy allowed)."""
-    root, data = arrays
-    store = open_store(root / fmt)
+    _, data = arrays
+    store = open_store(converted(arrays, fmt))
     sample_bytes = sum(data[name][0].nbytes for name in data)
     store[0]  # open the shard outside the measurement
     tracemalloc.start()

@@ -102,3 +102,83 @@ def test_a_weighted_epoch_splits_over_the_ranks_as_a_permutation_does(world_size
             rank_indices(53, batch, rank, world_size, 0, 0, shuffle=False, last_batch=last_batch, start=8),
         ):
             assert np.array_equal(a, b)
+
+
+# --- through the loader: real DALI pipelines, real processes -----------------------------------------
+
+N_LOADER = 23
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from loader_helpers import write_dataset
+
+    return write_dataset(tmp_path_factory.mktemp("weighted") / "ds", N_LOADER, samples_per_shard=5)
+
+
+def _real_rows(path, sampling, world_size, *, epoch=0, state=None, batch_size=4):
+    """Every rank's real sample indices, batch by batch, in the job's global order; and rank 0's state after 2 batches."""
+    from dali_pipes import DALILoader
+
+    from loader_helpers import TinySpec
+
+    per_rank, saved = [], None
+    for rank in range(world_size):
+        with DALILoader(
+            path,
+            TinySpec(),
+            batch_size=batch_size,
+            device="cpu",
+            rank=rank,
+            world_size=world_size,
+            seed=9,
+            with_index=True,
+            sampling=sampling,
+        ) as loader:
+            if state is not None:
+                loader.load_state_dict(state)
+            else:
+                loader.set_epoch(epoch)
+            batches = []
+            for number, batch in enumerate(loader):
+                batches.append([i for i, pad in zip(batch["index"].tolist(), batch["is_pad"].tolist()) if not pad])
+                if number == 1 and rank == 0:
+                    saved = loader.state_dict()
+            per_rank.append(batches)
+    assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
+    return [i for step in zip(*per_rank) for rows in step for i in rows], saved
+
+
+def test_the_loader_reads_the_weighted_draw_exactly_and_resumes_it_on_another_world_size(tiny):
+    from dali_pipes import WeightedSampling
+
+    sampling = WeightedSampling(np.arange(1, N_LOADER + 1, dtype=float), num_samples=37)
+    drawn = sampling.order(N_LOADER, 1, 9).tolist()
+    for world_size in (1, 2, 3):
+        rows, state = _real_rows(tiny, sampling, world_size, epoch=1)
+        assert rows == drawn  # every drawn sample once, repeats included, in the draw's order
+    # Two batches of 4 on each of 2 ranks consumed 16: three ranks read the other 21.
+    _, state = _real_rows(tiny, sampling, 2, epoch=1)
+    assert state["samples_consumed"] == 16 and state["sampling"]["num_samples"] == 37
+    resumed, _ = _real_rows(tiny, sampling, 3, state=state)
+    assert resumed == drawn[16:]
+    other = WeightedSampling(np.ones(N_LOADER), num_samples=37)
+    with pytest.raises(ValueError, match="sampling="):
+        _real_rows(tiny, other, 1, state=state)
+    with pytest.raises(ValueError, match="22 weights but the dataset has 23 samples"):
+        _real_rows(tiny, WeightedSampling(np.ones(N_LOADER - 1)), 1)
+
+
+def test_a_ddp_job_reads_each_weighted_epoch_exactly(tiny, tmp_path):
+    """Real processes (gloo): two ranks in lockstep read the draw of each epoch, no sample more or less."""
+    from test_ddp import run_job
+
+    from dali_pipes import WeightedSampling
+
+    reports = run_job(2, tiny, tmp_path, batch_size=4, epochs=2, weighted=30)
+    sampling = WeightedSampling(np.arange(1, N_LOADER + 1, dtype=float), num_samples=30)
+    for epoch in range(2):
+        per_rank = [report["epochs"][epoch] for report in reports]
+        assert len({len(b) for b in per_rank}) == 1
+        read = [i for step in zip(*per_rank) for indices, pads in step for i, p in zip(indices, pads) if not p]
+        assert read == sampling.order(N_LOADER, epoch, 0).tolist()

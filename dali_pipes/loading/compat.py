@@ -241,8 +241,14 @@ class DataLoaderSurface:
             )
 
     @property
+    def epoch_length(self) -> int:
+        """Samples in an epoch over all ranks: the dataset's, or a weighted draw's ``num_samples``."""
+        sampling = getattr(self, "sampling", None)
+        return len(self.store) if sampling is None else sampling.epoch_length(len(self.store))
+
+    @property
     def samples_per_epoch(self) -> int:
         """The samples this rank reads in a whole epoch, padding included (``len(DistributedSampler)``)."""
         from dali_pipes.sampling import samples_per_rank
 
-        return samples_per_rank(len(self.store), self.batch_size, self.world.world_size, self.last_batch, 0)
+        return samples_per_rank(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch, 0)

@@ -37,12 +37,12 @@ from dali_pipes.loading.pipeline_build import required_fields as _required_field
 from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes.loading.state import Pass as _Pass
-from dali_pipes.loading.state import loader_state, restored_position
+from dali_pipes.loading.state import SavedPosition
 from dali_pipes.loading.store_setup import prepare_store
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.loading.world import detect_world, resolve_device
+from dali_pipes.sampling import WeightedSampling, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sampling import check_int as _check_int
-from dali_pipes.sampling import num_batches, samples_consumed, samples_per_rank
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.pipelines import PipelineSpec
@@ -62,7 +62,7 @@ __all__ = [
 _T = TypeVar("_T")
 
 
-class DALILoader(DataLoaderSurface):
+class DALILoader(DataLoaderSurface, SavedPosition):
     """Batches of a converted dataset through a DALI pipeline, for this DDP rank.
 
     ``path`` is a dataset folder written by ``dali-pipes convert``; ``pipeline``
@@ -111,6 +111,8 @@ class DALILoader(DataLoaderSurface):
     For scripts written for a ``DataLoader``: ``batch_format=BatchFormat(keys=("image", "label"))``
     yields ``(image, label)`` tuples (``drop_padding=True`` for evaluation), and ``dataset``,
     ``sampler.set_epoch``, ``batch_size`` and ``drop_last`` are there (:mod:`dali_pipes.loading.compat`).
+    ``sampling=WeightedSampling(weights, num_samples=...)`` draws each epoch with weights
+    instead of permuting the dataset (:mod:`dali_pipes.sampling.weighted`), with the same guarantees.
     """
 
     def __init__(
@@ -137,6 +139,7 @@ class DALILoader(DataLoaderSurface):
         batch_reads: bool = True,
         storage_options: Mapping[str, Any] | None = None,
         batch_format: BatchFormat | None = None,
+        sampling: WeightedSampling | None = None,
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
@@ -154,7 +157,7 @@ class DALILoader(DataLoaderSurface):
         self.last_batch = last_batch
         self.with_index = bool(with_index)
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
-        self._layout = getattr(pipeline, "layout", "NCHW")
+        self.sampling = sampling  # a weighted draw per epoch (sampling/weighted.py), else a permutation
         self.batch_format.check_spec(pipeline)
         self._open_store(path, stage_to, cache, cache_bytes, storage_options)
         try:
@@ -196,6 +199,8 @@ class DALILoader(DataLoaderSurface):
     def _make_source(self, fields: tuple[str, ...], batch_reads: bool) -> StoreSource:
         """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
         self._batch_reads = bool(batch_reads)
+        if self.sampling is not None:  # one weight per sample, checked before anything starts
+            self.sampling.epoch_length(len(self.store))
         return (BatchStoreSource if self._batch_reads else StoreSource)(
             self.store,
             fields,
@@ -207,6 +212,7 @@ class DALILoader(DataLoaderSurface):
             control=self._control,
             with_index=self.with_index,
             batch_inputs=getattr(self.pipeline, "batch_inputs", None),
+            sampling=self.sampling,
         )
 
     def _start(self, device_id: int | None) -> None:
@@ -275,7 +281,7 @@ class DALILoader(DataLoaderSurface):
     # --- epochs and state ---------------------------------------------------------------------
 
     def _remaining_batches(self, start: int) -> int:
-        return num_batches(len(self.store), self.batch_size, self.world.world_size, self.last_batch, start)
+        return num_batches(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch, start)
 
     @property
     def batches_per_epoch(self) -> int:
@@ -320,26 +326,6 @@ class DALILoader(DataLoaderSurface):
             return current.epoch + 1, 0  # a pass left part-way: the next one starts the next epoch
         return self._position
 
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader stands: the epoch and the global samples of it consumed so far.
-
-        Counts the batches handed to the user (not those DALI prefetched). The
-        same on every rank of a job that steps in lockstep, and valid on another
-        world size or batch size. A spec with ``size_at`` (``ClassificationTrain``)
-        adds the epoch's output ``size``, which a resumed epoch keeps.
-        """
-        epoch, consumed = self._pending if self._pending is not None else self._position
-        return self._sizes.record(loader_state(epoch, consumed, **self._state_identity()))
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
-        self._pending = restored_position(state, self.store.root, **self._state_identity())
-        self._sizes.restore(state, self._pending)
-
-    def _state_identity(self) -> dict[str, Any]:
-        # What a saved state must agree on to mean the same epoch order here.
-        return dict(num_samples=len(self.store), seed=self.seed, shuffle=self.shuffle, last_batch=self.last_batch)
-
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
@@ -351,7 +337,7 @@ class DALILoader(DataLoaderSurface):
         epoch, start = self._next_pass()
         self._pending = None
         batches = self._remaining_batches(start)
-        per_rank = samples_per_rank(len(self.store), self.batch_size, self.world.world_size, self.last_batch, start)
+        per_rank = samples_per_rank(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch, start)
         self._pass = current = _Pass(epoch, start, batches, samples=per_rank)
         self._position = (epoch, start)
         if batches == 0:
@@ -376,7 +362,7 @@ class DALILoader(DataLoaderSurface):
                 self._fail(self._explain(exc, current), exc)
 
     def _batches(self, current: _Pass) -> Iterator[Any]:
-        n = len(self.store)
+        n = self.epoch_length
         last_size = current.samples - (current.batches - 1) * self.batch_size
         while current.handed < current.batches:
             if self._pass is not current:
@@ -401,7 +387,9 @@ class DALILoader(DataLoaderSurface):
                 )
             for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device
                 batch[name] = batch[name].to(dtype)
-            yield self.batch_format.apply(batch, last=current.handed == current.batches, layout=self._layout)
+            yield self.batch_format.apply(
+                batch, last=current.handed == current.batches, layout=getattr(self.pipeline, "layout", "NCHW")
+            )
         # Collect DALI's end of epoch now, so that the next pass can reset at once.
         if self._next_batch(current) is not None:
             raise LoaderError(f"{self.store.root}: DALI yielded more batches than planned; this is a bug in dali-pipes")

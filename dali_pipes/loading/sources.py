@@ -40,7 +40,7 @@ import numpy as np
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
 from dali_pipes.loading.epoch_plan import plan_path, read_plan, remove_plan, write_plan
-from dali_pipes.sampling import World, rank_indices
+from dali_pipes.sampling import World, rank_indices, split_order
 from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError, select_fields
 
@@ -176,6 +176,7 @@ class StoreSource:
         control: EpochControl,
         with_index: bool = True,
         batch_inputs: Any = None,
+        sampling: Any = None,
     ) -> None:
         select_fields(store.fields, fields, str(store.root))  # the stores' one check: names a missing field
         self.store = store
@@ -188,6 +189,7 @@ class StoreSource:
         self.control = control
         self.with_index = bool(with_index)
         self.batch_inputs = batch_inputs
+        self.sampling = sampling  # a WeightedSampling: each epoch a weighted draw instead of a permutation
         self._owner_pid = os.getpid()  # the loader's process; any other process running us is a DALI worker
         self._converters: tuple[tuple[str, Callable[[Any], np.ndarray]], ...] = tuple(
             (name, _as_uint8 if store.fields[name].kind == "bytes" else np.asarray) for name in self.fields
@@ -234,6 +236,12 @@ class StoreSource:
 
     def indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(indices, is_pad)`` for ``epoch`` from ``start``, padded to whole batches."""
+        if self.sampling is not None:
+            order = self.sampling.order(len(self.store), epoch, self.seed)
+            indices, is_pad = split_order(
+                order, self.batch_size, self.world.rank, self.world.world_size, self.last_batch, start
+            )
+            return self._padded(indices, is_pad)
         indices, is_pad = rank_indices(
             len(self.store),
             self.batch_size,
@@ -245,6 +253,10 @@ class StoreSource:
             last_batch=self.last_batch,
             start=start,
         )
+        return self._padded(indices, is_pad)
+
+    def _padded(self, indices: np.ndarray, is_pad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(indices, is_pad)`` padded to whole batches (DALI drops a partial last batch; the loader trims it)."""
         short = -len(indices) % self.batch_size
         if short:
             indices = np.concatenate([indices, np.resize(indices, short)])

@@ -14,16 +14,20 @@ from typing import Any, Mapping
 
 from dali_pipes.sampling import check_int
 
-__all__ = ["STATE_VERSION", "Pass", "loader_state", "restored_position"]
+__all__ = ["STATE_VERSION", "Pass", "SavedPosition", "loader_state", "restored_position"]
 
 STATE_VERSION = 1
 #: What :func:`loader_state` writes, each checked by :func:`restored_position`.
 STATE_KEYS = ("version", "epoch", "samples_consumed", "num_samples", "seed", "shuffle", "last_batch")
 
 
-def loader_state(epoch: int, consumed: int, *, num_samples: int, seed: int, shuffle: bool, last_batch: str) -> dict:
-    """The dict ``DALILoader.state_dict()`` returns."""
+def loader_state(
+    epoch: int, consumed: int, *, num_samples: int, seed: int, shuffle: bool, last_batch: str, sampling: Any = None
+) -> dict:
+    """The dict ``DALILoader.state_dict()`` returns (``sampling``: a weighted draw's identity, kept when there is one)."""
+    extra = {} if sampling is None else {"sampling": sampling}
     return {
+        **extra,
         "version": STATE_VERSION,
         "epoch": epoch,
         "samples_consumed": consumed,
@@ -42,6 +46,7 @@ def restored_position(
     seed: int,
     shuffle: bool,
     last_batch: str,
+    sampling: Any = None,
 ) -> tuple[int, int]:
     """``(epoch, samples consumed)`` to resume from ``state``; ValueError naming what does not match this loader."""
     if not isinstance(state, Mapping):
@@ -51,8 +56,9 @@ def restored_position(
         raise ValueError(f"loader state is missing {missing}; pass the dict that DALILoader.state_dict() returned")
     if state["version"] != STATE_VERSION:
         raise ValueError(f"loader state version {state['version']!r} is not {STATE_VERSION}")
-    for key, mine in (("num_samples", num_samples), ("seed", seed), ("shuffle", shuffle), ("last_batch", last_batch)):
-        if state[key] != mine:
+    mine_all = {"num_samples": num_samples, "seed": seed, "shuffle": shuffle, "last_batch": last_batch}
+    for key, mine in (*mine_all.items(), ("sampling", sampling)):
+        if state.get(key) != mine:
             raise ValueError(
                 f"{root}: the saved loader state has {key}={state[key]!r} but this loader has "
                 f"{key}={mine!r}; resuming would not give the rest of the saved epoch"
@@ -76,3 +82,39 @@ class Pass:
     samples: int  # this rank's samples, so the last batch can be trimmed to them
     handed: int = 0  # batches given to the user
     drained: bool = True  # DALI has reported the end of this pass's epoch
+
+
+class SavedPosition:
+    """``state_dict`` and ``load_state_dict`` of :class:`~dali_pipes.DALILoader` (mixed into it).
+
+    Needs the loader's ``_pending`` and ``_position`` (``(epoch, consumed)``), ``_sizes``
+    (a size schedule's record), ``store``, ``seed``, ``shuffle``, ``last_batch``,
+    ``sampling`` and ``epoch_length``.
+    """
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader stands: the epoch and the global samples of it consumed so far.
+
+        Counts the batches handed to the user (not those DALI prefetched). The
+        same on every rank of a job that steps in lockstep, and valid on another
+        world size or batch size. A spec with ``size_at`` (``ClassificationTrain``)
+        adds the epoch's output ``size``, which a resumed epoch keeps.
+        """
+        epoch, consumed = self._pending if self._pending is not None else self._position
+        return self._sizes.record(loader_state(epoch, consumed, **self._state_identity()))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
+        self._pending = restored_position(state, self.store.root, **self._state_identity())
+        self._sizes.restore(state, self._pending)
+
+    def _state_identity(self) -> dict[str, Any]:
+        # What a saved state must agree on to mean the same epoch order here.
+        sampling = None if self.sampling is None else self.sampling.identity()
+        return dict(
+            num_samples=self.epoch_length,
+            seed=self.seed,
+            shuffle=self.shuffle,
+            last_batch=self.last_batch,
+            sampling=sampling,
+        )

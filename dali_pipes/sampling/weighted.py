@@ -23,13 +23,15 @@ milliseconds (``tests/test_weighted_sampling.py``).
 
 from __future__ import annotations
 
-from typing import Sequence
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Sequence
 
 import numpy as np
 
 from dali_pipes.sampling.rules import check_int
 
-__all__ = ["class_balanced_weights", "mixture_order", "weighted_order"]
+__all__ = ["WeightedSampling", "class_balanced_weights", "mixture_order", "weighted_order"]
 
 
 def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
@@ -124,3 +126,47 @@ def mixture_order(
     for k, part in enumerate(parts):
         order[source == k] = part
     return order
+
+
+@dataclass(frozen=True, eq=False)
+class WeightedSampling:
+    """``DALILoader(..., sampling=WeightedSampling(weights))``: each epoch a weighted draw, as ``WeightedRandomSampler``.
+
+    ``weights``: one per sample of the dataset (``class_balanced_weights(labels)``
+    balances classes). ``num_samples``: the epoch's length (default: the dataset's).
+    ``replacement``: as in :func:`weighted_order`. The draw of epoch ``e`` is
+    :func:`weighted_order` of ``(seed, e)``, split over the ranks by
+    :func:`~dali_pipes.sampling.rules.split_order`: every guarantee of a shuffled
+    epoch holds (equal batch counts per rank, ``is_pad``, resume on another world size).
+    """
+
+    weights: Any
+    num_samples: int | None = None
+    replacement: bool = True
+    _digest: str = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        weights = _checked_weights(self.weights)
+        weights.setflags(write=False)
+        object.__setattr__(self, "weights", weights)
+        if self.num_samples is not None:
+            object.__setattr__(self, "num_samples", check_int("WeightedSampling.num_samples", self.num_samples, 1))
+        object.__setattr__(self, "_digest", hashlib.sha256(weights.tobytes()).hexdigest()[:16])
+
+    def epoch_length(self, dataset_size: int) -> int:
+        """Samples per epoch over all ranks; refuses weights that do not match the dataset."""
+        if len(self.weights) != dataset_size:
+            raise ValueError(
+                f"WeightedSampling has {len(self.weights)} weights but the dataset has {dataset_size} samples: "
+                "give one weight per sample"
+            )
+        return self.num_samples or dataset_size
+
+    def order(self, dataset_size: int, epoch: int, seed: int) -> np.ndarray:
+        """The global draw of ``epoch``."""
+        n = self.epoch_length(dataset_size)
+        return weighted_order(self.weights, n, epoch, seed, replacement=self.replacement)
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved loader state must agree on: the weights (by digest), the length and the replacement."""
+        return {"weights_sha256": self._digest, "num_samples": self.num_samples, "replacement": self.replacement}
