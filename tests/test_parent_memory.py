@@ -145,6 +145,13 @@ def test_planning_ten_times_the_input_does_not_hold_ten_times_the_memory(tmp_pat
         root = tmp_path / f"n{len(peaks)}"
         root.mkdir()
         peaks.append(_planning_peak(make(root, n)))
+    if peaks[2] - peaks[1] >= 400_000:
+        # tracemalloc counts every thread of the process: under pytest-xdist a server or loader thread that another
+        # test of this worker left running can allocate during the measurement (7.7 MB once in CI, 16 KB alone).
+        # A real regression holds the records every time, so the larger input is measured once more.
+        root = tmp_path / "again"
+        root.mkdir()
+        peaks[2] = min(peaks[2], _planning_peak(make(root, LARGE)))
     # Measured for 9,000 more samples: held as records (before), 1.5 MB (arrays) to 6.9 MB (class folders);
     # streamed, 0-2 KB, or once in a while 160-180 KB of some cache filled on the way (the same at 1,000 samples),
     # and 53 KB for 450 more class folders (their names and counts).
