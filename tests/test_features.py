@@ -229,7 +229,9 @@ def test_reading_a_sample_copies_its_arrays_once(arrays, fmt):
         tracemalloc.stop()
         store.close()
     # One copy plus small Python objects (the dict, keys, array headers).
-    assert max(peaks) <= sample_bytes + 4096, (peaks, sample_bytes)
+    # The fewest of four reads: tracemalloc counts every thread, and under pytest-xdist a thread another test of this
+    # worker left running may allocate during one of them; a second copy would show in every read.
+    assert min(peaks) <= sample_bytes + 4096, (peaks, sample_bytes)
 
 
 # ---------------------------------------------------------------- GPU
