@@ -223,9 +223,11 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         self._workers = Workers(self._pipe)
         # Calls into DALI go through a helper thread only when there are workers that can die.
         self._caller = Caller(f"dali-pipes-loader-{self.world.rank}") if self._workers.processes else None
-        direct = self._pipe is None  # a spec with no DALI work: the batch source's arrays, as tensors
-        self._iterator = DirectIterator(self._source, self.output_names, device_id) if direct else None
-        self._iterator = self._iterator or dali_iterator(self._pipe, self.output_names)
+        # A spec with no DALI work has no pipeline: the batch source's arrays, as tensors (loading/direct.py).
+        if self._pipe is None:
+            self._iterator = DirectIterator(self._source, self.output_names, device_id)
+        else:
+            self._iterator = dali_iterator(self._pipe, self.output_names)
         # DALI stops its Python workers only when the pipeline is garbage collected or
         # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
         # joins its children *before* that, so live workers would hang its exit; this
