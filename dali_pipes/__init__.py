@@ -17,6 +17,7 @@ from typing import Any
 from dali_pipes._version import __version__
 from dali_pipes.dataset.manifest import Manifest, ManifestError
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
+from dali_pipes.loading.mixture import Mixture
 from dali_pipes.remote.dataset import load_manifest  # a folder or a URL
 from dali_pipes.remote.fs import RemoteError
 from dali_pipes.sampling import WeightedSampling, World, class_balanced_weights, epoch_order, num_batches, rank_indices
@@ -47,6 +48,7 @@ __all__ = [
     "LoaderError",
     "Manifest",
     "ManifestError",
+    "Mixture",
     "RemoteError",
     "ShardReadError",
     "Store",

@@ -331,6 +331,11 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
             from dali_pipes import BatchFormat
 
             kwargs["batch_format"] = BatchFormat(keys=("image", "label", "index"), drop_padding=True)
+        if options.get("mixture"):  # dataset "a" mixed with options["mixture"]["b"], as Mixture(**options["mixture"])
+            from dali_pipes import Mixture
+
+            mixture = dict(options["mixture"])
+            dataset = Mixture({"a": dataset, "b": mixture.pop("b")}, **mixture)
         loader = DALILoader(dataset, TinySpec(), **kwargs)
         report: dict = {"world": [loader.world.rank, loader.world.world_size], "len": len(loader), "epochs": []}
         report["dataset_len"] = len(loader.dataset)

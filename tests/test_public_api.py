@@ -13,6 +13,7 @@ EXPECTED = {
     "LoaderError",
     "Manifest",
     "ManifestError",
+    "Mixture",
     "RemoteError",
     "ShardReadError",
     "Store",

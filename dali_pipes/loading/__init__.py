@@ -7,7 +7,8 @@ batch a call), which reads this rank's order from ``epoch_plan`` and appends the
 spec's per-batch inputs (a scheduled size from ``epoch_size``, mix and erasing
 draws); ``loader`` iterates and keeps the position that ``state`` saves. ``workers``,
 ``lifetime`` and ``start_method`` look after DALI's worker processes;
-``errors`` and ``diagnose`` say what failed, naming the sample.
+``errors`` and ``diagnose`` say what failed, naming the sample. ``store_setup`` stages
+and opens the dataset, or the datasets of a ``mixture`` joined into one store.
 
 Nothing is imported here, so that ``dali_pipes.loading.errors`` stays light.
 """

@@ -38,13 +38,14 @@ from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes.loading.state import Pass as _Pass
 from dali_pipes.loading.state import SavedPosition
-from dali_pipes.loading.store_setup import prepare_store
+from dali_pipes.loading.store_setup import epoch_sampling, prepare_store
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.loading.world import detect_world, resolve_device
 from dali_pipes.sampling import WeightedSampling, num_batches, samples_consumed, samples_per_rank
 from dali_pipes.sampling import check_int as _check_int
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
+    from dali_pipes.loading.mixture import Mixture
     from dali_pipes.pipelines import PipelineSpec
 
 logger = logging.getLogger(__name__)
@@ -113,11 +114,13 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     ``sampler.set_epoch``, ``batch_size`` and ``drop_last`` are there (:mod:`dali_pipes.loading.compat`).
     ``sampling=WeightedSampling(weights, num_samples=...)`` draws each epoch with weights
     instead of permuting the dataset (:mod:`dali_pipes.sampling.weighted`), with the same guarantees.
+    ``path=Mixture({"a": path_a, "b": path_b}, proportions={"a": 0.7, "b": 0.3})`` reads several
+    datasets as one, each its share of every epoch (:mod:`dali_pipes.loading.mixture`).
     """
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: "str | os.PathLike | Mixture",
         pipeline: "PipelineSpec",
         *,
         batch_size: int,
@@ -157,7 +160,6 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         self.last_batch = last_batch
         self.with_index = bool(with_index)
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
-        self.sampling = sampling  # a weighted draw per epoch (sampling/weighted.py), else a permutation
         self.batch_format.check_spec(pipeline)
         self._open_store(path, stage_to, cache, cache_bytes, storage_options)
         try:
@@ -169,7 +171,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self._prefetch = prefetch
             self._control = EpochControl()
             self._sizes = EpochSizes(pipeline)
-            self._source = self._make_source(fields, batch_reads)
+            self._source = self._make_source(fields, batch_reads, sampling)
             self.py_start_method = py_start_method
             with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
                 self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
@@ -196,9 +198,11 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self.batches_per_epoch,
         )
 
-    def _make_source(self, fields: tuple[str, ...], batch_reads: bool) -> StoreSource:
+    def _make_source(self, fields: tuple[str, ...], batch_reads: bool, sampling: Any) -> StoreSource:
         """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
         self._batch_reads = bool(batch_reads)
+        # A weighted draw per epoch (sampling/weighted.py), a mixture's (sampling/mixture.py), else a permutation.
+        self.sampling = epoch_sampling(self.store, sampling)
         if self.sampling is not None:  # one weight per sample, checked before anything starts
             self.sampling.epoch_length(len(self.store))
         return (BatchStoreSource if self._batch_reads else StoreSource)(

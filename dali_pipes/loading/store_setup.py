@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from dali_pipes.loading.mixture import MixedStore, Mixture
 from dali_pipes.remote.urls import is_url
 from dali_pipes.sampling import World
 from dali_pipes.stores import Store, open_store
 
-__all__ = ["prepare_store"]
+__all__ = ["epoch_sampling", "prepare_store"]
 
 
 def prepare_store(
-    path: str | os.PathLike,
+    path: str | os.PathLike | Mixture,
     *,
     stage_to: str | os.PathLike | None,
     cache: str | None,
@@ -24,14 +25,19 @@ def prepare_store(
     seed: int,
     shuffle: bool,
     last_batch: str,
-) -> tuple[Store, Any, Any]:
+) -> tuple[Store | MixedStore, Any, Any]:
     """``(store, staged, ram_cache)``: the dataset staged (``stage_to``, or a URL), opened, and cached (``cache="ram"``).
+
+    A :class:`~dali_pipes.loading.mixture.Mixture` opens each of its datasets (staged into
+    ``stage_to/NAME`` when given) and joins them into a :class:`MixedStore`.
 
     ``staged`` says what staging did (the files copied, or that a staged copy was
     reused), ``ram_cache`` the shards the RAM cache holds and its budget; each is
     ``None`` when not asked for. One process per destination copies; the others on
     the node wait and reuse its copy. The RAM cache is made before the workers start.
     """
+    if isinstance(path, Mixture):
+        return _prepare_mixture(path, stage_to=stage_to, cache=cache, storage_options=storage_options)
     staged = None
     if stage_to is not None or is_url(path):
         from dali_pipes.staging.remote import stage_any
@@ -47,3 +53,42 @@ def prepare_store(
             store, cache_bytes, world=world, batch_size=batch_size, seed=seed, shuffle=shuffle, last_batch=last_batch
         )
     return store, staged, ram_cache
+
+
+def _prepare_mixture(
+    mixture: Mixture, *, stage_to: str | os.PathLike | None, cache: str | None, storage_options: Any
+) -> tuple[MixedStore, Any, None]:
+    """Each dataset of ``mixture`` staged (into ``stage_to/NAME``) and opened; the stores joined into one."""
+    if cache is not None:
+        raise ValueError(
+            "cache='ram' does not take a Mixture: stage the datasets to a local folder or a tmpfs instead "
+            "(stage_to='/dev/shm/NAME' holds them in RAM)"
+        )
+    stores: dict[str, Store] = {}
+    staged: dict[str, Any] = {}
+    try:
+        for name, path in mixture.datasets.items():
+            dest = None if stage_to is None else os.path.join(stage_to, name)
+            if dest is not None or is_url(path):
+                from dali_pipes.staging.remote import stage_any
+
+                staged[name] = stage_any(path, dest, storage_options)
+                path = staged[name].path
+            stores[name] = open_store(path)
+        return MixedStore(stores, mixture), (staged or None), None
+    except BaseException:
+        for store in stores.values():
+            store.close()
+        raise
+
+
+def epoch_sampling(store: Store | MixedStore, sampling: Any) -> Any:
+    """How the loader draws its epochs: ``sampling`` (weights), a mixture's own draw, or ``None`` (a permutation)."""
+    if not isinstance(store, MixedStore):
+        return sampling
+    if sampling is not None:
+        raise ValueError(
+            "a Mixture draws its own epochs (its proportions); sampling= cannot be given with it. "
+            "Weight the datasets with Mixture(proportions=...)"
+        )
+    return store.sampling

@@ -1,4 +1,4 @@
-"""Weighted epochs and dataset mixtures: an epoch's global order drawn from weights, as a pure function of ``(seed, epoch)``.
+"""Weighted epochs: an epoch's global order drawn from weights, as a pure function of ``(seed, epoch)``.
 
 Each function returns the epoch's global sequence of sample indices, which
 :func:`~dali_pipes.sampling.rules.split_order` cuts into equal per-rank batches
@@ -12,13 +12,8 @@ milliseconds (``tests/test_weighted_sampling.py``).
   in key order).
 - :func:`class_balanced_weights`: ``1 / count`` of each sample's label, so that
   every class is drawn equally often.
-- :func:`mixture_order`: several datasets, one after the other in a global index
-  space (offsets), drawn in exact proportions per epoch. *Per sample*: each
-  epoch takes ``round(p_k * num_samples)`` samples of dataset ``k`` (largest
-  remainders, so the counts add up), interleaved at random; within a dataset the
-  samples come from its own permutation of the epoch, so none repeats before all
-  were drawn. Per sample rather than per batch because a batch then mixes the
-  datasets as the whole epoch does, and a rank's batches do too.
+
+Mixtures of datasets are drawn by :mod:`dali_pipes.sampling.mixture`.
 """
 
 from __future__ import annotations
@@ -31,15 +26,17 @@ import numpy as np
 
 from dali_pipes.sampling.rules import check_int
 
-__all__ = ["WeightedSampling", "class_balanced_weights", "mixture_order", "weighted_order"]
+__all__ = ["WeightedSampling", "checked_weights", "class_balanced_weights", "epoch_rng", "weighted_order"]
 
 
-def _rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+def epoch_rng(seed: int, epoch: int, stream: int = 0) -> np.random.Generator:
+    """The random numbers of ``(seed, epoch)`` for one use (``stream``), apart from those of a permutation."""
     # Its own stream of (seed, epoch): a weighted draw never repeats a permutation's numbers.
     return np.random.Generator(np.random.PCG64([check_int("seed", seed, 0), check_int("epoch", epoch, 0), 1, stream]))
 
 
-def _checked_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
+def checked_weights(weights: Sequence[float] | np.ndarray) -> np.ndarray:
+    """``weights`` as float64, refused (naming the first bad one) when empty, negative, not finite, or all 0."""
     w = np.asarray(weights, dtype=np.float64).reshape(-1)
     if len(w) == 0:
         raise ValueError("weights is empty: give one weight per sample")
@@ -61,9 +58,9 @@ def weighted_order(
     exceed the samples of non-zero weight. The same ``(weights, num_samples,
     seed, epoch)`` always gives the same order, on every rank and world size.
     """
-    w = _checked_weights(weights)
+    w = checked_weights(weights)
     n = check_int("num_samples", num_samples, 1)
-    rng = _rng(seed, epoch)
+    rng = epoch_rng(seed, epoch)
     if replacement:
         # How often each sample comes (one multinomial draw), in a random order: the same distribution as n
         # independent draws, without n binary searches that miss the cache (27 s for 10M against 10M).
@@ -90,44 +87,6 @@ def class_balanced_weights(labels: Sequence[int] | np.ndarray) -> np.ndarray:
     return 1.0 / counts[inverse]
 
 
-def _exact_counts(proportions: np.ndarray, total: int) -> np.ndarray:
-    """Counts proportional to ``proportions`` adding up to ``total`` (largest remainders, ties by position)."""
-    share = proportions / proportions.sum() * total
-    counts = np.floor(share).astype(np.int64)
-    short = total - int(counts.sum())
-    counts[np.argsort(-(share - counts), kind="stable")[:short]] += 1
-    return counts
-
-
-def mixture_order(
-    sizes: Sequence[int], proportions: Sequence[float], num_samples: int, epoch: int, seed: int
-) -> np.ndarray:
-    """An epoch of ``num_samples`` from several datasets in exact ``proportions`` (see the module docstring).
-
-    ``sizes`` are the datasets' sample counts; dataset ``k``'s sample ``i`` has the
-    global index ``sum(sizes[:k]) + i``. A dataset drawn more often than its size
-    in an epoch walks its permutation again (a new one each round).
-    """
-    sizes_a = np.array([check_int("sizes[]", s, 1) for s in sizes], dtype=np.int64)
-    p = _checked_weights(proportions)
-    if len(p) != len(sizes_a):
-        raise ValueError(f"{len(sizes_a)} datasets but {len(p)} proportions")
-    n = check_int("num_samples", num_samples, 1)
-    rng = _rng(seed, epoch, stream=1)
-    counts = _exact_counts(p, n)
-    offsets = np.concatenate([[0], np.cumsum(sizes_a)[:-1]])
-    parts = []
-    for k, (size, count) in enumerate(zip(sizes_a.tolist(), counts.tolist())):
-        rounds = -(-count // size) if count else 0
-        walk = np.concatenate([rng.permutation(size) for _ in range(rounds)]) if rounds else np.empty(0, np.int64)
-        parts.append(walk[:count] + offsets[k])
-    source = rng.permutation(np.repeat(np.arange(len(sizes_a)), counts))
-    order = np.empty(n, dtype=np.int64)
-    for k, part in enumerate(parts):
-        order[source == k] = part
-    return order
-
-
 @dataclass(frozen=True, eq=False)
 class WeightedSampling:
     """``DALILoader(..., sampling=WeightedSampling(weights))``: each epoch a weighted draw, as ``WeightedRandomSampler``.
@@ -146,7 +105,7 @@ class WeightedSampling:
     _digest: str = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        weights = _checked_weights(self.weights)
+        weights = checked_weights(self.weights)
         weights.setflags(write=False)
         object.__setattr__(self, "weights", weights)
         if self.num_samples is not None:

@@ -36,7 +36,7 @@ def reader_class(fmt: str) -> type[ShardReader]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS", "reader_class"]
+__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS", "gather_batch", "reader_class"]
 
 
 class Store:
@@ -152,7 +152,7 @@ class Store:
                     self.read(int(index), names)
                 raise  # every sample reads on its own: the batch read itself failed
             parts.append((positions, values))
-        return _gather(names, self.manifest.fields, len(indices), parts)
+        return gather_batch(names, self.manifest.fields, len(indices), parts)
 
     def __iter__(self) -> Iterator[SampleDict]:
         for i in range(len(self)):
@@ -177,7 +177,7 @@ class Store:
         return f"Store({str(self.root)!r}, format={self.manifest.format}, samples={len(self)})"
 
 
-def _gather(names, fields, count: int, parts) -> BatchDict:
+def gather_batch(names, fields, count: int, parts) -> BatchDict:
     """Put each shard's values back at their positions in the batch: one array per fixed field, else a list."""
     out: BatchDict = {}
     for name in names:
