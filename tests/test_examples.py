@@ -150,3 +150,41 @@ def test_the_example_help_shows_every_default(capsys):
         parse_args(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "per process (default: 64)" in shown and "(default: 0.1)" in shown and "(default: 224)" in shown
+
+
+@pytest.fixture(scope="module")
+def imbalanced_dataset(tmp_path_factory) -> Path:
+    """40 images of class a, 10 of b, 2 of c."""
+    from converters.synth import render
+
+    root = tmp_path_factory.mktemp("imbalanced")
+    for c, (name, count) in enumerate((("a", 40), ("b", 10), ("c", 2))):
+        (root / "images" / name).mkdir(parents=True)
+        for i in range(count):
+            render(i * 3 + c, size=(48, 40), classes=3).save(root / "images" / name / f"{i}.jpg")
+    convert(ImageFolderSource(root / "images"), root / "shards", format="lmdb", workers=1, progress=False)
+    return root / "shards"
+
+
+def test_the_example_balances_classes_and_mixes_datasets(imbalanced_dataset, tiny_dataset, capsys):
+    import numpy as np
+
+    from dali_pipes.examples.train_imagenet import data_source, main, parse_args
+
+    dataset, sampling = data_source(parse_args([str(imbalanced_dataset), "--balance-classes"]))
+    labels = np.repeat([0, 1, 2], [40, 10, 2])
+    drawn = labels[np.concatenate([sampling.order(52, epoch, 0) for epoch in range(200)])]
+    assert np.allclose(np.bincount(drawn) / len(drawn), 1 / 3, atol=0.02)  # 40:10:2 in the data, 1:1:1 drawn
+
+    mixture, none = data_source(
+        parse_args([str(imbalanced_dataset), "--mix-with", str(tiny_dataset), "--mix-share", "0.25"])
+    )
+    assert none is None and mixture.proportions == {"main": 0.75, "extra": 0.25}
+    common = ["--epochs", "1", "--batch-size", "8", "--size", "32"]
+    main([str(imbalanced_dataset), *common, "--mix-with", str(tiny_dataset), "--mix-labels", "offset"])
+    main([str(imbalanced_dataset), *common, "--balance-classes"])
+    out = capsys.readouterr().out
+    assert re.findall(r"^epoch 0: (\d+) samples", out, re.M) == [str(52 + NUM_IMAGES), "52"], out
+    with pytest.raises(SystemExit):
+        parse_args([str(imbalanced_dataset), "--balance-classes", "--mix-with", str(tiny_dataset)])
+    assert "do not go together" in capsys.readouterr().err

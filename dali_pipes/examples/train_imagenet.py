@@ -19,6 +19,12 @@ The modern recipe is flags: ``--res-schedule 160,192,65,76`` (FFCV's progressive
 resizing: the size changes with ``set_epoch``, the loader is not rebuilt),
 ``--mixup 0.8 --cutmix 1.0`` (done in the DALI graph; the labels are then soft
 targets, which ``F.cross_entropy`` takes as they are), ``--erasing 0.25``.
+
+Imbalanced data and several datasets: ``--balance-classes`` draws each epoch
+with weights ``1 / (samples of the class)``, so every class comes equally often
+(``WeightedSampling``); ``--mix-with shards/extra --mix-share 0.3`` reads a second
+dataset as 30% of every epoch's samples (``Mixture``), with ``--mix-labels offset``
+when its classes are not the first dataset's.
 """
 
 from __future__ import annotations
@@ -26,13 +32,14 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dali_pipes import DALILoader
+from dali_pipes import DALILoader, Mixture, WeightedSampling, class_balanced_weights, open_store
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
 
 
@@ -69,11 +76,38 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA", help="CutMix's alpha (0: off)")
     p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing of the mixed targets")
     p.add_argument("--erasing", type=float, default=0.0, metavar="PROB", help="RandomErasing's probability")
+    p.add_argument("--balance-classes", action="store_true", help="draw every class equally often (with replacement)")
+    p.add_argument("--mix-with", metavar="DATASET", help="a second dataset, mixed into every epoch at --mix-share")
+    p.add_argument("--mix-share", type=float, default=0.3, help="the second dataset's share of each epoch's samples")
+    p.add_argument(
+        "--mix-labels",
+        choices=("keep", "offset"),
+        help="keep: both datasets number the same classes; offset: the second one's classes come after the first's",
+    )
     p.add_argument("--lr", type=float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.balance_classes and args.mix_with:
+        p.error("--balance-classes and --mix-with do not go together: a mixture draws by its shares")
+    if not 0 < args.mix_share < 1:
+        p.error(f"--mix-share must be between 0 and 1, got {args.mix_share}")
+    return args
+
+
+def data_source(args: argparse.Namespace) -> tuple[Any, WeightedSampling | None]:
+    """What the loader reads and how it draws each epoch: the dataset, a class-balanced draw of it, or a mixture."""
+    if args.mix_with:
+        shares = {"main": 1 - args.mix_share, "extra": args.mix_share}
+        return Mixture({"main": args.dataset, "extra": args.mix_with}, proportions=shares, labels=args.mix_labels), None
+    if args.balance_classes:
+        store = open_store(args.dataset)
+        try:
+            return args.dataset, WeightedSampling(class_balanced_weights(store.column("label")))
+        finally:
+            store.close()
+    return args.dataset, None
 
 
 def _schedule(text: str) -> ResolutionSchedule:
@@ -105,7 +139,8 @@ def main(argv=None) -> None:
 
     # --- was: dataset = ImageFolder(root, transform); sampler = DistributedSampler(dataset)
     #          loader = DataLoader(dataset, batch_size, sampler=sampler, num_workers=8, pin_memory=True)
-    loader = DALILoader(args.dataset, train_spec(args), batch_size=args.batch_size, seed=args.seed)
+    dataset, sampling = data_source(args)
+    loader = DALILoader(dataset, train_spec(args), batch_size=args.batch_size, seed=args.seed, sampling=sampling)
     num_classes = len(loader.store.manifest.classes or ()) or 1000
 
     torch.manual_seed(args.seed)
