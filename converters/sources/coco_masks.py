@@ -26,7 +26,7 @@ loader (Python per instance, or DALI's CPU-only polygon operators that do not
 take RLE). A PNG of a few flat regions is small: on the sample COCO data (61
 images of about 480 x 360, polygons and RLE) the masks add 1.6 KB per image on
 average (4.6 KB at most) to 36 KB of JPEG, +6% on disk, and about 2.3 ms of CPU
-per image to the conversion (see the README's segmentation section).
+per image to the conversion (see the segmentation section of dali_pipes/pipelines/README.md).
 
 Rasterisation is pycocotools' (``frPyObjects``/``decode``), the code COCO's own
 evaluation uses, so a stored mask is bit for bit ``COCO.annToMask`` of the annotation.

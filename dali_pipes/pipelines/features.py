@@ -66,7 +66,7 @@ class Features:
     #: between processes sample by sample (a pickled header and a shared-memory copy per row on
     #: the worker's side, one array per row to unpack on the loader's): 100k rows of 16 float32,
     #: batch 1024, 2 cores, side by side: 759,027 rows/s and 1.3 CPU s per million rows in the
-    #: main process, 325,402 rows/s and 3.9 CPU s with one worker (README, "Scale").
+    #: main process, 325,402 rows/s and 3.9 CPU s with one worker (dali_pipes/bench/README.md, "Scale").
     py_num_workers_by_default: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
