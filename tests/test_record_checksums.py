@@ -166,3 +166,39 @@ def test_rows_checked_together_get_the_crc32c_of_each_row(width):
 
     rows = np.random.default_rng(width).integers(0, 256, (40, width), dtype=np.uint8)
     assert crc32c_rows(rows).tolist() == [google_crc32c.value(row.tobytes()) for row in rows]
+
+
+@pytest.mark.parametrize("rows, width", [(1, 24), (31, 64), (32, 24), (33, 100), (1024, 64), (16_385, 4)])
+def test_the_combined_crc_of_rows_is_the_crc_of_their_concatenation(rows, width):
+    # A batch of feature rows is checked by one hardware CRC over its bytes against a value made from the rows'
+    # own CRCs (crc_combine.py), across the inner groups, the outer groups and the blocks of BLOCK_ROWS.
+    from dali_pipes.stores.crc_combine import combined_crc
+
+    data = np.random.default_rng(rows).integers(0, 256, (rows, width), dtype=np.uint8)
+    crcs = np.array([google_crc32c.value(row.tobytes()) for row in data], dtype=np.uint32)
+    assert combined_crc(crcs, width) == google_crc32c.value(data.tobytes())
+    crcs[rows // 2] ^= 1  # one stored CRC off by one bit: the combined value must differ
+    assert combined_crc(crcs, width) != google_crc32c.value(data.tobytes())
+
+
+def test_a_damaged_row_among_many_checked_at_once_is_named(tmp_path, write_dataset):
+    # 300 rows of 32 float32 (128 bytes) are checked by the combined CRC; two rows damaged alike
+    # (the same bytes flipped) do not cancel out, and the first damaged row read is the one named.
+    from dali_pipes.dataset.manifest import Field
+
+    fields = {"emb": Field.array("float32", (32,))}
+    samples = [{"emb": np.full(32, i, dtype=np.float32)} for i in range(300)]
+    path = write_dataset(tmp_path / "ds", "hdf5", fields, samples, per_shard=300)
+    store = open_store(path)
+    order = np.random.default_rng(0).permutation(300)
+    assert store.read_batch(order, ["emb"])["emb"][:, 0].tolist() == order.tolist()
+    store.close()
+    (shard,) = path.glob("shard-00000.*")
+    with h5py.File(shard, "r+") as f:
+        for row in (40, 41):  # the same bit of the same byte flipped in both
+            damaged = f["emb"][row].view(np.uint8).copy()
+            damaged[5] ^= 0x10
+            f["emb"][row] = damaged.view(np.float32)
+    store = open_store(path)
+    with pytest.raises(RecordChecksumError, match="record 41: field 'emb' fails"):
+        store.shard_readers[0].read_batch(np.array([5, 41, 40, *range(100, 200)]), ["emb"])

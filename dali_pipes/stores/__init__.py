@@ -140,19 +140,32 @@ class Store:
             raise IndexError(f"sample index {bad} is out of range for a dataset of {len(self)} samples")
         starts = np.asarray(self.manifest.shard_offsets, dtype=np.int64)
         shard_of = np.searchsorted(starts, indices, side="right") - 1
+        if len(indices) and shard_of[0] == shard_of[-1] and np.all(shard_of == shard_of[0]):
+            # One shard: its reader's values are the batch, in order (no gather, no second copy).
+            shard_no = int(shard_of[0])
+            parts = [
+                (np.arange(len(indices)), self._read_shard_batch(shard_no, indices - starts[shard_no], names, arrays))
+            ]
+            return {name: _fixed_as_array(self.manifest.fields[name], parts[0][1][name]) for name in names}
         by_shard = np.argsort(shard_of, kind="stable")
         cuts = np.flatnonzero(np.diff(shard_of[by_shard])) + 1
         parts = []
         for positions in np.split(by_shard, cuts) if len(indices) else ():
             shard_no = int(shard_of[positions[0]])
-            try:
-                values = self._shards[shard_no].read_batch(indices[positions] - starts[shard_no], names, arrays=arrays)
-            except Exception:
-                for index in indices[positions]:  # the first sample that fails raises read()'s message
-                    self.read(int(index), names)
-                raise  # every sample reads on its own: the batch read itself failed
-            parts.append((positions, values))
+            parts.append(
+                (positions, self._read_shard_batch(shard_no, indices[positions] - starts[shard_no], names, arrays))
+            )
         return gather_batch(names, self.manifest.fields, len(indices), parts)
+
+    def _read_shard_batch(self, shard_no: int, local: np.ndarray, names: tuple[str, ...], arrays: bool) -> BatchDict:
+        """Shard ``shard_no``'s records ``local``; when its batch read fails, read()'s error for the first bad one."""
+        try:
+            return self._shards[shard_no].read_batch(local, names, arrays=arrays)
+        except Exception:
+            start = self.manifest.shard_offsets[shard_no]
+            for index in local.tolist():  # the first sample that fails raises read()'s message
+                self.read(start + index, names)
+            raise  # every sample reads on its own: the batch read itself failed
 
     def __iter__(self) -> Iterator[SampleDict]:
         for i in range(len(self)):
@@ -190,6 +203,13 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r}, format={self.manifest.format}, samples={len(self)})"
+
+
+def _fixed_as_array(field, values):
+    """A fixed-shape array field's values as one stacked array (a reader may hand back a list of rows)."""
+    if field.kind == "array" and not field.variable_length and not isinstance(values, np.ndarray):
+        return np.stack(values) if len(values) else np.empty((0, *(field.shape or ())), dtype=field.dtype)
+    return values
 
 
 def gather_batch(names, fields, count: int, parts) -> BatchDict:

@@ -49,16 +49,17 @@ class MappedRows:
             )
 
     def take(self, rows: np.ndarray) -> np.ndarray:
-        """Rows ``rows`` (sorted, distinct, in range) as one new array."""
+        """Rows ``rows`` (in range, in any order, repeats allowed) as one new array, in that order."""
         self._check_not_shrunk()
         first = self.views[0]
         if len(self.views) == 1:
             return first[rows]
         out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
-        bounds = np.searchsorted(rows, self.starts).tolist() + [len(rows)]
-        for view, start, lo, hi in zip(self.views, self.starts.tolist(), bounds, bounds[1:]):
-            if hi > lo:
-                out[lo:hi] = view[rows[lo:hi] - start]
+        view_of = np.searchsorted(self.starts, rows, side="right") - 1
+        for number, (view, start) in enumerate(zip(self.views, self.starts.tolist())):
+            positions = np.flatnonzero(view_of == number)
+            if len(positions):
+                out[positions] = view[rows[positions] - start]
         return out
 
     def slices(self, offsets: np.ndarray, rows: np.ndarray) -> list[np.ndarray]:

@@ -22,6 +22,7 @@ import google_crc32c
 import numpy as np
 
 from dali_pipes.stores.codec import array_to_bytes
+from dali_pipes.stores.crc_combine import combined_crc
 from dali_pipes.stores.errors import StoreError
 
 #: The manifest's ``checksums`` entry of a dataset whose records carry a CRC32C each.
@@ -95,6 +96,10 @@ def check_record(data: Stored, expected: int, where: str, field: str) -> None:
         )
 
 
+#: Rows of at least this many bytes, this many at a time, are checked by one CRC over all of them (crc_combine.py):
+#: 0.04 ms for 1,024 rows of 64 bytes, against 0.11 ms for crc32c_rows; shorter rows are cheaper by crc32c_rows.
+COMBINE_ROW_BYTES = 24
+COMBINE_MIN_ROWS = 64
 #: Rows up to this many bytes are checked together (:func:`crc32c_rows`); longer ones one call each,
 #: where the per-call cost is small next to the hardware-accelerated CRC of the row itself.
 VECTOR_ROW_BYTES = 256
@@ -183,6 +188,12 @@ def check_rows(values: np.ndarray, expected: np.ndarray, where: Callable[[int], 
     if not (rows.dtype.byteorder in "<|" or (rows.dtype.isnative and _LITTLE)):
         rows = rows.astype(rows.dtype.newbyteorder("<"))
     as_bytes = np.ascontiguousarray(rows).view(np.uint8).reshape(len(rows), -1)
-    bad = np.flatnonzero(crc32c_rows(as_bytes) != np.asarray(expected, dtype=np.uint32))
+    expected = np.asarray(expected, dtype=np.uint32)
+    combined = as_bytes.shape[1] >= COMBINE_ROW_BYTES and len(rows) >= COMBINE_MIN_ROWS
+    if combined and google_crc32c.value(as_bytes) == combined_crc(expected, as_bytes.shape[1]):
+        return  # one hardware CRC over the batch agrees with the rows' own CRCs (crc_combine.py)
+    bad = np.flatnonzero(crc32c_rows(as_bytes) != expected)
     if len(bad):
         check_record(values[int(bad[0])], expected[int(bad[0])], where(int(bad[0])), field)
+    if combined:
+        raise RuntimeError(f"{where(0)}: the batch CRC disagrees but no row's does; this is a bug in dali-pipes")
