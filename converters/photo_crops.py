@@ -66,7 +66,9 @@ def make_photo_crops(
     out = Path(out)
     if out.exists() and not out.is_dir():
         raise ConversionError(f"{out}: exists and is not a folder; synth writes an image folder there")
-    for name in sorted({Path(p).parent.name for p in sources}):
+    # Only the classes of the photos drawn (crop i comes from photo i % len): an empty class folder would be
+    # refused by the converter, so `synth DIR --num 40 --photos` must not leave any.
+    for name in sorted({Path(sources[i % len(sources)]).parent.name for i in range(min(num, len(sources)))}):
         (out / name).mkdir(parents=True, exist_ok=True)
     job = (sources, str(out), tuple(size), seed, quality)
     write_chunks(_write_chunk, [(job, start, min(start + _CHUNK, num)) for start in range(0, num, _CHUNK)], workers)

@@ -160,3 +160,16 @@ def test_synth_photos_cli(tmp_path, capsys):
     assert "3 crops of real photos" in capsys.readouterr().out
     crops = sorted((tmp_path / "c").glob("*/crop_*.jpg"))
     assert len(crops) == 3 and all(Image.open(p).size == (64, 48) for p in crops)
+
+
+def test_fewer_photo_crops_than_photos_leave_no_empty_class_folder(tmp_path, imagenet_mini):
+    # `synth DIR --num 40 --photos` with 47 sample photos: the classes of the 7 photos not drawn must not appear as
+    # empty folders, which `convert imagefolder` (and `demo --data`) refuses.
+    from converters.photo_crops import make_photo_crops, photo_paths
+
+    photos = photo_paths(imagenet_mini)
+    out = make_photo_crops(tmp_path / "crops", 10, size=(64, 48), workers=1)
+    folders = [p for p in out.iterdir() if p.is_dir()]
+    assert folders and all(any(folder.iterdir()) for folder in folders)
+    assert len(folders) == len({p.parent.name for p in photos[:10]})
+    assert len(ImageFolderSource(out).items()) == 10
