@@ -117,9 +117,18 @@ class BatchFormat:
         return image
 
 
+#: Class names of torchvision's mixing transforms: ``v2.MixUp``/``v2.CutMix``, and the references' own
+#: ``RandomMixUp``/``RandomCutMix`` (``RandomMixup``/``RandomCutmix`` in older releases).
+_MIXER_NAMES = frozenset(("mixup", "cutmix", "randommixup", "randomcutmix"))
+
+
 def _is_mixer(transform: Any) -> bool:
-    """Whether ``transform`` mixes samples: timm's ``Mixup`` (``mixup_enabled``), torchvision's ``MixUp``/``CutMix``."""
-    return hasattr(transform, "mixup_enabled") or type(transform).__name__ in ("MixUp", "CutMix")
+    """Whether ``transform`` mixes samples: timm's ``Mixup`` (``mixup_enabled``), torchvision's ``MixUp``/``CutMix``,
+    or a ``RandomChoice``/``Compose`` holding one (what torchvision's reference ``get_mixup_cutmix`` returns)."""
+    if hasattr(transform, "mixup_enabled") or type(transform).__name__.lower() in _MIXER_NAMES:
+        return True
+    inner = getattr(transform, "transforms", None)
+    return isinstance(inner, (list, tuple)) and any(_is_mixer(t) for t in inner)
 
 
 def _check_transform(transform: Any) -> None:
@@ -128,8 +137,8 @@ def _check_transform(transform: Any) -> None:
     if type(transform).__name__ == "FastCollateMixup":
         raise ValueError(
             "BatchFormat.transform: timm's FastCollateMixup mixes a list of uint8 samples inside a collate_fn, and the "
-            "loader hands out whole batches: pass timm.data.Mixup with the same arguments instead (it mixes a batch), "
-            "or mix in the graph with ClassificationTrain(mix=Mix(...))"
+            "loader hands out whole batches: pass timm.data.Mixup with the same arguments instead (it mixes a batch; "
+            "timm's train.py makes one with --no-prefetcher), or mix in the graph with ClassificationTrain(mix=Mix(...))"
         )
 
 
@@ -208,6 +217,12 @@ class DataLoaderSurface:
     def sampler(self) -> EpochSampler:
         """``sampler.set_epoch(epoch)`` as on a ``DistributedSampler``: the loader's ``set_epoch``."""
         return EpochSampler(self)
+
+    @property
+    def batch_sampler(self) -> None:
+        """None, as on a ``DataLoader`` without a ``BatchSampler``: the loader forms its batches itself, and scripts
+        that look here first for ``set_epoch`` (timm's ``train.py``) go on to :attr:`sampler`."""
+        return None
 
     @property
     def drop_last(self) -> bool:
