@@ -189,6 +189,22 @@ class OutputLock:
             os.close(self.fd)
 
 
+def tidy_finished(out: Path) -> None:
+    """Remove the job folder and lock file that a run killed after writing its manifest left in ``out``.
+
+    The manifest is written last but one: a kill between it and the job folder's
+    removal leaves a complete dataset with its scaffolding, which a re-run (that
+    finds the dataset complete) clears. A conversion holding the lock is left alone.
+    """
+    if not (out / JOB_DIR).exists() and not (out / LOCK_NAME).exists():
+        return
+    try:
+        with OutputLock(out):
+            shutil.rmtree(out / JOB_DIR, ignore_errors=True)
+    except ConversionError:
+        pass  # another run holds the folder; it clears up after itself
+
+
 def remove_temporaries(out: Path) -> None:
     """Delete shard files a killed run left half-written."""
     remove_paths(out.glob(f"shard-*{TMP_SUFFIX}*"))

@@ -61,6 +61,7 @@ from converters.jobdir import (
     remove_temporaries,
     save_record,
     shard_name,
+    tidy_finished,
 )
 from converters.planner import ShardPlan
 from converters.writers import writer_class
@@ -144,6 +145,7 @@ def convert(
     if finished is not None:
         # Said once, by the caller (the CLI's summary line); here only for debugging.
         log.debug("%s is already a complete conversion of this input; nothing to do", out)
+        tidy_finished(out)
         return ConvertResult(out, finished, read_errors(out), time.perf_counter() - started, already_complete=True)
 
     created = _make_output(out)

@@ -86,3 +86,20 @@ def test_two_conversions_into_one_folder_refuse_to_run_at_once(small_images, tmp
     # Once the first job lets go, the same command runs.
     run_cli(*args)
     assert verify_dataset(out, progress=False).ok
+
+
+def test_a_run_killed_after_its_manifest_leaves_nothing_behind_after_a_rerun(small_images, tmp_path):
+    # The manifest is written before the job folder goes: a kill in between left .dali-pipes-job and the lock
+    # file beside a complete dataset, and a re-run (which finds the dataset complete) kept them (seen under load
+    # in test_kill_random). The re-run now clears them, and says the dataset is complete.
+    out = tmp_path / "out"
+    args = ["convert", "imagefolder", small_images, out, "--samples-per-shard", "60", "--no-progress"]
+    run_cli(*args)
+    finished = sorted(p.name for p in out.iterdir())
+    (out / ".dali-pipes-job").mkdir()
+    (out / ".dali-pipes-job" / "shard-00000.json").write_text("{}")
+    (out / ".dali-pipes.lock").touch()
+    again = run_cli(*args)
+    assert sorted(p.name for p in out.iterdir()) == finished
+    assert "already" in again.stdout + again.stderr
+    assert verify_dataset(out, progress=False).ok
