@@ -29,7 +29,7 @@ MAX_FUNCTION_LINES = 80
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("dali_pipes.cli", "dali_pipes.bench", "dali_pipes.selftest", "dali_pipes.examples", "dali_pipes.__main__",
      "converters.__main__"),
-    ("dali_pipes", "dali_pipes.convert"),
+    ("dali_pipes", "dali_pipes.convert", "dali_pipes.dropin"),
     ("dali_pipes.loading", "converters"),
     ("dali_pipes.staging", "dali_pipes.pipelines"),
     ("dali_pipes.stores", "dali_pipes.sampling"),
