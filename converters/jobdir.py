@@ -201,8 +201,8 @@ def tidy_finished(out: Path) -> None:
     try:
         with OutputLock(out):
             shutil.rmtree(out / JOB_DIR, ignore_errors=True)
-    except ConversionError:
-        pass  # another run holds the folder; it clears up after itself
+    except (ConversionError, OSError):
+        pass  # another run holds the folder (it clears up after itself), or the folder is not ours to write
 
 
 def remove_temporaries(out: Path) -> None:

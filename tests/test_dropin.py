@@ -195,3 +195,27 @@ def test_torchvision_flags_the_loader_cannot_honour_are_refused_by_name(data_dir
     dataset, _, _, _ = load_data(*dirs, _reference_args(data_dir))
     with pytest.raises(ValueError, match="draws its own epochs"):
         DataLoader(dataset, batch_size=4, sampler=torch.utils.data.RandomSampler(range(4)))
+
+
+def test_the_drop_ins_evaluate_on_every_rank_and_take_the_scripts_seed(data_dir, monkeypatch):
+    # 10 validation samples, batch 3, 3 ranks: after 9 rows the 10th goes to rank 0 and ranks 1 and 2 get filler
+    # only; dropping it would leave them an empty last batch, which the scripts' metrics divide by. The filler is
+    # kept, as their samplers keep it. timm's create_dataset(seed=...) is the loader's seed.
+    from dali_pipes.dropin.timm_train import create_dataset, create_loader
+    from dali_pipes.dropin.torchvision_reference import DataLoader, load_data
+
+    monkeypatch.setenv("RANK", "2")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    dataset = create_dataset("", root=data_dir, split="validation", is_training=False, seed=7)
+    with create_loader(dataset, input_size=32, batch_size=3, crop_pct=0.9, interpolation="bilinear") as loader:
+        assert loader.world.rank == 2 and loader.seed == 7
+        assert [len(label) for _, label in loader] == [3, 1]
+    _, dataset_test, _, test_sampler = load_data(
+        str(data_dir / "train"), str(data_dir / "val"), _reference_args(data_dir)
+    )
+    with DataLoader(dataset_test, batch_size=3, sampler=test_sampler, num_workers=2, pin_memory=True) as loader:
+        assert [len(label) for _, label in loader] == [3, 1]
+    with pytest.raises(TypeError, match="unexpected keyword argument.*bogus"):
+        DataLoader(dataset_test, batch_size=4, bogus=1)
+    with pytest.raises(ValueError, match="mutually exclusive with shuffle"):
+        DataLoader(dataset_test, batch_size=4, sampler=test_sampler, shuffle=True)

@@ -230,3 +230,46 @@ def test_a_ddp_job_reads_each_mixed_epoch_exactly(two, tmp_path):
         read = [i for step in zip(*per_rank) for indices, pads in step for i, p in zip(indices, pads) if not p]
         assert read == sampling.order(41, epoch, 0).tolist()
         assert sum(i < 11 for i in read) == 7  # 0.25 * 26 = 6.5: the tie goes to the first dataset
+
+
+def test_offset_labels_outgrow_a_small_label_dtype_without_wrapping(tmp_path, write_dataset):
+    # Two datasets of uint8 labels and 200 classes each: dataset b's label 70 is the mixture's 270, an int64.
+    from dali_pipes import Mixture
+    from dali_pipes.dataset.manifest import Field
+
+    fields = {"label": Field.array("uint8", ())}
+    paths = [
+        write_dataset(tmp_path / name, "hdf5", fields, [{"label": np.uint8(i)} for i in range(0, 200, 10)],
+                      classes=[f"{name}{c}" for c in range(200)])
+        for name in ("a", "b")
+    ]  # fmt: skip
+    mixed = _open(Mixture({"a": paths[0], "b": paths[1]}, labels="offset"))
+    assert mixed.fields["label"].dtype == "int64" and len(mixed.manifest.classes) == 400
+    assert int(mixed.read(20 + 7)["label"]) == 270
+    assert mixed.read_batch([0, 19, 20, 39], ["label"])["label"].tolist() == [0, 190, 200, 390]
+
+
+def test_a_dataset_without_a_class_list_is_not_mixed_with_one_that_has_one_unless_told(two, tmp_path):
+    from dali_pipes import Mixture
+
+    from loader_helpers import write_dataset
+
+    unlisted = write_dataset(tmp_path / "u", 6)  # labels 0..4, no class list
+    with pytest.raises(ValueError, match=r"\['u'\] have no class list.*labels='keep'"):
+        _open(Mixture({"a": two[0], "u": unlisted}))
+    kept = _open(Mixture({"a": two[0], "u": unlisted}, labels="keep"))
+    assert kept.manifest.classes == tuple(f"c{i}" for i in range(5))
+    assert len(_open(Mixture({"a": two[0], "b": two[1]}, proportions={"a": np.float32(0.7), "b": np.int64(1)}, labels="offset"))) == 41
+
+
+def test_a_mixture_read_in_order_is_the_datasets_one_after_the_other(two):
+    from dali_pipes import DALILoader, Mixture
+
+    from loader_helpers import TinySpec
+
+    mixture = Mixture({"a": two[0], "b": two[1]}, labels="offset")
+    with DALILoader(mixture, TinySpec(), batch_size=8, device="cpu", shuffle=False, with_index=True) as loader:
+        assert [i for batch in loader for i in batch["index"].tolist()] == list(range(41))
+    drawn = Mixture({"a": two[0], "b": two[1]}, proportions={"a": 1, "b": 1}, labels="offset")
+    with pytest.raises(ValueError, match="shuffle=False: a Mixture with proportions"):
+        DALILoader(drawn, TinySpec(), batch_size=8, device="cpu", shuffle=False)

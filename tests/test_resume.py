@@ -103,3 +103,15 @@ def test_a_run_killed_after_its_manifest_leaves_nothing_behind_after_a_rerun(sma
     assert sorted(p.name for p in out.iterdir()) == finished
     assert "already" in again.stdout + again.stderr
     assert verify_dataset(out, progress=False).ok
+
+
+def test_a_complete_dataset_whose_leftovers_cannot_be_cleared_is_still_reported_complete(small_images, tmp_path):
+    # The lock cannot be taken (here: a folder where the lock file goes; for a user: a dataset they may only read):
+    # the re-run says the dataset is complete, as before, and leaves the leftovers.
+    out = tmp_path / "out"
+    args = ["convert", "imagefolder", small_images, out, "--samples-per-shard", "60", "--no-progress"]
+    run_cli(*args)
+    (out / ".dali-pipes-job").mkdir()
+    (out / ".dali-pipes.lock").mkdir()
+    again = run_cli(*args)
+    assert "already" in again.stdout + again.stderr and "Traceback" not in again.stderr

@@ -17,8 +17,10 @@ script passes is honoured or refused by name:
 - ``collate_fn=FastCollateMixup(...)`` (what ``--mixup``/``--cutmix`` make with
   the prefetcher) mixes the loader's batches with timm's ``Mixup`` of the same
   settings, which ``loader.mixup_enabled = False`` (``--mixup-off-epoch``) switches off;
-- training drops the incomplete last batch (timm's ``drop_last``); evaluation
-  counts every sample once (the wrap-around padding of the ranks is dropped);
+- training drops the incomplete last batch (timm's ``drop_last``); evaluation reads
+  every sample, the ranks' last batches filled by wrap-around as timm's distributed
+  sampler fills them (dropping the filler would leave a rank an empty batch, which
+  the script's metrics divide by);
 - ``vflip``, ``grayscale_prob``, ``gaussian_blur_prob``, ``color_jitter_prob``,
   ``auto_augment``, ``num_aug_splits``/``num_aug_repeats``, ``re_count``/``re_split``,
   other crop modes and the scheduled-batch options are refused when set;
@@ -103,13 +105,15 @@ def create_dataset(
     )
     if root is None:
         raise ValueError("create_dataset: give root (timm's --data-dir), the folder of the converted splits")
-    return ConvertedSplit(
+    dataset = ConvertedSplit(
         _split_folder(Path(root), split),
         train=None,
         val=None,
         is_training=is_training,
         hint="point --data-dir at the folder holding the converted train/ and validation/ (or val/) datasets",
     )
+    dataset.seed = int(kwargs.get("seed") or 0)  # train.py passes args.seed: the same on every rank
+    return dataset
 
 
 def create_loader(
@@ -133,7 +137,6 @@ def create_loader(
     dataset.train, dataset.val = (spec, None) if is_training else (None, spec)
     batch_format = BatchFormat(
         keys=("image", "label"),
-        drop_padding=not is_training,
         dtype=_dtype_name(options.get("img_dtype")),
         transform=_mixer(options.get("collate_fn")),
     )
@@ -142,6 +145,7 @@ def create_loader(
         spec,
         batch_size=batch_size,
         shuffle=bool(is_training),
+        seed=getattr(dataset, "seed", 0),
         last_batch="drop" if is_training else "pad",
         device=device_name(options.get("device")),
         batch_format=batch_format,

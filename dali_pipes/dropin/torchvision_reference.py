@@ -33,6 +33,19 @@ from dali_pipes.dropin.common import ConvertedSplit, PendingSampler, collate_on_
 
 __all__ = ["DataLoader", "load_data"]
 
+#: torch's DataLoader arguments about its own workers and memory: taken, and left to DALI.
+_MACHINERY = (
+    "num_workers",
+    "pin_memory",
+    "timeout",
+    "worker_init_fn",
+    "multiprocessing_context",
+    "generator",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory_device",
+    "in_order",
+)
 _HINT = "point --data-path at the folder holding the converted train/ and val/ datasets"
 
 
@@ -77,7 +90,8 @@ def DataLoader(  # noqa: N802 - named as the class it stands in for
 
     ``dataset`` and ``sampler`` come from :func:`load_data`; a training split is
     read with its training spec and shuffled (or as ``shuffle``/the sampler say), an
-    evaluation split in order with each sample counted once. ``num_workers``,
+    evaluation split in order; under DDP the ranks' last batches are filled by
+    wrap-around, as ``DistributedSampler`` fills them (one process: no filler). ``num_workers``,
     ``pin_memory`` and the other worker settings are left to DALI; a
     ``batch_sampler`` or a sampler of another kind is refused.
     """
@@ -88,7 +102,12 @@ def DataLoader(  # noqa: N802 - named as the class it stands in for
         raise TypeError(f"DataLoader: dataset must come from dali_pipes' load_data, got {dataset!r}")
     if options.get("batch_sampler") is not None or (sampler is not None and not isinstance(sampler, PendingSampler)):
         raise ValueError("DataLoader: the loader draws its own epochs; pass the sampler load_data returned, or none")
-    note_ignored("DataLoader", options, ("num_workers", "pin_memory", "persistent_workers", "prefetch_factor"))
+    unknown = sorted(set(options) - set(_MACHINERY) - {"batch_sampler"})
+    if unknown:
+        raise TypeError(f"DataLoader got unexpected keyword argument(s) {unknown}")
+    if sampler is not None and shuffle:
+        raise ValueError("DataLoader: sampler option is mutually exclusive with shuffle (as in torch)")
+    note_ignored("DataLoader", options, _MACHINERY)
     if sampler is not None:
         shuffle = sampler.shuffle
     loader = DALILoader(
@@ -97,9 +116,7 @@ def DataLoader(  # noqa: N802 - named as the class it stands in for
         batch_size=batch_size,
         shuffle=dataset.is_training if shuffle is None else bool(shuffle),
         last_batch="drop" if drop_last else "pad",
-        batch_format=BatchFormat(
-            keys=("image", "label"), drop_padding=not dataset.is_training, transform=collate_on_batches(collate_fn)
-        ),
+        batch_format=BatchFormat(keys=("image", "label"), transform=collate_on_batches(collate_fn)),
     )
     if sampler is not None:
         sampler.bind(loader)

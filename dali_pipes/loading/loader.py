@@ -202,7 +202,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
         self._batch_reads = bool(batch_reads)
         # A weighted draw per epoch (sampling/weighted.py), a mixture's (sampling/mixture.py), else a permutation.
-        self.sampling = epoch_sampling(self.store, sampling)
+        self.sampling = epoch_sampling(self.store, sampling, shuffle=self.shuffle)
         if self.sampling is not None:  # one weight per sample, checked before anything starts
             self.sampling.epoch_length(len(self.store))
         return (BatchStoreSource if self._batch_reads else StoreSource)(

@@ -22,6 +22,7 @@ without any error.
 from __future__ import annotations
 
 import logging
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator, Mapping, Sequence
@@ -72,7 +73,7 @@ class Mixture:
                     f"missing {missing}, unknown {sorted(unknown)}"
                 )
             for name, share in self.proportions.items():
-                if not isinstance(share, (int, float)) or not np.isfinite(share) or share < 0:
+                if not isinstance(share, numbers.Real) or not np.isfinite(share) or share < 0:
                     raise ValueError(f"Mixture.proportions[{name!r}] must be a number >= 0, got {share!r}")
             if not any(self.proportions.values()):
                 raise ValueError("Mixture.proportions are all 0: at least one dataset must be drawn")
@@ -108,6 +109,9 @@ class MixedStore:
         fields = _common_fields(self.stores)
         classes, label_offsets = _labels(self.stores, fields, mixture.labels)
         self._label_offsets = label_offsets  # per dataset, added to its "label" values (all 0 when kept)
+        self._widened = bool(label_offsets.any()) and fields["label"].kind == "array"
+        if self._widened:  # offset labels may outgrow the stored dtype (uint8 with 200 + 200 classes): int64
+            fields = {**fields, "label": Field.array("int64", fields["label"].shape or ())}
         self.manifest = Manifest(
             format=_reading_format([store.manifest.format for store in self.stores.values()]),
             fields=fields,
@@ -175,10 +179,13 @@ class MixedStore:
         return list(select_fields(self.fields, fields, self.root))
 
     def _relabelled(self, values: dict, k: int) -> dict:
-        offset = int(self._label_offsets[k])
-        if offset and "label" in values:
+        if self._widened and "label" in values:
+            offset = int(self._label_offsets[k])
             label = values["label"]
-            values["label"] = label + offset if isinstance(label, np.ndarray) else [v + offset for v in label]
+            if isinstance(label, np.ndarray):
+                values["label"] = label.astype(np.int64) + offset
+            else:
+                values["label"] = [np.asarray(v, dtype=np.int64) + offset for v in label]
         return values
 
     @property
@@ -236,6 +243,13 @@ def _labels(stores: Mapping[str, Store], fields: Mapping[str, Field], policy: st
         sizes = [len(c) for c in known.values()]
         classes = tuple(f"{name}/{c}" for name, names in known.items() for c in names)
         return classes, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    unlisted = [name for name, c in lists.items() if c is None]
+    if policy is None and known and unlisted:
+        raise ValueError(
+            f"Mixture: {unlisted} have no class list in their manifest and {sorted(known)} do, so nothing says their "
+            "label numbers mean the same classes: choose labels='keep' if they do, or labels='offset' (which needs "
+            "class lists) to keep them apart"
+        )
     distinct = set(known.values())
     if len(distinct) > 1:
         advice = (

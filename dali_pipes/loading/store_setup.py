@@ -82,8 +82,12 @@ def _prepare_mixture(
         raise
 
 
-def epoch_sampling(store: Store | MixedStore, sampling: Any) -> Any:
-    """How the loader draws its epochs: ``sampling`` (weights), a mixture's own draw, or ``None`` (a permutation)."""
+def epoch_sampling(store: Store | MixedStore, sampling: Any, *, shuffle: bool = True) -> Any:
+    """How the loader draws its epochs: ``sampling`` (weights), a mixture's own draw, or ``None`` (a permutation).
+
+    A mixture read without shuffling (an evaluation spec) reads its datasets one after the other, every sample
+    once; a mixture with proportions or its own epoch length is a random draw, and refuses ``shuffle=False``.
+    """
     if not isinstance(store, MixedStore):
         return sampling
     if sampling is not None:
@@ -91,4 +95,11 @@ def epoch_sampling(store: Store | MixedStore, sampling: Any) -> Any:
             "a Mixture draws its own epochs (its proportions); sampling= cannot be given with it. "
             "Weight the datasets with Mixture(proportions=...)"
         )
+    if not shuffle:
+        if store.mixture.proportions is not None or store.mixture.num_samples is not None:
+            raise ValueError(
+                "shuffle=False: a Mixture with proportions or num_samples is a random draw; read the datasets in "
+                "order with Mixture(datasets) alone (every sample once), or each with its own loader"
+            )
+        return None  # the concatenation, in order
     return store.sampling

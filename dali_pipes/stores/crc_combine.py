@@ -26,10 +26,10 @@ import numpy as np
 __all__ = ["BLOCK_ROWS", "combined_crc"]
 
 #: A row's shift is split in two lookups: within its group of INNER rows, then its group's among OUTER groups.
-#: The tables per row length: (INNER + OUTER) x 4 x 256 uint32, 2.1 MiB, of which a batch touches the inner 128 KiB
-#: and one outer entry per group.
+#: The tables per row length: (INNER + OUTER) x 4 x 256 uint32, 384 KiB, of which a batch touches the inner 128 KiB
+#: and one outer entry per group; 32 row lengths are kept (a dataset's fields, a mixture's datasets).
 INNER = 32
-OUTER = 512
+OUTER = 64
 BLOCK_ROWS = INNER * OUTER
 _POLY = 0x82F63B78  # CRC32C, reflected
 
@@ -88,7 +88,7 @@ def _powers(step: np.ndarray, count: int) -> np.ndarray:
     return tables
 
 
-@lru_cache(maxsize=8)
+@lru_cache(maxsize=32)
 def _shift_tables(row_bytes: int) -> tuple[np.ndarray, np.ndarray]:
     """``Z_{r * row_bytes}`` for ``r < INNER`` and ``Z_{q * INNER * row_bytes}`` for ``q < OUTER``."""
     return _powers(_zeros_map(row_bytes), INNER), _powers(_zeros_map(row_bytes * INNER), OUTER)
