@@ -259,7 +259,16 @@ def test_a_dataset_without_a_class_list_is_not_mixed_with_one_that_has_one_unles
         _open(Mixture({"a": two[0], "u": unlisted}))
     kept = _open(Mixture({"a": two[0], "u": unlisted}, labels="keep"))
     assert kept.manifest.classes == tuple(f"c{i}" for i in range(5))
-    assert len(_open(Mixture({"a": two[0], "b": two[1]}, proportions={"a": np.float32(0.7), "b": np.int64(1)}, labels="offset"))) == 41
+    assert (
+        len(
+            _open(
+                Mixture(
+                    {"a": two[0], "b": two[1]}, proportions={"a": np.float32(0.7), "b": np.int64(1)}, labels="offset"
+                )
+            )
+        )
+        == 41
+    )
 
 
 def test_a_mixture_read_in_order_is_the_datasets_one_after_the_other(two):
