@@ -288,6 +288,32 @@ class TinySpec:
         return {"image": images, "label": label}
 
 
+def job_rows(source, world_size: int, *, epoch: int = 0, state=None, batch_size: int = 4, **loader_kwargs):
+    """Every rank's real ``(index, label)`` rows, in the job's global order, and rank 0's state after 2 batches.
+
+    One loader per rank in turn (``seed=9``, CPU), each on ``epoch`` or resumed from ``state``;
+    asserts that every rank yields as many batches.
+    """
+    from dali_pipes import DALILoader
+
+    per_rank, saved = [], None
+    for rank in range(world_size):
+        with DALILoader(
+            source, TinySpec(), batch_size=batch_size, device="cpu", rank=rank, world_size=world_size, seed=9,
+            with_index=True, **loader_kwargs,
+        ) as loader:  # fmt: skip
+            loader.load_state_dict(state) if state is not None else loader.set_epoch(epoch)
+            batches = []
+            for number, batch in enumerate(loader):
+                rows = zip(batch["index"].tolist(), batch["label"].tolist(), batch["is_pad"].tolist())
+                batches.append([(i, label) for i, label, pad in rows if not pad])
+                if number == 1 and rank == 0:
+                    saved = loader.state_dict()
+            per_rank.append(batches)
+    assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
+    return [row for step in zip(*per_rank) for rows in step for row in rows], saved
+
+
 def batch_rows(batch: Mapping) -> list[tuple[int, int, bool, int]]:
     """``(index, label, is_pad, grey level)`` per sample of a yielded batch."""
     grey = batch["image"].float().mean(dim=(1, 2, 3)).round().to(int).tolist()

@@ -160,28 +160,10 @@ def test_bad_mixtures_are_refused_naming_what(two, kwargs, message):
 # --- through the loader: real DALI pipelines, real processes -----------------------------------------
 
 
-def _rows(mixture, world_size, *, epoch=0, state=None, batch_size=4):
-    """Every rank's real ``(index, label)`` rows in the job's global order; rank 0's state after 2 batches."""
-    from dali_pipes import DALILoader
+def _rows(mixture, world_size, **kwargs):
+    from loader_helpers import job_rows
 
-    from loader_helpers import TinySpec
-
-    per_rank, saved = [], None
-    for rank in range(world_size):
-        with DALILoader(
-            mixture, TinySpec(), batch_size=batch_size, device="cpu", rank=rank, world_size=world_size, seed=9,
-            with_index=True,
-        ) as loader:  # fmt: skip
-            loader.load_state_dict(state) if state is not None else loader.set_epoch(epoch)
-            batches = []
-            for number, batch in enumerate(loader):
-                rows = zip(batch["index"].tolist(), batch["label"].tolist(), batch["is_pad"].tolist())
-                batches.append([(i, label) for i, label, pad in rows if not pad])
-                if number == 1 and rank == 0:
-                    saved = loader.state_dict()
-            per_rank.append(batches)
-    assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
-    return [row for step in zip(*per_rank) for rows in step for row in rows], saved
+    return job_rows(mixture, world_size, **kwargs)
 
 
 def test_the_loader_reads_the_mixture_exactly_and_resumes_it_on_another_world_size(two):

@@ -116,37 +116,12 @@ def tiny(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("weighted") / "ds", N_LOADER, samples_per_shard=5)
 
 
-def _real_rows(path, sampling, world_size, *, epoch=0, state=None, batch_size=4):
-    """Every rank's real sample indices, batch by batch, in the job's global order; and rank 0's state after 2 batches."""
-    from dali_pipes import DALILoader
+def _real_rows(path, sampling, world_size, **kwargs):
+    """Every rank's real sample indices in the job's global order; and rank 0's state after 2 batches."""
+    from loader_helpers import job_rows
 
-    from loader_helpers import TinySpec
-
-    per_rank, saved = [], None
-    for rank in range(world_size):
-        with DALILoader(
-            path,
-            TinySpec(),
-            batch_size=batch_size,
-            device="cpu",
-            rank=rank,
-            world_size=world_size,
-            seed=9,
-            with_index=True,
-            sampling=sampling,
-        ) as loader:
-            if state is not None:
-                loader.load_state_dict(state)
-            else:
-                loader.set_epoch(epoch)
-            batches = []
-            for number, batch in enumerate(loader):
-                batches.append([i for i, pad in zip(batch["index"].tolist(), batch["is_pad"].tolist()) if not pad])
-                if number == 1 and rank == 0:
-                    saved = loader.state_dict()
-            per_rank.append(batches)
-    assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
-    return [i for step in zip(*per_rank) for rows in step for i in rows], saved
+    rows, saved = job_rows(path, world_size, sampling=sampling, **kwargs)
+    return [index for index, _ in rows], saved
 
 
 def test_the_loader_reads_the_weighted_draw_exactly_and_resumes_it_on_another_world_size(tiny):
@@ -165,6 +140,12 @@ def test_the_loader_reads_the_weighted_draw_exactly_and_resumes_it_on_another_wo
     other = WeightedSampling(np.ones(N_LOADER), num_samples=37)
     with pytest.raises(ValueError, match="sampling="):
         _real_rows(tiny, other, 1, state=state)
+    # A state saved without weights has no "sampling" entry: refused by name, not a KeyError.
+    from loader_helpers import job_rows
+
+    _, unweighted = job_rows(tiny, 2, epoch=1)
+    with pytest.raises(ValueError, match="saved loader state has sampling=None"):
+        _real_rows(tiny, WeightedSampling(np.ones(N_LOADER)), 1, state=unweighted)
     with pytest.raises(ValueError, match="22 weights but the dataset has 23 samples"):
         _real_rows(tiny, WeightedSampling(np.ones(N_LOADER - 1)), 1)
 

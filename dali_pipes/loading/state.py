@@ -60,7 +60,7 @@ def restored_position(
     for key, mine in (*mine_all.items(), ("sampling", sampling)):
         if state.get(key) != mine:
             raise ValueError(
-                f"{root}: the saved loader state has {key}={state[key]!r} but this loader has "
+                f"{root}: the saved loader state has {key}={state.get(key)!r} but this loader has "
                 f"{key}={mine!r}; resuming would not give the rest of the saved epoch"
             )
     epoch = check_int("epoch", state["epoch"], 0)
