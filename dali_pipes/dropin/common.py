@@ -35,11 +35,14 @@ class ConvertedSplit:
 
     ``len()``, ``classes``, ``class_to_idx`` and ``root`` as an ``ImageFolder``
     has them; ``train``/``val`` are the specs its loader will use (from the
-    script's flags); ``is_training`` says which. Samples are read by the loader,
-    inside DALI, not by indexing this object.
+    script's flags; None where the loader's maker builds it), ``is_training`` says
+    which; ``seed`` the loader's (the same on every rank). Samples are read by the
+    loader, inside DALI, not by indexing this object.
     """
 
-    def __init__(self, root: str | os.PathLike, *, train: Any, val: Any, is_training: bool, hint: str) -> None:
+    def __init__(
+        self, root: str | os.PathLike, *, train: Any, val: Any, is_training: bool, hint: str, seed: int = 0
+    ) -> None:
         try:
             manifest = load_manifest(root)
         except ManifestError as exc:
@@ -50,7 +53,7 @@ class ConvertedSplit:
                 f"e.g. 'dali-pipes convert imagefolder IMAGES/train SHARDS/train', and {hint}"
             ) from None
         self.root = root
-        self.train, self.val, self.is_training = train, val, bool(is_training)
+        self.train, self.val, self.is_training, self.seed = train, val, bool(is_training), int(seed)
         self.classes: list[str] = list(manifest.classes or ())
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
         self._num_samples = manifest.num_samples

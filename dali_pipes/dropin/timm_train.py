@@ -105,15 +105,14 @@ def create_dataset(
     )
     if root is None:
         raise ValueError("create_dataset: give root (timm's --data-dir), the folder of the converted splits")
-    dataset = ConvertedSplit(
+    return ConvertedSplit(
         _split_folder(Path(root), split),
-        train=None,
+        train=None,  # create_loader builds the spec from its own arguments
         val=None,
         is_training=is_training,
         hint="point --data-dir at the folder holding the converted train/ and validation/ (or val/) datasets",
+        seed=kwargs.get("seed") or 0,  # train.py passes args.seed: the same on every rank
     )
-    dataset.seed = int(kwargs.get("seed") or 0)  # train.py passes args.seed: the same on every rank
-    return dataset
 
 
 def create_loader(
@@ -133,8 +132,6 @@ def create_loader(
     refuse_unsupported("create_loader", options, _UNSUPPORTED)
     note_ignored("create_loader", options, _MACHINERY)
     spec = _spec(input_size, is_training, options)
-    dataset.is_training = bool(is_training)
-    dataset.train, dataset.val = (spec, None) if is_training else (None, spec)
     batch_format = BatchFormat(
         keys=("image", "label"),
         dtype=_dtype_name(options.get("img_dtype")),
@@ -145,7 +142,7 @@ def create_loader(
         spec,
         batch_size=batch_size,
         shuffle=bool(is_training),
-        seed=getattr(dataset, "seed", 0),
+        seed=dataset.seed,
         last_batch="drop" if is_training else "pad",
         device=device_name(options.get("device")),
         batch_format=batch_format,

@@ -231,19 +231,18 @@ def _labels(stores: Mapping[str, Store], fields: Mapping[str, Field], policy: st
     zeros = np.zeros(len(stores), dtype=np.int64)
     lists = {name: store.manifest.classes for name, store in stores.items()}
     known = {name: tuple(c) for name, c in lists.items() if c is not None}
+    unlisted = [name for name, c in lists.items() if c is None]
     if "label" not in fields:
         return None, zeros
     if policy == "offset":
-        missing = [name for name, c in lists.items() if c is None]
-        if missing:
+        if unlisted:
             raise ValueError(
-                f"Mixture(labels='offset'): {missing} have no class list in their manifest, so their labels cannot be "
+                f"Mixture(labels='offset'): {unlisted} have no class list in their manifest, so their labels cannot be "
                 "moved past the others'; use labels='keep' if their label numbers mean the same classes"
             )
         sizes = [len(c) for c in known.values()]
         classes = tuple(f"{name}/{c}" for name, names in known.items() for c in names)
         return classes, np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
-    unlisted = [name for name, c in lists.items() if c is None]
     if policy is None and known and unlisted:
         raise ValueError(
             f"Mixture: {unlisted} have no class list in their manifest and {sorted(known)} do, so nothing says their "

@@ -189,7 +189,7 @@ class StoreSource:
         self.control = control
         self.with_index = bool(with_index)
         self.batch_inputs = batch_inputs
-        self.sampling = sampling  # a WeightedSampling: each epoch a weighted draw instead of a permutation
+        self.sampling = sampling  # a weighted draw or a mixture's (its order()) instead of a permutation
         self._owner_pid = os.getpid()  # the loader's process; any other process running us is a DALI worker
         self._converters: tuple[tuple[str, Callable[[Any], np.ndarray]], ...] = tuple(
             (name, _as_uint8 if store.fields[name].kind == "bytes" else np.asarray) for name in self.fields

@@ -10,11 +10,11 @@ import importlib
 import logging
 import os
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from dali_pipes.dataset.manifest import Manifest, load_manifest, resolve_inside
+from dali_pipes.dataset.manifest import Field, Manifest, load_manifest, resolve_inside
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
 from dali_pipes.stores.checksum import RECORD_CRC32C
 
@@ -143,10 +143,8 @@ class Store:
         if len(indices) and shard_of[0] == shard_of[-1] and np.all(shard_of == shard_of[0]):
             # One shard: its reader's values are the batch, in order (no gather, no second copy).
             shard_no = int(shard_of[0])
-            parts = [
-                (np.arange(len(indices)), self._read_shard_batch(shard_no, indices - starts[shard_no], names, arrays))
-            ]
-            return {name: _fixed_as_array(self.manifest.fields[name], parts[0][1][name]) for name in names}
+            values = self._read_shard_batch(shard_no, indices - starts[shard_no], names, arrays)
+            return {name: _fixed_as_array(self.manifest.fields[name], values[name]) for name in names}
         by_shard = np.argsort(shard_of, kind="stable")
         cuts = np.flatnonzero(np.diff(shard_of[by_shard])) + 1
         parts = []
@@ -205,14 +203,16 @@ class Store:
         return f"Store({str(self.root)!r}, format={self.manifest.format}, samples={len(self)})"
 
 
-def _fixed_as_array(field, values):
+def _fixed_as_array(field: Field, values: Any) -> Any:
     """A fixed-shape array field's values as one stacked array (a reader may hand back a list of rows)."""
     if field.kind == "array" and not field.variable_length and not isinstance(values, np.ndarray):
         return np.stack(values) if len(values) else np.empty((0, *(field.shape or ())), dtype=field.dtype)
     return values
 
 
-def gather_batch(names, fields, count: int, parts) -> BatchDict:
+def gather_batch(
+    names: Sequence[str], fields: Mapping[str, Field], count: int, parts: list[tuple[np.ndarray, BatchDict]]
+) -> BatchDict:
     """Put each shard's values back at their positions in the batch: one array per fixed field, else a list."""
     out: BatchDict = {}
     for name in names:
@@ -220,7 +220,7 @@ def gather_batch(names, fields, count: int, parts) -> BatchDict:
         if field.kind == "array" and not field.variable_length:
             stacked = np.empty((count, *(field.shape or ())), dtype=field.dtype)
             for positions, values in parts:
-                stacked[positions] = values[name] if isinstance(values[name], np.ndarray) else np.stack(values[name])
+                stacked[positions] = _fixed_as_array(field, values[name])
             out[name] = stacked
         else:
             gathered: list = [None] * count

@@ -42,6 +42,8 @@ def _byte_table() -> np.ndarray:
 
 
 _BYTE = _byte_table()
+#: The images of the 32 unit bits under the identity map.
+_UNIT_BITS = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32))
 
 
 def _apply(tables: np.ndarray, values: np.ndarray) -> np.ndarray:
@@ -66,9 +68,8 @@ def _tables_of(images: np.ndarray) -> np.ndarray:
 
 def _zeros_map(n_bytes: int) -> np.ndarray:
     """Byte tables of ``Z_n``: the register fed ``n_bytes`` zero bytes (by squaring, O(log n) steps)."""
-    images = np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32))
-    result = images.copy()  # the identity
-    step = (images >> 8) ^ _BYTE[images & 0xFF]  # one zero byte
+    result = _UNIT_BITS.copy()  # the identity
+    step = (_UNIT_BITS >> 8) ^ _BYTE[_UNIT_BITS & 0xFF]  # one zero byte
     n = n_bytes
     while n:
         if n & 1:
@@ -81,7 +82,7 @@ def _zeros_map(n_bytes: int) -> np.ndarray:
 def _powers(step: np.ndarray, count: int) -> np.ndarray:
     """``[count, 4, 256]``: entry ``k`` holds the map ``step`` applied ``k`` times (entry 0: the identity)."""
     tables = np.empty((count, 4, 256), dtype=np.uint32)
-    tables[0] = _tables_of(np.left_shift(np.uint32(1), np.arange(32, dtype=np.uint32)))
+    tables[0] = _tables_of(_UNIT_BITS)
     for k in range(1, count):
         tables[k] = _apply(step, tables[k - 1])
     tables.setflags(write=False)

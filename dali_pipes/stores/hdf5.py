@@ -279,11 +279,12 @@ class Hdf5ShardReader(ShardReader):
         batch: BatchDict = {}
         for name, field in selected.items():
             ds = self._dataset(name, field)
-            mapped = self._mapped(name, ds) if not is_ragged(field) or (arrays and field.kind == "bytes") else None
-            if rows is None and not (mapped is not None and not is_ragged(field)):
+            ragged = is_ragged(field)
+            mapped = self._mapped(name, ds) if not ragged or (arrays and field.kind == "bytes") else None
+            if rows is None and (ragged or mapped is None):  # these read the records in file order
                 rows, inverse = np.unique(indices, return_inverse=True)
             try:
-                if is_ragged(field):
+                if ragged:
                     in_map = mapped is not None and len(mapped.views) == 1  # a contiguous dataset
                     if in_map:
                         values = mapped.slices(self._h_offsets[name], rows)  # CRC-checked on the map, then copied
