@@ -38,13 +38,13 @@ LOADER_KEYS: dict[str, int] = {"num_threads": 1, "py_num_workers": 0, "prefetch"
 HW_DECODER_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200")
 
 
-def has_hw_decoder() -> bool:
-    """True on a CUDA GPU known to carry the hardware JPEG decoder."""
+def has_hw_decoder(device: int | None = None) -> bool:
+    """True on a CUDA GPU (``device``, default the current one) known to carry the hardware JPEG decoder."""
     import torch
 
     if not torch.cuda.is_available():
         return False
-    name = torch.cuda.get_device_name(torch.cuda.current_device())
+    name = torch.cuda.get_device_name(torch.cuda.current_device() if device is None else device)
     return any(model in name for model in HW_DECODER_GPUS)
 
 

@@ -89,6 +89,10 @@ def test_the_loader_reads_zero_copy_formats_in_its_own_process_by_default(datase
 
     assert default_py_num_workers(fmt, True, cpus=16) == (0 if readers == 0 else 4)
     assert default_py_num_workers(fmt, False, cpus=16) == 4  # per-sample reads keep their workers
+    # Feeding the GPU decoder, the loader's one thread is the limit on a large machine, not on a small one.
+    assert default_py_num_workers(fmt, True, cpus=16, gpu_images=True) == 4
+    assert default_py_num_workers(fmt, True, cpus=4, gpu_images=True) == (0 if readers == 0 else 2)
+    assert default_py_num_workers(fmt, True, cpus=16, workers=0, gpu_images=True) == 0  # a count given is kept
     store = open_store(datasets[fmt, "images"])
     expected = {i: np.frombuffer(store.read(i, ("image",))["image"], np.uint8) for i in range(N)}
     store.close()

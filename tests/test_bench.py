@@ -42,6 +42,7 @@ MAIN_ROWS = [
     "DataLoader+Albumentations shards",  # antialias=False
     "torchvision gpu",
     "DALI readers.file gpu",
+    "DALI readers.file gpu hw_decoder_load=1",
     "DALI readers.file cpu",
     "decode-ceiling (full)",
     "decode-ceiling (reduced)",
@@ -595,3 +596,26 @@ def test_bench_rows_measures_only_the_named_rows_and_refuses_unknown_names(datas
         run_bench(dataset, batch_size=BATCH, quick=True, progress=False, rows=["dali-pipes tpu"])
     with pytest.raises(ValueError, match="--rows applies to the main suite, not to --suite stages"):
         run_bench(dataset, suite="stages", batch_size=BATCH, quick=True, progress=False, rows=["dali-pipes cpu"])
+
+
+def test_the_gpu_decoder_suite_sets_our_defaults_beside_plain_dali_at_both_decoder_loads(dataset):
+    from dali_pipes.bench.suites import run_bench
+
+    report = run_bench(dataset, suite="gpu-decoder", batch_size=BATCH, quick=True, progress=False)
+    rows = [(row.name, row.params.get("hw_decoder_load"), row.params.get("py_num_workers")) for row in report.rows]
+    defaults = report.rows[2].params["py_num_workers"]
+    assert rows[:4] == [
+        ("DALI readers.file gpu", 0.65, None),
+        ("DALI readers.file gpu", 1.0, None),
+        ("dali-pipes gpu", None, defaults),  # the load chosen for the machine
+        ("dali-pipes gpu", 0.65, defaults),
+    ]
+    # Reading in the loader's thread and with 8 processes, whichever the defaults are not.
+    assert sorted(w for _, _, w in rows[4:]) == sorted({0, 8} - {defaults})
+    values = [entry["value"] for entry in report.summary.values()]
+    if _cuda():
+        assert all(row.timing is not None for row in report.rows), [(r.name, r.error) for r in report.rows]
+        assert all(v > 0 for v in values)
+    else:
+        assert all("CUDA" in (row.skipped or "") for row in report.rows), [r.skipped for r in report.rows]
+        assert values == [None, None]

@@ -52,3 +52,34 @@ def test_fancy_upsampling_is_on_for_whole_image_gpu_decodes_and_off_for_region_d
             )
     with pytest.raises(ValueError, match="jpeg_fancy_upsampling must be True, False or None"):
         DecoderHints(jpeg_fancy_upsampling="yes")
+
+
+def test_the_default_hardware_decoder_load_is_chosen_for_the_gpu_and_threads_and_never_below_dalis():
+    from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD, HW_ONLY_MAX_THREADS
+
+    # Our floor is DALI's own default, read from its schema rather than trusted.
+    assert float(GetSchema("decoders__ImageRandomCrop").GetArgumentDefaultValueString("hw_decoder_load")) == (
+        DALI_HW_DECODER_LOAD
+    )
+    auto = DecoderHints()
+    assert auto.hw_decoder_load is None
+    load, why = auto.chosen_load(threads=16, hw_decoder=True)
+    assert load == 1.0 and "16 CPU threads" in why
+    assert auto.chosen_load(threads=HW_ONLY_MAX_THREADS, hw_decoder=True)[0] == 1.0
+    assert auto.chosen_load(threads=HW_ONLY_MAX_THREADS + 1, hw_decoder=True)[0] == DALI_HW_DECODER_LOAD
+    load, why = auto.chosen_load(threads=4, hw_decoder=False)
+    assert load == DALI_HW_DECODER_LOAD and "no hardware JPEG decoder" in why
+    # A value given is kept, whatever the machine; the chosen one reaches DALI's arguments.
+    assert DecoderHints(hw_decoder_load=0.3).chosen_load(threads=16, hw_decoder=True) == (0.3, "as given")
+    assert auto.as_kwargs(load=1.0)["hw_decoder_load"] == 1.0
+    assert auto.as_kwargs()["hw_decoder_load"] == DALI_HW_DECODER_LOAD
+    assert DecoderHints.imagenet().hw_decoder_load is None
+
+
+def test_the_plain_dali_anchor_keeps_dalis_default_load_where_ours_chooses_one():
+    from dali_pipes.bench.anchor import as_plain_dali
+    from dali_pipes.pipelines import ClassificationTrain
+
+    assert as_plain_dali(ClassificationTrain()).decoder.hw_decoder_load == 0.65
+    given = ClassificationTrain(decoder=DecoderHints(hw_decoder_load=1.0))
+    assert as_plain_dali(given) is given

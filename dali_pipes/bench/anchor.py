@@ -37,6 +37,7 @@ def file_reader_stream(
         require_cuda()
     if not files:
         raise Skipped("no image files")
+    spec = as_plain_dali(spec)
     paths = [os.fspath(path) for path, _ in files]
     labels = [int(label) for _, label in files]
 
@@ -69,3 +70,20 @@ def file_reader_stream(
             yield batch[0]["image"], batch[0]["label"]
 
     yield delivered(pairs(), target)
+
+
+def as_plain_dali(spec: Any) -> Any:
+    """``spec`` with the GPU decoder load a plain DALI pipeline gets: DALI's default where ours chooses one.
+
+    A user writing the pipeline by hand gets DALI's 0.65 unless they set it; this
+    package chooses one for the machine (``DecoderHints.hw_decoder_load=None``),
+    and the anchor must show what that choice is worth, not share it.
+    """
+    import dataclasses
+
+    from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
+
+    decoder = getattr(spec, "decoder", None)
+    if decoder is None or decoder.hw_decoder_load is not None:
+        return spec
+    return dataclasses.replace(spec, decoder=dataclasses.replace(decoder, hw_decoder_load=DALI_HW_DECODER_LOAD))

@@ -88,12 +88,14 @@ class BenchInputs:
         }
 
 
-def default_loader_settings(cores: int, fmt: str) -> dict[str, int]:
+def default_loader_settings(cores: int, fmt: str, gpu: bool = False) -> dict[str, int]:
     """The ``dali-pipes`` rows' settings without a tuned file: DALI gets every core, as the DataLoader does;
-    the reader processes are the loader's own default for the dataset's format."""
+    the reader processes are the loader's own default for the dataset's format (on a machine with a GPU: for
+    images decoded there, the rows this benchmark is run there for)."""
     from dali_pipes.loading.options import default_py_num_workers
 
-    return {"num_threads": cores, "py_num_workers": default_py_num_workers(fmt, True, cores), "prefetch": 2}
+    workers = default_py_num_workers(fmt, True, cores, gpu_images=gpu)
+    return {"num_threads": cores, "py_num_workers": workers, "prefetch": 2}
 
 
 def bench_inputs(
@@ -126,7 +128,7 @@ def bench_inputs(
             f"{dataset}: {manifest.num_samples} samples is less than one batch of {batch_size}; use a smaller --batch-size"
         )
     spec = ClassificationTrain(size=224, dtype=dtype)
-    loader_settings = default_loader_settings(cores, manifest.format)
+    loader_settings = default_loader_settings(cores, manifest.format, gpu=_cuda_available())
     if settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
 
@@ -151,6 +153,12 @@ def bench_inputs(
                     manifest.num_samples,
                 )
     return BenchInputs(dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings, tuple(rows))
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def find_image_folder(

@@ -100,15 +100,25 @@ def run_interleaved(
                 streams[i] = opened
                 windows[i] = []
             bar.update(1 if opened is not None else 1 + plan.repeats)
-        for _ in range(plan.repeats):
+        for round_number in range(1, plan.repeats + 1):
             for i in sorted(streams):
                 bar.set_postfix_str(jobs[i].name)
                 _take_window(jobs[i], rows[i], streams, i, windows[i], plan, target)
                 bar.update(1)
+            _log_round(title, round_number, plan.repeats, jobs, windows)
     for i, taken in windows.items():
         if rows[i].error is None and len(taken) == plan.repeats:
             rows[i].timing = timing_of(taken)
     return rows
+
+
+def _log_round(title: str, number: int, rounds: int, jobs: Sequence[Job], windows: dict[int, list[Window]]) -> None:
+    """One line per round with every row's windows so far: a run cut short (a lease's limit) still reports."""
+    figures = []
+    for i, taken in sorted(windows.items()):
+        rates = ", ".join(f"{w.images / w.seconds:,.0f}" for w in taken if w.seconds > 0)
+        figures.append(f"{jobs[i].name}: {rates or 'failed'}")
+    log.info("%s: round %d of %d, images/s of each window so far: %s", title, number, rounds, "; ".join(figures))
 
 
 def _open(job: Job, row: Row, plan: TimingPlan, target: Target) -> tuple[Iterator[int], contextlib.ExitStack] | None:

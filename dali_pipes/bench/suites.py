@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 SUITES: tuple[str, ...] = (
     "main",
     "feed",
+    "gpu-decoder",
     "albumentations",
     "cpu-vs-gpu",
     "workers",
@@ -79,13 +80,15 @@ def run_bench(
     cores: int | None = None,
     progress: bool = True,
     rows: Sequence[str] = (),
+    repeats: int | None = None,
 ) -> BenchReport:
     """Run one suite on ``dataset`` and return its report (see the module docstring).
 
     ``images`` is the original image folder (default: the manifest's imagefolder
     source); ``settings`` a file saved by ``dali-pipes tune`` for the
     ``dali-pipes`` rows; ``quick`` times just enough to check that every row runs;
-    ``rows`` (main suite) the names of the rows to measure, for a shorter run.
+    ``rows`` (main suite) the names of the rows to measure, for a shorter run;
+    ``repeats`` the timed windows per row (default :class:`TimingPlan`'s 5; 3 fits a GPU lease).
     """
     if suite not in SUITES:
         raise ValueError(f"unknown suite {suite!r}; choose from {', '.join(SUITES)}")
@@ -96,6 +99,8 @@ def run_bench(
         dataset, batch_size=batch_size, images=images, cores=cores, dtype=dtype, settings=settings, rows=rows
     )
     plan = TimingPlan.quick() if quick else TimingPlan()
+    if repeats is not None:
+        plan = dataclasses.replace(plan, repeats=repeats)
     target = Target()
     # Every row then reads from memory alike, whichever runs first.
     warm_page_cache(sorted(p for p in Path(dataset).rglob("*") if p.is_file()))
@@ -351,6 +356,14 @@ def _feed_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bo
     return feed_suite(inputs, plan, target, quick, progress)
 
 
+def _gpu_decoder_suite(
+    inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool
+) -> BenchReport:
+    from dali_pipes.bench.gpu_decoder import gpu_decoder_suite
+
+    return gpu_decoder_suite(inputs, plan, target, quick, progress)
+
+
 def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     from dali_pipes.bench.masks import masks_suite
 
@@ -360,6 +373,7 @@ def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "feed": _feed_suite,
+    "gpu-decoder": _gpu_decoder_suite,
     "albumentations": albumentations_suite,
     "cpu-vs-gpu": cpu_vs_gpu_suite,
     "workers": workers_suite,

@@ -99,6 +99,12 @@ def add_bench(commands) -> None:
         help="main suite: measure only these rows, named as its table names them "
         "(e.g. 'dali-pipes gpu,DALI readers.file gpu'): a shorter run",
     )
+    p.add_argument(
+        "--repeats",
+        type=int,
+        metavar="N",
+        help="timed windows per row, the median reported (default: 5; 3 for a short GPU lease)",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
 
@@ -158,6 +164,7 @@ def _bench(args) -> int:
             dtype=args.dtype,
             progress=not args.no_progress,
             rows=args.rows,
+            repeats=args.repeats,
         )
     print(format_table(report))
     if args.json is not None:

@@ -81,7 +81,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
     CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
     processes reading the store (0: read in the main process; by default 0 for LMDB and HDF5,
-    whose batches are copied straight out of the mapped shards, a few otherwise), ``prefetch`` the
+    whose batches are copied straight out of the mapped shards, but 4 where the GPU decodes images on a
+    machine of 8 cores or more, a few for other formats: ``default_py_num_workers``), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
     (``"fork"``, or ``"spawn"``; by default fork, or spawn once the CUDA driver is
     initialised in this process, which DALI cannot fork: ``torch.cuda.is_available()``
@@ -263,8 +264,10 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     # --- construction -------------------------------------------------------------------------
 
     def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int | None, start_method: str):
-        #: DALI's Python reader processes: as asked, else the format's default (0: read in this process).
-        self.py_num_workers = default_py_num_workers(self.store.manifest.format, self._batch_reads, workers=workers)
+        #: DALI's Python reader processes: as asked, else the default for the format, device and cores.
+        gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
+        fmt = self.store.manifest.format
+        self.py_num_workers = default_py_num_workers(fmt, self._batch_reads, workers=workers, gpu_images=gpu_images)
         if runs_without_dali(spec, batch_reads=self._batch_reads, workers=self.py_num_workers):
             return None, (*self._fields, *RESERVED_OUTPUTS[: 1 + int(self.with_index)])  # loading/direct.py
         return build_pipeline(

@@ -56,24 +56,37 @@ def resolve_counts(
     return pipeline, int(threads), py_num_workers, int(prefetch)
 
 
-def default_py_num_workers(fmt: str, batch_reads: bool, cpus: int | None = None, *, workers: int | None = None) -> int:
-    """DALI's Python reader processes: ``workers`` when chosen, else none where reading costs the loader's process little.
+#: Reader processes for batch reads that feed the GPU decoder, on a machine of at least GPU_FEED_MIN_CORES cores.
+GPU_FEED_WORKERS = 4
+GPU_FEED_MIN_CORES = 8
+
+
+def default_py_num_workers(
+    fmt: str, batch_reads: bool, cpus: int | None = None, *, workers: int | None = None, gpu_images: bool = False
+) -> int:
+    """DALI's Python reader processes: ``workers`` when chosen, else by the format, the device and the cores.
 
     Batch reads of a format whose readers copy records straight out of a memory
     map (LMDB, HDF5: ``ShardReader.cheap_batch_reads``) cost a few microseconds a
-    sample, so they run in the loader's process: a worker would add a copy into
-    shared memory and the same per-sample work in this process to take it back
-    (``dali-pipes bench --suite feed`` measured the feed at 0.6x of
-    ``fn.readers.file``'s rate with one worker on 2 cores). Other formats and
+    sample, so on the CPU they run in the loader's process: a worker would add a
+    copy into shared memory and the same per-sample work in this process to take
+    it back (``dali-pipes bench --suite feed`` measured the feed at 0.6x of
+    ``fn.readers.file``'s rate with one worker on 2 cores). Where images are
+    decoded on the GPU (``gpu_images``) on a machine of at least
+    :data:`GPU_FEED_MIN_CORES` cores, the loader's one thread is the limit instead:
+    DALI calls the source in the training loop's thread, which fed at most 25,500
+    images/s on an H200's 16 cores where ``fn.readers.file`` fed 47,600, so the
+    training graph ran at 17,700-19,700 images/s in-process and 21,900-24,100 with
+    :data:`GPU_FEED_WORKERS` workers (8: 23,200); issue 35. Other formats and
     per-sample reads get a few workers, leaving cores for the training process.
     """
     from dali_pipes.stores import reader_class
 
     if workers is not None:
         return workers
-    if batch_reads and reader_class(fmt).cheap_batch_reads:
-        return 0
     cpus = cpus or os.cpu_count() or 1
+    if batch_reads and reader_class(fmt).cheap_batch_reads:
+        return GPU_FEED_WORKERS if gpu_images and cpus >= GPU_FEED_MIN_CORES else 0
     return max(1, min(4, cpus // 2))
 
 

@@ -28,6 +28,11 @@ LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
 #: default for training).
 INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic", "random")
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("rand_augment", "trivial_augment")
+#: DALI's own default ``hw_decoder_load`` (its decoders' schema): the floor of the load chosen automatically.
+DALI_HW_DECODER_LOAD = 0.65
+#: Up to this many pipeline threads, every JPEG goes to the hardware decoder by default (DecoderHints).
+#: Measured at 8 and 16 threads on an H200 (issue 35); past 32 the CUDA path's share is DALI's default again.
+HW_ONLY_MAX_THREADS = 32
 #: Largest value of a DALI ``INT32`` operator argument (the decoder's memory paddings and size hints).
 INT32_MAX = 2**31 - 1
 
@@ -91,12 +96,24 @@ class ColorJitter:
 class DecoderHints:
     """Memory and load hints for the GPU (``mixed``) JPEG decoder; ignored on the CPU.
 
-    The defaults are DALI's own, safe on any GPU. For ImageNet-scale training on a
+    The memory defaults are DALI's own, safe on any GPU. For ImageNet-scale training on a
     large GPU, :meth:`imagenet` preallocates for the largest ImageNet JPEG so the
     decoder never reallocates mid-epoch (the values of NVIDIA's ResNet-50 example).
+    The sizes are DALI ``INT32`` arguments, so each must be below 2 GiB.
+
     ``hw_decoder_load`` is the share of JPEGs sent to the hardware decoder
-    (A100/H100 and later); tune it against the number of CPU threads. The sizes
-    are DALI ``INT32`` arguments, so each must be below 2 GiB.
+    (A100/H100 and later); nvJPEG's CUDA path decodes the rest, with its Huffman
+    decoding on the pipeline's CPU threads. ``None`` (the default) chooses it when
+    the pipeline is built (:meth:`chosen_load`): every JPEG to the hardware decoder
+    where there is one and the pipeline has at most :data:`HW_ONLY_MAX_THREADS`
+    threads, else DALI's default, 0.65. On an H200 with 16 threads (issue 35, side by
+    side in one run), this loader's training graph ran at 24,100 images/s with 1.0
+    and 19,900 with 0.65, at half the CPU per image (0.24 against 0.48 CPU s per
+    1,000): the two paths share the CPU threads rather than add up, and 16 threads
+    decode fewer JPEGs on the CUDA path than the hardware engines do. (DALI's own
+    reader gained less from 1.0 there, and lost on a second H200.)
+    ``dali-pipes tune --decoder-only`` or ``bench --suite gpu-decoder`` measures it
+    on your machine.
 
     ``jpeg_fancy_upsampling`` makes the GPU decoder upsample chroma the way
     libjpeg-turbo (the CPU decoder) does: on an H100 (DALI 2.4) colour edges of
@@ -112,7 +129,7 @@ class DecoderHints:
     measures it forced on).
     """
 
-    hw_decoder_load: float = 0.65
+    hw_decoder_load: float | None = None
     device_memory_padding: int = 16 * 1024 * 1024
     host_memory_padding: int = 8 * 1024 * 1024
     preallocate_width_hint: int = 0
@@ -120,10 +137,13 @@ class DecoderHints:
     jpeg_fancy_upsampling: bool | None = None
 
     def __post_init__(self) -> None:
-        load = _finite_float("DecoderHints.hw_decoder_load", self.hw_decoder_load)
-        if not 0.0 <= load <= 1.0:
-            raise ValueError(f"DecoderHints.hw_decoder_load must be in [0, 1], got {load}")
-        object.__setattr__(self, "hw_decoder_load", load)
+        if self.hw_decoder_load is not None:
+            load = _finite_float("DecoderHints.hw_decoder_load", self.hw_decoder_load)
+            if not 0.0 <= load <= 1.0:
+                raise ValueError(
+                    f"DecoderHints.hw_decoder_load must be in [0, 1] (or None: chosen for the machine), got {load}"
+                )
+            object.__setattr__(self, "hw_decoder_load", load)
         for name in (
             "device_memory_padding",
             "host_memory_padding",
@@ -148,24 +168,41 @@ class DecoderHints:
     def imagenet(cls) -> DecoderHints:
         """Hints sized for ImageNet's largest JPEG (5980 x 6430), for GPUs with memory to spare."""
         return cls(
-            hw_decoder_load=0.65,
             device_memory_padding=211_025_920,
             host_memory_padding=140_544_512,
             preallocate_width_hint=5980,
             preallocate_height_hint=6430,
         )
 
-    def as_kwargs(self, *, region: bool = False) -> dict[str, Any]:
+    def chosen_load(self, *, threads: int, hw_decoder: bool) -> tuple[float, str]:
+        """``hw_decoder_load`` for a pipeline of ``threads`` CPU threads on a GPU with (or without) the
+        hardware JPEG decoder, and why: the value given, else the choice described in the class docstring."""
+        if self.hw_decoder_load is not None:
+            return self.hw_decoder_load, "as given"
+        if not hw_decoder:
+            return DALI_HW_DECODER_LOAD, "DALI's default: this GPU has no hardware JPEG decoder, the value is unused"
+        if threads <= HW_ONLY_MAX_THREADS:
+            return 1.0, (
+                f"this GPU's hardware JPEG decoder takes every JPEG: {threads} CPU threads "
+                f"(<= {HW_ONLY_MAX_THREADS}) decode fewer on nvJPEG's CUDA path than the hardware engines"
+            )
+        return DALI_HW_DECODER_LOAD, f"DALI's default: {threads} CPU threads (> {HW_ONLY_MAX_THREADS}) share the work"
+
+    def as_kwargs(self, *, region: bool = False, load: float | None = None) -> dict[str, Any]:
         """The hints as keyword arguments of DALI's ``mixed`` image decoders.
 
         ``region``: the decoder decodes a window of each image (random crop, slice),
         where the default leaves fancy upsampling off (see the class docstring).
+        ``load``: the ``hw_decoder_load`` chosen for this pipeline (:meth:`chosen_load`)
+        when the hints leave it ``None``; DALI's default without either.
         """
         fancy = self.jpeg_fancy_upsampling
         if fancy is None:
             fancy = not region
+        if load is None:
+            load = DALI_HW_DECODER_LOAD if self.hw_decoder_load is None else self.hw_decoder_load
         return {
-            "hw_decoder_load": self.hw_decoder_load,
+            "hw_decoder_load": load,
             "device_memory_padding": self.device_memory_padding,
             "host_memory_padding": self.host_memory_padding,
             "preallocate_width_hint": self.preallocate_width_hint,

@@ -9,6 +9,7 @@ numbers stay on the CPU because DALI takes argument inputs from the CPU only.
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from typing import Any, Iterator, Sequence
 
@@ -16,9 +17,13 @@ import nvidia.dali.fn as fn
 import nvidia.dali.math as dali_math
 import nvidia.dali.types as types
 from nvidia.dali.data_node import DataNode
+from nvidia.dali.pipeline import Pipeline
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
 from dali_pipes.pipelines.config import CAST_AFTER_DALI, ColorJitter, DecoderHints
+from dali_pipes.settings import has_hw_decoder
+
+log = logging.getLogger(__name__)
 
 _DALI_DTYPES = {name: getattr(types, DALI_TYPE_NAMES[name]) for name in ("float16", "float32", "uint8")}
 # DALI has no bfloat16: the graph ends in float32 and the loader casts (see _ImageOutput.output_casts).
@@ -37,7 +42,28 @@ def _decoder_device(device: str) -> str:
 
 def _decoder_kwargs(device: str, hints: DecoderHints, *, region: bool = False) -> dict:
     # The memory hints only mean something to the mixed decoder.
-    return hints.as_kwargs(region=region) if device == "gpu" else {}
+    if device != "gpu":
+        return {}
+    load = None
+    if hints.hw_decoder_load is None:
+        pipe = Pipeline.current()
+        threads = pipe.num_threads if pipe is not None else 1
+        load, why = hints.chosen_load(threads=threads, hw_decoder=has_hw_decoder(pipe.device_id if pipe else None))
+        _log_choice_once(
+            f"GPU JPEG decoder: hw_decoder_load {load:g} ({why}); set DecoderHints(hw_decoder_load=...) "
+            "or run 'dali-pipes tune --decoder-only' to measure it here"
+        )
+    return hints.as_kwargs(region=region, load=load)
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_choice_once(message: str) -> None:
+    """Log a choice the first time it is made in this process (every pipeline of a job makes the same one)."""
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        log.info("%s", message)
 
 
 def decode(encoded: DataNode, *, device: str, hints: DecoderHints) -> DataNode:

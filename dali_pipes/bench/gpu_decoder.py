@@ -1,0 +1,97 @@
+"""The GPU decoder split and the feed behind it (``dali-pipes bench DATASET --suite gpu-decoder``).
+
+On a GPU with hardware JPEG decoders (A100, H100, H200 and later), DALI's
+``mixed`` decoder sends ``hw_decoder_load`` of the JPEGs to the hardware engines
+and the rest to nvJPEG's CUDA path, whose Huffman decoding runs on the pipeline's
+CPU threads; the threads also serve the feed. This suite shows what each choice
+is worth, side by side in one run, the training graph of the main suite on the GPU:
+
+- ``DALI readers.file gpu``: DALI's own reader over the original files, at DALI's
+  default load (0.65) and at 1.0: a plain DALI pipeline as its documentation shows;
+- ``dali-pipes gpu``: this package's loader with its defaults (the load chosen for
+  the machine, :meth:`~dali_pipes.pipelines.DecoderHints.chosen_load`, and the reader
+  processes :func:`~dali_pipes.loading.options.default_py_num_workers` chooses), then
+  at DALI's default load, then reading in the loader's process (``py_num_workers=0``)
+  and with 8 reader processes.
+
+The summary gives our defaults against the plain pipeline at DALI's default and at
+1.0. GPU only: on a machine without CUDA every row is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.interleave import run_jobs
+from dali_pipes.bench.jobs import anchor_job, dali_job, suite_report
+from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.runner import Job, Target, TimingPlan
+from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
+
+OURS, ANCHOR = "dali-pipes gpu", "DALI readers.file gpu"
+
+
+def gpu_decoder_suite(
+    inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool
+) -> BenchReport:
+    """Our loader's defaults against plain DALI at both decoder loads, and what each default is worth."""
+    jobs = [
+        _at_load(anchor_job(ANCHOR, _with_load(inputs, DALI_HW_DECODER_LOAD), "gpu", target), DALI_HW_DECODER_LOAD),
+        _at_load(anchor_job(ANCHOR, _with_load(inputs, 1.0), "gpu", target), 1.0),
+        dali_job(OURS, inputs, "gpu", target),
+        _at_load(dali_job(OURS, _with_load(inputs, DALI_HW_DECODER_LOAD), "gpu", target), DALI_HW_DECODER_LOAD),
+    ]
+    for workers in (0, 8):
+        if inputs.loader_settings.get("py_num_workers") != workers:
+            settings = {**inputs.loader_settings, "py_num_workers": workers}
+            jobs.append(dali_job(OURS, dataclasses.replace(inputs, loader_settings=settings), "gpu", target))
+    report = suite_report(
+        "gpu-decoder",
+        "the GPU decoder split and the feed: random-resized crop 224, flip, colour jitter, normalise on the GPU",
+        inputs,
+        run_jobs(jobs, plan, target, progress=progress, title="bench gpu-decoder"),
+        reference=f"{ANCHOR}",
+        columns=("gpu_mb",),
+    )
+    report.summary = _summary(report, inputs.loader_settings)
+    report.notes.append(
+        "hw_decoder_load: the share of JPEGs for the hardware decoder; a dali-pipes row without it chose its own "
+        "(logged once by dali_pipes.pipelines.ops); py_num_workers: reader processes (0: the loader's own thread)"
+    )
+    return report
+
+
+def _with_load(inputs: BenchInputs, load: float) -> BenchInputs:
+    spec = inputs.spec
+    decoder = dataclasses.replace(spec.decoder, hw_decoder_load=load)
+    return dataclasses.replace(inputs, spec=dataclasses.replace(spec, decoder=decoder))
+
+
+def _at_load(job: Job, load: float) -> Job:
+    job.params["hw_decoder_load"] = load
+    return job
+
+
+def _summary(report: BenchReport, settings: dict[str, Any]) -> dict[str, Any]:
+    ours = report.row(OURS, **settings)
+
+    def against(load: float) -> float | None:
+        anchor = report.row(ANCHOR, hw_decoder_load=load)
+        if ours is None or anchor is None or ours.images_per_s is None or anchor.images_per_s is None:
+            return None
+        return ours.images_per_s / anchor.images_per_s
+
+    return {
+        f"{OURS} defaults / {ANCHOR} at DALI's default load": {
+            "value": against(DALI_HW_DECODER_LOAD),
+            "unit": "x",
+            "target": "at least 1.0x",
+        },
+        f"{OURS} defaults / {ANCHOR} at hw_decoder_load=1": {
+            "value": against(1.0),
+            "unit": "x",
+            "target": "at least 1.0x",
+        },
+    }
