@@ -20,6 +20,7 @@ from nvidia.dali.data_node import DataNode
 from nvidia.dali.pipeline import Pipeline
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
+from dali_pipes.pipelines import cpu_resize
 from dali_pipes.pipelines.config import CAST_AFTER_DALI, ColorJitter, DecoderHints
 from dali_pipes.settings import has_hw_decoder
 
@@ -142,6 +143,8 @@ def resize_to(
     output pixel whatever the scale (as OpenCV's ``INTER_LINEAR``, hence Albumentations,
     does): cheaper on the CPU, with aliasing on strong reductions.
     """
+    if device == "cpu" and isinstance(size, int) and interpolation == "bilinear" and cpu_resize.available():
+        return cpu_resize.resize(images, size, antialias=antialias)  # the same filter, 3x cheaper (issue 38)
     return fn.resize(
         images, device=device, size=_square(size), interp_type=interp_type(interpolation), antialias=antialias
     )
