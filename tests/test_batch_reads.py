@@ -242,3 +242,17 @@ def test_hdf5_map_joins_chunks_that_lie_end_to_end(tmp_path):
         for rows in (np.arange(10_000), np.unique(rng.integers(0, 10_000, 1024)), np.array([0]), np.array([9_999])):
             np.testing.assert_array_equal(mapped.take(rows), data[rows])
         mapped.close()
+
+
+def test_the_default_counts_the_cores_of_this_rank(monkeypatch):
+    import os
+
+    from dali_pipes.loading.options import cores_per_rank
+
+    mine = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert cores_per_rank() == mine
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's: two ranks share this node's cores
+    assert cores_per_rank() == max(1, mine // 2)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(mine * 8))
+    assert cores_per_rank() == 1

@@ -619,3 +619,33 @@ def test_the_gpu_decoder_suite_sets_our_defaults_beside_plain_dali_at_both_decod
     else:
         assert all("CUDA" in (row.skipped or "") for row in report.rows), [r.skipped for r in report.rows]
         assert values == [None, None]
+
+
+def test_the_rows_take_the_loaders_own_defaults_on_each_device_and_a_tuned_file_on_both(dataset, tmp_path):
+    from dali_pipes.bench.inputs import bench_inputs
+
+    inputs = bench_inputs(dataset, batch_size=BATCH, cores=16)
+    # LMDB batches: read in the loader's thread on the CPU, by reader processes where the GPU decodes (16 cores).
+    assert inputs.settings_for("cpu")["py_num_workers"] == 0
+    assert inputs.settings_for("gpu")["py_num_workers"] == 4
+    small = bench_inputs(dataset, batch_size=BATCH, cores=2)
+    assert small.settings_for("gpu")["py_num_workers"] == 0
+    tuned = tmp_path / "tuned.json"
+    tuned.write_text(
+        json.dumps({"kind": "dali-pipes-settings", "version": 1, "loader": {"py_num_workers": 2, "num_threads": 3}})
+    )
+    inputs = bench_inputs(dataset, batch_size=BATCH, cores=16, settings=tuned)
+    assert (
+        inputs.settings_for("cpu")
+        == inputs.settings_for("gpu")
+        == {"num_threads": 3, "py_num_workers": 2, "prefetch": 2}
+    )
+
+
+def test_repeats_below_one_are_refused_by_the_command_line(dataset, capsys):
+    from dali_pipes.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", str(dataset), "--repeats", "0"])
+    assert exit_info.value.code == 2
+    assert "--repeats: must be at least 1, got 0" in capsys.readouterr().err

@@ -152,7 +152,7 @@ def run_doctor(
     num_classes = len(classes) if classes else 1000
     net, optimizer = _training_model(model, num_classes, target)
     plan = _doctor_plan(steps, quick)
-    in_flight = dali_in_flight(inputs.loader_settings)
+    in_flight = dali_in_flight(inputs.settings_for(loader_device))
     per_job = plan.warmup_batches + plan.repeats * plan.min_batches
     step_s = _time_training_step(model, net, optimizer, batch_size, inputs.spec.size, num_classes, target)
     check_budget(
@@ -275,7 +275,8 @@ def _doctor_jobs(
     from dali_pipes.bench.streams import dali_loader_stream
     from dali_pipes.loading.loader import DALILoader
 
-    in_flight = dali_in_flight(inputs.loader_settings)
+    settings = inputs.settings_for(loader_device)
+    in_flight = dali_in_flight(settings)
 
     @contextlib.contextmanager
     def loader_factory():
@@ -286,7 +287,7 @@ def _doctor_jobs(
             shuffle=True,
             seed=0,
             device=loader_device,
-            **inputs.loader_settings,
+            **settings,
         )
         try:
             yield loader
@@ -302,7 +303,7 @@ def _doctor_jobs(
                 batch_size=batch_size,
                 device=loader_device,
                 target=target,
-                settings=inputs.loader_settings,
+                settings=settings,
             ),
             f"DALILoader alone on {loader_device}, batches delivered to {target.device}",
             in_flight=in_flight,

@@ -12,8 +12,8 @@ same DALI thread count and batch size:
 - ``dali-pipes feed``: :class:`~dali_pipes.DALILoader` over the shards with its
   defaults (exact per-rank epochs, ``is_pad``, record CRCs checked);
 - ``dali-pipes feed`` read the other way: by Python worker processes where the
-  default reads in the loader's process (2 cores), in the loader's process where
-  the default has workers (a machine with a GPU and 8 cores or more).
+  default reads in the loader's process (LMDB, HDF5), in the loader's process
+  where it has workers (the default where the GPU decodes, on 8 cores or more a rank).
 
 The summary gives our rate and CPU seconds per 1,000 images against DALI's
 reader: the goal is at least 1.0x its rate at no more CPU per image.
@@ -40,11 +40,11 @@ def feed_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
     feed = dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, 0))
     default_workers = inputs.loader_settings.get("py_num_workers", 0)
     jobs = [anchor_job(ANCHOR, feed, "cpu", target), dali_job(OURS, feed, "cpu", target)]
-    # The other way of reading: worker processes where the default reads in the loader's thread (2 cores), the
-    # loader's thread where the default has workers (a GPU machine's: its one thread fed too slowly there).
+    # The other way of reading: worker processes where the default reads in the loader's thread (LMDB, HDF5), the
+    # loader's thread where it has workers (another format, or a tuned file's workers).
     other = max(1, min(4, inputs.cores // 2)) if default_workers == 0 else 0
     settings = {**inputs.loader_settings, "py_num_workers": other}
-    jobs.append(dali_job(OURS, dataclasses.replace(feed, loader_settings=settings), "cpu", target))
+    jobs.append(dali_job(OURS, feed, "cpu", target, settings=settings))
     report = suite_report(
         "feed",
         "the feed alone: samples read and handed to DALI, nothing decoded (shapes of the encoded bytes)",

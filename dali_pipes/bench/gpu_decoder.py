@@ -43,10 +43,10 @@ def gpu_decoder_suite(
         dali_job(OURS, inputs, "gpu", target),
         _at_load(dali_job(OURS, _with_load(inputs, DALI_HW_DECODER_LOAD), "gpu", target), DALI_HW_DECODER_LOAD),
     ]
+    defaults = inputs.settings_for("gpu")
     for workers in (0, 8):
-        if inputs.loader_settings.get("py_num_workers") != workers:
-            settings = {**inputs.loader_settings, "py_num_workers": workers}
-            jobs.append(dali_job(OURS, dataclasses.replace(inputs, loader_settings=settings), "gpu", target))
+        if defaults.get("py_num_workers") != workers:
+            jobs.append(dali_job(OURS, inputs, "gpu", target, settings={**defaults, "py_num_workers": workers}))
     report = suite_report(
         "gpu-decoder",
         "the GPU decoder split and the feed: random-resized crop 224, flip, colour jitter, normalise on the GPU",
@@ -55,7 +55,7 @@ def gpu_decoder_suite(
         reference=f"{ANCHOR}",
         columns=("gpu_mb",),
     )
-    report.summary = _summary(report, inputs.loader_settings)
+    report.summary = _summary(report, defaults)
     report.notes.append(
         "hw_decoder_load: the share of JPEGs for the hardware decoder; a dali-pipes row without it chose its own "
         "(logged once by dali_pipes.pipelines.ops); py_num_workers: reader processes (0: the loader's own thread)"

@@ -33,6 +33,15 @@ class BenchInputs:
     images_root: Path | None = None
     loader_settings: dict[str, int] = field(default_factory=dict)
     rows: tuple[str, ...] = ()
+    #: The rows' settings on the GPU, where they differ from ``loader_settings`` (:meth:`settings_for`).
+    gpu_loader_settings: dict[str, int] = field(default_factory=dict)
+
+    def settings_for(self, device: str) -> dict[str, int]:
+        """The ``dali-pipes`` rows' loader settings on ``device``: a tuned file's as they are, else the
+        loader's own defaults there (reader processes on the GPU where the CPU reads in the loader's thread)."""
+        if device == "gpu" and self.gpu_loader_settings:
+            return dict(self.gpu_loader_settings)
+        return dict(self.loader_settings)
 
     @property
     def num_samples(self) -> int:
@@ -90,8 +99,7 @@ class BenchInputs:
 
 def default_loader_settings(cores: int, fmt: str, gpu: bool = False) -> dict[str, int]:
     """The ``dali-pipes`` rows' settings without a tuned file: DALI gets every core, as the DataLoader does;
-    the reader processes are the loader's own default for the dataset's format (on a machine with a GPU: for
-    images decoded there, the rows this benchmark is run there for)."""
+    the reader processes are the loader's own default for the dataset's format (``gpu``: for images decoded there)."""
     from dali_pipes.loading.options import default_py_num_workers
 
     workers = default_py_num_workers(fmt, True, cores, gpu_images=gpu)
@@ -128,11 +136,14 @@ def bench_inputs(
             f"{dataset}: {manifest.num_samples} samples is less than one batch of {batch_size}; use a smaller --batch-size"
         )
     spec = ClassificationTrain(size=224, dtype=dtype)
-    loader_settings = default_loader_settings(cores, manifest.format, gpu=_cuda_available())
+    loader_settings = default_loader_settings(cores, manifest.format)
+    gpu_settings = default_loader_settings(cores, manifest.format, gpu=True)
     if settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
 
-        loader_settings.update(load_settings(settings))
+        tuned = load_settings(settings)
+        loader_settings.update(tuned)
+        gpu_settings.update(tuned)
         spec = apply_settings(spec, settings)
     root, reason = find_image_folder(dataset, manifest, images)
     files: tuple[tuple[Path, int], ...] = ()
@@ -152,13 +163,9 @@ def bench_inputs(
                     len(files),
                     manifest.num_samples,
                 )
-    return BenchInputs(dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings, tuple(rows))
-
-
-def _cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
+    return BenchInputs(
+        dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings, tuple(rows), gpu_settings
+    )
 
 
 def find_image_folder(

@@ -115,9 +115,13 @@ def run_interleaved(
 def _log_round(title: str, number: int, rounds: int, jobs: Sequence[Job], windows: dict[int, list[Window]]) -> None:
     """One line per round with every row's windows so far: a run cut short (a lease's limit) still reports."""
     figures = []
+    names = [job.name for job in jobs]
     for i, taken in sorted(windows.items()):
         rates = ", ".join(f"{w.images / w.seconds:,.0f}" for w in taken if w.seconds > 0)
-        figures.append(f"{jobs[i].name}: {rates or 'failed'}")
+        label = jobs[i].name
+        if names.count(label) > 1:  # rows of one name differ by their settings: say which this is
+            label += " [" + " ".join(f"{k}={v}" for k, v in jobs[i].params.items()) + "]"
+        figures.append(f"{label}: {rates or 'failed'}")
     log.info("%s: round %d of %d, images/s of each window so far: %s", title, number, rounds, "; ".join(figures))
 
 

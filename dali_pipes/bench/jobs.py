@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, machine_description
@@ -26,11 +26,19 @@ def suite_report(suite: str, title: str, inputs: BenchInputs, rows: list, **kwar
 
 
 def dali_job(
-    name: str, inputs: BenchInputs, device: str, target: Target, dataset: Path | None = None, **params: Any
+    name: str,
+    inputs: BenchInputs,
+    device: str,
+    target: Target,
+    dataset: Path | None = None,
+    settings: Mapping[str, int] | None = None,
+    **params: Any,
 ) -> Job:
-    """A row of this package's loader over ``dataset`` (default: the inputs'), on ``device``."""
+    """A row of this package's loader over ``dataset`` (default: the inputs'), on ``device``, with ``settings``
+    (default: the inputs' for that device, :meth:`BenchInputs.settings_for`)."""
     from dali_pipes.bench.streams import dali_loader_stream
 
+    settings = dict(inputs.settings_for(device) if settings is None else settings)
     factory = functools.partial(
         dali_loader_stream,
         dataset or inputs.dataset,
@@ -38,15 +46,15 @@ def dali_job(
         batch_size=params.get("batch_size", inputs.batch_size),
         device=device,
         target=target,
-        settings=inputs.loader_settings,
+        settings=settings,
     )
     where = "the GPU (mixed decoder)" if device == "gpu" else "the CPU"
-    in_flight = dali_in_flight(inputs.loader_settings)
+    in_flight = dali_in_flight(settings)
     return Job(
         name,
         factory,
         f"DALILoader over the shards, decode and augment on {where}",
-        {**inputs.loader_settings, **params},
+        {**settings, **params},
         in_flight=in_flight,
         runs_dali=True,
     )

@@ -92,11 +92,11 @@ def masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bo
                 batch_size=inputs.batch_size,
                 device=device,
                 target=target,
-                settings=inputs.loader_settings,
+                settings=inputs.settings_for(device),
             )
-            params = {**inputs.loader_settings, "device": device}
+            params = {**inputs.settings_for(device), "device": device}
             description = f"DALILoader, {type(spec).__name__} on the {device.upper()}"
-            jobs.append(Job(name, factory, description, params, in_flight=dali_in_flight(inputs.loader_settings)))
+            jobs.append(Job(name, factory, description, params, in_flight=dali_in_flight(inputs.settings_for(device))))
     rows = run_jobs(jobs, plan, target, progress=progress, title="bench masks")
     context = {
         "dataset": str(inputs.dataset),

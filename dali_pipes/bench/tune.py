@@ -141,8 +141,11 @@ def tune(
     space = {} if decoder_only else candidates(inputs.cores, quick)
     loads, notes = _decoder_loads(device, quick)
     search = _Search(inputs, device, plan, Target(), progress)
-    start = {k: inputs.loader_settings[k] for k in LOADER_KEYS}
-    default = search.best_of([Trial(start, None if not loads else inputs.spec.decoder.hw_decoder_load)])
+    start = {k: inputs.settings_for(device)[k] for k in LOADER_KEYS}
+    # The load the spec would choose for the starting threads, pinned: left to choose per trial, it would change
+    # with num_threads during the search and be credited to the thread count.
+    start_load = inputs.spec.decoder.chosen_load(threads=start["num_threads"], hw_decoder=True)[0] if loads else None
+    default = search.best_of([Trial(start, start_load)])
     if default.images_per_s is None:
         raise ValueError(f"{dataset}: the loader failed with its default settings: {default.error}")
     best = default

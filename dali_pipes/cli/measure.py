@@ -101,12 +101,23 @@ def add_bench(commands) -> None:
     )
     p.add_argument(
         "--repeats",
-        type=int,
+        type=_positive_int,
         metavar="N",
         help="timed windows per row, the median reported (default: 5; 3 for a short GPU lease)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
+
+
+def _positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _row_names(text: str) -> tuple[str, ...]:

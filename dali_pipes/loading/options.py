@@ -56,7 +56,21 @@ def resolve_counts(
     return pipeline, int(threads), py_num_workers, int(prefetch)
 
 
-#: Reader processes for batch reads that feed the GPU decoder, on a machine of at least GPU_FEED_MIN_CORES cores.
+def cores_per_rank() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's), shared among the ranks of this
+    node (``LOCAL_WORLD_SIZE``, which torchrun sets): what one loader's defaults may count on."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    try:
+        local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
+    except ValueError:
+        local_ranks = 1
+    return max(1, cores // local_ranks)
+
+
+#: Reader processes for batch reads that feed the GPU decoder, on at least GPU_FEED_MIN_CORES cores per rank.
 GPU_FEED_WORKERS = 4
 GPU_FEED_MIN_CORES = 8
 
@@ -72,8 +86,8 @@ def default_py_num_workers(
     copy into shared memory and the same per-sample work in this process to take
     it back (``dali-pipes bench --suite feed`` measured the feed at 0.6x of
     ``fn.readers.file``'s rate with one worker on 2 cores). Where images are
-    decoded on the GPU (``gpu_images``) on a machine of at least
-    :data:`GPU_FEED_MIN_CORES` cores, the loader's one thread is the limit instead:
+    decoded on the GPU (``gpu_images``) with at least :data:`GPU_FEED_MIN_CORES`
+    cores per rank (``cpus``, default :func:`cores_per_rank`), the loader's one thread is the limit instead:
     DALI calls the source in the training loop's thread, which fed at most 25,500
     images/s on an H200's 16 cores where ``fn.readers.file`` fed 47,600, so the
     training graph ran at 17,700-19,700 images/s in-process and 21,900-24,100 with
@@ -84,7 +98,7 @@ def default_py_num_workers(
 
     if workers is not None:
         return workers
-    cpus = cpus or os.cpu_count() or 1
+    cpus = cpus or cores_per_rank()
     if batch_reads and reader_class(fmt).cheap_batch_reads:
         return GPU_FEED_WORKERS if gpu_images and cpus >= GPU_FEED_MIN_CORES else 0
     return max(1, min(4, cpus // 2))

@@ -31,8 +31,8 @@ log = logging.getLogger(__name__)
 _disabled = 0  # > 0 inside dali_resize_only()
 
 
-#: ``DALI_PIPES_CPU_RESIZE=dali`` keeps DALI's resize (no compile: for short jobs, and for the test suite, whose
-#: hundreds of processes would each compile it); ``numba`` (the default) uses this one where Numba imports.
+#: ``DALI_PIPES_CPU_RESIZE=dali`` keeps DALI's resize (no compile: for short jobs, where the first CPU loader's
+#: seconds of compiling outweigh what it saves); ``numba`` (the default) uses this one where Numba imports.
 ENV = "DALI_PIPES_CPU_RESIZE"
 CHOICES = ("numba", "dali")
 

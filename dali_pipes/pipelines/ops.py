@@ -144,7 +144,8 @@ def resize_to(
     does): cheaper on the CPU, with aliasing on strong reductions.
     """
     if device == "cpu" and isinstance(size, int) and interpolation == "bilinear" and cpu_resize.available():
-        return cpu_resize.resize(images, size, antialias=antialias)  # the same filter, 3x cheaper (issue 38)
+        # The same filter, 3x cheaper (issue 38); images here come from the RGB decoders: 3 channels, as it needs.
+        return cpu_resize.resize(images, size, antialias=antialias)
     return fn.resize(
         images, device=device, size=_square(size), interp_type=interp_type(interpolation), antialias=antialias
     )
