@@ -12,6 +12,7 @@ and this package's choices cost or save.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -19,6 +20,7 @@ from typing import Any, Iterator, Sequence
 from dali_pipes.bench.runner import Skipped, Target, delivered
 from dali_pipes.bench.streams import require_cuda
 from dali_pipes.pipelines import cpu_resize
+from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
 
 
 @contextlib.contextmanager
@@ -84,10 +86,6 @@ def as_plain_dali(spec: Any) -> Any:
     package chooses one for the machine (``DecoderHints.hw_decoder_load=None``),
     and the anchor must show what that choice is worth, not share it.
     """
-    import dataclasses
-
-    from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
-
     decoder = getattr(spec, "decoder", None)
     if decoder is None or decoder.hw_decoder_load is not None:
         return spec

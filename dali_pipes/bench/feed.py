@@ -30,6 +30,7 @@ from dali_pipes.bench.jobs import anchor_job, dali_job, suite_report
 from dali_pipes.bench.report import BenchReport
 from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.bench.stages import GraphPrefix
+from dali_pipes.loading.options import default_py_num_workers
 
 #: The rows' names.
 OURS, ANCHOR = "dali-pipes feed", "DALI readers.file feed"
@@ -42,7 +43,7 @@ def feed_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
     jobs = [anchor_job(ANCHOR, feed, "cpu", target), dali_job(OURS, feed, "cpu", target)]
     # The other way of reading: worker processes where the default reads in the loader's thread (LMDB, HDF5), the
     # loader's thread where it has workers (another format, or a tuned file's workers).
-    other = max(1, min(4, inputs.cores // 2)) if default_workers == 0 else 0
+    other = default_py_num_workers(inputs.manifest.format, False, inputs.cores) if default_workers == 0 else 0
     settings = {**inputs.loader_settings, "py_num_workers": other}
     jobs.append(dali_job(OURS, feed, "cpu", target, settings=settings))
     report = suite_report(

@@ -20,14 +20,13 @@ The summary gives our defaults against the plain pipeline at DALI's default and 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.jobs import anchor_job, dali_job, suite_report
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Target, TimingPlan
+from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
 
 OURS, ANCHOR = "dali-pipes gpu", "DALI readers.file gpu"
@@ -37,11 +36,12 @@ def gpu_decoder_suite(
     inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool
 ) -> BenchReport:
     """Our loader's defaults against plain DALI at both decoder loads, and what each default is worth."""
+    dali_default = DALI_HW_DECODER_LOAD
     jobs = [
-        _at_load(anchor_job(ANCHOR, _with_load(inputs, DALI_HW_DECODER_LOAD), "gpu", target), DALI_HW_DECODER_LOAD),
-        _at_load(anchor_job(ANCHOR, _with_load(inputs, 1.0), "gpu", target), 1.0),
+        anchor_job(ANCHOR, inputs.with_decoder_load(dali_default), "gpu", target, hw_decoder_load=dali_default),
+        anchor_job(ANCHOR, inputs.with_decoder_load(1.0), "gpu", target, hw_decoder_load=1.0),
         dali_job(OURS, inputs, "gpu", target),
-        _at_load(dali_job(OURS, _with_load(inputs, DALI_HW_DECODER_LOAD), "gpu", target), DALI_HW_DECODER_LOAD),
+        dali_job(OURS, inputs.with_decoder_load(dali_default), "gpu", target, hw_decoder_load=dali_default),
     ]
     defaults = inputs.settings_for("gpu")
     for workers in (0, 8):
@@ -61,17 +61,6 @@ def gpu_decoder_suite(
         "(logged once by dali_pipes.pipelines.ops); py_num_workers: reader processes (0: the loader's own thread)"
     )
     return report
-
-
-def _with_load(inputs: BenchInputs, load: float) -> BenchInputs:
-    spec = inputs.spec
-    decoder = dataclasses.replace(spec.decoder, hw_decoder_load=load)
-    return dataclasses.replace(inputs, spec=dataclasses.replace(spec, decoder=decoder))
-
-
-def _at_load(job: Job, load: float) -> Job:
-    job.params["hw_decoder_load"] = load
-    return job
 
 
 def _summary(report: BenchReport, settings: dict[str, Any]) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass, field
@@ -42,6 +43,11 @@ class BenchInputs:
         if device == "gpu" and self.gpu_loader_settings:
             return dict(self.gpu_loader_settings)
         return dict(self.loader_settings)
+
+    def with_decoder_load(self, load: float) -> "BenchInputs":
+        """These inputs with the spec's GPU decoder sending ``load`` of the JPEGs to the hardware decoder."""
+        decoder = dataclasses.replace(self.spec.decoder, hw_decoder_load=load)
+        return dataclasses.replace(self, spec=dataclasses.replace(self.spec, decoder=decoder))
 
     @property
     def num_samples(self) -> int:

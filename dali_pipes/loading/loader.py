@@ -81,8 +81,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
     CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
     processes reading the store (0: read in the main process; by default 0 for LMDB and HDF5,
-    whose batches are copied straight out of the mapped shards, but 4 where the GPU decodes images on a
-    machine of 8 cores or more, a few for other formats: ``default_py_num_workers``), ``prefetch`` the
+    whose batches are copied straight out of the mapped shards, but 4 where the GPU decodes images with
+    8 cores or more per rank, a few for other formats: ``default_py_num_workers``), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
     (``"fork"``, or ``"spawn"``; by default fork, or spawn once the CUDA driver is
     initialised in this process, which DALI cannot fork: ``torch.cuda.is_available()``
