@@ -20,10 +20,18 @@ life of the child (never destroyed there, so nothing waits), and their pools
 are marked closed (so nothing is written to the parent's pipes). The parent's
 pipelines are untouched. A loader is never usable in a process forked from the
 one that made it; make a new one there.
+
+The garbage collector is paused from just before the fork until the child has
+disowned them: Python runs ``threading``'s own fork handler, and any registered
+before ours, first, and a collection they set off could otherwise free a loader
+held only by a reference cycle there, before it is disowned (seen: one run in a
+few hung, under load, in the pipeline's destructor called from
+``threading._after_fork``).
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import os
 import sys
@@ -36,6 +44,8 @@ _TRACKED: weakref.WeakSet = weakref.WeakSet()
 #: In a forked child: the inherited DALI objects that must never be destroyed there.
 _DISOWNED: list[Any] = []
 _lock = threading.Lock()
+#: Whether the garbage collector was enabled when :func:`_pause_collector` paused it for a fork.
+_collector_was_enabled = False
 
 
 def track(pipe: Any) -> None:
@@ -49,13 +59,29 @@ def track(pipe: Any) -> None:
         _TRACKED.add(pipe)
 
 
+def _pause_collector() -> None:
+    """Before a fork: no garbage collection until the child has disowned what it inherits (if anything)."""
+    global _collector_was_enabled
+    _collector_was_enabled = bool(_TRACKED) and gc.isenabled()
+    if _collector_was_enabled:
+        gc.disable()
+
+
+def _resume_collector() -> None:
+    if _collector_was_enabled:
+        gc.enable()
+
+
 def _disown_after_fork() -> None:
     """In a forked child: make every inherited tracked pipeline inert (see the module docstring)."""
     global _lock
     _lock = threading.Lock()  # another thread of the parent may have held it at the fork
-    for pipe in list(_TRACKED):
-        disown(pipe)
-    _TRACKED.clear()
+    try:
+        for pipe in list(_TRACKED):
+            disown(pipe)
+        _TRACKED.clear()
+    finally:
+        _resume_collector()
 
 
 def disown(pipe: Any) -> None:
@@ -75,7 +101,7 @@ def disown(pipe: Any) -> None:
         procs._observer = None  # closing it would write to the parent's observer pipe
 
 
-os.register_at_fork(after_in_child=_disown_after_fork)
+os.register_at_fork(before=_pause_collector, after_in_parent=_resume_collector, after_in_child=_disown_after_fork)
 
 
 def import_in_thread(*modules: str) -> None:
