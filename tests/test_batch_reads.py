@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -256,3 +261,54 @@ def test_the_default_counts_the_cores_of_this_rank(monkeypatch):
     assert cores_per_rank() == max(1, mine // 2)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(mine * 8))
     assert cores_per_rank() == 1
+
+
+#: How long a batch's read waits for the others before it gives up on meeting them (only a failure waits it out).
+MEET_WITHIN_S = 60.0
+
+
+@dataclass(frozen=True)
+class Meeting:
+    """Per-batch inputs that mark each batch's read in ``folder`` and wait there for ``parties`` batches.
+
+    Run by the source wherever it reads, so in the reader processes: a batch's ``met`` is 1 when ``parties``
+    batches were being read at the same moment, 0 when it gave up waiting for them.
+    """
+
+    folder: str
+    parties: int
+    outputs: tuple = (("met", "int32", 0),)
+    names: tuple = ("met",)
+
+    def make(self, *, seed, rank, epoch, batch, size, is_pad):
+        Path(self.folder, f"{epoch}-{batch}").touch()
+        deadline = time.monotonic() + MEET_WITHIN_S
+        while len(os.listdir(self.folder)) < self.parties and time.monotonic() < deadline:
+            time.sleep(0.01)
+        met = len(os.listdir(self.folder)) >= self.parties
+        return [np.full(len(is_pad), met, dtype=np.int32)]
+
+
+@dataclass(frozen=True)
+class MeetingSpec:
+    """The label, and each batch's ``met``."""
+
+    batch_inputs: Meeting
+    required_fields: tuple[str, ...] = ("label",)
+    needs_conditionals: bool = False
+
+    def build(self, inputs, *, device):
+        return {"label": inputs["label"], "met": inputs["met"]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers", [3, 4])
+def test_every_reader_process_reads_a_batch_at_once(datasets, tmp_path, workers):
+    # DALI gives each batch of a batch-mode source to one reader process, and hands out only as many batches
+    # as the source's prefetch depth: with 4 processes and the loader's prefetch of 2, two of them idled.
+    meeting = Meeting(str(tmp_path), parties=workers)
+    with DALILoader(
+        datasets["lmdb", "arrays"], MeetingSpec(meeting), batch_size=2, device="cpu", py_num_workers=workers, prefetch=2
+    ) as loader:
+        met = [int(batch["met"][0]) for batch in loader]
+    assert len(met) == 12 and met[:workers] == [1] * workers, met

@@ -91,7 +91,10 @@ def default_py_num_workers(
     DALI calls the source in the training loop's thread, which fed at most 25,500
     images/s on an H200's 16 cores where ``fn.readers.file`` fed 47,600, so the
     training graph ran at 17,700-19,700 images/s in-process and 21,900-24,100 with
-    :data:`GPU_FEED_WORKERS` workers (8: 23,200); issue 35. Other formats and
+    :data:`GPU_FEED_WORKERS` workers (8: 23,200); issue 35. Those figures were
+    taken while DALI handed out only ``prefetch`` (2) batches at once, so two of
+    the processes idled; the source now keeps one batch in flight per process
+    (``pipeline_build.source_options``), which has not yet run on a GPU. Other formats and
     per-sample reads get a few workers, leaving cores for the training process.
     """
     from dali_pipes.stores import reader_class
