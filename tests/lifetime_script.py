@@ -59,12 +59,20 @@ def train(dataset: str, hold: str) -> list[int]:
     pids = loader.worker_pids
     if hold == "cycle":
         _HELD.append(loader)
-        os.register_at_fork(before=_drop_in_a_young_cycle)  # runs before dali_pipes' (reverse order)
+        # Registered after dali_pipes' handlers: this before handler runs ahead of theirs (reverse order), the
+        # after handlers behind theirs, once the child has disowned the pipeline.
+        os.register_at_fork(
+            before=_drop_in_a_young_cycle, after_in_parent=_usual_collector, after_in_child=_usual_collector
+        )
     return pids
 
 
 #: The loader ``cycle`` drops in a reference cycle of its own at the next fork.
 _HELD: list = []
+
+
+#: The collector's thresholds before :func:`_drop_in_a_young_cycle` made it run at every allocation.
+_USUAL_THRESHOLD = gc.get_threshold()
 
 
 def _drop_in_a_young_cycle() -> None:
@@ -73,6 +81,11 @@ def _drop_in_a_young_cycle() -> None:
         holder: dict = {"loader": _HELD.pop()}
         holder["self"] = holder  # only the garbage collector can free this
         gc.set_threshold(1)
+
+
+def _usual_collector() -> None:
+    """After the fork, in both processes: collections as usual again (a threshold of 1 would slow them down)."""
+    gc.set_threshold(*_USUAL_THRESHOLD)
 
 
 def resources() -> dict:

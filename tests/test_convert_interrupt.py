@@ -102,10 +102,11 @@ def _check_interrupted_then_resumed(args: list[str], out: Path, moment: str, exp
     caught = "interrupted; run the same command again to continue" in stderr
     if code == -signal.SIGINT and caught:
         # Caught and reported (the job stopped as it should), yet the process then ended by SIGINT, which the
-        # shell shows as 130 all the same. Seen about once in 80 runs of the single-process tfrecord case at
-        # 'writing', the Ctrl-C raised inside the eval() of a namedtuple that PIL's lazy import made; not
-        # understood (CPython ends a process by SIGINT at exit when it took a KeyboardInterrupt as unhandled,
-        # but an eval() raising one, caught, then sys.exit(130), exits 130 when tried alone).
+        # shell shows as 130 all the same: CPython (pythonrun.c, run_eval_code_obj) marks a KeyboardInterrupt
+        # that leaves an eval() or exec() of a string as unhandled until the next such call clears the mark,
+        # and Py_RunMain then ends the process by SIGINT whatever it exits with. Seen about once in 80 runs
+        # of the single-process tfrecord case at 'writing': the Ctrl-C landed inside the eval() with which
+        # namedtuple builds its __new__, during PIL's lazy import.
         code = 130
     if code == -signal.SIGINT:
         # Python's own end for a Ctrl-C that lands where no Python code can catch it: while the interpreter

@@ -126,3 +126,24 @@ def test_a_loader_left_part_way_or_failed_is_freed_when_dropped_without_the_garb
         assert ref() is None
     finally:
         gc.enable()
+
+
+def test_forks_from_two_threads_at_once_leave_the_collector_as_it_was():
+    import gc
+
+    from dali_pipes.loading import lifetime
+
+    # The fork handlers, in the order two overlapping forks run them in the parent: the collector is
+    # back on only after the second fork, and stays off for a user who had turned it off.
+    was_enabled = gc.isenabled()
+    try:
+        for user_enabled in (True, False):
+            (gc.enable if user_enabled else gc.disable)()
+            lifetime._pause_collector()
+            lifetime._pause_collector()
+            lifetime._resume_collector()
+            assert not gc.isenabled()  # the other fork is still under way
+            lifetime._resume_collector()
+            assert gc.isenabled() == user_enabled
+    finally:
+        (gc.enable if was_enabled else gc.disable)()

@@ -44,8 +44,10 @@ _TRACKED: weakref.WeakSet = weakref.WeakSet()
 #: In a forked child: the inherited DALI objects that must never be destroyed there.
 _DISOWNED: list[Any] = []
 _lock = threading.Lock()
-#: Whether the garbage collector was enabled when :func:`_pause_collector` paused it for a fork.
-_collector_was_enabled = False
+#: Forks under way in this process (threads may fork at once), and whether the collector runs after them.
+_pauses = 0
+_collect_after = False
+_pause_lock = threading.Lock()
 
 
 def track(pipe: Any) -> None:
@@ -60,28 +62,41 @@ def track(pipe: Any) -> None:
 
 
 def _pause_collector() -> None:
-    """Before a fork: no garbage collection until the child has disowned what it inherits (if anything)."""
-    global _collector_was_enabled
-    _collector_was_enabled = bool(_TRACKED) and gc.isenabled()
-    if _collector_was_enabled:
-        gc.disable()
+    """Before a fork: no garbage collection until the child has disowned what it inherits.
+
+    Counted, because two threads may fork at once: the collector runs again when
+    the last of them is done, and only if it ran before the first.
+    """
+    global _pauses, _collect_after
+    with _pause_lock:
+        if _pauses == 0:
+            _collect_after = gc.isenabled()
+            gc.disable()
+        _pauses += 1
 
 
 def _resume_collector() -> None:
-    if _collector_was_enabled:
-        gc.enable()
+    """After a fork, in the parent (a failed fork included)."""
+    global _pauses
+    with _pause_lock:
+        _pauses -= 1
+        if _pauses == 0 and _collect_after:
+            gc.enable()
 
 
 def _disown_after_fork() -> None:
     """In a forked child: make every inherited tracked pipeline inert (see the module docstring)."""
-    global _lock
-    _lock = threading.Lock()  # another thread of the parent may have held it at the fork
+    global _lock, _pause_lock, _pauses
+    _lock = threading.Lock()  # another thread of the parent may have held these at the fork
+    _pause_lock = threading.Lock()
     try:
         for pipe in list(_TRACKED):
             disown(pipe)
         _TRACKED.clear()
     finally:
-        _resume_collector()
+        _pauses = 0  # the parent's other forks under way are not this process's
+        if _collect_after:
+            gc.enable()
 
 
 def disown(pipe: Any) -> None:
