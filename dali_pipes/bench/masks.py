@@ -84,6 +84,7 @@ def masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bo
     without, with_masks, what = mask_specs(inputs.manifest.fields)
     jobs = []
     for device in ("gpu", "cpu"):
+        settings = inputs.settings_for(device)
         for name, spec in ((WITHOUT, without), (WITH, with_masks)):
             factory = functools.partial(
                 spec_stream,
@@ -92,11 +93,11 @@ def masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bo
                 batch_size=inputs.batch_size,
                 device=device,
                 target=target,
-                settings=inputs.settings_for(device),
+                settings=settings,
             )
-            params = {**inputs.settings_for(device), "device": device}
+            params = {**settings, "device": device}
             description = f"DALILoader, {type(spec).__name__} on the {device.upper()}"
-            jobs.append(Job(name, factory, description, params, in_flight=dali_in_flight(inputs.settings_for(device))))
+            jobs.append(Job(name, factory, description, params, in_flight=dali_in_flight(settings)))
     rows = run_jobs(jobs, plan, target, progress=progress, title="bench masks")
     context = {
         "dataset": str(inputs.dataset),
