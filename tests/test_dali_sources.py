@@ -147,7 +147,7 @@ def test_the_control_file_belongs_to_its_creator():
     clone = pickle.loads(pickle.dumps(control))
     clone.close()  # an attached copy never deletes it
     control.publish(0, 1, 2)
-    assert clone.values.tolist() == [0, 1, 2, 0, 0]  # (dali_epoch, epoch, start, cancelled, size)
+    assert clone.values.tolist() == [0, 1, 2, 0, 0, 0, 0]  # (dali_epoch, epoch, start, cancelled, size, first, chained)
     control.close()
     assert not os.path.exists(control.path)
 

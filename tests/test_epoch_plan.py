@@ -99,7 +99,7 @@ def test_the_loader_publishes_exactly_the_sampling_order(dataset, world):
             seen = np.concatenate([batch["index"].numpy() for batch in loader])
             expected, expected_pad = rank_indices(N, 4, world.rank, world.world_size, epoch, 7, start=start)
             assert seen.tolist() == expected.tolist()
-            plan = read_plan(plan_path(loader._control.path), loader._dali_epoch)
+            plan = read_plan(plan_path(loader._control.path), loader._chain.dali_epoch)
             assert plan is not None
             assert plan[0][: len(expected)].tolist() == expected.tolist()
             assert plan[1][: len(expected)].tolist() == expected_pad.tolist()

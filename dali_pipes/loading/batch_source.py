@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from dali_pipes.loading.sources import _CANCELLED, _DALI_EPOCH, StoreSource
+from dali_pipes.loading.sources import StoreSource
 from dali_pipes.stores import StoreError
 
 __all__ = ["BatchStoreSource"]
@@ -39,14 +39,10 @@ class BatchStoreSource(StoreSource):
     """A picklable batch-mode ``fn.external_source`` callable: ``BatchInfo`` -> one batch of every output."""
 
     def __call__(self, batch_info: Any) -> tuple[Any, ...]:
-        dali_epoch = batch_info.epoch_idx
-        if dali_epoch != self._dali_epoch:
-            self._load_plan(dali_epoch)
-        values = self._values
         lo = batch_info.iteration * self.batch_size
-        if lo >= len(self._indices) or values[_CANCELLED] or values[_DALI_EPOCH] != dali_epoch:
-            raise StopIteration
-        indices = np.array(self._indices[lo : lo + self.batch_size], dtype=np.int64)
+        segment = self._locate(batch_info.epoch_idx, lo)  # StopIteration past the end
+        j = lo - segment.first  # a segment holds whole batches
+        indices = np.array(segment.plan.indices[j : j + self.batch_size], dtype=np.int64)
         batch = self._read(indices)
         out: list[Any] = []
         in_process = os.getpid() == self._owner_pid
@@ -62,11 +58,11 @@ class BatchStoreSource(StoreSource):
                 out.append(TensorListCPU(value, "", False))
             else:
                 out.append([np.asarray(v) for v in value])  # a DALI worker copies them into shared memory
-        out.append(np.array(self._is_pad[lo : lo + self.batch_size], dtype=bool))
+        out.append(np.array(segment.plan.is_pad[j : j + self.batch_size], dtype=bool))
         if self.with_index:
             out.append(indices)
         if self.batch_inputs is not None:
-            out.extend(self._batch_inputs(batch_info.iteration))
+            out.extend(self._batch_inputs(batch_info.iteration, segment))
         return tuple(out)
 
     def _read(self, indices: np.ndarray) -> dict[str, Any]:

@@ -28,11 +28,12 @@ from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.compat import BatchFormat, DataLoaderSurface
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
 from dali_pipes.loading.direct import DirectIterator, runs_without_dali
+from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.options import check_options, default_py_num_workers, device_description, resolve_counts
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
-from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, output_casts, pipeline_seed
+from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, output_casts, pipeline_seed, source_options
 from dali_pipes.loading.pipeline_build import required_fields as _required_fields
 from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
@@ -42,7 +43,6 @@ from dali_pipes.loading.store_setup import epoch_sampling, prepare_store
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool, on_stream_of_this_thread
 from dali_pipes.loading.world import detect_world, resolve_device
 from dali_pipes.sampling import WeightedSampling, num_batches, samples_consumed, samples_per_rank
-from dali_pipes.sampling import check_int as _check_int
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.loading.mixture import Mixture
@@ -183,7 +183,6 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             raise
         self._start(device_id)
 
-        self._dali_epoch = -1  # DALI's epoch_idx of the epoch last published to the source
         self._position = (0, 0)  # (epoch, global samples consumed) after the batches handed so far
         self._pending: tuple[int, int] | None = None  # set by set_epoch / load_state_dict
         self._pass: _Pass | None = None
@@ -231,8 +230,13 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         # A spec with no DALI work has no pipeline: the batch source's arrays, as tensors (loading/direct.py).
         if self._pipe is None:
             self._iterator = DirectIterator(self._source, self.output_names, device_id)
+            ahead = 0  # the source is read only when a batch is asked for
         else:
             self._iterator = dali_iterator(self._pipe, self.output_names)
+            depth = source_options(self._batch_reads, self._prefetch, self.py_num_workers)
+            ahead = read_ahead(self._prefetch, depth.get("prefetch_queue_depth", self._prefetch))
+        # Training epochs read on in one DALI epoch, without a refill between them (loading/epoch_chain.py).
+        self._chain = EpochChain(self._control, self._source, self._sizes, self.batches_per_epoch, ahead)
         # DALI stops its Python workers only when the pipeline is garbage collected or
         # at interpreter exit. A process started by multiprocessing (torch's mp.spawn)
         # joins its children *before* that, so live workers would hang its exit; this
@@ -315,26 +319,6 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             return self._pass.epoch
         return self._next_pass()[0]
 
-    def set_epoch(self, epoch: int) -> None:
-        """Make the next pass cover ``epoch`` (its order depends only on ``(seed, epoch)``).
-
-        Setting the epoch that :meth:`load_state_dict` restored keeps its resume
-        offset, so ``load_state_dict(...)`` followed by the usual
-        ``for epoch in range(start, end): loader.set_epoch(epoch); ...`` resumes mid-epoch.
-        """
-        epoch = _check_int("epoch", epoch, 0)
-        # A pending pass of this epoch is either a restored one (keep its offset) or (epoch, 0) already.
-        if self._pending is None or self._pending[0] != epoch:
-            self._pending = (epoch, 0)
-
-    def _next_pass(self) -> tuple[int, int]:
-        if self._pending is not None:
-            return self._pending
-        current = self._pass
-        if current is not None and 0 < current.handed < current.batches:
-            return current.epoch + 1, 0  # a pass left part-way: the next one starts the next epoch
-        return self._position
-
     # --- iteration ----------------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[Any]:
@@ -342,9 +326,11 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             raise LoaderError(f"{self.store.root}: this loader was closed")
         if self._failure is not None:
             raise LoaderError(f"{self.store.root}: this loader failed earlier and cannot continue: {self._failure}")
-        self._finish_pass()
         epoch, start = self._next_pass()
         self._pending = None
+        continues = self._chain.continues(epoch, start, after=self._pass)
+        if not continues:
+            self._finish_pass()
         batches = self._remaining_batches(start)
         per_rank = samples_per_rank(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch, start)
         self._pass = current = _Pass(epoch, start, batches, samples=per_rank)
@@ -352,17 +338,17 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         if batches == 0:
             self._position = (epoch + 1, 0)
             return iter(())
-        self._start_dali_epoch(epoch, start)
+        if continues:
+            self._chain.advance()  # DALI is reading this epoch already; publish the one after it
+        else:
+            self._start_dali_epoch(epoch, start)
         current.drained = False
         return self._batches(current)
 
     def _start_dali_epoch(self, epoch: int, start: int) -> None:
-        # Publish first: resetting the iterator is what makes DALI schedule the new epoch's samples.
-        self._dali_epoch += 1
-        # With this rank's order for the epoch, computed once here rather than in every worker.
-        size = self._sizes.size(epoch)  # a schedule's size for the epoch, fed to the graph per batch
-        self._control.publish(self._dali_epoch, epoch, start, plan=self._source.indices(epoch, start), size=size)
-        if self._dali_epoch > 0:
+        # Publish first (with this rank's order and a schedule's size for the epoch): resetting the
+        # iterator is what makes DALI schedule the new epoch's samples.
+        if self._chain.open(epoch, start) > 0:
             current = self._pass
             try:
                 # The reset schedules the new epoch's first tasks on the workers: a DALI call like next().
@@ -399,6 +385,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             yield self.batch_format.apply(
                 batch, last=current.handed == current.batches, layout=getattr(self.pipeline, "layout", "NCHW")
             )
+        if self._chain.follows:
+            return  # DALI reads on into the next epoch (loading/epoch_chain.py)
         # Collect DALI's end of epoch now, so that the next pass can reset at once.
         if self._next_batch(current) is not None:
             raise LoaderError(f"{self.store.root}: DALI yielded more batches than planned; this is a bug in dali-pipes")
@@ -446,12 +434,12 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         return self._caller.call(call, check, WATCH_INTERVAL)
 
     def _finish_pass(self) -> None:
-        """Bring DALI to the end of its epoch, cutting short a pass the user left part-way."""
+        """Bring DALI to the end of its epoch, cutting short a pass the user left part-way or one read on from."""
+        self._chain.end()
         current = self._pass
         if current is None or current.drained:
             return
-        if current.handed < current.batches:
-            self._control.cancel()
+        self._control.cancel()  # the samples DALI has not read yet end its epoch
         while self._next_batch(current) is not None:
             pass
 

@@ -26,6 +26,13 @@ sample only checks two integers.
 ``cancelled`` ends an epoch early: a loader whose user stopped iterating
 mid-epoch sets it, every later sample raises ``StopIteration``, and the loader
 only has to drain the few batches DALI had already prefetched.
+
+One DALI epoch can read several training epochs in a row, so that DALI never
+stops to refill its pipeline between them (:mod:`dali_pipes.loading.epoch_chain`):
+the control block then also holds the samples of the first plan (segment 0) and
+of each later one (``chained``, each a whole epoch); sample ``i`` past segment 0
+is in segment ``1 + (i - first) // chained``, whose plan file the loader wrote
+before DALI could ask for it. A segment not written ends the DALI epoch.
 """
 
 from __future__ import annotations
@@ -34,20 +41,21 @@ import mmap
 import os
 import tempfile
 import weakref
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
-from dali_pipes.loading.epoch_plan import plan_path, read_plan, remove_plan, write_plan
+from dali_pipes.loading.epoch_plan import Plan, plan_path, read_plan, remove_plan, segment_path, write_plan
 from dali_pipes.sampling import World, rank_indices, split_order
 from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError, select_fields
 
 __all__ = ["EpochControl", "StoreSource", "dali_output_types"]
 
-_DALI_EPOCH, _EPOCH, _START, _CANCELLED, _SIZE = range(5)
-_SLOTS = 5
+_DALI_EPOCH, _EPOCH, _START, _CANCELLED, _SIZE, _FIRST, _CHAINED = range(7)
+_SLOTS = 7
 
 
 #: Prefix of the tmpfs folder that holds a loader's control block and epoch plan.
@@ -101,7 +109,7 @@ class EpochControl:
 
     @property
     def values(self) -> np.ndarray:
-        """The live ``int64[5]`` view ``(dali_epoch, epoch, start, cancelled, size)``."""
+        """The live ``int64[7]`` view ``(dali_epoch, epoch, start, cancelled, size, first, chained)``."""
         if self._view is None or self._pid != os.getpid():
             with open(self.path, "r+b") as f:
                 mapped = mmap.mmap(f.fileno(), _SLOTS * 8)
@@ -116,23 +124,41 @@ class EpochControl:
         start: int,
         plan: tuple[np.ndarray, np.ndarray] | None = None,
         size: int = 0,
+        chained: int = 0,
     ) -> None:
         """Announce that DALI epoch ``dali_epoch`` covers ``epoch`` from global sample ``start``.
 
         ``plan``: this rank's ``(indices, is_pad)`` for it, written first to the
         shared plan file (:mod:`dali_pipes.loading.epoch_plan`) so that the workers map it
         instead of each computing the epoch order again. ``size``: the epoch's output
-        size, read by the per-batch inputs of the spec (0 when it has none).
+        size, read by the per-batch inputs of the spec (0 when it has none). ``chained``:
+        the samples of each later segment of this DALI epoch (:meth:`publish_segment`),
+        0 when it reads this one epoch only.
         """
         if plan is not None:
-            write_plan(plan_path(self.path), dali_epoch, *plan)
+            write_plan(plan_path(self.path), dali_epoch, *plan, epoch=epoch, start=start, size=size)
         values = self.values
         # The DALI epoch goes last: a worker that sees it also sees the rest.
         values[_EPOCH] = epoch
         values[_START] = start
         values[_CANCELLED] = 0
         values[_SIZE] = size
+        values[_FIRST] = 0 if plan is None else len(plan[0])
+        values[_CHAINED] = chained
         values[_DALI_EPOCH] = dali_epoch
+
+    def publish_segment(
+        self, dali_epoch: int, segment: int, epoch: int, plan: tuple[np.ndarray, np.ndarray], size: int = 0
+    ) -> None:
+        """Let DALI epoch ``dali_epoch`` read on into the whole of ``epoch`` as its segment ``segment`` (>= 1)."""
+        write_plan(segment_path(self.path, segment), dali_epoch, *plan, epoch=epoch, size=size)
+
+    def drop_segment(self, segment: int) -> None:
+        """Delete a segment's plan file that no reader needs any more (a worker mapping it keeps its copy)."""
+        try:
+            os.unlink(segment_path(self.path, segment))
+        except FileNotFoundError:
+            pass
 
     def cancel(self) -> None:
         """End the current DALI epoch early: every sample not yet read raises ``StopIteration``."""
@@ -145,6 +171,18 @@ class EpochControl:
             self._folder.close()
         if self._finalizer is not None:
             self._finalizer()
+
+
+@dataclass(frozen=True)
+class _Segment:
+    """A plan of the current DALI epoch and where it starts in it (a multiple of the batch size)."""
+
+    number: int
+    first: int
+    plan: Plan
+
+    def holds(self, i: int) -> bool:
+        return self.first <= i < self.first + len(self.plan.indices)
 
 
 class StoreSource:
@@ -199,37 +237,31 @@ class StoreSource:
     def _reset_cache(self) -> None:
         self._made: tuple[tuple[int, int], list[np.ndarray]] | None = None  # the last batch's per-batch inputs
         self._dali_epoch = -1
-        self._indices = np.empty(0, dtype=np.int64)
-        self._is_pad = np.empty(0, dtype=bool)
+        self._segment: _Segment | None = None  # the plan last read from
         self._values: np.ndarray | None = None  # this process's view of the control block
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         # Workers compute their own plan and map the control block themselves; never ship either.
-        state.update(
-            _dali_epoch=-1,
-            _indices=np.empty(0, dtype=np.int64),
-            _is_pad=np.empty(0, dtype=bool),
-            _values=None,
-            _made=None,
-        )
+        state.update(_dali_epoch=-1, _segment=None, _values=None, _made=None)
         return state
 
-    def _batch_inputs(self, iteration: int) -> list[np.ndarray]:
+    def _batch_inputs(self, iteration: int, segment: _Segment) -> list[np.ndarray]:
         """The spec's per-batch inputs of batch ``iteration`` of the current DALI epoch (each ``[B, ...]``)."""
         key = (self._dali_epoch, iteration)
         if self._made is None or self._made[0] != key:
-            values = self._values
+            plan = segment.plan
+            in_segment = iteration - segment.first // self.batch_size
             # The batch's number in the epoch, counted from the epoch's start: a resumed epoch draws as the whole one.
-            batch = int(values[_START]) // (self.batch_size * self.world.world_size) + iteration
-            lo = iteration * self.batch_size
+            batch = plan.start // (self.batch_size * self.world.world_size) + in_segment
+            lo = in_segment * self.batch_size
             arrays = self.batch_inputs.make(
                 seed=self.seed,
                 rank=self.world.rank,
-                epoch=int(values[_EPOCH]),
+                epoch=plan.epoch,
                 batch=batch,
-                size=int(values[_SIZE]),
-                is_pad=self._is_pad[lo : lo + self.batch_size],
+                size=plan.size,
+                is_pad=plan.is_pad[lo : lo + self.batch_size],
             )
             self._made = (key, arrays)
         return self._made[1]
@@ -272,22 +304,46 @@ class StoreSource:
         if values[_DALI_EPOCH] != dali_epoch:
             # A task of an epoch the loader already left; DALI discards its result.
             raise StopIteration
-        # The loader's plan for this epoch when it wrote one; computed here only without a loader.
-        plan = read_plan(plan_path(self.control.path), dali_epoch)
-        if plan is None:
-            plan = self.indices(int(values[_EPOCH]), int(values[_START]))
-        self._indices, self._is_pad = plan
+        self._segment = _Segment(0, 0, self._first_plan(dali_epoch))
         self._dali_epoch = dali_epoch
 
-    def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
-        dali_epoch = sample_info.epoch_idx
+    def _first_plan(self, dali_epoch: int) -> Plan:
+        # The loader's plan for this epoch when it wrote one; computed here only without a loader.
+        plan = read_plan(plan_path(self.control.path), dali_epoch)
+        if plan is not None:
+            return plan
+        values = self._values
+        epoch, start = int(values[_EPOCH]), int(values[_START])
+        return Plan(*self.indices(epoch, start), epoch, start, int(values[_SIZE]))
+
+    def _locate(self, dali_epoch: int, i: int) -> _Segment:
+        """The segment that holds sample ``i`` of DALI epoch ``dali_epoch``; ``StopIteration`` past the end."""
         if dali_epoch != self._dali_epoch:
             self._load_plan(dali_epoch)
         values = self._values
-        i = sample_info.idx_in_epoch
-        if i >= len(self._indices) or values[_CANCELLED] or values[_DALI_EPOCH] != dali_epoch:
+        if values[_CANCELLED] or values[_DALI_EPOCH] != dali_epoch:
             raise StopIteration
-        index = int(self._indices[i])
+        segment = self._segment
+        if segment.holds(i):
+            return segment
+        first, chained = int(values[_FIRST]), int(values[_CHAINED])
+        if i < first:  # back in the first plan (a worker that has read on already does not come back)
+            self._load_plan(dali_epoch)
+            return self._segment
+        if not chained:
+            raise StopIteration  # past the end of the one epoch this DALI epoch reads
+        number = 1 + (i - first) // chained
+        plan = read_plan(segment_path(self.control.path, number), dali_epoch)
+        if plan is None or len(plan.indices) != chained:
+            raise StopIteration  # not written: the loader ended the chain before this segment
+        self._segment = _Segment(number, first + (number - 1) * chained, plan)
+        return self._segment
+
+    def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
+        i = sample_info.idx_in_epoch
+        segment = self._locate(sample_info.epoch_idx, i)
+        j = i - segment.first
+        index = int(segment.plan.indices[j])
         try:
             # Only the fields the pipeline takes: the others are neither read nor decoded.
             sample = self.store.read(index, self.fields)
@@ -296,12 +352,13 @@ class StoreSource:
         except Exception as exc:  # noqa: BLE001 - a worker error must name its sample
             raise StoreError(f"{self.store.root}: sample {index}: cannot be read: {exc!r}") from exc
         out = [convert(sample[name]) for name, convert in self._converters]
-        out.append(np.array(self._is_pad[i]))
+        out.append(np.array(segment.plan.is_pad[j]))
         if self.with_index:
             out.append(np.array(index, dtype=np.int64))
         if self.batch_inputs is not None:
             row = sample_info.idx_in_batch
-            out.extend(np.array(a[row]) for a in self._batch_inputs(sample_info.iteration))  # copies, 0-d stays 0-d
+            inputs = self._batch_inputs(sample_info.iteration, segment)
+            out.extend(np.array(a[row]) for a in inputs)  # copies, 0-d stays 0-d
         return tuple(out)
 
 

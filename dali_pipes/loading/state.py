@@ -85,12 +85,33 @@ class Pass:
 
 
 class SavedPosition:
-    """``state_dict`` and ``load_state_dict`` of :class:`~dali_pipes.DALILoader` (mixed into it).
+    """``set_epoch``, ``state_dict`` and ``load_state_dict`` of :class:`~dali_pipes.DALILoader` (mixed into it),
+    and the pass they make next.
 
-    Needs the loader's ``_pending`` and ``_position`` (``(epoch, consumed)``), ``_sizes``
+    Needs the loader's ``_pending``, ``_pass`` and ``_position`` (``(epoch, consumed)``), ``_sizes``
     (a size schedule's record), ``store``, ``seed``, ``shuffle``, ``last_batch``,
     ``sampling`` and ``epoch_length``.
     """
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass cover ``epoch`` (its order depends only on ``(seed, epoch)``).
+
+        Setting the epoch that :meth:`load_state_dict` restored keeps its resume
+        offset, so ``load_state_dict(...)`` followed by the usual
+        ``for epoch in range(start, end): loader.set_epoch(epoch); ...`` resumes mid-epoch.
+        """
+        epoch = check_int("epoch", epoch, 0)
+        # A pending pass of this epoch is either a restored one (keep its offset) or (epoch, 0) already.
+        if self._pending is None or self._pending[0] != epoch:
+            self._pending = (epoch, 0)
+
+    def _next_pass(self) -> tuple[int, int]:
+        if self._pending is not None:
+            return self._pending
+        current = self._pass
+        if current is not None and 0 < current.handed < current.batches:
+            return current.epoch + 1, 0  # a pass left part-way: the next one starts the next epoch
+        return self._position
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader stands: the epoch and the global samples of it consumed so far.
