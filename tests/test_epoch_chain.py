@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
+import glob
 import time
 
 import numpy as np
 import pytest
+import torch
+from recipe_helpers import write_photo_dataset
 
-from dali_pipes import DALILoader
+from dali_pipes import DALILoader, Mix
+from dali_pipes.loading.epoch_plan import plan_path
 from dali_pipes.pipelines import ClassificationTrain, Features
 from dali_pipes.sampling import rank_indices
 
 from loader_helpers import write_dataset
 
 SEED = 5
+N = 122  # not a whole number of batches of 4, or of 8 on two ranks: every epoch ends with padding
 
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory):
-    return write_dataset(tmp_path_factory.mktemp("chain") / "images", 120, samples_per_shard=40)
+    return write_dataset(tmp_path_factory.mktemp("chain") / "images", N, samples_per_shard=40)
 
 
 def scheduled(epoch: int) -> int:
@@ -26,7 +31,9 @@ def scheduled(epoch: int) -> int:
 
 
 def expected(n: int, epoch: int, rank: int = 0, world_size: int = 1, start: int = 0) -> list[int]:
-    return rank_indices(n, 4, rank, world_size, epoch, SEED, start=start)[0].tolist()
+    """This rank's real samples of ``epoch`` from ``start``, in order (the wrap-around padding left out)."""
+    indices, is_pad = rank_indices(n, 4, rank, world_size, epoch, SEED, start=start)
+    return indices[~is_pad].tolist()
 
 
 def read(loader) -> tuple[list[int], set]:
@@ -55,7 +62,7 @@ def test_epochs_in_a_row_are_one_dali_epoch_with_each_epochs_order_and_size(imag
             if epoch % 2:
                 loader.set_epoch(epoch)  # the epoch that follows anyway: still read on
             indices, sizes = read(loader)
-            assert indices == [i for i in expected(120, epoch, rank, world) if i >= 0]
+            assert indices == expected(N, epoch, rank, world)
             assert sizes == {(scheduled(epoch), scheduled(epoch))}
         assert loader._chain.dali_epoch == 0  # one DALI epoch read all four: no reset, no refill
 
@@ -64,19 +71,57 @@ def test_any_other_next_pass_starts_a_new_dali_epoch_with_the_right_samples(imag
     with DALILoader(
         images, ClassificationTrain(size=32), batch_size=4, seed=SEED, device="cpu", py_num_workers=2, with_index=True
     ) as loader:
-        assert read(loader)[0] == expected(120, 0)
+        assert read(loader)[0] == expected(N, 0)
         loader.set_epoch(3)  # not the epoch DALI was reading on into
-        assert read(loader)[0] == expected(120, 3)
+        assert read(loader)[0] == expected(N, 3)
         assert loader._chain.dali_epoch == 1
         batches = iter(loader)  # epoch 4, chained, left after 5 batches
         left = [next(batches)["index"].tolist() for _ in range(5)]
-        assert sum(left, []) == expected(120, 4)[:20]
-        assert read(loader)[0] == expected(120, 5)  # a pass left part-way: the next epoch, from its start
-        state = {**loader.state_dict(), "epoch": 7, "samples_consumed": 40}
-        loader.load_state_dict(state)
-        assert read(loader)[0] == expected(120, 7, start=40)
-        assert read(loader)[0] == expected(120, 8)  # read on from the resumed pass
-        assert loader._chain.dali_epoch == 3  # new DALI epochs at 3, 5 and the resumed 7; 4 and 8 read on
+        assert sum(left, []) == expected(N, 4)[:20]
+        assert read(loader)[0] == expected(N, 5)  # a pass left part-way: the next epoch, from its start
+        # Epoch 6 is the one DALI reads on into, but from sample 40: not its start, so a new DALI epoch.
+        loader.load_state_dict({**loader.state_dict(), "epoch": 6, "samples_consumed": 40})
+        assert read(loader)[0] == expected(N, 6, start=40)
+        loader.load_state_dict({**loader.state_dict(), "epoch": 8, "samples_consumed": 40})
+        assert read(loader)[0] == expected(N, 8, start=40)
+        assert read(loader)[0] == expected(N, 9)  # read on from the resumed pass
+        assert read(loader)[0] == expected(N, 10)
+        assert loader._chain.dali_epoch == 4  # new DALI epochs at 3, 5, 6 and 8; 4, 9 and 10 read on
+        # Only the plans DALI may still read are kept: the first one, and this epoch's and the next one's.
+        segments = sorted(glob.glob(glob.escape(plan_path(loader._control.path)) + "*"))
+        assert [path[len(plan_path(loader._control.path)) :] for path in segments] == ["", ".2", ".3"]
+
+
+def test_a_size_schedule_that_ends_with_the_run_is_not_asked_for_the_epoch_after(images):
+    sizes = [32, 40]  # a schedule for a two-epoch run: size_at(2) raises IndexError
+
+    with DALILoader(
+        images, ClassificationTrain(size=sizes.__getitem__), batch_size=4, seed=SEED, device="cpu",
+        py_num_workers=0, with_index=True,
+    ) as loader:  # fmt: skip
+        for epoch in range(2):
+            indices, got = read(loader)
+            assert indices == expected(N, epoch) and got == {(sizes[epoch], sizes[epoch])}
+        assert loader._chain.dali_epoch == 0
+        with pytest.raises(IndexError):
+            list(loader)  # a third epoch is the user's to ask for, and then its error is raised
+
+
+def test_a_read_on_epoch_draws_the_mixes_of_that_epoch(tmp_path, imagenet_mini):
+    from conftest import write_dataset as fixture
+
+    dataset = write_photo_dataset(fixture.__wrapped__(), tmp_path / "photos", imagenet_mini, count=47)  # padded
+    spec = ClassificationTrain(size=32, mix=Mix(mixup_alpha=0.8, cutmix_alpha=1.0, mode="elem"), flip=0.0, jitter=None)
+    options = dict(batch_size=4, seed=SEED, device="cpu", py_num_workers=0, with_index=True)
+    with DALILoader(dataset, spec, **options) as chained:
+        read_on = [[b["label"].clone() for b in chained] for _ in range(3)][2]
+        assert chained._chain.enabled and chained._chain.dali_epoch == 0
+    with DALILoader(dataset, spec, **options) as fresh:
+        fresh.set_epoch(2)  # epoch 2 as the first pass of a new loader: the draws of its own batches
+        alone = [b["label"].clone() for b in fresh]
+    assert len(read_on) == len(alone) == 12
+    for a, b in zip(read_on, alone):
+        torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize("reads", [True, False], ids=["batch", "sample"])

@@ -26,6 +26,7 @@ each time.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from dali_pipes.loading.epoch_size import EpochSizes
@@ -33,6 +34,8 @@ from dali_pipes.loading.sources import EpochControl
 from dali_pipes.loading.state import Pass
 
 __all__ = ["EpochChain", "read_ahead"]
+
+logger = logging.getLogger(__name__)
 
 
 def read_ahead(prefetch: int, source_depth: int) -> int:
@@ -58,19 +61,21 @@ class EpochChain:
         self.enabled = ahead is not None and batches_per_epoch > ahead
         self.dali_epoch = -1  # DALI's epoch_idx of the epoch last published
         self._next: tuple[int, int] | None = None  # (segment, epoch) published to follow the current pass
+        self._published: set[int] = set()  # the segments (>= 1) whose plan files exist
         self._length = 0  # samples of each chained segment of the open DALI epoch
 
     def open(self, epoch: int, start: int) -> int:
         """Publish a new DALI epoch starting at ``epoch`` from ``start``; its number (reset DALI first if > 0)."""
-        self.dali_epoch += 1
+        number = self.dali_epoch + 1  # counted only once published: a failure here leaves DALI's count as it was
         plan = self._source.indices(epoch, start)  # this rank's order, computed once here rather than in every worker
-        self._length = 0
-        if self.enabled:
-            self._publish(1, epoch + 1)  # before the control block: the workers read it only after the reset
         size = self._sizes.size(epoch)
-        self._control.publish(self.dali_epoch, epoch, start, plan=plan, size=size, chained=self._length)
-        self._next = (1, epoch + 1) if self._length else None
-        return self.dali_epoch
+        self._drop_segments()  # the last chain's plans
+        # The next epoch first: the workers read the control block, and so the chain, only after the reset.
+        chained = self.enabled and self._publish(number, 1, epoch + 1)
+        self._control.publish(number, epoch, start, plan=plan, size=size, chained=self._length if chained else 0)
+        self.dali_epoch = number
+        self._next = (1, epoch + 1) if chained else None
+        return number
 
     @property
     def follows(self) -> bool:
@@ -85,24 +90,47 @@ class EpochChain:
     def advance(self) -> None:
         """The pass of the chained epoch begins: publish the epoch after it and drop the plan before it."""
         segment, epoch = self._next
-        if not self._publish(segment + 1, epoch + 1):
-            self._next = None  # that epoch has another length: the DALI epoch ends after this one
-            return
-        self._next = (segment + 1, epoch + 1)
-        if segment > 1:
+        self._next = None  # until the next one is published: if that fails, the DALI epoch ends after this pass
+        if segment - 1 in self._published:
             self._control.drop_segment(segment - 1)  # every batch of it was handed out
+            self._published.discard(segment - 1)
+        if self._publish(self.dali_epoch, segment + 1, epoch + 1):
+            self._next = (segment + 1, epoch + 1)
+
+    def following_indices(self, count: int) -> list[int]:
+        """The first ``count`` samples of the epoch DALI reads on into (none if it does not): DALI may have
+        read them ahead, so an error from them can surface before the pass that hands them out."""
+        if self._next is None:
+            return []
+        return self._source.indices(self._next[1], 0)[0][:count].tolist()
 
     def end(self) -> None:
         """The open DALI epoch ends (drained or cancelled): nothing follows the current pass in it."""
         self._next = None
 
-    def _publish(self, segment: int, epoch: int) -> bool:
-        """Publish the whole of ``epoch`` as ``segment``; False when it cannot be chained (another length)."""
-        plan = self._source.indices(epoch, 0)
+    def _publish(self, dali_epoch: int, segment: int, epoch: int) -> bool:
+        """Publish the whole of ``epoch`` as ``segment`` of DALI epoch ``dali_epoch``; False when it is not chained.
+
+        An epoch is published before the user asks for it, so its plan or size may not exist yet (a size
+        schedule that ends with the run): then the chain ends here, and the pass for it, if one comes,
+        computes it again as its own DALI epoch (and raises there if it must).
+        """
+        try:
+            plan = self._source.indices(epoch, 0)
+            size = self._sizes.size(epoch)
+        except Exception as exc:  # noqa: BLE001 - read on no further; the pass itself reports it if it comes
+            logger.debug("epoch %d is not read on into, its plan or size failed: %r", epoch, exc)
+            return False
         length = len(plan[0])
         if segment == 1:
             self._length = length
         elif length != self._length:  # the workers find segment k at first + (k - 1) * length
             return False
-        self._control.publish_segment(self.dali_epoch, segment, epoch, plan, size=self._sizes.size(epoch))
+        self._control.publish_segment(dali_epoch, segment, epoch, plan, size=size)
+        self._published.add(segment)
         return True
+
+    def _drop_segments(self) -> None:
+        for segment in self._published:
+            self._control.drop_segment(segment)
+        self._published.clear()

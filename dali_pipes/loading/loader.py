@@ -10,7 +10,8 @@ Passes and epochs: each ``iter(loader)`` is one pass. A pass covers the epoch se
 by :meth:`DALILoader.set_epoch` (or restored by :meth:`DALILoader.load_state_dict`);
 without either, the next pass after a complete one (or after one left part-way)
 covers the next epoch, so the order changes every epoch even if ``set_epoch`` is
-never called.
+never called. Passes of consecutive epochs are read by one DALI epoch, without a
+pipeline refill between them (:mod:`dali_pipes.loading.epoch_chain`).
 
 Failures while iterating: :mod:`dali_pipes.loading.errors`, named by :mod:`dali_pipes.loading.diagnose`.
 """
@@ -339,9 +340,10 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self._position = (epoch + 1, 0)
             return iter(())
         if continues:
-            self._chain.advance()  # DALI is reading this epoch already; publish the one after it
-        else:
-            self._start_dali_epoch(epoch, start)
+            current.drained = False  # DALI is reading this epoch already, whatever happens next
+            self._chain.advance()  # publish the one after it
+            return self._batches(current)
+        self._start_dali_epoch(epoch, start)
         current.drained = False
         return self._batches(current)
 
@@ -454,8 +456,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         def candidates() -> Any:
             # The failed batch is the next one or one DALI was preparing ahead of it.
             indices = self._source.indices(current.epoch, current.start)[0]
-            lo = current.handed * self.batch_size
-            return indices[lo : lo + (self._prefetch + 2) * self.batch_size]
+            lo, ahead = current.handed * self.batch_size, (self._prefetch + 2) * self.batch_size
+            return [*indices[lo : lo + ahead].tolist(), *self._chain.following_indices(ahead)]
 
         return explain_failure(exc, self.store, self._fields, self.world, current, candidates)
 

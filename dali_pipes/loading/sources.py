@@ -12,11 +12,11 @@ DALI pickles the callable into each worker once, when the pipeline is built,
 and afterwards only sends ``SampleInfo`` (``idx_in_epoch``, ``iteration``,
 ``epoch_idx``), where ``epoch_idx`` counts pipeline resets. The training epoch
 and the resume offset are chosen later, by ``set_epoch`` and
-``load_state_dict``. They travel through an :class:`EpochControl`: a 32-byte
+``load_state_dict``. They travel through an :class:`EpochControl`: a 56-byte
 file in ``/dev/shm`` (memory-mapped by every process that uses it; a pickled
 control carries only the path) holding ``(dali_epoch, epoch, start,
-cancelled, size)`` (``size``: the epoch's output size, for specs whose size
-follows a schedule, 0 otherwise). The loader writes it *before* it resets the pipeline, and DALI
+cancelled, size, first, chained)`` (``size``: the epoch's output size, for specs whose size
+follows a schedule, 0 otherwise; ``first`` and ``chained``: below). The loader writes it *before* it resets the pipeline, and DALI
 schedules the tasks of a new ``epoch_idx`` only in that reset, so a worker always
 finds the plan of the epoch it is asked for. The loader computes this rank's
 order once per epoch and shares it in a file beside the control block

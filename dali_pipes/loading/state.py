@@ -81,7 +81,7 @@ class Pass:
     batches: int
     samples: int  # this rank's samples, so the last batch can be trimmed to them
     handed: int = 0  # batches given to the user
-    drained: bool = True  # DALI has reported the end of this pass's epoch
+    drained: bool = True  # DALI's epoch under this pass has ended (not while it reads on into the next pass)
 
 
 class SavedPosition:
