@@ -27,6 +27,7 @@ What is detectable, and by whom (a flipped byte is not always detectable):
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -166,13 +167,17 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
     with pytest.raises(
         WorkerDiedError, match=rf"worker process {pids[1]} \(worker 1 of 2\) was killed by SIGKILL"
     ) as e:
+        # The survivor may read every batch left in this epoch before the kernel has reaped the killed worker
+        # (a killed process stays unwaitable until all its threads are gone: seen under load); DALI then reads
+        # on into the next epoch, which needs the dead worker: noticed there at the latest.
         for _ in iterator:
+            pass
+        for _ in loader:
             pass
     assert time.monotonic() - started < 60  # noticed, not hung (WATCH_INTERVAL; generous for a loaded machine)
     message = str(e.value)
-    assert (
-        str(big_dataset) in message and "epoch 0, batch " in message and "resume from the last state_dict()" in message
-    )
+    assert str(big_dataset) in message and "resume from the last state_dict()" in message
+    assert re.search(r"epoch [01], batch ", message)
     with pytest.raises(LoaderError, match="failed earlier.*was killed by SIGKILL"):
         iter(loader)
     # The pool is gone: the surviving worker was stopped too.
