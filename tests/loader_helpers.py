@@ -382,6 +382,7 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
                     f.write(str(exc))
                 raise
             report["epochs"].append(batches)
+        report["dali_epochs"] = loader._chain.dali_epoch + 1  # DALI epochs opened (loading/epoch_chain.py)
         if options.get("partial"):
             loader.set_epoch(options["epochs"])
             iterator = iter(loader)

@@ -57,6 +57,20 @@ def dataset(tmp_path_factory):
 
 
 @pytest.mark.timeout(240)
+def test_ranks_reading_on_from_epoch_to_epoch_cover_each_epoch_exactly_once(tmp_path):
+    n = 97  # 17 batches of 3 a rank on 2 ranks, the last padded: more than DALI reads ahead, so epochs read on
+    dataset = write_dataset(tmp_path / "ds", n)
+    reports = run_job(2, dataset, tmp_path, epochs=3, partial=2, workers=1, seed=0)
+    for epoch in range(3):
+        per_rank = [r["epochs"][epoch] for r in reports]
+        assert global_order(per_rank) == epoch_order(n, epoch, 0).tolist()  # the union is the dataset, each once
+    assert [r["dali_epochs"] for r in reports] == [1, 1]  # one DALI epoch per rank read all three
+    for rank, report in enumerate(reports):  # and on into epoch 3, left after 2 batches
+        assert sum((b[0] for b in report["partial"]), []) == rank_indices(n, BATCH, rank, 2, 3, 0)[0][:6].tolist()
+        assert report["state"]["epoch"] == 3 and report["state"]["samples_consumed"] == 12
+
+
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("world_size, workers", [(2, 1), (3, 0)])
 def test_ranks_cover_each_epoch_exactly_once(dataset, tmp_path, world_size, workers):
     reports = run_job(world_size, dataset, tmp_path, epochs=2, partial=2, repeat=True, workers=workers, seed=0)
