@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["Plan", "plan_path", "read_plan", "remove_plan", "segment_path", "write_plan"]
+__all__ = ["Plan", "plan_path", "read_plan", "remove_file", "remove_plan", "segment_path", "write_plan"]
 
 _HEADER = 5
 
@@ -101,7 +101,12 @@ def read_plan(path: str, dali_epoch: int) -> Plan | None:
 def remove_plan(path: str) -> None:
     """Delete the plan file and its segments' files, if any."""
     for name in (path, *glob.glob(glob.escape(path) + ".*")):
-        try:
-            os.unlink(name)
-        except FileNotFoundError:
-            pass
+        remove_file(name)
+
+
+def remove_file(path: str) -> None:
+    """Delete ``path`` if it is there (a worker still mapping it keeps its copy)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass

@@ -94,7 +94,8 @@ def default_py_num_workers(
     :data:`GPU_FEED_WORKERS` workers (8: 23,200); issue 35. Those figures were
     taken while DALI handed out only ``prefetch`` (2) batches at once, so two of
     the processes idled; the source now keeps one batch in flight per process
-    (``pipeline_build.source_options``), which has not yet run on a GPU. Other formats and
+    (``pipeline_build.source_options``): on an H200 the feed alone with 4 workers then
+    went from 0.66x to 0.90x ``fn.readers.file`` (41,152 images/s). Other formats and
     per-sample reads get a few workers, leaving cores for the training process.
     """
     from dali_pipes.stores import reader_class

@@ -47,7 +47,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
-from dali_pipes.loading.epoch_plan import Plan, plan_path, read_plan, remove_plan, segment_path, write_plan
+from dali_pipes.loading.epoch_plan import Plan, plan_path, read_plan, remove_file, remove_plan, segment_path, write_plan
 from dali_pipes.sampling import World, rank_indices, split_order
 from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError, select_fields
@@ -67,10 +67,7 @@ def _unlink(path: str, owner_pid: int) -> None:
     if os.getpid() != owner_pid:
         return
     remove_plan(plan_path(path))
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass
+    remove_file(path)
 
 
 class EpochControl:
@@ -155,10 +152,7 @@ class EpochControl:
 
     def drop_segment(self, segment: int) -> None:
         """Delete a segment's plan file that no reader needs any more (a worker mapping it keeps its copy)."""
-        try:
-            os.unlink(segment_path(self.path, segment))
-        except FileNotFoundError:
-            pass
+        remove_file(segment_path(self.path, segment))
 
     def cancel(self) -> None:
         """End the current DALI epoch early: every sample not yet read raises ``StopIteration``."""
@@ -177,7 +171,6 @@ class EpochControl:
 class _Segment:
     """A plan of the current DALI epoch and where it starts in it (a multiple of the batch size)."""
 
-    number: int
     first: int
     plan: Plan
 
@@ -304,7 +297,7 @@ class StoreSource:
         if values[_DALI_EPOCH] != dali_epoch:
             # A task of an epoch the loader already left; DALI discards its result.
             raise StopIteration
-        self._segment = _Segment(0, 0, self._first_plan(dali_epoch))
+        self._segment = _Segment(0, self._first_plan(dali_epoch))
         self._dali_epoch = dali_epoch
 
     def _first_plan(self, dali_epoch: int) -> Plan:
@@ -336,7 +329,7 @@ class StoreSource:
         plan = read_plan(segment_path(self.control.path, number), dali_epoch)
         if plan is None or len(plan.indices) != chained:
             raise StopIteration  # not written: the loader ended the chain before this segment
-        self._segment = _Segment(number, first + (number - 1) * chained, plan)
+        self._segment = _Segment(first + (number - 1) * chained, plan)
         return self._segment
 
     def __call__(self, sample_info: Any) -> tuple[np.ndarray, ...]:
