@@ -125,9 +125,10 @@ def test_a_read_on_epoch_draws_the_mixes_of_that_epoch(tmp_path, imagenet_mini):
 
 
 @pytest.mark.parametrize("reads", [True, False], ids=["batch", "sample"])
-def test_epochs_one_batch_longer_than_dali_reads_ahead_stay_exact_under_a_slow_consumer(tmp_path, reads):
-    # The chain publishes one epoch ahead; an epoch just longer than DALI's read-ahead is the tightest case.
-    dataset = write_dataset(tmp_path / "ds", 28, samples_per_shard=10)  # 7 batches: prefetch 2 + 2 in flight + 2
+def test_epochs_one_batch_longer_than_the_read_ahead_bound_stay_exact_under_a_slow_consumer(tmp_path, reads):
+    # The chain publishes one epoch ahead; the shortest epoch it reads on into is the tightest case it allows
+    # (DALI's own read-ahead is about 3 batches shorter: epoch_chain.read_ahead keeps that margin).
+    dataset = write_dataset(tmp_path / "ds", 28, samples_per_shard=10)  # 7 batches > read_ahead(2, 2) = 6
     with DALILoader(
         dataset, ClassificationTrain(size=32), batch_size=4, seed=SEED, device="cpu",
         batch_reads=reads, py_num_workers=2, prefetch=2, with_index=True,
