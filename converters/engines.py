@@ -24,7 +24,6 @@ import functools
 import logging
 import os
 import signal
-import threading
 import time
 import uuid
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -33,6 +32,7 @@ from multiprocessing.context import SpawnContext, SpawnProcess
 from typing import Any, Callable, Iterator, Sequence
 
 from converters.base import ConversionError
+from converters.ctrl_c import CtrlC
 from dali_pipes.remote.urls import redact_log_lines
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class LocalEngine:
         broken: BrokenProcessPool | None = None
         initargs = (table, tuple(shared), self.initializer, queue, stop)
         pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_local_worker, initargs=initargs)
-        ctrl_c = _CtrlC()
+        ctrl_c = CtrlC()
         ctrl_c.hold()
         try:
             with _sigint_blocked():  # the first submit spawns the workers
@@ -192,80 +192,13 @@ class LocalEngine:
             raise _death(ctx.processes, table) from broken
 
 
-class _CtrlC:
-    """Ctrl-C held by a handler of this module's own while the pool runs, and raised only where it is safe.
-
-    Python raises KeyboardInterrupt at whatever bytecode the main thread is running, and while a pool runs that
-    is mostly inside ``concurrent.futures`` and ``multiprocessing``, which are not written to survive it. Raised
-    just after ``wait()`` took a future's lock (``_AcquireFutures.__enter__``, ``Condition.__enter__``), the lock
-    stays held: the pool's manager thread blocks on it for ever, so the workers never get their end-of-work
-    sentinel, and the interpreter's exit, which joins that thread, hangs. Raised half-way through reading a
-    progress message, it leaves the pipe out of step, and the next read waits for ever for bytes that never
-    come (this process holds the pipe's writing end too). The windows are microseconds, but a loaded machine
-    preempts the main thread inside them: seen as a Ctrl-C that never ended the job.
-
-    Only the main thread can set a handler, and only the main thread is ever interrupted: a pool run from
-    another thread is never cut short half-way, so there this does nothing.
-    """
-
-    def __init__(self) -> None:
-        self.noted = False
-        self._replaced: Any = None  # the handler this one replaced, while it is set
-
-    def hold(self) -> None:
-        """From now on a Ctrl-C is only noted (as the handler that was set sees it, when :meth:`deliver` runs)."""
-        if self._replaced is not None or threading.current_thread() is not threading.main_thread():
-            return
-        previous = signal.getsignal(signal.SIGINT)
-        if previous is None:  # a handler set outside Python: it could not be put back
-            return
-        signal.signal(signal.SIGINT, self._note)
-        self._replaced = previous
-
-    def release(self) -> None:
-        """Put back the handler that was set; a Ctrl-C noted meanwhile stays noted for :meth:`deliver`."""
-        if self._replaced is not None:
-            signal.signal(signal.SIGINT, self._replaced)
-            self._replaced = None
-
-    def deliver(self) -> None:
-        """Hand a noted Ctrl-C, here and now, to the handler that was set (which raises KeyboardInterrupt by default)."""
-        if not self.noted:
-            return
-        self.noted = False
-        handler = self._replaced
-        if handler is None:  # not held any more: to whatever handles SIGINT now
-            signal.raise_signal(signal.SIGINT)
-        elif callable(handler):  # called while still held, so that a second Ctrl-C cannot cut the stop short
-            handler(signal.SIGINT, None)
-        elif handler == signal.SIG_DFL:  # the process ends, as it would have
-            self.release()
-            signal.raise_signal(signal.SIGINT)
-        # SIG_IGN: ignored, as it would have been; the run goes on
-
-    @contextlib.contextmanager
-    def released(self) -> Iterator[None]:
-        """The handler that was set while the caller's code runs (a ``yield``), this one's again afterwards."""
-        self.deliver()
-        held = self._replaced is not None
-        self.release()
-        try:
-            yield
-        finally:
-            if held:
-                self.hold()
-
-    def _note(self, signum: int, frame: Any) -> None:
-        self.noted = True
-
-
 @contextlib.contextmanager
 def _sigint_blocked() -> Iterator[None]:
     """SIGINT blocked in this thread while it spawns workers, which start with the mask of the thread that spawned them.
 
     Blocked, a Ctrl-C that arrives while a worker is still importing stays pending there, and is dropped once
     its initializer ignores SIGINT (otherwise it would end the start-up with a traceback). This process's own
-    Ctrl-C meanwhile is only noted by :class:`_CtrlC` (when another of its threads takes it, or once the mask is
+    Ctrl-C meanwhile is only noted by :class:`~converters.ctrl_c.CtrlC` (when another of its threads takes it, or once the mask is
     put back) and raised after every worker is started, so that none is left half-way through its start-up
     handshake, which ends it with an ``EOFError`` traceback.
     """

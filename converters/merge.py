@@ -45,6 +45,7 @@ import numpy as np
 from tqdm import tqdm
 
 from converters.base import ConversionError
+from converters.ctrl_c import CtrlC, held
 from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
 from converters.writers._h5file import GuardedFile
 from dali_pipes.dataset.fileio import fsync_dir
@@ -134,12 +135,20 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
     failure is raised here instead, and the caller removes the useless file.
     """
     guarded = GuardedFile(tmp)
+    # Ctrl-C is held while HDF5 may call the guarded file (see converters.ctrl_c), and raised between blocks.
+    with held() as ctrl_c:
+        _write_into(guarded, manifest, shards, out, virtual, ctrl_c)
+
+
+def _write_into(
+    guarded: GuardedFile, manifest: Manifest, shards: list[_ShardInfo], out: Path, virtual: bool, ctrl_c: CtrlC
+) -> None:
     try:
         with h5py.File(guarded, "w", libver=LIBVER) as f:
             if virtual:
                 _write_virtual(f, manifest, shards, out.parent.resolve())
             else:
-                _write_physical(f, manifest, shards, out.name, guarded)
+                _write_physical(f, manifest, shards, out.name, guarded, ctrl_c)
             if RECORD_CRC32C in manifest.checksums:
                 # Small (4 bytes per field per sample): always physical, the shards' tables end to end.
                 tables = [_crc_table(shard.path) for shard in shards]
@@ -211,7 +220,7 @@ def _create_target(f: h5py.File, name: str, field: Field, total_rows: int) -> h5
 
 
 def _write_physical(
-    f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], label: str, guarded: GuardedFile
+    f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], label: str, guarded: GuardedFile, ctrl_c: CtrlC
 ) -> None:
     row_bytes = {n: data_dtype(fl).itemsize * math.prod(row_shape(fl)) for n, fl in manifest.fields.items()}
     total_bytes = sum(s.rows[n] * row_bytes[n] for s in shards for n in manifest.fields)
@@ -234,6 +243,7 @@ def _write_physical(
                         stop = min(start + step, shard.rows[name])
                         targets[name][base[name] + start : base[name] + stop] = source[start:stop]
                         guarded.check()  # stop copying into a file that is missing bytes
+                        ctrl_c.deliver()  # a Ctrl-C, here between HDF5 calls
                         bar.update((stop - start) * row_bytes[name])
                     base[name] += shard.rows[name]
     for name, field in manifest.fields.items():

@@ -19,7 +19,9 @@ The file is reproducible: fixed library version bounds, no timestamps
 
 HDF5 writes through a :class:`~converters.writers._h5file.GuardedFile`, not a
 path: a full disk then ends the shard with an ``OSError`` (``ENOSPC``/``EFBIG``)
-instead of leaving HDF5 in a state that crashes the process on close.
+instead of leaving HDF5 in a state that crashes the process on close. For the
+same reason a Ctrl-C is held while HDF5 may call that file (:mod:`converters.ctrl_c`):
+raised inside one of its writes, HDF5 would lose it or crash.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import h5py
 import numpy as np
 
 from converters.base import Sample, ShardWriter
+from converters.ctrl_c import holds_ctrl_c
 from converters.writers._h5file import GuardedFile
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.dataset.manifest import Field
@@ -78,13 +81,14 @@ class Hdf5ShardWriter(ShardWriter):
         self._flush_rows: dict[str, int] = {}
         self._crcs = array("I")  # the field CRCs of each sample, one row after another
         try:
-            self._file = h5py.File(self._io, "w", libver=LIBVER)
-            self._create_datasets()
+            self._create_file()
         except BaseException:
             self.abort()
             raise
 
-    def _create_datasets(self) -> None:
+    @holds_ctrl_c
+    def _create_file(self) -> None:
+        self._file = h5py.File(self._io, "w", libver=LIBVER)
         for name, field in self.fields.items():
             if is_ragged(field):
                 self._spools[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, dir=self.path.parent)
@@ -125,6 +129,7 @@ class Hdf5ShardWriter(ShardWriter):
         self._io.check()
         self.num_samples += 1
 
+    @holds_ctrl_c
     def _flush(self, name: str) -> None:
         rows = self._buffers[name]
         if not rows:
@@ -158,6 +163,7 @@ class Hdf5ShardWriter(ShardWriter):
         spool.close()
         self._file.create_dataset(offsets_path(name), data=offsets, track_times=False)
 
+    @holds_ctrl_c
     def close(self) -> None:
         """Write the ragged fields and the attributes, flush, fsync and close the file."""
         if self._file is None:
@@ -178,6 +184,7 @@ class Hdf5ShardWriter(ShardWriter):
         self._io.fsync()
         self._io.close()
 
+    @holds_ctrl_c
     def abort(self) -> None:
         """Close the file and drop the spools; the runner removes the shard."""
         for spool in self._spools.values():
