@@ -263,6 +263,20 @@ def test_the_default_counts_the_cores_of_this_rank(monkeypatch):
     assert cores_per_rank() == 1
 
 
+def test_dali_threads_by_default_fit_this_ranks_share_of_the_cores(monkeypatch):
+    import os
+
+    from dali_pipes import ClassificationTrain
+    from dali_pipes.loading.options import resolve_counts
+
+    mine = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    assert resolve_counts(ClassificationTrain(), None, None, None, None)[1] == min(4, mine)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(mine))  # as many ranks as cores on this node: one thread each
+    assert resolve_counts(ClassificationTrain(), None, None, None, None)[1] == 1
+    assert resolve_counts(ClassificationTrain(), None, 3, None, None)[1] == 3  # an explicit count wins
+
+
 #: How long a batch's read waits for the others before it gives up on meeting them (only a failure waits it out).
 MEET_WITHIN_S = 60.0
 

@@ -80,7 +80,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     else from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1; explicit
     values must agree with an initialised ``torch.distributed``. ``device="auto"``
     runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
-    CPU. ``num_threads`` are DALI's CPU threads, ``py_num_workers`` the Python
+    CPU. ``num_threads`` are DALI's CPU threads (by default 4, or this rank's share of the cores if
+    fewer: ``cores_per_rank``), ``py_num_workers`` the Python
     processes reading the store (0: read in the main process; by default 0 for LMDB and HDF5,
     whose batches are copied straight out of the mapped shards, but 4 where the GPU decodes images with
     8 cores or more per rank, a few for other formats: ``default_py_num_workers``), ``prefetch`` the

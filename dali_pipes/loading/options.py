@@ -28,7 +28,8 @@ def resolve_counts(
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
     decoder hints go to the spec); then the spec's ``py_num_workers_by_default``
     where it has one (``Features``: 0, the training process reads), else
-    defaults that leave cores for the training process: a few DALI threads.
+    defaults that leave cores for the training process: a few DALI threads, no
+    more than this rank's share of the cores (:func:`cores_per_rank`).
     ``py_num_workers`` stays ``None`` when nothing set it: it depends on the
     dataset's format (:func:`default_py_num_workers`), known once the store is open.
     """
@@ -44,7 +45,7 @@ def resolve_counts(
         py_num_workers = tuned.get("py_num_workers") if py_num_workers is None else py_num_workers
         prefetch = tuned.get("prefetch") if prefetch is None else prefetch
         pipeline = apply_settings(pipeline, settings)
-    cpus = os.cpu_count() or 1
+    cpus = cores_per_rank()  # eight ranks on a 16-core node: 2 threads each, not 4 (32 on 16 cores)
     prefetch = 2 if prefetch is None else prefetch
     if py_num_workers is None:
         py_num_workers = getattr(pipeline, "py_num_workers_by_default", None)
