@@ -23,8 +23,8 @@ class CtrlC:
     """Ctrl-C held by a handler of this module's own, and raised only where it is safe.
 
     The local engine holds it while its pool runs. Python raises KeyboardInterrupt at whatever bytecode the main
-    thread is running, and while a pool runs that is mostly inside ``concurrent.futures`` and ``multiprocessing``, which are not written to survive it. Raised
-    just after ``wait()`` took a future's lock (``_AcquireFutures.__enter__``, ``Condition.__enter__``), the lock
+    thread is running, and while a pool runs that is mostly inside ``concurrent.futures`` and
+    ``multiprocessing``, which are not written to survive it. Raised just after ``wait()`` took a future's lock (``_AcquireFutures.__enter__``, ``Condition.__enter__``), the lock
     stays held: the pool's manager thread blocks on it for ever, so the workers never get their end-of-work
     sentinel, and the interpreter's exit, which joins that thread, hangs. Raised half-way through reading a
     progress message, it leaves the pipe out of step, and the next read waits for ever for bytes that never

@@ -198,8 +198,8 @@ def _sigint_blocked() -> Iterator[None]:
 
     Blocked, a Ctrl-C that arrives while a worker is still importing stays pending there, and is dropped once
     its initializer ignores SIGINT (otherwise it would end the start-up with a traceback). This process's own
-    Ctrl-C meanwhile is only noted by :class:`~converters.ctrl_c.CtrlC` (when another of its threads takes it, or once the mask is
-    put back) and raised after every worker is started, so that none is left half-way through its start-up
+    Ctrl-C meanwhile is only noted by :class:`~converters.ctrl_c.CtrlC` (when another of its threads takes it,
+    or once the mask is put back) and raised after every worker is started, so that none is left half-way through its start-up
     handshake, which ends it with an ``EOFError`` traceback.
     """
     previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})

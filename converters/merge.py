@@ -137,35 +137,29 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
     guarded = GuardedFile(tmp)
     # Ctrl-C is held while HDF5 may call the guarded file (see converters.ctrl_c), and raised between blocks.
     with held() as ctrl_c:
-        _write_into(guarded, manifest, shards, out, virtual, ctrl_c)
-
-
-def _write_into(
-    guarded: GuardedFile, manifest: Manifest, shards: list[_ShardInfo], out: Path, virtual: bool, ctrl_c: CtrlC
-) -> None:
-    try:
-        with h5py.File(guarded, "w", libver=LIBVER) as f:
-            if virtual:
-                _write_virtual(f, manifest, shards, out.parent.resolve())
-            else:
-                _write_physical(f, manifest, shards, out.name, guarded, ctrl_c)
-            if RECORD_CRC32C in manifest.checksums:
-                # Small (4 bytes per field per sample): always physical, the shards' tables end to end.
-                tables = [_crc_table(shard.path) for shard in shards]
-                f.create_dataset(CRC_DATASET, data=np.concatenate(tables), dtype=CRC_DTYPE, track_times=False)
-            for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
-                f.attrs[key] = value
-            f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
-            f.attrs["virtual"] = virtual
-        guarded.check()  # the metadata went out when the file closed
-        guarded.fsync()  # h5py's close flushes HDF5's buffers but does not fsync
-    except Exception:
-        # After a hidden failed write HDF5 may trip over the missing bytes in its own way:
-        # the failed write is the cause to report.
-        guarded.check()
-        raise
-    finally:
-        guarded.close()
+        try:
+            with h5py.File(guarded, "w", libver=LIBVER) as f:
+                if virtual:
+                    _write_virtual(f, manifest, shards, out.parent.resolve())
+                else:
+                    _write_physical(f, manifest, shards, out.name, guarded, ctrl_c)
+                if RECORD_CRC32C in manifest.checksums:
+                    # Small (4 bytes per field per sample): always physical, the shards' tables end to end.
+                    tables = [_crc_table(shard.path) for shard in shards]
+                    f.create_dataset(CRC_DATASET, data=np.concatenate(tables), dtype=CRC_DTYPE, track_times=False)
+                for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
+                    f.attrs[key] = value
+                f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
+                f.attrs["virtual"] = virtual
+            guarded.check()  # the metadata went out when the file closed
+            guarded.fsync()  # h5py's close flushes HDF5's buffers but does not fsync
+        except Exception:
+            # After a hidden failed write HDF5 may trip over the missing bytes in its own way:
+            # the failed write is the cause to report.
+            guarded.check()
+            raise
+        finally:
+            guarded.close()
 
 
 def _crc_table(path: Path) -> np.ndarray:
