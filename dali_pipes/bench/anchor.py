@@ -35,6 +35,23 @@ def file_reader_stream(
     seed: int = 0,
 ) -> Iterator[Iterator[int]]:
     """A stream of delivered image counts from ``fn.readers.file`` + ``spec``'s graph, shuffled, epoch after epoch."""
+    with file_reader_batches(
+        files, spec, batch_size=batch_size, device=device, num_threads=num_threads, seed=seed
+    ) as pairs:
+        yield delivered(pairs, target)
+
+
+@contextlib.contextmanager
+def file_reader_batches(
+    files: Sequence[tuple[Path, int]],
+    spec: Any,
+    *,
+    batch_size: int,
+    device: str,
+    num_threads: int,
+    seed: int = 0,
+) -> Iterator[Iterator[tuple[Any, Any]]]:
+    """``(image, label)`` torch batches from ``fn.readers.file`` + ``spec``'s graph, shuffled, epoch after epoch."""
     import torch
     from nvidia.dali import fn, pipeline_def
     from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
@@ -76,7 +93,7 @@ def file_reader_stream(
                 continue  # auto_reset has already started the next epoch
             yield batch[0]["image"], batch[0]["label"]
 
-    yield delivered(pairs(), target)
+    yield pairs()
 
 
 def as_plain_dali(spec: Any) -> Any:

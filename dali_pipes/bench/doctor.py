@@ -67,7 +67,7 @@ class DoctorReport:
         }
 
 
-def _train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
+def train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
     """One SGD step; on a GPU in bfloat16 mixed precision (as GPU training runs), which needs no loss scaling."""
     import torch
     import torch.nn.functional as F
@@ -91,7 +91,7 @@ def model_stream(
 
     def steps() -> Iterator[int]:
         while True:
-            _train_step(model, optimizer, images, labels)
+            train_step(model, optimizer, images, labels)
             yield batch_size
 
     yield steps()
@@ -114,7 +114,7 @@ def combined_stream(loader_factory: Any, model: Any, optimizer: Any, target: Tar
                     labels = delivered[0].long().reshape(-1)
                 else:
                     labels = torch.zeros(images.shape[0], dtype=torch.long, device=images.device)
-                _train_step(model, optimizer, images, labels)
+                train_step(model, optimizer, images, labels)
                 yield int(images.shape[0])
 
         yield steps()
@@ -340,7 +340,7 @@ def _time_training_step(
     log.info("doctor: timing one %s training step of batch %d to estimate the run", name, batch_size)
 
     def step() -> None:
-        _train_step(model, optimizer, images, labels)
+        train_step(model, optimizer, images, labels)
         target.sync()
 
     return time_one_step(step)

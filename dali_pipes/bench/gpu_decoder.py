@@ -11,8 +11,10 @@ is worth, side by side in one run, the training graph of the main suite on the G
 - ``dali-pipes gpu``: this package's loader with its defaults (the load chosen for
   the machine, :meth:`~dali_pipes.pipelines.DecoderHints.chosen_load`, and the reader
   processes :func:`~dali_pipes.loading.options.default_py_num_workers` chooses), then
-  at DALI's default load, then reading in the loader's process (``py_num_workers=0``)
-  and with 8 reader processes.
+  at DALI's default load, then with :data:`SPLIT_LOAD` (the hardware engines and
+  nvJPEG's CUDA path on the SMs decoding side by side), then with the former
+  default of :data:`FORMER_THREADS` DALI threads, then reading in the loader's
+  process (``py_num_workers=0``) and with 8 reader processes.
 
 The summary gives our defaults against the plain pipeline at DALI's default and at
 1.0. GPU only: on a machine without CUDA every row is skipped, saying so.
@@ -30,6 +32,10 @@ from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
 
 OURS, ANCHOR = "dali-pipes gpu", "DALI readers.file gpu"
+#: A decoder split between DALI's default (0.65) and all-hardware (1.0): both decoders busy at once.
+SPLIT_LOAD = 0.85
+#: DALI threads by default before they followed the rank's cores (issue 49): what that change is worth.
+FORMER_THREADS = 4
 
 
 def gpu_decoder_suite(
@@ -42,8 +48,11 @@ def gpu_decoder_suite(
         anchor_job(ANCHOR, inputs.with_decoder_load(1.0), "gpu", target, hw_decoder_load=1.0),
         dali_job(OURS, inputs, "gpu", target),
         dali_job(OURS, inputs.with_decoder_load(dali_default), "gpu", target, hw_decoder_load=dali_default),
+        dali_job(OURS, inputs.with_decoder_load(SPLIT_LOAD), "gpu", target, hw_decoder_load=SPLIT_LOAD),
     ]
     defaults = inputs.settings_for("gpu")
+    if defaults.get("num_threads") != FORMER_THREADS:
+        jobs.append(dali_job(OURS, inputs, "gpu", target, settings={**defaults, "num_threads": FORMER_THREADS}))
     for workers in (0, 8):
         if defaults.get("py_num_workers") != workers:
             jobs.append(dali_job(OURS, inputs, "gpu", target, settings={**defaults, "py_num_workers": workers}))

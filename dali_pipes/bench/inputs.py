@@ -36,6 +36,8 @@ class BenchInputs:
     rows: tuple[str, ...] = ()
     #: The rows' settings on the GPU, where they differ from ``loader_settings`` (:meth:`settings_for`).
     gpu_loader_settings: dict[str, int] = field(default_factory=dict)
+    #: Whether the settings came from a file saved by ``dali-pipes tune`` (else they are the loader's defaults).
+    tuned: bool = False
 
     def settings_for(self, device: str) -> dict[str, int]:
         """The ``dali-pipes`` rows' loader settings on ``device``: a tuned file's as they are, else the
@@ -170,7 +172,18 @@ def bench_inputs(
                     manifest.num_samples,
                 )
     return BenchInputs(
-        dataset, manifest, spec, batch_size, cores, files, reason, root, loader_settings, tuple(rows), gpu_settings
+        dataset,
+        manifest,
+        spec,
+        batch_size,
+        cores,
+        files,
+        reason,
+        root,
+        loader_settings,
+        tuple(rows),
+        gpu_settings,
+        tuned=settings is not None,
     )
 
 

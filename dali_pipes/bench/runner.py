@@ -45,7 +45,8 @@ class TimingPlan:
 
     warmup_batches: int = 5
     repeats: int = 5
-    min_batches: int = 8
+    # Few: a DataLoader row on a GPU machine delivers a batch of 256 in about half a second (issue 49).
+    min_batches: int = 4
     min_seconds: float = 2.0
     warmup_seconds: float = 1.0
 
@@ -79,6 +80,8 @@ class Timing:
     images: int
     seconds: float
     cpu_seconds: float | None = None
+    #: Each window's ``(start, end)`` on :func:`time.perf_counter`'s clock, to match samples taken beside it.
+    spans: tuple[tuple[float, float], ...] = ()
 
     @property
     def median(self) -> float:
@@ -242,11 +245,13 @@ def warm_up(stream: Iterator[int], plan: TimingPlan, target: Target, in_flight: 
 
 @dataclass(frozen=True)
 class Window:
-    """One timed window: images delivered, wall seconds, and CPU seconds of the process tree (or ``None``)."""
+    """One timed window: images delivered, wall seconds, CPU seconds of the process tree (or ``None``), and when
+    it started (:func:`time.perf_counter`)."""
 
     images: int
     seconds: float
     cpu_seconds: float | None
+    started: float | None = None
 
 
 def time_window(stream: Iterator[int], plan: TimingPlan, target: Target) -> Window:
@@ -263,7 +268,7 @@ def time_window(stream: Iterator[int], plan: TimingPlan, target: Target) -> Wind
             break
     target.sync()
     elapsed = time.perf_counter() - start
-    return Window(images, elapsed, _cpu_since(cpu_before))
+    return Window(images, elapsed, _cpu_since(cpu_before), start)
 
 
 def time_cold(factory: StreamFactory, images: int, repeats: int, target: Target) -> Timing:
@@ -296,6 +301,7 @@ def timing_of(windows: Sequence[Window]) -> Timing:
         sum(w.images for w in windows),
         sum(w.seconds for w in windows),
         None if any(c is None for c in cpu) else sum(c for c in cpu if c is not None),
+        tuple((w.started, w.started + w.seconds) for w in windows if w.started is not None),
     )
 
 

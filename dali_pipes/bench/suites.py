@@ -21,7 +21,10 @@
 - ``recipe``: an epoch at 160 against 224 px, plain and with RandomErasing and
   MixUp/CutMix (see :mod:`dali_pipes.bench.recipe`);
 - ``masks``: instance or semantic segmentation against the same pipeline without
-  its masks, on the GPU and the CPU (see :mod:`dali_pipes.bench.masks`).
+  its masks, on the GPU and the CPU (see :mod:`dali_pipes.bench.masks`);
+- ``train``: a real model's training throughput fed by this loader, a plain DALI
+  pipeline and the ``DataLoader``, against the model's own rate (see
+  :mod:`dali_pipes.bench.train`).
 """
 
 from __future__ import annotations
@@ -63,6 +66,7 @@ SUITES: tuple[str, ...] = (
     "storage",
     "recipe",
     "masks",
+    "train",
 )
 
 Suite = Callable[[BenchInputs, TimingPlan, Target, bool, bool], BenchReport]
@@ -370,6 +374,12 @@ def _masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
     return masks_suite(inputs, plan, target, quick, progress)
 
 
+def _train_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    from dali_pipes.bench.train import train_suite
+
+    return train_suite(inputs, plan, target, quick, progress)
+
+
 _SUITES: dict[str, Suite] = {
     "main": main_suite,
     "feed": _feed_suite,
@@ -382,4 +392,5 @@ _SUITES: dict[str, Suite] = {
     "storage": _storage_suite,
     "recipe": _recipe_suite,
     "masks": _masks_suite,
+    "train": _train_suite,
 }

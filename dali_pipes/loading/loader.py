@@ -32,7 +32,14 @@ from dali_pipes.loading.direct import DirectIterator, runs_without_dali
 from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
-from dali_pipes.loading.options import check_options, default_py_num_workers, device_description, resolve_counts
+from dali_pipes.loading.options import (
+    check_options,
+    counts_reason,
+    default_num_threads,
+    default_py_num_workers,
+    device_description,
+    resolve_counts,
+)
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
 from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, output_casts, pipeline_seed, source_options
 from dali_pipes.loading.pipeline_build import required_fields as _required_fields
@@ -80,11 +87,13 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     else from ``RANK``/``WORLD_SIZE``/``LOCAL_RANK``, else 0 of 1; explicit
     values must agree with an initialised ``torch.distributed``. ``device="auto"``
     runs on this rank's GPU (``LOCAL_RANK``) when CUDA is available, else on the
-    CPU. ``num_threads`` are DALI's CPU threads (by default 4, or this rank's share of the cores if
-    fewer: ``cores_per_rank``), ``py_num_workers`` the Python
+    CPU. ``num_threads`` are DALI's CPU threads (by default this rank's share of the cores,
+    ``cores_per_rank``, where the GPU decodes images, else 4 or that share if fewer:
+    ``default_num_threads``; an INFO line says what was chosen and why), ``py_num_workers`` the Python
     processes reading the store (0: read in the main process; by default 0 for LMDB and HDF5,
-    whose batches are copied straight out of the mapped shards, but 4 where the GPU decodes images with
-    8 cores or more per rank, a few for other formats: ``default_py_num_workers``), ``prefetch`` the
+    whose batches are copied straight out of the mapped shards, but one per 4 cores of the rank (2 to 8)
+    where the GPU decodes images with 8 cores or more per rank, a few for other formats:
+    ``default_py_num_workers``), ``prefetch`` the
     batches DALI prepares ahead, ``py_start_method`` how the workers start
     (``"fork"``, or ``"spawn"``; by default fork, or spawn once the CUDA driver is
     initialised in this process, which DALI cannot fork: ``torch.cuda.is_available()``
@@ -269,11 +278,21 @@ class DALILoader(DataLoaderSurface, SavedPosition):
 
     # --- construction -------------------------------------------------------------------------
 
-    def _build(self, spec: "PipelineSpec", device_id: int | None, threads: int, workers: int | None, start_method: str):
-        #: DALI's Python reader processes: as asked, else the default for the format, device and cores.
+    def _build(
+        self, spec: "PipelineSpec", device_id: int | None, threads: int | None, workers: int | None, start_method: str
+    ):
+        #: DALI's threads and Python reader processes: as asked, else the defaults for the format, device and cores.
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
         fmt = self.store.manifest.format
         self.py_num_workers = default_py_num_workers(fmt, self._batch_reads, workers=workers, gpu_images=gpu_images)
+        self.num_threads = default_num_threads(gpu_images=gpu_images) if threads is None else threads
+        logger.info(
+            "DALILoader: %d DALI threads (%s) and %d reader processes (%s)",
+            self.num_threads,
+            counts_reason(threads, gpu_images),
+            self.py_num_workers,
+            counts_reason(workers, gpu_images),
+        )
         if runs_without_dali(spec, batch_reads=self._batch_reads, workers=self.py_num_workers):
             return None, (*self._fields, *RESERVED_OUTPUTS[: 1 + int(self.with_index)])  # loading/direct.py
         return build_pipeline(
@@ -287,7 +306,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             batch_reads=self._batch_reads,
             with_index=self.with_index,
             prefetch=self._prefetch,
-            threads=threads,
+            threads=self.num_threads,
             workers=self.py_num_workers,
             start_method=start_method,
             seed=pipeline_seed(self.seed, self.world.rank),

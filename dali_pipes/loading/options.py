@@ -22,16 +22,15 @@ def resolve_counts(
     num_threads: int | None,
     py_num_workers: int | None,
     prefetch: int | None,
-) -> tuple["PipelineSpec", int, int, int]:
+) -> tuple["PipelineSpec", int | None, int | None, int]:
     """``(pipeline, num_threads, py_num_workers, prefetch)`` with what the caller left unset filled in.
 
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
     decoder hints go to the spec); then the spec's ``py_num_workers_by_default``
-    where it has one (``Features``: 0, the training process reads), else
-    defaults that leave cores for the training process: a few DALI threads, no
-    more than this rank's share of the cores (:func:`cores_per_rank`).
-    ``py_num_workers`` stays ``None`` when nothing set it: it depends on the
-    dataset's format (:func:`default_py_num_workers`), known once the store is open.
+    where it has one (``Features``: 0, the training process reads).
+    ``num_threads`` and ``py_num_workers`` stay ``None`` when nothing set them: they
+    depend on the device and the dataset's format (:func:`default_num_threads`,
+    :func:`default_py_num_workers`), known once the device is chosen and the store is open.
     """
     if isinstance(pipeline, type):
         raise TypeError(
@@ -45,16 +44,34 @@ def resolve_counts(
         py_num_workers = tuned.get("py_num_workers") if py_num_workers is None else py_num_workers
         prefetch = tuned.get("prefetch") if prefetch is None else prefetch
         pipeline = apply_settings(pipeline, settings)
-    cpus = cores_per_rank()  # eight ranks on a 16-core node: 2 threads each, not 4 (32 on 16 cores)
     prefetch = 2 if prefetch is None else prefetch
     if py_num_workers is None:
         py_num_workers = getattr(pipeline, "py_num_workers_by_default", None)
-    threads = max(1, min(4, cpus)) if num_threads is None else num_threads
     check_int("prefetch", prefetch, 1)
     if py_num_workers is not None:
         py_num_workers = int(check_int("py_num_workers", py_num_workers, 0))
-    check_int("num_threads", threads, 1)
-    return pipeline, int(threads), py_num_workers, int(prefetch)
+    if num_threads is not None:
+        num_threads = int(check_int("num_threads", num_threads, 1))
+    return pipeline, num_threads, py_num_workers, int(prefetch)
+
+
+#: DALI threads by default where the CPU decodes: a few, leaving the rank's other cores to the training process.
+CPU_DECODE_THREADS = 4
+
+
+def default_num_threads(cpus: int | None = None, *, gpu_images: bool = False) -> int:
+    """DALI's CPU threads when the caller sets none, for ``cpus`` cores (default :func:`cores_per_rank`).
+
+    Where the GPU decodes the images (``gpu_images``) the threads feed its decoders (the
+    Huffman stage of nvJPEG's CUDA path, the hardware decoder's submissions, the host side
+    of every operator) and the training process needs little CPU beside them, so they are
+    this rank's whole share of the cores: on an H200's 16 cores the default of 4 gave
+    22,772 images/s on 20,000 photos where 16 threads gave 25,803 (issue 49). Where the CPU
+    decodes, :data:`CPU_DECODE_THREADS` at most, so that the training step keeps cores.
+    Never more than the rank's share: eight ranks on a 16-core node get 2 threads each.
+    """
+    cpus = cpus or cores_per_rank()
+    return max(1, cpus if gpu_images else min(CPU_DECODE_THREADS, cpus))
 
 
 def cores_per_rank() -> int:
@@ -71,9 +88,27 @@ def cores_per_rank() -> int:
     return max(1, cores // local_ranks)
 
 
-#: Reader processes for batch reads that feed the GPU decoder, on at least GPU_FEED_MIN_CORES cores per rank.
-GPU_FEED_WORKERS = 4
+def counts_reason(given: int | None, gpu_images: bool) -> str:
+    """Why the loader runs the thread or process count it does, for its start-up log line."""
+    if given is not None:
+        return "set by the caller, a settings file or the pipeline spec"
+    where = "the GPU decodes the images" if gpu_images else "the CPU decodes"
+    return f"the default for {cores_per_rank()} cores per rank where {where}"
+
+
+#: Reader processes for batch reads that feed the GPU decoder, on at least GPU_FEED_MIN_CORES cores per rank:
+#: one per GPU_FEED_CORES_PER_WORKER cores, between GPU_FEED_MIN_WORKERS and GPU_FEED_MAX_WORKERS.
 GPU_FEED_MIN_CORES = 8
+GPU_FEED_CORES_PER_WORKER = 4
+GPU_FEED_MIN_WORKERS = 2
+GPU_FEED_MAX_WORKERS = 8
+
+
+def gpu_feed_workers(cpus: int) -> int:
+    """Reader processes that feed the GPU decoder on ``cpus`` cores per rank (0 below :data:`GPU_FEED_MIN_CORES`)."""
+    if cpus < GPU_FEED_MIN_CORES:
+        return 0
+    return max(GPU_FEED_MIN_WORKERS, min(GPU_FEED_MAX_WORKERS, cpus // GPU_FEED_CORES_PER_WORKER))
 
 
 def default_py_num_workers(
@@ -92,7 +127,8 @@ def default_py_num_workers(
     DALI calls the source in the training loop's thread, which fed at most 25,500
     images/s on an H200's 16 cores where ``fn.readers.file`` fed 47,600, so the
     training graph ran at 17,700-19,700 images/s in-process and 21,900-24,100 with
-    :data:`GPU_FEED_WORKERS` workers (8: 23,200); issue 35. Those figures were
+    4 workers (8: 23,200); issue 35. So one process per :data:`GPU_FEED_CORES_PER_WORKER`
+    cores of the rank (:func:`gpu_feed_workers`: 4 on 16 cores, 8 on 32 or more). Those figures were
     taken while DALI handed out only ``prefetch`` (2) batches at once, so two of
     the processes idled; the source now keeps one batch in flight per process
     (``pipeline_build.source_options``): on an H200 the feed alone with 4 workers then
@@ -105,7 +141,7 @@ def default_py_num_workers(
         return workers
     cpus = cpus or cores_per_rank()
     if batch_reads and reader_class(fmt).cheap_batch_reads:
-        return GPU_FEED_WORKERS if gpu_images and cpus >= GPU_FEED_MIN_CORES else 0
+        return gpu_feed_workers(cpus) if gpu_images else 0
     return max(1, min(4, cpus // 2))
 
 

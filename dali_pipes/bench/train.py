@@ -1,0 +1,332 @@
+"""``dali-pipes bench DATASET --suite train``: how fast a real model trains, fed by each loader a user would pick.
+
+A user buys a faster training run, not a loader's images per second. This suite
+runs the same training step (forward, backward, SGD with momentum; on a GPU in
+bfloat16 autocast with ``channels_last`` and cuDNN's autotuner on, as a
+competent PyTorch user trains) fed by:
+
+- ``model alone``: one synthetic batch already on the device, no input pipeline
+  at all: the model's own rate, which no loader can beat;
+- ``dali-pipes``: :class:`~dali_pipes.DALILoader` over the shards with its defaults
+  (or a ``--settings`` file's);
+- ``DALI readers.file``: a plain DALI pipeline (``fn.readers.file`` over the
+  original files, the same graph, DALI's default decoder load, one thread per core);
+- ``DataLoader+PIL``: ``torch.utils.data.DataLoader`` with PIL decoding and the same
+  augmentation, ``num_workers`` = the cores, ``pin_memory`` and
+  ``persistent_workers`` (over the original files where they are known, else the shards).
+
+Models (:data:`GPU_MODELS`): a ResNet-50 at 224 px, and a ResNet-18 at 160 px,
+where the model is cheap and the input matters most; torchvision's when it
+imports, else the same architecture from :mod:`dali_pipes.bench.models`. On a
+machine without CUDA a small model (:data:`CPU_MODELS`) trains instead, so
+that the suite runs and is tested anywhere.
+
+Columns: ``x ref`` is the row's rate over the model's own (how much of the
+GPU's training capacity the loader lets the run use); ``gpu_busy`` the GPU's
+utilisation while the row ran (NVML's share of time with a kernel running, decoding
+included; on a GPU with ``nvidia-ml-py``); ``bound_by`` which side holds the run
+back (``input`` below :data:`~dali_pipes.bench.doctor.DATA_BOUND` of the model's
+rate, as ``dali-pipes doctor`` says it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import statistics
+import threading
+import time
+from typing import Any, Callable, ContextManager, Iterator
+
+from dali_pipes.bench.doctor import DATA_BOUND, train_step
+from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.interleave import run_jobs
+from dali_pipes.bench.jobs import suite_report
+from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle
+
+log = logging.getLogger(__name__)
+
+#: ``(model, image size)`` trained on a GPU: the usual ImageNet run, and a cheap model at a low resolution.
+GPU_MODELS: tuple[tuple[str, int], ...] = (("resnet50", 224), ("resnet18", 160))
+#: What trains on a machine without CUDA: small enough for two cores.
+CPU_MODELS: tuple[tuple[str, int], ...] = (("tiny", 64),)
+
+MODEL_ALONE = "model alone"
+OURS = "dali-pipes"
+PLAIN_DALI = "DALI readers.file"
+DATALOADER = "DataLoader+PIL"
+
+Batches = Callable[[], ContextManager[Iterator[tuple[Any, Any]]]]
+
+
+def train_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """Training images/s of each model fed by each loader, side by side per model (see the module docstring)."""
+    import torch
+
+    if target.is_cuda:
+        torch.backends.cudnn.benchmark = True  # what a training script sets for fixed-size batches
+    models = GPU_MODELS if target.is_cuda else CPU_MODELS
+    num_classes = len(inputs.manifest.classes or ()) or 1000
+    # Few batches a window: the DataLoader row delivers a batch of 256 in about half a second on 16 cores.
+    plan = dataclasses.replace(plan, min_batches=min(plan.min_batches, 3))
+    rows: list[Row] = []
+    for model, size in models:
+        these = dataclasses.replace(inputs, spec=dataclasses.replace(inputs.spec, size=size))
+        jobs = _jobs(these, model, num_classes, target)
+        with GpuBusy(target) as busy:
+            measured = run_jobs(jobs, plan, target, progress=progress, title=f"bench train {model}")
+        for row in measured:
+            row.extra["gpu_busy"] = busy.share(row)
+        rows += measured
+    report = suite_report(
+        "train",
+        "training throughput: the same training step fed by each loader",
+        inputs,
+        rows,
+        reference=MODEL_ALONE,
+        reference_match=("model", "size"),
+        reference_label=f"{MODEL_ALONE} (the model's own rate)",
+        columns=("gpu_busy", "bound_by"),
+    )
+    for row in rows:
+        share = report.ratio(row)
+        if share is not None and row.name != MODEL_ALONE:
+            row.extra["bound_by"] = "model" if share >= DATA_BOUND else "input"
+    report.summary = _summary(report, models)
+    report.context["models"] = [{"model": m, "size": s, "source": model_source(m)} for m, s in models]
+    report.notes.append(
+        "the step: forward, cross-entropy, backward, SGD (momentum 0.9)"
+        + ("; bfloat16 autocast, channels_last, cudnn.benchmark" if target.is_cuda else "; float32 on the CPU")
+        + f". gpu_busy: NVML's share of time with a GPU kernel running (decoding included). bound_by: 'input' below "
+        f"{DATA_BOUND:.0%} of the model's own rate"
+    )
+    return report
+
+
+def _jobs(inputs: BenchInputs, model: str, num_classes: int, target: Target) -> list[Job]:
+    """The four rows of one model: alone, and fed by each loader."""
+    from dali_pipes.bench.streams import dali_in_flight
+
+    params = {"model": model, "size": inputs.spec.size}
+    ours = inputs.settings_for("gpu" if target.is_cuda else "cpu") if inputs.tuned else {}
+    device = "gpu" if target.is_cuda else "cpu"
+
+    def row(name: str, batches: Batches | None, description: str, in_flight: int, runs_dali: bool) -> Job:
+        factory = lambda: training_stream(batches, model, num_classes, inputs, target)  # noqa: E731
+        return Job(name, factory, description, dict(params), in_flight=in_flight, runs_dali=runs_dali)
+
+    workers = inputs.cores
+    return [
+        row(MODEL_ALONE, None, f"{model} training steps on one synthetic batch already on the device", 0, False),
+        row(
+            OURS,
+            lambda: _ours(inputs, device, ours),
+            "DALILoader over the shards, " + ("its tuned settings" if ours else "its defaults"),
+            dali_in_flight(ours),
+            True,
+        ),
+        row(
+            PLAIN_DALI,
+            lambda: _plain_dali(inputs, device),
+            f"fn.readers.file over the original files, the same graph, DALI's defaults, {inputs.cores} threads",
+            2 + 1,  # DALI's default prefetch_queue_depth, and the batch handed over
+            True,
+        ),
+        row(
+            DATALOADER,
+            lambda: _dataloader(inputs, workers),
+            f"DataLoader + PIL, num_workers={workers}, pin_memory, persistent_workers",
+            2 * workers + 1,  # torch's prefetch_factor of 2 per worker
+            False,
+        ),
+    ]
+
+
+@contextlib.contextmanager
+def training_stream(
+    batches: Batches | None, model: str, num_classes: int, inputs: BenchInputs, target: Target
+) -> Iterator[Iterator[int]]:
+    """Training steps of a fresh ``model`` on each batch of ``batches()`` (``None``: one synthetic batch on the device)."""
+    import torch
+
+    net, optimizer = training_model(model, num_classes, target)
+    size, batch_size = inputs.spec.size, inputs.batch_size
+    memory_format = torch.channels_last if target.is_cuda else torch.contiguous_format
+
+    def on_device(images: Any, labels: Any) -> tuple[Any, Any]:
+        images = target.put(images).contiguous(memory_format=memory_format)
+        return images, target.put(labels).reshape(-1).long()
+
+    def steps(source: Iterator[tuple[Any, Any]]) -> Iterator[int]:
+        for images, labels in source:
+            images, labels = on_device(images, labels)
+            train_step(net, optimizer, images, labels)
+            yield int(images.shape[0])
+
+    if batches is None:
+        images = torch.randn(batch_size, 3, size, size, device=target.device)
+        labels = torch.randint(0, num_classes, (batch_size,), device=target.device)
+        yield steps(iter(lambda: (images, labels), None))
+        return
+    with batches() as source:
+        yield steps(source)
+
+
+def training_model(model: str, num_classes: int, target: Target) -> tuple[Any, Any]:
+    """A freshly initialised ``model`` in training mode on the target device, and its SGD optimizer."""
+    import torch
+
+    net = _build(model, num_classes).to(target.device)
+    if target.is_cuda:
+        net = net.to(memory_format=torch.channels_last)
+    net.train()
+    return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+
+def model_source(model: str) -> str:
+    """Where :func:`training_model` takes ``model`` from: torchvision where it has it and imports, else this package."""
+    try:
+        import torchvision.models
+    except Exception:  # noqa: BLE001 - any import failure: the package's own architecture
+        return "dali_pipes.bench.models"
+    return "torchvision" if hasattr(torchvision.models, model) else "dali_pipes.bench.models"
+
+
+def _build(model: str, num_classes: int) -> Any:
+    if model_source(model) == "torchvision":
+        import torchvision.models
+
+        return getattr(torchvision.models, model)(weights=None, num_classes=num_classes)
+    from dali_pipes.bench.models import build_model
+
+    return build_model(model, num_classes)
+
+
+# --- the loaders, as (image, label) batches ---------------------------------------------------
+
+
+@contextlib.contextmanager
+def _ours(inputs: BenchInputs, device: str, settings: dict[str, int]) -> Iterator[Iterator[tuple[Any, Any]]]:
+    from dali_pipes.bench.streams import require_cuda
+    from dali_pipes.loading.loader import DALILoader
+
+    if device == "gpu":
+        require_cuda()
+    loader = DALILoader(
+        inputs.dataset, inputs.spec, batch_size=inputs.batch_size, shuffle=True, seed=0, device=device, **settings
+    )
+    try:
+        yield ((batch["image"], batch["label"]) for batch in cycle(loader))
+    finally:
+        loader.close()
+
+
+@contextlib.contextmanager
+def _plain_dali(inputs: BenchInputs, device: str) -> Iterator[Iterator[tuple[Any, Any]]]:
+    from dali_pipes.bench.anchor import file_reader_batches
+    from dali_pipes.bench.jobs import original_files
+
+    with file_reader_batches(
+        original_files(inputs), inputs.spec, batch_size=inputs.batch_size, device=device, num_threads=inputs.cores
+    ) as pairs:
+        yield pairs
+
+
+@contextlib.contextmanager
+def _dataloader(inputs: BenchInputs, workers: int) -> Iterator[Iterator[tuple[Any, Any]]]:
+    from dali_pipes.bench.baselines import FileImageDataset, PilTrainTransform, StoreImageDataset, pil_dataloader
+    from dali_pipes.bench.streams import BATCH_TIMEOUT, shutdown_workers
+
+    transform = PilTrainTransform.from_spec(inputs.spec)
+    dataset = FileImageDataset(inputs.files, transform) if inputs.files else StoreImageDataset(inputs.dataset, transform)
+    loader = pil_dataloader(dataset, batch_size=inputs.batch_size, num_workers=workers, timeout=BATCH_TIMEOUT)
+    batches = cycle(loader)
+    try:
+        yield batches
+    finally:
+        batches.close()
+        shutdown_workers(loader)
+
+
+# --- the GPU's utilisation ----------------------------------------------------------------------
+
+
+class GpuBusy:
+    """NVML's GPU utilisation sampled every ``interval`` seconds in a thread, averaged over a row's windows.
+
+    ``share(row)`` is ``None`` without a GPU, without ``nvidia-ml-py``, or for a row not measured.
+    """
+
+    def __init__(self, target: Target, interval: float = 0.1) -> None:
+        self._target = target
+        self._interval = interval
+        self._samples: list[tuple[float, float]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> "GpuBusy":
+        if self._target.is_cuda and self._read() is not None:
+            self._thread = threading.Thread(target=self._run, name="dali-pipes-gpu-busy", daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def _read(self) -> float | None:
+        import torch
+
+        try:
+            return float(torch.cuda.utilization(torch.device(self._target.device)))
+        except Exception as exc:  # noqa: BLE001 - no NVML (nvidia-ml-py) here: the column stays empty
+            log.debug("bench train: no GPU utilisation readings: %s", exc)
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            value = self._read()
+            if value is not None:
+                self._samples.append((time.perf_counter(), value / 100))
+
+    def share(self, row: Row) -> float | None:
+        """The mean utilisation over ``row``'s timed windows, rounded to 0.01."""
+        if row.timing is None:
+            return None
+        inside = [value for when, value in self._samples if any(a <= when <= b for a, b in row.timing.spans)]
+        return round(statistics.mean(inside), 2) if inside else None
+
+
+def _summary(report: BenchReport, models: tuple[tuple[str, int], ...]) -> dict[str, Any]:
+    """Each loader's training rate over the model's own, and ours over the DataLoader's, per model."""
+    summary: dict[str, Any] = {}
+    for model, size in models:
+
+        def rate(name: str) -> float | None:
+            row = report.row(name, model=model, size=size)
+            return None if row is None else row.images_per_s
+
+        def over(a: float | None, b: float | None) -> float | None:
+            return a / b if a and b else None
+
+        alone = rate(MODEL_ALONE)
+        key = f"{model} {size}px"
+        summary[f"{key}: {OURS} / {MODEL_ALONE}"] = {
+            "value": over(rate(OURS), alone),
+            "unit": "x",
+            "target": "at least 0.95x (resnet50)",
+        }
+        summary[f"{key}: {DATALOADER} / {MODEL_ALONE}"] = {"value": over(rate(DATALOADER), alone), "unit": "x"}
+        summary[f"{key}: {OURS} / {DATALOADER}"] = {
+            "value": over(rate(OURS), rate(DATALOADER)),
+            "unit": "x",
+            "target": "at least 3x (resnet18 160px)",
+        }
+        summary[f"{key}: {OURS} / {PLAIN_DALI}"] = {"value": over(rate(OURS), rate(PLAIN_DALI)), "unit": "x"}
+    return summary
+
+
+__all__ = ["CPU_MODELS", "GPU_MODELS", "GpuBusy", "train_suite", "training_model", "training_stream"]
