@@ -95,8 +95,10 @@ def test_the_loader_reads_zero_copy_formats_in_its_own_process_by_default(datase
     assert default_py_num_workers(fmt, True, cpus=16) == (0 if readers == 0 else 4)
     assert default_py_num_workers(fmt, False, cpus=16) == 4  # per-sample reads keep their workers
     # Feeding the GPU decoder, the loader's one thread is the limit on a large machine, not on a small one.
-    assert default_py_num_workers(fmt, True, cpus=16, gpu_images=True) == 4
-    assert default_py_num_workers(fmt, True, cpus=4, gpu_images=True) == (0 if readers == 0 else 2)
+    # One process per 4 cores of the rank, 2 to 8 of them (issue 49).
+    assert [default_py_num_workers(fmt, True, cpus=c, gpu_images=True) for c in (4, 8, 16, 32, 128)] == (
+        [0, 2, 4, 8, 8] if readers == 0 else [2, 4, 4, 4, 4]
+    )
     assert default_py_num_workers(fmt, True, cpus=16, workers=0, gpu_images=True) == 0  # a count given is kept
     store = open_store(datasets[fmt, "images"])
     expected = {i: np.frombuffer(store.read(i, ("image",))["image"], np.uint8) for i in range(N)}
@@ -267,14 +269,42 @@ def test_dali_threads_by_default_fit_this_ranks_share_of_the_cores(monkeypatch):
     import os
 
     from dali_pipes import ClassificationTrain
-    from dali_pipes.loading.options import resolve_counts
+    from dali_pipes.loading.options import default_num_threads, resolve_counts
 
     mine = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert resolve_counts(ClassificationTrain(), None, None, None, None)[1] == min(4, mine)
+    # Decoding on the CPU: a few threads, cores left to the training step; feeding the GPU: the rank's share.
+    assert default_num_threads() == min(4, mine)
+    assert default_num_threads(gpu_images=True) == mine
+    assert [default_num_threads(c, gpu_images=True) for c in (1, 8, 16)] == [1, 8, 16]
+    assert [default_num_threads(c) for c in (1, 8, 16)] == [1, 4, 4]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(mine))  # as many ranks as cores on this node: one thread each
-    assert resolve_counts(ClassificationTrain(), None, None, None, None)[1] == 1
+    assert default_num_threads() == default_num_threads(gpu_images=True) == 1
+    assert resolve_counts(ClassificationTrain(), None, None, None, None)[1] is None  # chosen once the device is
     assert resolve_counts(ClassificationTrain(), None, 3, None, None)[1] == 3  # an explicit count wins
+
+
+def test_the_loader_says_which_thread_and_process_counts_it_chose_and_why(datasets, caplog, monkeypatch):
+    import logging
+
+    from dali_pipes.loading.options import default_num_threads
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    with caplog.at_level(logging.INFO, logger="dali_pipes.loading.options"):
+        with DALILoader(datasets["lmdb", "images"], EncodedBytes(), batch_size=4, device="cpu") as loader:
+            assert loader.num_threads == default_num_threads()
+        with DALILoader(
+            datasets["lmdb", "images"], EncodedBytes(), batch_size=4, device="cpu", num_threads=3
+        ) as loader:
+            assert loader.num_threads == 3
+    lines = [r.getMessage() for r in caplog.records if "DALI threads" in r.getMessage()]
+    cores = len(os.sched_getaffinity(0))
+    assert lines == [
+        f"DALILoader: {default_num_threads()} DALI threads (the default for {cores} cores per rank where the CPU "
+        f"decodes) and 0 reader processes (the default for {cores} cores per rank where the CPU decodes)",
+        "DALILoader: 3 DALI threads (set by the caller, a settings file or the pipeline spec) and 0 reader processes "
+        f"(the default for {cores} cores per rank where the CPU decodes)",
+    ]
 
 
 #: How long a batch's read waits for the others before it gives up on meeting them (only a failure waits it out).

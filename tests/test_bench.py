@@ -176,7 +176,7 @@ def test_bench_plot_is_drawn(bench_cli):
 
 
 @pytest.mark.parametrize(
-    "suite", ["feed", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage", "recipe"]
+    "suite", ["feed", "albumentations", "cpu-vs-gpu", "workers", "formats", "stages", "storage", "recipe", "train"]
 )
 def test_each_suite_runs_and_returns_its_table(dataset, suite):
     from dali_pipes.bench.report import format_table
@@ -253,7 +253,51 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         import torch
 
         assert len(models) == 2 and all(row.skipped for row in models) != torch.cuda.is_available()
+    if suite == "train":
+        _check_train_report(report)
     assert len(names) == len(report.rows), "two rows measure the same thing"
+
+
+def _check_train_report(report) -> None:
+    """Each model alone and fed by each loader; ratios to the model's own rate; which side bounds each run."""
+    from dali_pipes.bench.train import CPU_MODELS, GPU_MODELS
+
+    models = GPU_MODELS if _cuda() else CPU_MODELS
+    names = ["model alone", "dali-pipes", "DALI readers.file", "DataLoader+PIL"]
+    assert [(row.name, row.params["model"], row.params["size"]) for row in report.rows] == [
+        (name, model, size) for model, size in models for name in names
+    ]
+    assert all(row.timing is not None for row in report.rows), [(r.name, r.skipped) for r in report.rows]
+    for row in report.rows:
+        share = report.ratio(row)
+        if row.name == "model alone":
+            assert share == 1.0 and "bound_by" not in row.extra
+        else:  # the side that bounds it follows the share of the model's rate it reached
+            assert row.extra["bound_by"] == ("model" if share >= 0.95 else "input")
+        assert (row.extra["gpu_busy"] is None) == (not _cuda())
+    # The DataLoader row runs as a training script's: a worker per core, pinned memory where CUDA is.
+    assert f"num_workers={report.context['cores']}, pin_memory, persistent_workers" in report.rows[3].description
+    assert "its defaults" in report.rows[1].description
+    for model, size in models:
+        ours = report.row("dali-pipes", model=model, size=size).images_per_s
+        dataloader = report.row("DataLoader+PIL", model=model, size=size).images_per_s
+        entry = report.summary[f"{model} {size}px: dali-pipes / DataLoader+PIL"]
+        assert entry["value"] == pytest.approx(ours / dataloader)
+    assert [m["model"] for m in report.context["models"]] == [m for m, _ in models]
+
+
+def test_gpu_busy_averages_the_samples_inside_a_rows_windows_only():
+    from dali_pipes.bench.runner import Row, Timing
+    from dali_pipes.bench.train import GpuBusy
+
+    busy = GpuBusy(Target("cpu"))
+    with busy:  # no GPU here: nothing is sampled, and a row gets no figure
+        pass
+    row = Row("r", timing=Timing((1.0, 1.0), 2, 2.0, spans=((10.0, 11.0), (20.0, 21.0))))
+    assert busy.share(row) is None
+    busy._samples = [(9.9, 0.0), (10.2, 0.5), (10.9, 0.7), (15.0, 0.0), (20.5, 0.9), (21.1, 0.0)]
+    assert busy.share(row) == pytest.approx(0.7)
+    assert busy.share(Row("unmeasured")) is None
 
 
 def test_albumentations_holds_opencv_to_one_thread_before_its_first_use(dataset):
@@ -610,8 +654,12 @@ def test_the_gpu_decoder_suite_sets_our_defaults_beside_plain_dali_at_both_decod
         ("dali-pipes gpu", None, defaults),  # the load chosen for the machine
         ("dali-pipes gpu", 0.65, defaults),
     ]
+    assert rows[4] == ("dali-pipes gpu", 0.85, defaults)  # both decoders at once
+    # The former default of 4 DALI threads, where today's differs (on this machine's cores).
+    former = [] if report.rows[2].params["num_threads"] == 4 else [4]
+    assert [row.params["num_threads"] for row in report.rows[5 : 5 + len(former)]] == former
     # Reading in the loader's thread and with 8 processes, whichever the defaults are not.
-    assert sorted(w for _, _, w in rows[4:]) == sorted({0, 8} - {defaults})
+    assert sorted(w for _, _, w in rows[5 + len(former) :]) == sorted({0, 8} - {defaults})
     values = [entry["value"] for entry in report.summary.values()]
     if _cuda():
         assert all(row.timing is not None for row in report.rows), [(r.name, r.error) for r in report.rows]

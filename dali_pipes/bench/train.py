@@ -240,7 +240,9 @@ def _dataloader(inputs: BenchInputs, workers: int) -> Iterator[Iterator[tuple[An
     from dali_pipes.bench.streams import BATCH_TIMEOUT, shutdown_workers
 
     transform = PilTrainTransform.from_spec(inputs.spec)
-    dataset = FileImageDataset(inputs.files, transform) if inputs.files else StoreImageDataset(inputs.dataset, transform)
+    dataset = (
+        FileImageDataset(inputs.files, transform) if inputs.files else StoreImageDataset(inputs.dataset, transform)
+    )
     loader = pil_dataloader(dataset, batch_size=inputs.batch_size, num_workers=workers, timeout=BATCH_TIMEOUT)
     batches = cycle(loader)
     try:

@@ -32,14 +32,7 @@ from dali_pipes.loading.direct import DirectIterator, runs_without_dali
 from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
-from dali_pipes.loading.options import (
-    check_options,
-    counts_reason,
-    default_num_threads,
-    default_py_num_workers,
-    device_description,
-    resolve_counts,
-)
+from dali_pipes.loading.options import check_options, choose_counts, device_description, resolve_counts
 from dali_pipes.loading.pipeline_build import bind_spec as _bind
 from dali_pipes.loading.pipeline_build import build_pipeline, dali_iterator, output_casts, pipeline_seed, source_options
 from dali_pipes.loading.pipeline_build import required_fields as _required_fields
@@ -284,15 +277,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         #: DALI's threads and Python reader processes: as asked, else the defaults for the format, device and cores.
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
         fmt = self.store.manifest.format
-        self.py_num_workers = default_py_num_workers(fmt, self._batch_reads, workers=workers, gpu_images=gpu_images)
-        self.num_threads = default_num_threads(gpu_images=gpu_images) if threads is None else threads
-        logger.info(
-            "DALILoader: %d DALI threads (%s) and %d reader processes (%s)",
-            self.num_threads,
-            counts_reason(threads, gpu_images),
-            self.py_num_workers,
-            counts_reason(workers, gpu_images),
-        )
+        self.num_threads, self.py_num_workers = choose_counts(threads, workers, fmt, self._batch_reads, gpu_images)
         if runs_without_dali(spec, batch_reads=self._batch_reads, workers=self.py_num_workers):
             return None, (*self._fields, *RESERVED_OUTPUTS[: 1 + int(self.with_index)])  # loading/direct.py
         return build_pipeline(

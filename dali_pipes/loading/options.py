@@ -6,6 +6,7 @@ arguments, resolve world and device, prepare the store, bind the spec, build.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,8 @@ from dali_pipes.staging.ramcache import CACHE_KINDS
 
 if TYPE_CHECKING:
     from dali_pipes.pipelines.base import PipelineSpec
+
+log = logging.getLogger(__name__)
 
 
 def resolve_counts(
@@ -88,8 +91,24 @@ def cores_per_rank() -> int:
     return max(1, cores // local_ranks)
 
 
-def counts_reason(given: int | None, gpu_images: bool) -> str:
-    """Why the loader runs the thread or process count it does, for its start-up log line."""
+def choose_counts(
+    threads: int | None, workers: int | None, fmt: str, batch_reads: bool, gpu_images: bool
+) -> tuple[int, int]:
+    """``(num_threads, py_num_workers)``: as given, else the defaults for the device, format and cores; one INFO
+    line says what was chosen and why."""
+    chosen_workers = default_py_num_workers(fmt, batch_reads, workers=workers, gpu_images=gpu_images)
+    chosen_threads = default_num_threads(gpu_images=gpu_images) if threads is None else threads
+    log.info(
+        "DALILoader: %d DALI threads (%s) and %d reader processes (%s)",
+        chosen_threads,
+        _counts_reason(threads, gpu_images),
+        chosen_workers,
+        _counts_reason(workers, gpu_images),
+    )
+    return chosen_threads, chosen_workers
+
+
+def _counts_reason(given: int | None, gpu_images: bool) -> str:
     if given is not None:
         return "set by the caller, a settings file or the pipeline spec"
     where = "the GPU decodes the images" if gpu_images else "the CPU decodes"
