@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,16 +33,35 @@ class ConversionError(Exception):
 
 
 class NothingConverted(ConversionError):
-    """Every input of a conversion was left out: the message says why, for the most common reasons."""
+    """Every input of a conversion was left out: the message gives each distinct reason, with a count and an example.
+
+    Nothing of the job is kept (no ``errors.jsonl`` either), so the message is the only account: every reason is
+    in it, most frequent first. Reasons that differ only in their numbers (how many bytes a truncated file lacks,
+    an image's size) are one reason, shown as its first input gave it, so that a folder of files broken the same
+    way reads as one line, not one per file. Past :data:`SHOWN_REASONS` distinct reasons the rest are counted,
+    with their first example, to keep the message readable.
+    """
+
+    #: Distinct reasons shown; inputs failing for the same few reasons (the usual case) are all accounted for.
+    SHOWN_REASONS = 20
 
     def __init__(self, errors: list[dict[str, str]]) -> None:
-        by_reason: dict[str, list[str]] = {}
+        by_reason: dict[str, list[dict[str, str]]] = {}
         for error in errors:
-            by_reason.setdefault(error["reason"], []).append(error["input"])
-        common = sorted(by_reason.items(), key=lambda item: -len(item[1]))
-        reasons = "; ".join(f"{len(names)} x {reason} (e.g. {names[0]})" for reason, names in common[:3])
-        more = f"; and {len(common) - 3} other reasons" if len(common) > 3 else ""
-        super().__init__(f"no input could be converted: all {len(errors)} inputs failed: {reasons}{more}")
+            by_reason.setdefault(re.sub(r"\d+", "#", error["reason"]), []).append(error)
+        # Most frequent first; a stable sort keeps equally frequent reasons in input order.
+        common = sorted(by_reason.values(), key=lambda group: -len(group))
+        shown, rest = common[: self.SHOWN_REASONS], common[self.SHOWN_REASONS :]
+        reasons = "; ".join(f"{len(group)} x {group[0]['reason']} (e.g. {group[0]['input']})" for group in shown)
+        if rest:
+            reasons += (
+                f"; and {sum(len(group) for group in rest)} input(s) for {len(rest)} other reasons "
+                f"(e.g. {rest[0][0]['input']}: {rest[0][0]['reason']})"
+            )
+        super().__init__(
+            f"no input could be converted: all {len(errors)} inputs failed: {reasons}; nothing was written: "
+            "fix or replace these inputs and convert again"
+        )
 
 
 class SampleError(Exception):
@@ -160,9 +180,16 @@ class Source(ABC):
         """Refuse a finished conversion that this source cannot stand by; called before the manifest is written.
 
         ``left_out`` maps the :attr:`Item.name` of each input left out as bad (the items were enumerated in this
-        process before) to why it was. Raises :class:`ConversionError`; the shards stay, so a re-run that passes
-        completes at once.
+        process before) to why it was. Raises :class:`ConversionError`; the runner then removes everything the job
+        wrote, since the same command could only be refused again.
         """
+
+    def left_out_parts(self, item: Item) -> list[tuple[str, str]]:
+        """Parts of ``item`` that its sample, written, does not hold (a COCO polygon too short to draw): ``(part,
+        reason)`` each, listed in ``errors.jsonl`` with the input's name and ``part``. Asked once the item's sample
+        is written, so only for kept inputs; it must depend on ``item`` alone, so that a resumed run lists the same.
+        None by default."""
+        return []
 
     def shard_done(self) -> None:
         """Called in the process that wrote a shard once it is written (or given up): let go of what was opened to

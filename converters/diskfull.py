@@ -70,3 +70,12 @@ def disk_full_why(exc: BaseException) -> str:
     if code == errno.EDQUOT:
         return "the disk quota is used up"
     return "no space left on the device"
+
+
+def disk_full_message(final: Path, out: Path, exc: BaseException) -> str:
+    """One line for a shard that ran out of space: which shard, why (disk, quota or file-size limit), what is free."""
+    todo = "raise the limit (or use smaller shards)" if disk_full_errno(exc) == errno.EFBIG else "free space"
+    return (
+        f"{final}: disk full while writing this shard ({disk_full_why(exc)}; {free_space(out)}); nothing of it was "
+        f"kept. The finished shards are kept: {todo} and run the same command again to continue"
+    )

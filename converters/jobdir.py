@@ -242,7 +242,9 @@ def _record_file(out: Path, number: int) -> Path:
 
 
 def discard_job(out: Path, created: bool) -> None:
-    """Remove everything this job wrote (after ``--on-error fail``)."""
+    """Remove everything this job wrote (after ``--on-error fail``, or a result refused): the output folder too
+    when this run or an earlier run of the same job (its ``job.json`` says) created it; else it stays, emptied."""
+    created = created or _created_by_job(out)
     remove_paths(out.glob("shard-*"))
     shutil.rmtree(out / JOB_DIR, ignore_errors=True)
     (out / LOCK_NAME).unlink(missing_ok=True)
@@ -251,6 +253,14 @@ def discard_job(out: Path, created: bool) -> None:
             out.rmdir()
         except OSError:
             pass
+
+
+def _created_by_job(out: Path) -> bool:
+    """Whether the job recorded in ``out`` made the folder (a resumed run finds it there, yet it is the job's)."""
+    try:
+        return bool(json.loads((out / JOB_DIR / "job.json").read_text()).get("created_output"))
+    except (OSError, ValueError, AttributeError):
+        return False  # no readable record: keep the folder, the safe side
 
 
 def read_errors(out: Path) -> list[dict[str, str]]:

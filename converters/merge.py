@@ -42,7 +42,6 @@ from pathlib import Path
 
 import h5py
 import numpy as np
-from tqdm import tqdm
 
 from converters.base import ConversionError
 from converters.ctrl_c import CtrlC, held
@@ -50,7 +49,7 @@ from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_d
 from converters.writers._h5file import GuardedFile
 from dali_pipes.dataset.fileio import fsync_dir
 from dali_pipes.dataset.manifest import Field, Manifest, load_manifest, resolve_inside
-from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.dataset.progress import bar_disabled, tqdm
 from dali_pipes.stores.checksum import RECORD_CRC32C
 from dali_pipes.stores.hdf5 import open_file
 from dali_pipes.stores.hdf5_layout import (

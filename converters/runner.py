@@ -27,7 +27,6 @@ Dask) before the job's files are removed, so nothing is written afterwards.
 
 from __future__ import annotations
 
-import errno
 import gc
 import glob
 import json
@@ -40,10 +39,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
-from tqdm import tqdm
-
 from converters.base import ConversionError, Item, NothingConverted, SampleError, Source
-from converters.diskfull import disk_full_errno, disk_full_why, free_space, is_disk_full
+from converters.diskfull import disk_full_message, free_space, is_disk_full
 from converters.engines import LocalEngine, WorkerDied, make_engine
 from converters.input_plan import InputPlan, plan_input, shard_items
 from converters.jobdir import (
@@ -74,7 +71,7 @@ from dali_pipes.dataset.manifest import (
     Manifest,
     write_manifest,
 )
-from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.dataset.progress import bar_disabled, tqdm
 from dali_pipes.remote.urls import redact_urls
 
 log = logging.getLogger(__name__)
@@ -166,7 +163,6 @@ def convert(
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
             raise
-        source.check_result({e["input"]: e["reason"] for r in results.values() for e in r.errors})
         manifest = _assemble(out, source, format, plans, results, digest, created)
         shutil.rmtree(job_dir, ignore_errors=True)
     errors = [e for p in plans for e in results[p.number].errors]
@@ -207,16 +203,22 @@ def _make_output(out: Path) -> bool:
 
 
 def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str, created: bool) -> Manifest:
-    """Write ``errors.jsonl`` and then the manifest, in shard order (nothing at all when every input failed)."""
+    """Write ``errors.jsonl`` and then the manifest, in shard order; or refuse the result, leaving nothing behind."""
     shards = []
     errors = []
     for plan in plans:
         record = results[plan.number]
         shards.append(record.shard())
         errors.extend(record.errors)
-    if sum(s.num_samples for s in shards) == 0:
-        discard_job(out, created)  # nothing in it is usable: leave no half-made dataset behind
-        raise NothingConverted(errors)
+    try:
+        if sum(s.num_samples for s in shards) == 0:
+            raise NothingConverted(errors)  # asked first: allowing what the source refuses would not help
+        source.check_result({e["input"]: e["reason"] for e in errors if "part" not in e})
+    except ConversionError:
+        # The same command would be refused again, so its shards could never become a dataset, and a job folder
+        # left here would tell `inspect` (and the user) to resume it: leave nothing behind, as --on-error fail does.
+        discard_job(out, created)
+        raise
     lines = "".join(json.dumps(e, sort_keys=True) + "\n" for e in errors)
     atomic_write_bytes(out / ERRORS_NAME, lines.encode())
     manifest = Manifest(
@@ -294,7 +296,7 @@ def _run_shards(
     bar = tqdm(
         total=inputs.count,
         initial=done_before,
-        unit="img",
+        unit="sample",
         desc=f"convert {fmt}",
         disable=bar_disabled(progress),
         smoothing=0.05,
@@ -428,6 +430,11 @@ def _write_samples(
                 raise ValueError(f"{item.name}: the source gave fields {sorted(sample)}, expected {sorted(fields)}")
             writer.write(sample)
             count += 1
+            # Listed like inputs left out, naming the part: the input itself is kept, not quietly made smaller.
+            for part, why in source.left_out_parts(item):
+                errors.append(
+                    {"input": redact_urls(item.name), "part": part, "reason": redact_urls(why), "shard": shard}
+                )
         unreported += 1
         if unreported >= _PROGRESS_EVERY:
             _report(unreported, on_progress)
@@ -479,12 +486,3 @@ def _report(count: int, on_progress) -> None:
         on_progress(count)
     elif _progress_queue is not None:
         _progress_queue.put(count)
-
-
-def disk_full_message(final: Path, out: Path, exc: BaseException) -> str:
-    """One line for a shard that ran out of space: which shard, why (disk, quota or file-size limit), what is free."""
-    todo = "raise the limit (or use smaller shards)" if disk_full_errno(exc) == errno.EFBIG else "free space"
-    return (
-        f"{final}: disk full while writing this shard ({disk_full_why(exc)}; {free_space(out)}); nothing of it was "
-        f"kept. The finished shards are kept: {todo} and run the same command again to continue"
-    )

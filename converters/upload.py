@@ -110,15 +110,23 @@ def convert_to_url(
 ):
     """Convert ``source`` into a dataset at ``url`` (``s3://bucket/ds``, ...); see the module docstring.
 
+    The destination is checked before anything else (:func:`~dali_pipes.remote.destination.check_destination`):
+    credentials found, the server reached, the bucket there, writing allowed; else :class:`RemoteError`, with
+    nothing read, converted or left behind.
+
     ``work_dir`` is the local folder shards are written in before their upload (default: a folder
     for this URL under ``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``); it keeps only the job's
     records and the small ``index.json`` and ``errors.jsonl`` once done, so a re-run finds the job
     complete. ``options`` go to :func:`converters.runner.convert`. Returns its ``ConvertResult``.
     """
     from converters.runner import convert
+    from dali_pipes.remote.destination import check_destination
     from dali_pipes.staging.download import default_cache_dir
 
     uploader = Uploader(url.rstrip("/"), storage_options)
+    # First, within seconds: a bucket that is not there or may not be written to would otherwise show only at the
+    # first upload, after that shard's work, with a work folder left in the cache.
+    check_destination(uploader.url, storage_options)
     out = (
         Path(work_dir)
         if work_dir is not None

@@ -7,10 +7,12 @@ test can check which sample it got from the pixels as well as from ``index``.
 
 from __future__ import annotations
 
+import atexit
 import io
 import logging
 import os
 import shutil
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +39,37 @@ def encode_jpeg(value: int, shape: tuple[int, int] = (20, 24)) -> bytes:
 def grey_level(i: int) -> int:
     # Distinct levels 8 apart for up to 30 samples; larger sets repeat, which the tests allow for.
     return 8 * (i % 30) + 8
+
+
+#: The sockets that hold the ports free_port() handed out, bound until this process exits.
+_RESERVED_PORTS: list[socket.socket] = []
+
+
+@atexit.register
+def _release_ports() -> None:
+    for sock in _RESERVED_PORTS:  # closed before exit, not left to the garbage collector's ResourceWarning
+        sock.close()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that no other process is handed while this one runs: for a rendezvous.
+
+    For ``init_process_group(init_method=f"tcp://127.0.0.1:{port}")`` and ``torchrun --master_port``.
+    Binding port 0 and closing the socket (what the tests did) released the port before the job's
+    store bound it, so under ``pytest -n auto`` another test's probe could be handed it in between
+    and two jobs met at one port. Here the socket stays bound, with ``SO_REUSEADDR`` and never
+    listening, for the life of this process. On Linux the kernel then hands the port to no socket
+    that binds port 0 and to no outgoing connection; a socket that binds it by number with
+    ``SO_REUSEADDR`` still can, since ours does not listen: torch's ``TCPStore`` sets it (with and
+    without libuv), so the job's store binds it and is the only one listening there
+    (``tests/test_ports.py``). A ``file://`` rendezvous needs no port, but torchrun's nodes and the
+    helpers that take a port number need one.
+    """
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    _RESERVED_PORTS.append(sock)  # a few per test process: kept rather than tracked per job
+    return sock.getsockname()[1]
 
 
 def skip_if_fork_refused() -> None:

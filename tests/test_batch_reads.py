@@ -251,11 +251,22 @@ def test_hdf5_map_joins_chunks_that_lie_end_to_end(tmp_path):
         mapped.close()
 
 
+def _skip_if_pinned() -> None:
+    """These count on a test process that may use the whole node: a pinned one keeps its cores undivided."""
+    import os
+
+    from dali_pipes.loading.world import node_cpus
+
+    if set(os.sched_getaffinity(0)) != set(node_cpus()):
+        pytest.skip("this process is pinned to part of the node (tests/test_loader_defaults.py covers that)")
+
+
 def test_the_default_counts_the_cores_of_this_rank(monkeypatch):
     import os
 
     from dali_pipes.loading.options import cores_per_rank
 
+    _skip_if_pinned()
     mine = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     assert cores_per_rank() == mine
@@ -271,6 +282,7 @@ def test_dali_threads_by_default_fit_this_ranks_share_of_the_cores(monkeypatch):
     from dali_pipes import ClassificationTrain
     from dali_pipes.loading.options import default_num_threads, resolve_counts
 
+    _skip_if_pinned()
     mine = len(os.sched_getaffinity(0))
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     # Decoding on the CPU: a few threads, cores left to the training step; feeding the GPU: the rank's share.

@@ -697,3 +697,20 @@ def test_repeats_below_one_are_refused_by_the_command_line(dataset, capsys):
         main(["bench", str(dataset), "--repeats", "0"])
     assert exit_info.value.code == 2
     assert "--repeats: must be at least 1, got 0" in capsys.readouterr().err
+
+
+def test_without_batch_size_a_small_dataset_gets_a_batch_it_fills_and_is_told_which(dataset, imagenet_mini, tmp_path):
+    # The package's own 47 sample photos were refused at the default batch of 64: the batch was never chosen by the user.
+    mini = tmp_path / "mini"
+    convert(ImageFolderSource(imagenet_mini), mini, format="lmdb", workers=1, progress=False)
+    command = [*CLI, "bench", str(mini), "--quick", "--rows", "dali-pipes cpu", "--no-progress"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "batch size 32, not the default 64: " in proc.stderr and "holds only 47 samples" in proc.stderr, proc.stderr
+    assert "47 samples, batch 32," in proc.stdout, proc.stdout
+    # Given explicitly, a batch the dataset cannot fill is still refused, naming the flag.
+    proc = subprocess.run([*command, "--batch-size", "64"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "less than one batch of 64; use a smaller --batch-size" in proc.stderr, proc.stderr
+    from dali_pipes.bench.inputs import fitting_batch_size
+
+    assert [fitting_batch_size(dataset, n) for n in (1, 2, 47, 63, 64, 1000)] == [1, 2, 32, 32, 64, 64]

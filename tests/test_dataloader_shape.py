@@ -82,6 +82,78 @@ def test_evaluation_without_padding_counts_each_sample_once_over_the_ranks(tiny,
         assert sorted(set(rows)) == list(range(N)) and len(rows) == counts[0] * 3 * 4  # the filler is duplicates
 
 
+def _evaluate(path, n_ranks, batch_size, **kwargs):
+    """Each rank's ``(label, index)`` batches, one loader per rank in turn, read in order without padding."""
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=True)
+    per_rank = []
+    for rank in range(n_ranks):
+        with DALILoader(
+            path, TinySpec(), batch_size=batch_size, device="cpu", shuffle=False, rank=rank, world_size=n_ranks,
+            with_index=True, batch_format=fmt, **kwargs,
+        ) as loader:  # fmt: skip
+            per_rank.append([index.tolist() for _, index in loader])
+    return per_rank
+
+
+@pytest.mark.parametrize("n, batch_size", [(16, 4), (10, 2), (10, 4)])
+def test_evaluation_without_padding_never_yields_an_empty_batch_on_any_rank(tmp_path, n, batch_size):
+    """3 ranks: every rank as many batches, none empty, the rows of all of them the dataset once each.
+
+    16 in batches of 4 left rank 2 a last batch of padding alone (0 rows) before the last step was dealt out
+    evenly; 10 in batches of 2 or 4 are the batch sizes the refusal below proposes.
+    """
+    per_rank = _evaluate(write_dataset(tmp_path / "ds", n, samples_per_shard=5), 3, batch_size)
+    assert len({len(batches) for batches in per_rank}) == 1  # every rank takes as many steps
+    assert all(len(batch) > 0 for batches in per_rank for batch in batches)  # accuracy divides by the rows
+    assert sorted(i for batches in per_rank for batch in batches for i in batch) == list(range(n))
+
+
+def test_evaluation_that_would_leave_a_rank_an_empty_last_batch_is_refused_naming_batch_sizes_that_work(tmp_path):
+    # 10 samples, batch 3, 3 ranks: the last step holds 1 sample, so ranks 1 and 2 would get 0 rows.
+    dataset = write_dataset(tmp_path / "ds", 10, samples_per_shard=5)
+    for rank in range(3):  # every rank refuses alike: none is left waiting in a collective for the others
+        with pytest.raises(ValueError, match=r"drop_padding=True.*rank\(s\) 1, 2 would get an empty last batch.*"
+                           r"batch_size=2 or 4.*is_pad"):  # fmt: skip
+            _evaluate(dataset, 3, 3)
+    with DALILoader(dataset, TinySpec(), batch_size=3, device="cpu", rank=2, world_size=3) as padded:
+        assert [len(batch["label"]) for batch in padded] == [3, 1]  # with the padding kept: one filler row
+    tiny_set = write_dataset(tmp_path / "two", 2)
+    with pytest.raises(ValueError, match="2 samples in batches of 1 on 3 ranks.*evaluate on at most 2 ranks"):
+        _evaluate(tiny_set, 3, 1)
+
+
+@pytest.mark.timeout(300)
+def test_a_ddp_evaluation_on_three_ranks_has_no_empty_batch_or_refuses_on_every_rank(tmp_path):
+    """Real processes (gloo) in lockstep, tuples without padding: 16 samples read once, no rank given 0 rows;
+    10 in batches of 3 refused by every rank when its loader is made, so the job ends instead of hanging."""
+    import torch.multiprocessing as mp
+
+    reports = run_job(3, write_dataset(tmp_path / "16", 16, samples_per_shard=5), tmp_path, batch_size=4, epochs=1,
+                      dataloader_shape=True, shuffle=False)  # fmt: skip
+    per_rank = [report["epochs"][0] for report in reports]
+    assert [len(batches) for batches in per_rank] == [2, 2, 2]
+    assert [len(indices) for batches in per_rank for indices, _ in batches] == [4, 2, 4, 1, 4, 1]
+    assert sorted(i for batches in per_rank for indices, _ in batches for i in indices) == list(range(16))
+    with pytest.raises(mp.ProcessRaisedException, match="would get an empty last batch"):
+        run_job(3, write_dataset(tmp_path / "10", 10), tmp_path, batch_size=3, epochs=1, dataloader_shape=True)
+
+
+def test_a_resumed_evaluation_pass_that_would_leave_a_rank_empty_is_refused_before_it_starts(tiny):
+    # 23 samples: a state saved after 10 (one batch of 5 on 2 ranks) leaves 13 for 3 ranks in batches of 4, so
+    # the last step holds 1 sample. Refused at iter(), the loader unchanged: a whole epoch still reads.
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=True)
+    with DALILoader(
+        tiny, TinySpec(), batch_size=4, device="cpu", shuffle=False, rank=0, world_size=3, with_index=True,
+        batch_format=fmt,
+    ) as loader:  # fmt: skip
+        whole = loader.state_dict()
+        loader.load_state_dict({**whole, "samples_consumed": 10})
+        with pytest.raises(ValueError, match=r"13 samples in batches of 4 on 3 ranks leave 1 for the last step"):
+            iter(loader)
+        loader.load_state_dict(whole)
+        assert [i for _, index in loader for i in index.tolist()] == [0, 1, 2, 3, 12, 13, 14, 15]
+
+
 def test_batch_format_refuses_what_it_cannot_yield(tiny):
     with pytest.raises(TypeError, match="tuple of output names"):
         BatchFormat(keys="image")

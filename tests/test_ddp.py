@@ -10,7 +10,6 @@ instead of hanging it.
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 import torch.multiprocessing as mp
@@ -18,16 +17,10 @@ import torch.multiprocessing as mp
 from dali_pipes import DALILoader
 from dali_pipes.sampling import epoch_order, num_batches, rank_indices
 
-from loader_helpers import TinySpec, ddp_worker, write_dataset
+from loader_helpers import TinySpec, ddp_worker, free_port, write_dataset  # free_port: imported from here too
 
 N = 23
 BATCH = 3
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_job(world_size, dataset, out_dir, **options):

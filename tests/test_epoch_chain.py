@@ -13,9 +13,9 @@ from recipe_helpers import write_photo_dataset
 from dali_pipes import DALILoader, Mix
 from dali_pipes.loading.epoch_plan import plan_path
 from dali_pipes.pipelines import ClassificationTrain, Features
-from dali_pipes.sampling import rank_indices
+from dali_pipes.sampling import rank_indices, split_order
 
-from loader_helpers import write_dataset
+from loader_helpers import skip_if_fork_refused, write_dataset
 
 SEED = 5
 N = 122  # not a whole number of batches of 4, or of 8 on two ranks: every epoch ends with padding
@@ -164,3 +164,61 @@ def test_plain_feature_rows_read_on_too(tmp_path):
             rows = np.concatenate([b["index"][~b["is_pad"]].numpy() for b in loader]).tolist()
             assert rows == [i for i in expected(50, epoch) if i >= 0]
         assert loader._chain.dali_epoch == 0
+
+
+# --- weighted and mixed draws read on from epoch to epoch -----------------------------------------------
+
+
+def drawn(order: np.ndarray, rank: int = 0, world_size: int = 1) -> list[int]:
+    """This rank's real samples of an epoch's global draw, in order."""
+    indices, is_pad = split_order(order, 4, rank, world_size)
+    return indices[~is_pad].tolist()
+
+
+def read_draws(loader, sampling, n: int, epochs: int) -> None:
+    """Read ``epochs`` whole passes, each exactly its epoch's draw for this rank, all in one DALI epoch."""
+    assert loader._chain.enabled  # more batches an epoch than DALI reads ahead: each epoch is read on into
+    for epoch in range(epochs):
+        rows = [i for b in loader for i in b["index"][~b["is_pad"]].tolist()]
+        assert rows == drawn(sampling.order(n, epoch, SEED), loader.world.rank, loader.world.world_size), epoch
+    assert loader._chain.dali_epoch == 0  # no reset between them
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "workers, start, rank", [(0, None, 0), (2, "spawn", 0), (2, "fork", 1)], ids=["in-thread", "spawn", "rank-1-of-2"]
+)
+def test_weighted_epochs_in_a_row_are_each_exactly_their_draw(images, workers, start, rank):
+    from dali_pipes import WeightedSampling
+
+    from loader_helpers import TinySpec
+
+    if start == "fork":
+        skip_if_fork_refused()
+    # 61 draws with repeats from 122 samples: 16 batches of 4 (8 a rank on two), above read_ahead(2, 2) = 6.
+    sampling = WeightedSampling(np.linspace(0.5, 3.0, N), num_samples=61)
+    with DALILoader(
+        images, TinySpec(), batch_size=4, seed=SEED, device="cpu", rank=rank, world_size=1 + rank,
+        py_num_workers=workers, py_start_method=start, with_index=True, sampling=sampling,
+    ) as loader:  # fmt: skip
+        read_draws(loader, sampling, N, epochs=4)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("workers, start", [(0, None), (2, "spawn")], ids=["in-thread", "spawn"])
+def test_mixed_epochs_in_a_row_are_each_exactly_their_draw(images, tmp_path, workers, start):
+    from dali_pipes import Mixture
+
+    from loader_helpers import TinySpec
+
+    other = write_dataset(tmp_path / "other", 30, fmt="hdf5", samples_per_shard=8)
+    # 50 a epoch, 15 of them from images and 35 from other: 13 batches of 4, above DALI's read-ahead. Across the
+    # epochs each dataset walks its own permutations, so the chained epochs are not one epoch repeated.
+    mixture = Mixture({"images": images, "other": other}, proportions={"images": 0.3, "other": 0.7}, num_samples=50)
+    with DALILoader(
+        mixture, TinySpec(), batch_size=4, seed=SEED, device="cpu", py_num_workers=workers, py_start_method=start,
+        with_index=True,
+    ) as loader:  # fmt: skip
+        sampling = loader.sampling
+        read_draws(loader, sampling, N + 30, epochs=4)
+        assert sampling.order(N + 30, 0, SEED).tolist() != sampling.order(N + 30, 1, SEED).tolist()

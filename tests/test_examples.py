@@ -57,11 +57,9 @@ def test_ddp_example_trains_every_sample_once_per_epoch_and_resumes(tiny_dataset
 def test_multi_node_torchrun_two_nodes_on_loopback(tiny_dataset):
     # Two torchrun "nodes" of one process each, meeting at a rendezvous on 127.0.0.1, as two
     # machines sharing a filesystem would: together they cover the epoch exactly once.
-    import socket
+    from loader_helpers import free_port
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()  # held for this process: no other test's job is handed it before node 0 binds it
     torchrun = Path(sys.executable).with_name("torchrun")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     nodes = [

@@ -60,9 +60,10 @@ def test_a_class_folder_without_files_is_refused_naming_it_unless_allowed(classe
     assert list(manifest.classes) == ["bird", "cat", "dog", "object"] and manifest.num_samples == 12
 
 
-def test_a_class_whose_files_are_all_left_out_is_refused_and_allowing_it_finishes_the_same_job(classes, tmp_path):
-    # Files, but not one image: found only once every shard is written. The shards stay, so allowing the
-    # class completes that job without converting anything again.
+def test_a_class_whose_files_are_all_left_out_is_refused_leaving_nothing_and_allowing_it_converts(classes, tmp_path):
+    # Files, but not one image: found only once every shard is written. The refusal removes them (a job folder
+    # left behind would be an "unfinished conversion" that the same command could never finish), and the same
+    # command with --allow-empty-classes then converts the input.
     shutil.rmtree(classes / "dog")
     (classes / "dog").mkdir()
     (classes / "dog" / "readme.txt").write_text("not an image\n")
@@ -70,7 +71,7 @@ def test_a_class_whose_files_are_all_left_out_is_refused_and_allowing_it_finishe
     proc = _convert(classes, out)
     assert proc.returncode != 0
     assert "class folder 'dog' holds no image (every file in it was left out; " in proc.stderr
-    assert not (out / "index.json").exists()
+    assert not out.exists()
 
     allowed = _convert(classes, out, "--allow-empty-classes")
     assert allowed.returncode == 0, allowed.stderr

@@ -10,7 +10,6 @@ own tests.
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ import torch
 from dali_pipes import DALILoader, LoaderError, ManifestError, StoreError
 from dali_pipes.sampling import epoch_order, num_batches, rank_indices
 
-from loader_helpers import SIZE, TinySpec, batch_rows, grey_level, write_dataset
+from loader_helpers import SIZE, TinySpec, batch_rows, free_port, grey_level, write_dataset
 
 N = 23  # not a multiple of any batch or world size used below
 
@@ -310,16 +309,10 @@ def test_rank_and_world_from_the_environment(dataset, monkeypatch):
         make(dataset)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_rank_from_torch_distributed_and_contradictions(dataset):
     import torch.distributed as dist
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_free_port()}", rank=0, world_size=1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     try:
         loader = make(dataset, rank=0, world_size=1)
         assert (loader.world.rank, loader.world.world_size) == (0, 1)

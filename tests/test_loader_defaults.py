@@ -34,3 +34,60 @@ def test_evaluation_specs_read_in_order_and_training_specs_shuffle_by_default(da
 def test_a_spec_class_instead_of_an_instance_says_to_pass_an_instance(dataset):
     with pytest.raises(TypeError, match=r"pass a pipeline spec instance, ClassificationTrain\(\), not the class"):
         DALILoader(dataset, ClassificationTrain, batch_size=4, device="cpu")
+
+
+# --- this rank's cores: divided among the node's ranks only when the affinity is the whole node ----------------
+
+
+def test_an_affinity_the_launcher_narrowed_is_already_this_ranks_share():
+    from dali_pipes.loading.world import rank_cores
+
+    node = frozenset(range(16))
+    # torchrun --numa-binding / srun --cpu-bind: 8 ranks, each pinned to its 2 cores; before, 2 // 8 gave 1.
+    assert rank_cores(frozenset({4, 5}), node, 8) == 2
+    assert rank_cores(node, node, 8) == 2  # not pinned: the 8 ranks share the 16
+    assert rank_cores(node, node, 1) == 16
+    # Narrowed for the whole launch (taskset -c 0-11 around 8 ranks): too wide to be one rank's share, so shared.
+    assert rank_cores(frozenset(range(12)), node, 8) == 1
+    assert rank_cores(frozenset({0}), node, 64) == 1
+
+
+CORES_SCRIPT = """
+import json, os, sys
+os.sched_setaffinity(0, json.loads(sys.argv[1]))
+from dali_pipes.loading.options import cores_per_rank
+print(cores_per_rank())
+"""
+
+
+def _cores_in_process_pinned_to(cores, local_ranks: int) -> int:
+    """``cores_per_rank()`` in a new process whose affinity is ``cores``, as a launcher leaves a rank."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "LOCAL_WORLD_SIZE": str(local_ranks)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CORES_SCRIPT, json.dumps(sorted(cores))],
+        capture_output=True, text=True, env=env, timeout=120, check=True,
+    )  # fmt: skip
+    return int(proc.stdout.strip())
+
+
+def test_a_process_on_the_whole_node_divides_it_among_the_nodes_ranks():
+    from dali_pipes.loading.world import node_cpus
+
+    node = sorted(node_cpus())
+    assert _cores_in_process_pinned_to(node, 2) == max(1, len(node) // 2)
+    assert _cores_in_process_pinned_to(node[:1], 8) == 1
+
+
+def test_a_process_pinned_to_its_share_keeps_it():
+    from dali_pipes.loading.world import node_cpus
+
+    node = sorted(node_cpus())
+    if len(node) < 4:
+        pytest.skip(f"{len(node)} cores: a share of 2 cores that ranks did not divide again needs 4 or more")
+    # Half as many ranks as the node's cores, each pinned to 2 of them: 2 each (1 before: divided again).
+    assert _cores_in_process_pinned_to(node[:2], len(node) // 2) == 2

@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import threading
 import time
 from pathlib import Path
@@ -45,6 +44,7 @@ from loader_helpers import (
     TinySpec,
     damage_shard,
     ddp_worker,
+    free_port,
     shard_name,
     skip_if_fork_refused,
     wait_until_dead,
@@ -257,18 +257,12 @@ def test_healthy_workers_are_not_reported(big_dataset):
 # --- DDP: every rank reads the damaged shard ------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _two_ranks_raise_shard_read_error(dataset, out, options) -> None:
     """Run two spawned gloo ranks of ``ddp_worker`` over ``dataset``; the job must end with a ShardReadError."""
     with pytest.raises(mp.ProcessRaisedException, match="ShardReadError"):
         mp.start_processes(
             ddp_worker,
-            args=(2, _free_port(), str(dataset), str(out), options),
+            args=(2, free_port(), str(dataset), str(out), options),
             nprocs=2,
             join=True,
             start_method="spawn",

@@ -264,3 +264,25 @@ def test_a_mixture_read_in_order_is_the_datasets_one_after_the_other(two):
     drawn = Mixture({"a": two[0], "b": two[1]}, proportions={"a": 1, "b": 1}, labels="offset")
     with pytest.raises(ValueError, match="shuffle=False: a Mixture with proportions"):
         DALILoader(drawn, TinySpec(), batch_size=8, device="cpu", shuffle=False)
+
+
+@pytest.mark.timeout(300)
+def test_reader_processes_read_the_mixture_exactly(two):
+    """Two spawned reader processes (the source and the mixed store pickled into each), rows exactly the draws."""
+    from dali_pipes import DALILoader, Mixture
+
+    from loader_helpers import TinySpec
+
+    mixture = Mixture({"a": two[0], "b": two[1]}, proportions={"a": 0.6, "b": 0.4}, num_samples=29, labels="offset")
+    sampling = _open(mixture).sampling
+    with DALILoader(
+        mixture, TinySpec(), batch_size=4, device="cpu", seed=9, with_index=True, py_num_workers=2,
+        py_start_method="spawn",
+    ) as loader:  # fmt: skip
+        assert len(loader.worker_pids) == 2
+        for epoch in range(2):
+            rows = [(i, int(label)) for b in loader for i, label, pad in zip(
+                b["index"].tolist(), b["label"], b["is_pad"].tolist()) if not pad]  # fmt: skip
+            drawn = sampling.order(41, epoch, 9).tolist()
+            assert [i for i, _ in rows] == drawn
+            assert [label for _, label in rows] == [i % 5 if i < 11 else 5 + (i - 11) % 5 for i in drawn]

@@ -77,31 +77,21 @@ def run_spec(spec: PipelineSpec, data: list[np.ndarray], *, seed: int = 42) -> t
     return images, labels
 
 
-def round_half_up(x: float) -> int:
-    return int(np.floor(x + 0.5))
-
-
 def val_reference(path: Path | bytes, *, size: int, resize: int) -> np.ndarray:
-    """``Resize(resize)`` + ``CenterCrop(size)`` with PIL, in DALI's geometry.
+    """torchvision's ``Resize(resize)`` + ``CenterCrop(size)`` with PIL, as torchvision computes them.
 
-    The same sampling as torchvision except for two sub-pixel conventions DALI
-    has: the long side is ``round(long * resize / short)`` (torchvision
-    truncates) with the exact scale kept and the extent centred, and the crop
-    offset rounds halves up. Both move the window by at most one pixel, which on
-    a photo is a large difference, so the reference follows them and the
-    tolerance can stay at interpolation level.
+    The longer side is ``int(long * resize / short)`` (truncated), the whole image is resized
+    onto that, and the crop starts ``int(round((n - size) / 2))`` pixels in, Python's round
+    (halves to even). ``tests/test_eval_crop.py`` checks every margin of that offset.
     """
     img = Image.open(io.BytesIO(path) if isinstance(path, bytes) else path).convert("RGB")
     width, height = img.size
-    scale = resize / min(width, height)
-    box = []
-    for n in (width, height):
-        out_len = resize if n == min(width, height) else round_half_up(n * scale)
-        start = n / 2 - out_len / (2 * scale)
-        offset = round_half_up((out_len - size) / 2)
-        box.append((start + offset / scale, start + (offset + size) / scale))
-    window = (box[0][0], box[1][0], box[0][1], box[1][1])
-    return np.asarray(img.resize((size, size), Image.BILINEAR, box=window))
+    if width <= height:
+        width, height = resize, int(resize * height / width)
+    else:
+        width, height = int(resize * width / height), resize
+    top, left = int(round((height - size) / 2)), int(round((width - size) / 2))
+    return np.asarray(img.resize((width, height), Image.BILINEAR))[top : top + size, left : left + size]
 
 
 def assert_close_interp(out: np.ndarray, ref: np.ndarray, *, max_diff: int, mean_diff: float) -> None:

@@ -163,3 +163,88 @@ def test_a_ddp_job_reads_each_weighted_epoch_exactly(tiny, tmp_path):
         assert len({len(b) for b in per_rank}) == 1
         read = [i for step in zip(*per_rank) for indices, pads in step for i, p in zip(indices, pads) if not p]
         assert read == sampling.order(N_LOADER, epoch, 0).tolist()
+
+
+# --- refused when made, not at the first epoch --------------------------------------------------------
+
+
+def test_a_draw_without_replacement_of_more_samples_than_can_be_drawn_is_refused_when_made():
+    from dali_pipes import WeightedSampling
+
+    weights = np.array([1.0, 0.0, 2.0, 0.0, 3.0, 1.0, 0.0, 1.0, 1.0, 1.0])  # 7 of 10 drawable
+    with pytest.raises(ValueError, match=r"replacement=False.*num_samples=8 needs 8 samples.*only 7 of the 10.*"
+                       r"pass num_samples=7 or fewer, or replacement=True"):  # fmt: skip
+        WeightedSampling(weights, num_samples=8, replacement=False)
+    # Without num_samples the epoch is one draw per weight: 10, of which 3 cannot be drawn.
+    with pytest.raises(ValueError, match=r"an epoch of 10 \(num_samples unset: one per weight\)"):
+        WeightedSampling(weights, replacement=False)
+    drawable = WeightedSampling(weights, num_samples=7, replacement=False)
+    assert sorted(drawable.order(10, 0, 0).tolist()) == [0, 2, 4, 5, 7, 8, 9]
+    WeightedSampling(weights, num_samples=100)  # with replacement: any length
+    with pytest.raises(ValueError, match="replacement must be True or False"):
+        WeightedSampling(weights, replacement="no")
+
+
+def test_weights_read_in_order_are_refused_by_the_loader_naming_shuffle(tiny):
+    from dali_pipes import ClassificationVal, DALILoader, WeightedSampling
+
+    from loader_helpers import TinySpec
+
+    sampling = WeightedSampling(np.ones(N_LOADER))
+    with pytest.raises(ValueError, match=r"draws each epoch at random.*shuffle=False was given: pass shuffle=True"):
+        DALILoader(tiny, TinySpec(), batch_size=4, device="cpu", shuffle=False, sampling=sampling)
+    # An evaluation spec reads in order by default: named, so that the user sees where shuffle=False came from.
+    with pytest.raises(ValueError, match=r"shuffle=False \(the default of ClassificationVal, which reads in order\)"):
+        DALILoader(tiny, ClassificationVal(size=16), batch_size=4, device="cpu", sampling=sampling)
+    with DALILoader(
+        tiny, ClassificationVal(size=16), batch_size=4, device="cpu", shuffle=True, sampling=sampling, with_index=True
+    ) as loader:
+        assert [i for b in loader for i in b["index"][~b["is_pad"]].tolist()] == sampling.order(N_LOADER, 0, 0).tolist()
+
+
+# --- what reader processes are sent, and what they read -------------------------------------------------
+
+
+def test_the_source_sent_to_reader_processes_does_not_carry_the_weights(tiny):
+    """A spawned worker gets the source pickled (by multiprocessing, DALI's default): not 1M weights (8 MB before)."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from dali_pipes import WeightedSampling, open_store
+    from dali_pipes.loading.batch_source import BatchStoreSource
+    from dali_pipes.loading.sources import EpochControl
+    from dali_pipes.sampling import World
+
+    store, control = open_store(tiny), EpochControl()
+    sizes = {}
+    for weights in (None, np.ones(10), np.ones(1_000_000)):
+        source = BatchStoreSource(
+            store, ("image", "label"), batch_size=4, world=World(0, 1), seed=0, shuffle=True, last_batch="pad",
+            control=control, sampling=None if weights is None else WeightedSampling(weights),
+        )  # fmt: skip
+        sizes[0 if weights is None else len(weights)] = len(ForkingPickler.dumps(source))
+    assert sizes[1_000_000] == sizes[10] < sizes[0] + 200  # the kind's name, not the weights
+    # A copy reads the plans the loader publishes; with none published it says so instead of drawing without weights.
+    clone = ForkingPickler.loads(ForkingPickler.dumps(source))
+    control.publish(0, epoch=0, start=0)  # no plan
+    with pytest.raises(RuntimeError, match="without its WeightedSampling.*no plan was published"):
+        clone(type("BatchInfo", (), {"iteration": 0, "epoch_idx": 0})())
+    control.close()
+    store.close()
+
+
+@pytest.mark.timeout(300)
+def test_reader_processes_read_the_weighted_draw_exactly(tiny):
+    """Two spawned reader processes (the source pickled into each), two epochs, rows exactly the draws."""
+    from dali_pipes import DALILoader, WeightedSampling
+
+    from loader_helpers import TinySpec
+
+    sampling = WeightedSampling(np.arange(1, N_LOADER + 1, dtype=float), num_samples=37)
+    with DALILoader(
+        tiny, TinySpec(), batch_size=4, device="cpu", seed=9, sampling=sampling, with_index=True,
+        py_num_workers=2, py_start_method="spawn",
+    ) as loader:  # fmt: skip
+        assert len(loader.worker_pids) == 2
+        for epoch in range(2):
+            rows = [i for b in loader for i in b["index"][~b["is_pad"]].tolist()]
+            assert rows == sampling.order(N_LOADER, epoch, 9).tolist()

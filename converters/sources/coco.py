@@ -37,7 +37,12 @@ class CocoSource(Source):
     leaves out the images of bad segmentations, boxes and all): two more fields, ``masks`` (a PNG of instance-id
     layers) and ``mask_code`` (int32 ``(n,)``), described in
     :mod:`converters.sources.coco_masks`. A bad segmentation leaves its image out,
-    listed with the reason in ``errors.jsonl``.
+    listed with the reason in ``errors.jsonl``. A polygon of fewer than 3 points is
+    not bad but empty: it is not drawn, the image and every instance are kept (an
+    instance with no other polygon keeps its box with an empty mask, so the
+    per-instance fields keep one row per annotation, as without masks), and each
+    such annotation is listed in ``errors.jsonl`` with ``part`` naming it
+    (:meth:`left_out_parts`).
 
     :meth:`classes` lists the category names in order of id (so ``classes()[k]``
     is the k-th category, which is category id ``k`` only when ids run from 0);
@@ -143,6 +148,7 @@ class CocoSource(Source):
                 np.array(categories, dtype=np.int64),
                 np.array(crowd, dtype=np.uint8),
                 (segmentations, ann_ids) if self.with_masks() else None,
+                _degenerate_notes(image["id"], segmentations, ann_ids) if self.with_masks() else (),
             )
             items.append(Item(name=path, size=size, data=data))
         if missing == len(items):
@@ -160,8 +166,15 @@ class CocoSource(Source):
             )
         return items
 
+    def left_out_parts(self, item: Item) -> list[tuple[str, str]]:
+        """The annotations of the image whose polygons of fewer than 3 points are not drawn (masks only).
+
+        Found from the JSON while planning, so a resumed run lists the same; see :mod:`converters.sources.coco_masks`.
+        """
+        return list(item.data[7])
+
     def load(self, item: Item) -> Sample:
-        file_name, image_id, size, boxes, categories, crowd, segmentations = item.data
+        file_name, image_id, size, boxes, categories, crowd, segmentations, _ = item.data
         image = load_image_file(item.name, item.name, self.image_options)
         sample: Sample = {
             "image": image,
@@ -198,6 +211,16 @@ class _Coco:
         self.categories = categories
         self.annotations = annotations
         self.has_segmentations = any(s is not None for per in annotations.values() for s in per[3])
+
+
+def _degenerate_notes(image_id: int, segmentations: list, ann_ids: list) -> tuple[tuple[str, str], ...]:
+    """``(part, reason)`` for each annotation of one image that has polygons too short to draw."""
+    notes = []
+    for segmentation, ann_id in zip(segmentations, ann_ids):
+        note = coco_masks.degenerate_note(segmentation)
+        if note is not None:
+            notes.append((f"annotation id {ann_id}", f"annotation id {ann_id} (image id {image_id}): {note}"))
+    return tuple(notes)
 
 
 def _masks(

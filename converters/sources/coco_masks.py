@@ -30,6 +30,26 @@ per image to the conversion (see the segmentation section of dali_pipes/pipeline
 
 Rasterisation is pycocotools' (``frPyObjects``/``decode``), the code COCO's own
 evaluation uses, so a stored mask is bit for bit ``COCO.annToMask`` of the annotation.
+
+Polygons of fewer than 3 points (:func:`degenerate_polygons`; DALI_extra's coco-mini has
+three, 2-point lines of ``area`` 0) are not drawn: such a polygon has no area, and
+pycocotools, which draws it as nothing when it follows a real polygon, cannot take it
+alone (``frPyObjects`` reads a lone 4-number polygon as a box and fails), so that
+``annToMask`` and torchvision's reference (``ConvertCocoPolysToMask``) fail on it and,
+before, its whole image was left out. detectron2 drops such polygons too, and drops
+whole, box included, an instance that has no other polygon. Here that instance keeps its
+box, category and crowd flag, and its mask is empty (its ``mask_code`` names an id no
+pixel has, as for any instance whose polygon covers no pixel centre), because:
+
+- the boxes, categories and crowd flags stay the JSON's whatever ``--masks`` (the
+  same detection data with and without masks), and ``boxes``, ``category_id``,
+  ``iscrowd`` and ``mask_code`` keep one row per annotation;
+- an empty mask is what the annotation says (COCO's ``area`` of those three is 0);
+  dropping the box instead would teach a detector that the object (each of coco-mini's
+  three is its image's only instance: a clock, two pizzas) is background.
+
+Each such annotation is listed in ``errors.jsonl`` (see ``CocoSource``); a training
+loop that wants detectron2's behaviour drops the boxes whose mask is empty.
 """
 
 from __future__ import annotations
@@ -47,6 +67,8 @@ MAX_IDS_PER_LAYER = 255
 MAX_LAYERS = 4
 #: ``mask_code = layer * CODE_BASE + id``.
 CODE_BASE = 256
+#: The fewest coordinates of a polygon with an area (3 points); shorter ones are not drawn (module docstring).
+MIN_POLYGON_COORDS = 6
 _PNG_MODES = {1: "L", 3: "RGB", 4: "RGBA"}
 
 
@@ -76,13 +98,16 @@ def decode_segmentation(segmentation: Any, height: int, width: int, where: str) 
 
     Polygons (a list of ``[x0, y0, x1, y1, ...]`` in pixels), compressed RLE
     (``counts`` a string) and uncompressed RLE (``counts`` a list of run lengths)
-    are accepted, whatever the crowd flag.
+    are accepted, whatever the crowd flag. Polygons of fewer than 3 points are not
+    drawn (all of them: an empty mask); see the module docstring.
     """
     mask_api = pycocotools_mask()
     if isinstance(segmentation, list):
         _check_polygons(segmentation, where)
-        rles = mask_api.frPyObjects([[float(v) for v in poly] for poly in segmentation], height, width)
-        rle = mask_api.merge(rles)
+        drawn = [[float(v) for v in poly] for poly in segmentation if len(poly) >= MIN_POLYGON_COORDS]
+        if not drawn:  # only polygons without area (listed by the source): an empty mask, see the module docstring
+            return np.zeros((height, width), dtype=np.uint8)
+        rle = mask_api.merge(mask_api.frPyObjects(drawn, height, width))
     elif isinstance(segmentation, dict) and "counts" in segmentation and "size" in segmentation:
         size = segmentation["size"]
         if not (isinstance(size, list) and len(size) == 2 and [int(v) for v in size] == [height, width]):
@@ -121,8 +146,48 @@ def _check_polygons(polygons: list, where: str) -> None:
             raise ValueError(f"{where}: polygon {j} must be a list of numbers x0, y0, x1, y1, ...")
         if len(poly) % 2:
             raise ValueError(f"{where}: polygon {j} has an odd number of coordinates ({len(poly)})")
-        if len(poly) < 6:
-            raise ValueError(f"{where}: polygon {j} has {len(poly) // 2} point(s); a polygon needs at least 3")
+
+
+def _is_points(poly: Any) -> bool:
+    """Whether ``poly`` is a well-formed polygon: an even number of finite numbers."""
+    return (
+        isinstance(poly, list)
+        and len(poly) % 2 == 0
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in poly)
+    )
+
+
+def degenerate_polygons(segmentation: Any) -> list[int]:
+    """The indices of the polygons of ``segmentation`` with fewer than 3 points, not drawn (none for an RLE).
+
+    Only well-formed polygons count: a malformed one (odd length, not numbers) is left
+    for :func:`decode_segmentation` to refuse with its reason, which leaves its image out.
+    """
+    if not isinstance(segmentation, list):
+        return []
+    return [j for j, poly in enumerate(segmentation) if _is_points(poly) and len(poly) < MIN_POLYGON_COORDS]
+
+
+def degenerate_note(segmentation: Any) -> str | None:
+    """Why some polygons of ``segmentation`` are not drawn, and what becomes of its instance; None when all are.
+
+    For ``errors.jsonl`` (the caller names the annotation and its image); the instance is kept either way.
+    """
+    dropped = degenerate_polygons(segmentation)
+    if not dropped:
+        return None
+    points = [len(segmentation[j]) // 2 for j in dropped]
+    which = (
+        f"polygon {dropped[0]} has {points[0]} point(s)"
+        if len(dropped) == 1
+        else f"polygons {', '.join(map(str, dropped))} have {', '.join(map(str, points))} points"
+    )
+    left = len(segmentation) - len(dropped)
+    mask = f"its mask is drawn from its other {left} polygon(s)" if left else "this instance's mask is empty"
+    return (
+        f"{which} (a polygon needs at least 3), no area: not drawn, so {mask}; its box, category and image are "
+        "kept. Correct the annotation if the object should have a mask"
+    )
 
 
 def layer_instances(masks: Sequence[np.ndarray], height: int, width: int, name: str) -> tuple[np.ndarray, np.ndarray]:

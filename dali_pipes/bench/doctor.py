@@ -139,10 +139,9 @@ def run_doctor(
     is timed first: the run's length is logged, and a run estimated to exceed
     ``max_minutes`` raises ValueError naming smaller models, before the long part.
     """
-    from tqdm import tqdm
-
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
+    from dali_pipes.dataset.progress import tqdm
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")

@@ -114,10 +114,14 @@ def default_loader_settings(cores: int, fmt: str, gpu: bool = False) -> dict[str
     return {"num_threads": cores, "py_num_workers": workers, "prefetch": 2}
 
 
+#: The benchmarks' batch size when none is given (a smaller dataset gets a smaller one: :func:`fitting_batch_size`).
+DEFAULT_BATCH_SIZE = 64
+
+
 def bench_inputs(
     dataset: str | os.PathLike,
     *,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     images: str | os.PathLike | None = None,
     cores: int | None = None,
     dtype: str = "float32",
@@ -127,10 +131,12 @@ def bench_inputs(
     """Load the manifest, find the original images, and fix the spec, batch size and settings.
 
     ``rows`` names the rows to measure (the main suite's :meth:`BenchInputs.selected`; default all).
+    ``batch_size=None`` (not given) is :data:`DEFAULT_BATCH_SIZE`, or a smaller one that a small dataset fills
+    (:func:`fitting_batch_size`); one given that the dataset cannot fill once is refused, naming ``--batch-size``.
     """
     from dali_pipes.pipelines import ClassificationTrain
 
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
     cores = cores or os.cpu_count() or 1
     if cores < 1:
@@ -139,10 +145,7 @@ def bench_inputs(
     manifest = load_manifest(dataset)
     if "image" not in manifest.fields or not manifest.fields["image"].is_image:
         raise ValueError(f"{dataset}: the benchmark needs an image dataset with an encoded 'image' field")
-    if manifest.num_samples < batch_size:
-        raise ValueError(
-            f"{dataset}: {manifest.num_samples} samples is less than one batch of {batch_size}; use a smaller --batch-size"
-        )
+    batch_size = fitting_batch_size(dataset, manifest.num_samples, batch_size)
     spec = ClassificationTrain(size=224, dtype=dtype)
     loader_settings = default_loader_settings(cores, manifest.format)
     gpu_settings = default_loader_settings(cores, manifest.format, gpu=True)
@@ -185,6 +188,38 @@ def bench_inputs(
         gpu_settings,
         tuned=settings is not None,
     )
+
+
+def fitting_batch_size(dataset: Path, num_samples: int, given: int | None = None) -> int:
+    """The batch size: ``given``, refused (naming ``--batch-size``) when the dataset cannot fill one batch; or,
+    not given, :data:`DEFAULT_BATCH_SIZE`, or for a dataset of fewer samples the largest power of two it holds
+    (logged, with why).
+
+    A batch larger than the dataset would time repeats of its samples padding every batch; powers of two keep
+    the figure comparable with other runs' batch sizes.
+    """
+    if given is not None:
+        if num_samples < given:
+            raise ValueError(
+                f"{dataset}: {num_samples} samples is less than one batch of {given}; use a smaller --batch-size"
+            )
+        return given
+    if num_samples >= DEFAULT_BATCH_SIZE:
+        return DEFAULT_BATCH_SIZE
+    if num_samples < 1:
+        raise ValueError(f"{dataset}: the dataset holds no samples to benchmark")
+    chosen = 1 << (num_samples.bit_length() - 1)
+    log.info(
+        "batch size %d, not the default %d: %s holds only %d sample%s, and %d is the largest power of two that "
+        "fits (give --batch-size to choose another)",
+        chosen,
+        DEFAULT_BATCH_SIZE,
+        dataset,
+        num_samples,
+        "" if num_samples == 1 else "s",
+        chosen,
+    )
+    return chosen
 
 
 def find_image_folder(

@@ -60,7 +60,7 @@ def run_jobs(
     and the rows take their timed windows in turn, so that their ratios hold on a
     machine whose load moves; one after another, each row runs alone.
     """
-    from tqdm import tqdm
+    from dali_pipes.dataset.progress import tqdm
 
     if side_by_side and len(jobs) > 1:
         return run_interleaved(jobs, plan, target, progress=progress, title=title)
@@ -77,7 +77,7 @@ def run_interleaved(
     jobs: Sequence[Job], plan: TimingPlan, target: Target, *, progress: bool = True, title: str = "bench"
 ) -> list[Row]:
     """Measure ``jobs`` side by side (see the module docstring); rows come back in ``jobs``' order."""
-    from tqdm import tqdm
+    from dali_pipes.dataset.progress import tqdm
 
     rows = [Row(job.name, job.description, dict(job.params)) for job in jobs]
     windows: dict[int, list[Window]] = {}

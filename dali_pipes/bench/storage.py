@@ -55,9 +55,8 @@ LATER_EPOCHS = 3
 
 def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Epoch 1 and epoch 2 images/s of the read-only graph for each way to store the shards."""
-    from tqdm import tqdm
-
     from dali_pipes.bench.stages import GraphPrefix
+    from dali_pipes.dataset.progress import tqdm
 
     spec = GraphPrefix(inputs.spec, 0)
     repeats = 1 if quick else plan.repeats

@@ -26,6 +26,7 @@ from dali_pipes.cli.remote_args import (
     storage_options,
 )
 from dali_pipes.cli.synth import add_synth
+from dali_pipes.cli.words import counted
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
 from dali_pipes.remote.urls import is_url, join, redact_log_lines
 
@@ -275,16 +276,21 @@ def _convert(source, out: Path, args) -> int:
         engine=args.engine,
         scheduler=args.scheduler,
     )
-    # One summary line, always with the count of inputs left out (also when it is 0).
-    left_out = f"left out {len(result.errors)} input(s)" + (
-        f", listed in {join(out, ERRORS_NAME) if is_url(out) else out / ERRORS_NAME}:" if result.errors else ""
+    # One summary line, always with the count of inputs left out (also when it is 0); the parts of kept inputs
+    # that were left out (a degenerate COCO polygon) are counted apart: their images are in the dataset.
+    parts = sum(1 for error in result.errors if error.get("part"))
+    left_out = (
+        f"left out {len(result.errors) - parts} input(s)"
+        + (f" and {parts} part(s) of kept inputs" if parts else "")
+        + (f", listed in {join(out, ERRORS_NAME) if is_url(out) else out / ERRORS_NAME}:" if result.errors else "")
     )
+    samples = counted(result.num_samples, "sample")
     if result.already_complete:
-        print(f"{shown(out)}: already complete ({result.num_samples:,} samples), nothing to do; {left_out}")
+        print(f"{shown(out)}: already complete ({samples}), nothing to do; {left_out}")
     else:
         rate = result.num_samples / result.seconds if result.seconds else 0.0
         print(
-            f"{shown(out)}: {result.num_samples:,} samples in {len(result.manifest.shards)} {args.format} shard(s), "
+            f"{shown(out)}: {samples} in {len(result.manifest.shards)} {args.format} shard(s), "
             f"{human_bytes(result.bytes)}, {result.seconds:.1f} s ({rate:,.0f} samples/s)"
             + (f", {result.resumed_shards} shard(s) kept from an earlier run" if result.resumed_shards else "")
             + f"; {left_out}"
@@ -333,8 +339,12 @@ def _verify(args) -> int:
         args.dataset, decode=args.decode, progress=not args.no_progress, storage_options=storage_options(args)
     )
     if report.ok:
-        decoded = f", {report.images_decoded:,} images decoded" if args.decode else ""
-        read = f"{report.samples_read:,} samples read" if report.samples_read else "sizes and SHA-256 read remotely"
+        decoded = f", {counted(report.images_decoded, 'image')} decoded" if args.decode else ""
+        read = (
+            f"{counted(report.samples_read, 'sample')} read"
+            if report.samples_read
+            else "sizes and SHA-256 read remotely"
+        )
         print(f"{shown(args.dataset)}: OK: {report.num_shards} shard(s), {read}{decoded}")
         return 0
     print(f"{shown(args.dataset)}: {len(report.problems)} problem(s):", file=sys.stderr)
@@ -459,7 +469,7 @@ def _show(args) -> int:
     )
     from dali_pipes.cli.show import make_spec, spec_settings
 
-    print(f"{path}: {args.num} {args.pipeline} samples of {args.dataset}")
+    print(f"{path}: {counted(args.num, f'{args.pipeline} sample')} of {args.dataset}")
     print(f"drawn with {spec_settings(make_spec(args.pipeline, size=args.size))}")
     return 0
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dali_pipes.bench.runner import Timing
 from dali_pipes.cli.show import write_grid  # the grid moved to `dali-pipes show`; kept importable from here
+from dali_pipes.cli.words import counted
 
 log = logging.getLogger(__name__)
 
@@ -84,15 +85,13 @@ def run_demo(
     workdir = Path(workdir) if workdir is not None else default_workdir()
     workdir.mkdir(parents=True, exist_ok=True)
     cores = os.cpu_count() or 1
-    images, dataset = _converted(data, workdir, num_images, cores)
+    images, dataset, grid_path = _converted(data, workdir, num_images, cores)
     plan = TimingPlan(warmup_batches=3, repeats=WINDOWS, min_batches=2, min_seconds=seconds, warmup_seconds=seconds)
     target = Target()
     spec = ClassificationTrain(size=224)
     with DALILoader(dataset, spec, batch_size=batch_size, device=device, seed=0) as loader:
         first_batch = next(iter(loader))
-        grid = write_grid(
-            first_batch["image"], first_batch["label"], workdir / "augmented.png", classes=loader.store.manifest.classes
-        )
+        grid = write_grid(first_batch["image"], first_batch["label"], grid_path, classes=loader.store.manifest.classes)
         used_device = loader.device
     log.info(
         "DALI training pipeline on %s against DataLoader(num_workers=%d) with PIL, batch %d: "
@@ -127,27 +126,40 @@ def run_demo(
     return DemoReport(workdir, images, dataset, grid, used_device, cores, batch_size, dali.timing, base.timing)
 
 
-def _converted(data: str | os.PathLike | None, workdir: Path, num_images: int, cores: int) -> tuple[Path, Path]:
-    """The image folder (``data``, or synthetic images made once in ``workdir``) and its LMDB shards."""
+def _converted(data: str | os.PathLike | None, workdir: Path, num_images: int, cores: int) -> tuple[Path, Path, Path]:
+    """The image folder (``data``, or synthetic images made once in ``workdir``), its LMDB shards and the grid's path.
+
+    Each data source has its own shards and grid in ``workdir`` (``-512`` for the
+    built-in images, a hash of the folder's path for ``--data``): a run on your
+    photos leaves the built-in demo's grid alone, and the other way round.
+    """
     from converters.runner import convert
     from converters.sources import ImageFolderSource
     from converters.synth import make_imagefolder
 
     if data is None:
-        images, dataset = workdir / f"images-{num_images}", workdir / f"shards-{num_images}"
-        if not (images / ".complete").exists():
-            log.info("making %d synthetic ImageNet-like images in %s", num_images, images)
+        tag = str(num_images)
+        images = workdir / f"images-{tag}"
+        if (images / ".complete").exists():
+            log.info("reusing the %s in %s", counted(num_images, "synthetic image"), images)
+        else:
+            log.info("making %s in %s", counted(num_images, "synthetic ImageNet-like image"), images)
             shutil.rmtree(images, ignore_errors=True)
             make_imagefolder(images, num_images, size=(500, 375), classes=10)
             (images / ".complete").touch()  # hidden: not an input
     else:
         images = Path(data).absolute()
-        dataset = workdir / f"shards-{hashlib.sha1(str(images).encode()).hexdigest()[:12]}"
-    log.info("converting %s to LMDB shards in %s", images, dataset)
+        tag = hashlib.sha1(str(images).encode()).hexdigest()[:12]
+    dataset = workdir / f"shards-{tag}"
+    # A finished conversion is found by the converter itself; before it runs, a manifest says one may be there.
+    if not (dataset / "index.json").exists():
+        log.info("converting %s to LMDB shards in %s", images, dataset)
     converted = convert(ImageFolderSource(images), dataset, format="lmdb", workers=cores)
+    if converted.already_complete:
+        log.info("reusing the shards in %s (converted from %s by an earlier run)", dataset, images)
     if converted.errors:
         log.warning("left out %d input(s) of %s, listed in %s", len(converted.errors), images, dataset / "errors.jsonl")
-    return images, dataset
+    return images, dataset, workdir / f"augmented-{tag}.png"
 
 
 def _cost(timing: Timing) -> str:
@@ -162,7 +174,7 @@ def format_report(report: DemoReport) -> str:
             f"images     {report.images}",
             f"shards     {report.dataset}   (dali-pipes inspect {report.dataset})",
             f"grid       {report.grid}   (augmented training samples with their labels)",
-            f"machine    {report.cores} cores, DALI on {report.device}, batch {report.batch_size}",
+            f"machine    {counted(report.cores, 'core')}, DALI on {report.device}, batch {report.batch_size}",
             f"DALILoader {report.dali.median:8.1f} images/s ±{100 * report.dali.spread:.0f}%{_cost(report.dali)}  "
             "(random-resized crop 224, flip, colour jitter, normalise)",
             f"DataLoader {report.baseline.median:8.1f} images/s ±{100 * report.baseline.spread:.0f}%"

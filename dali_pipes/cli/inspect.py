@@ -17,13 +17,16 @@ _SHOWN_SHARDS = 10
 def summarize(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """A JSON-ready summary: format, counts, sizes, fields, classes, source, shards and errors.
 
-    ``path`` may be a URL of object storage: its manifest and ``errors.jsonl`` are read over the network.
+    ``path`` may be a URL of object storage: its manifest and ``errors.jsonl`` are read over the network, as a
+    read-only look (:data:`~dali_pipes.remote.fs.LOOK`): a server that does not answer is reported within
+    seconds, naming its endpoint, instead of being waited out as a job would.
     """
     if is_url(path):
         from dali_pipes.remote.dataset import load_remote_manifest, read_errors
+        from dali_pipes.remote.fs import LOOK
 
-        manifest, _ = load_remote_manifest(str(path), storage_options)
-        errors = read_errors(str(path), storage_options)
+        manifest, _ = load_remote_manifest(str(path), storage_options, LOOK)
+        errors = read_errors(str(path), storage_options, LOOK)
         where = redact(path, storage_options)
     else:
         root = Path(path)
@@ -45,8 +48,15 @@ def summarize(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | N
         "classes": list(manifest.classes) if manifest.classes is not None else None,
         "source": {k: v for k, v in manifest.source.items() if k != "job"},
         "shards": [s.to_json() for s in manifest.shards],
-        "inputs_left_out": len([line for line in errors if line.strip()]),
+        **_left_out(errors),
     }
+
+
+def _left_out(errors: list[str]) -> dict[str, int]:
+    """Inputs left out, and parts of kept inputs left out (a degenerate COCO polygon: its image is kept)."""
+    entries = [json.loads(line) for line in errors if line.strip()]
+    parts = sum(1 for entry in entries if isinstance(entry, dict) and entry.get("part"))
+    return {"inputs_left_out": len(entries) - parts, "parts_left_out": parts}
 
 
 def format_summary(summary: dict[str, Any]) -> str:
@@ -72,7 +82,8 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append("source    " + ", ".join(f"{k}={v}" for k, v in source.items()))
     lines.append(
         f"left out  {summary['inputs_left_out']} input(s)"
-        + (f" (see {ERRORS_NAME})" if summary["inputs_left_out"] else "")
+        + (f" and {summary['parts_left_out']} part(s) of kept inputs" if summary["parts_left_out"] else "")
+        + (f" (see {ERRORS_NAME})" if summary["inputs_left_out"] or summary["parts_left_out"] else "")
     )
     lines.append("shards")
     for shard in summary["shards"][:_SHOWN_SHARDS]:

@@ -75,7 +75,12 @@ def add_bench(commands) -> None:
     p.add_argument(
         "--quick", action="store_true", help="tiny timing windows: checks that every row runs, figures are noise"
     )
-    p.add_argument("--batch-size", type=int, default=64, metavar="B", help="batch size of every row (default: 64)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="batch size of every row (default: 64, or the largest power of two a smaller dataset holds)",
+    )
     p.add_argument(
         "--images", type=Path, metavar="DIR", help="the original image folder (default: the manifest's source)"
     )

@@ -20,6 +20,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from dali_pipes.cli.words import counted
+
 log = logging.getLogger(__name__)
 
 #: ``--pipeline`` names -> what they run.
@@ -134,7 +136,12 @@ def show(
         classes = loader.store.manifest.classes
         batch = next(iter(loader))
     detection = pipeline.startswith(("detection", "instance"))
-    log.info("show: %d %s samples of %s, drawn with %s", len(batch["image"]), pipeline, dataset, spec_settings(spec))
+    log.info(
+        "show: %s of %s, drawn with %s",
+        counted(len(batch["image"]), f"{pipeline} sample"),
+        dataset,
+        spec_settings(spec),
+    )
     images, labels = batch["image"], batch.get("labels", batch.get("label"))
     if pipeline.startswith("instance"):
         images = overlay_instances(to_pixels(images), batch["masks"], labels, batch["num_boxes"], box_color)

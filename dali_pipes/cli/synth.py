@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from dali_pipes.cli.words import counted
+
 
 def add_synth(commands: argparse._SubParsersAction) -> None:
     """``dali-pipes synth``: an image folder of drawn photo-like JPEGs, or of crops of real photos."""
@@ -44,7 +46,7 @@ def _synth(args) -> int:
             quality=args.quality,
             workers=args.workers,
         )
-        print(f"{out}: {args.num} crops of real photos, in their photos' class folders")
+        print(f"{out}: {counted(args.num, 'crop')} of real photos, in their photos' class folders")
         return 0
     out = make_imagefolder(
         args.out,
@@ -55,5 +57,5 @@ def _synth(args) -> int:
         quality=args.quality,
         workers=args.workers,
     )
-    print(f"{out}: {args.num} images in {args.classes} class folders")
+    print(f"{out}: {counted(args.num, 'image')} in {counted(args.classes, 'class folder')}")
     return 0

@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from PIL import Image
-from tqdm import tqdm
 
 from dali_pipes.dataset.fileio import sha256_file
 from dali_pipes.dataset.manifest import ManifestError, load_manifest, resolve_inside
-from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.dataset.progress import bar_disabled, tqdm
 from dali_pipes.remote.urls import is_url, redact
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.checksum import RecordChecksumError

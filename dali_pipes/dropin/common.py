@@ -27,17 +27,25 @@ from dali_pipes.remote.dataset import load_manifest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ConvertedSplit", "PendingSampler", "collate_on_batches", "device_name", "refuse_unsupported"]
+__all__ = [
+    "ConvertedSplit",
+    "PendingSampler",
+    "collate_on_batches",
+    "device_name",
+    "refuse_unknown",
+    "refuse_unsupported",
+]
 
 
 class ConvertedSplit:
     """A dataset converted by ``dali-pipes convert``, as a script's dataset object.
 
     ``len()``, ``classes``, ``class_to_idx`` and ``root`` as an ``ImageFolder``
-    has them; ``train``/``val`` are the specs its loader will use (from the
-    script's flags; None where the loader's maker builds it), ``is_training`` says
-    which; ``seed`` the loader's (the same on every rank). Samples are read by the
-    loader, inside DALI, not by indexing this object.
+    has them (or in a script's own class order, through :meth:`relabel`);
+    ``train``/``val`` are the specs its loader will use (from the script's flags;
+    None where the loader's maker builds it), ``is_training`` says which; ``seed``
+    the loader's (the same on every rank). Samples are read by the loader, inside
+    DALI, not by indexing this object.
     """
 
     def __init__(
@@ -56,7 +64,31 @@ class ConvertedSplit:
         self.train, self.val, self.is_training, self.seed = train, val, bool(is_training), int(seed)
         self.classes: list[str] = list(manifest.classes or ())
         self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        #: The index each stored label becomes (None: the stored labels as they are); see :meth:`relabel`.
+        self.label_map: tuple[int, ...] | None = None
         self._num_samples = manifest.num_samples
+
+    def relabel(self, class_to_idx: Mapping[str, int], argument: str) -> None:
+        """Give the classes the indices of ``class_to_idx`` (a script's class order); the loader maps its labels.
+
+        The stored labels number the classes as the manifest lists them; ``label_map``
+        becomes the permutation (or injection, for a class map with more classes) from
+        those to ``class_to_idx``'s, None when they agree. ``classes`` lists the names by
+        their new index. A class of the dataset missing from ``class_to_idx`` is refused
+        naming ``argument``: its samples would need leaving out, which the loader cannot.
+        """
+        missing = [name for name in self.classes if name not in class_to_idx]
+        if missing:
+            shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
+            raise ValueError(
+                f"{argument}: {len(missing)} class(es) of {self.root} are not in it ({shown}); their images would "
+                "have to be left out, which the DALI loader cannot do: add them to the class map, or convert only "
+                "the classes it lists"
+            )
+        label_map = tuple(int(class_to_idx[name]) for name in self.classes)
+        self.label_map = None if label_map == tuple(range(len(self.classes))) else label_map
+        self.class_to_idx = {str(name): int(index) for name, index in class_to_idx.items()}
+        self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
 
     @property
     def spec(self) -> Any:
@@ -138,6 +170,21 @@ def refuse_unsupported(function: str, given: Mapping[str, Any], accepted: Mappin
                 f"{function}({name}={given[name]!r}): DALILoader has no equivalent; "
                 f"leave it at {tuple(ok)[0]!r} or use the script's own loader for this run"
             )
+
+
+def refuse_unknown(function: str, given: Iterable[str], known: Iterable[str], where: str) -> None:
+    """TypeError naming the arguments of ``given`` that ``known`` lacks, as Python's own for a misspelt keyword.
+
+    ``where`` says whose signature ``known`` is (``"timm 1.0's create_loader"``): a
+    ``**kwargs`` must not swallow a name the script's real function would refuse, or
+    one this function never looks at.
+    """
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        raise TypeError(
+            f"{function}() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}: {where} takes no "
+            "such argument; check the spelling against its signature, or leave it out"
+        )
 
 
 def note_ignored(function: str, given: Mapping[str, Any], machinery: Iterable[str]) -> None:

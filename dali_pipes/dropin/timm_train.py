@@ -7,30 +7,43 @@ In timm's ``train.py`` the change is the import::
     +from dali_pipes.dropin.timm_train import create_dataset, create_loader
 
 and ``--data-dir`` names the folder holding the converted ``train/`` and
-``validation/`` (or ``val/``) datasets. Every ``create_loader`` argument the
-script passes is honoured or refused by name:
+``validation/`` (or ``val/``) datasets. Every argument of timm 1.0's
+``create_dataset`` and ``create_loader`` is honoured or refused by name, and a
+name neither has is a TypeError, as it is for timm's ``create_loader``:
 
+- the class indices are timm's: class folders in its natural order (``'9'`` before
+  ``'84'``), or ``class_map``'s; the converted labels (plain sorted order) are mapped
+  to them on each batch, and ``dataset.classes``/``class_to_idx`` list them
+  (:mod:`~dali_pipes.dropin.timm_classes`);
 - the augmentation (``input_size``, ``scale``, ``ratio``, ``hflip``,
   ``color_jitter``, ``interpolation``, ``re_prob``/``re_mode``, ``mean``/``std``,
   ``crop_pct``, ``no_aug``) builds :func:`~dali_pipes.pipelines.presets.timm_defaults`'s specs;
-- ``img_dtype`` casts the images as timm's prefetcher does;
+- ``img_dtype`` (or the deprecated ``fp16``) casts the images as timm's prefetcher
+  does, and only with ``use_prefetcher`` (the default), as timm;
 - ``collate_fn=FastCollateMixup(...)`` (what ``--mixup``/``--cutmix`` make with
   the prefetcher) mixes the loader's batches with timm's ``Mixup`` of the same
   settings, which ``loader.mixup_enabled = False`` (``--mixup-off-epoch``) switches off;
-- training drops the incomplete last batch (timm's ``drop_last``); evaluation reads
-  every sample, the ranks' last batches filled by wrap-around as timm's distributed
-  sampler fills them (dropping the filler would leave a rank an empty batch, which
-  the script's metrics divide by);
+- training yields as many batches per rank as timm's loader: its
+  ``DistributedSampler`` pads the epoch to a multiple of the world size and each
+  rank drops its incomplete last batch, so a rank has ``ceil(N / world) // batch``
+  batches (:func:`train_last_batch`); evaluation reads every sample, the ranks' last
+  batches filled by wrap-around as timm's distributed sampler fills them (timm's
+  ``validate`` averages each batch's metric with equal weight, so its batches keep the filler);
 - ``vflip``, ``grayscale_prob``, ``gaussian_blur_prob``, ``color_jitter_prob``,
   ``auto_augment``, ``num_aug_splits``/``num_aug_repeats``, ``re_count``/``re_split``,
-  other crop modes and the scheduled-batch options are refused when set;
+  other crop modes and the scheduled-batch options are refused when set; so are
+  ``create_dataset``'s ``load_bytes``, ``num_samples``, ``repeats``, an
+  ``input_img_mode`` other than RGB and a reader's ``transform``/``input_key``/...;
 - ``num_workers``, ``pin_memory``, ``distributed`` (the loader finds the rank
-  itself) and the other worker settings are left to DALI.
+  itself) and the other worker settings are left to DALI; ``download``,
+  ``batch_size`` and ``trust_remote_code`` of ``create_dataset`` do nothing for a
+  folder dataset, in timm as here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -40,15 +53,54 @@ from dali_pipes.dropin.common import (
     collate_on_batches,
     device_name,
     note_ignored,
+    refuse_unknown,
     refuse_unsupported,
 )
+from dali_pipes.dropin.timm_classes import Relabel, timm_class_to_idx
+from dali_pipes.loading.loader import DALILoader
+from dali_pipes.sampling import check_int
 
-__all__ = ["create_dataset", "create_loader"]
+logger = logging.getLogger(__name__)
 
-#: timm's names for a split, tried in turn when the one asked for is not a folder (as timm's folder search does).
-_SPLIT_NAMES = {"train": ("train", "training"), "validation": ("validation", "val", "valid", "eval", "evaluation")}
-_SPLIT_NAMES["val"] = _SPLIT_NAMES["validation"]
+__all__ = ["TimmLoader", "create_dataset", "create_loader", "train_last_batch"]
 
+#: timm's names for the training and evaluation splits, tried in turn after the one asked for (its _search_split).
+_TRAIN_SPLITS = ("train", "training")
+_EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation")
+
+#: Arguments of timm's create_dataset the loader cannot honour, with the values that ask for nothing. The last five
+#: are what timm hands on to its dataset and reader (``**kwargs``; train.py passes input_key and target_key).
+_DATASET_UNSUPPORTED = {
+    "load_bytes": (False, None),
+    "num_samples": (None,),
+    "repeats": (0, None),
+    "input_img_mode": ("RGB",),
+    "transform": (None,),
+    "target_transform": (None,),
+    "additional_features": (None,),
+    "input_key": (None,),
+    "target_key": (None,),
+}
+
+#: Arguments of timm's create_loader that are honoured (see the module docstring).
+_HONOURED = (
+    "no_aug",
+    "re_prob",
+    "re_mode",
+    "scale",
+    "ratio",
+    "hflip",
+    "color_jitter",
+    "interpolation",
+    "mean",
+    "std",
+    "crop_pct",
+    "collate_fn",
+    "fp16",
+    "img_dtype",
+    "device",
+    "use_prefetcher",
+)
 #: Arguments of timm's create_loader the loader cannot honour, with the values that ask for nothing.
 _UNSUPPORTED = {
     "vflip": (0.0, 0, None),
@@ -68,7 +120,8 @@ _UNSUPPORTED = {
     "batch_size_choices": (None,),
     "num_batches": (None,),
 }
-#: A DataLoader's own settings: taken, and left to DALI.
+#: A DataLoader's own settings: taken, and left to DALI (the batch_choice_*/schedule ones only act with
+#: input_size_choices, which is refused).
 _MACHINERY = (
     "num_workers",
     "pin_memory",
@@ -85,75 +138,154 @@ _MACHINERY = (
 )
 
 
+class TimmLoader(DALILoader):
+    """The :class:`~dali_pipes.DALILoader` :func:`create_loader` returns, with timm's ``DataLoader`` attributes.
+
+    ``dataset`` is the dataset it was made from (timm's loader keeps the dataset it
+    was given: its ``classes``/``class_to_idx`` are timm's); ``drop_last`` is timm's
+    (true when training), whichever ``last_batch`` gives its batch count.
+    """
+
+    def __init__(self, dataset: ConvertedSplit, pipeline: Any, *, drop_last: bool, **options: Any) -> None:
+        self._timm_dataset = dataset
+        self._timm_drop_last = bool(drop_last)
+        super().__init__(dataset.root, pipeline, **options)
+
+    @property
+    def dataset(self) -> ConvertedSplit:  # type: ignore[override]
+        """The dataset :func:`create_dataset` returned, as ``DataLoader.dataset``."""
+        return self._timm_dataset
+
+    @property
+    def drop_last(self) -> bool:
+        """timm's ``drop_last``: training drops each rank's incomplete last batch."""
+        return self._timm_drop_last
+
+
 def create_dataset(
     name: str,
     root: str | os.PathLike | None = None,
     split: str = "validation",
+    search_split: bool = True,
+    class_map: Any = None,
+    load_bytes: bool = False,
     is_training: bool = False,
+    download: bool = False,
+    batch_size: int = 1,
+    num_samples: int | None = None,
+    seed: int | None = 42,
+    repeats: int = 0,
+    input_img_mode: str = "RGB",
+    trust_remote_code: bool = False,
     **kwargs: Any,
 ) -> ConvertedSplit:
     """timm's ``create_dataset`` for a folder dataset: ``root/split``, converted by ``dali-pipes convert``.
 
     ``name`` must be timm's folder dataset (``""``, ``"folder"`` or ``"imagefolder"``);
     ``split`` is looked up under ``root`` by timm's names for it (``validation``:
-    also ``val``, ``valid``...), and ``root`` itself serves when it is the dataset.
+    also ``val``, ``valid``...) unless ``search_split`` is false, and ``root`` itself
+    serves when no such folder is there. Class indices are timm's (``class_map``'s,
+    else the natural order of the names). ``seed`` is the loader's (train.py passes
+    ``--seed``, the same on every rank). ``download``, ``batch_size`` and
+    ``trust_remote_code`` act on timm's other dataset kinds, not on a folder.
     """
+    del download, batch_size, trust_remote_code  # timm's folder datasets take them and do nothing with them
     if name not in ("", "folder", "imagefolder"):
         raise ValueError(f"create_dataset({name!r}): the DALI loader reads folder datasets converted by dali-pipes")
-    refuse_unsupported(
-        "create_dataset", kwargs, {"class_map": (None, ""), "repeats": (0, None), "num_samples": (None,)}
-    )
+    refuse_unknown("create_dataset", kwargs, _DATASET_UNSUPPORTED, "timm 1.0's create_dataset for a folder dataset")
+    given = dict(load_bytes=load_bytes, num_samples=num_samples, repeats=repeats, input_img_mode=input_img_mode)
+    refuse_unsupported("create_dataset", {**given, **kwargs}, _DATASET_UNSUPPORTED)
     if root is None:
         raise ValueError("create_dataset: give root (timm's --data-dir), the folder of the converted splits")
-    return ConvertedSplit(
-        _split_folder(Path(root), split),
+    folder = _split_folder(Path(root), split) if search_split else Path(root)
+    dataset = ConvertedSplit(
+        folder,
         train=None,  # create_loader builds the spec from its own arguments
         val=None,
         is_training=is_training,
         hint="point --data-dir at the folder holding the converted train/ and validation/ (or val/) datasets",
-        seed=kwargs.get("seed") or 0,  # train.py passes args.seed: the same on every rank
+        seed=0 if seed is None else seed,
     )
+    if class_map and not dataset.classes:
+        raise ValueError(
+            f"create_dataset(class_map={class_map!r}): {folder} has no class names to map; leave class_map out"
+        )
+    argument = f"create_dataset(class_map={class_map!r})" if class_map else "create_dataset"
+    dataset.relabel(timm_class_to_idx(dataset.classes, class_map, folder), argument)
+    return dataset
 
 
 def create_loader(
     dataset: ConvertedSplit, input_size: Any, batch_size: int, is_training: bool = False, **options: Any
-) -> Any:
+) -> TimmLoader:
     """timm's ``create_loader``: a :class:`~dali_pipes.DALILoader` over ``dataset`` with timm's augmentation.
 
-    Takes timm's arguments by their names (see the module docstring for what each does).
+    Takes timm's arguments by their names (see the module docstring for what each does);
+    a name timm 1.0's ``create_loader`` does not have is a TypeError, as in timm.
     """
     from dali_pipes.loading.compat import BatchFormat
-    from dali_pipes.loading.loader import DALILoader
+    from dali_pipes.loading.world import detect_world
 
     if not isinstance(dataset, ConvertedSplit):
         raise TypeError(
             f"create_loader: dataset must come from dali_pipes.dropin.timm_train.create_dataset, got {dataset!r}"
         )
+    refuse_unknown("create_loader", options, (*_HONOURED, *_UNSUPPORTED, *_MACHINERY), "timm 1.0's create_loader")
     refuse_unsupported("create_loader", options, _UNSUPPORTED)
     note_ignored("create_loader", options, _MACHINERY)
     spec = _spec(input_size, is_training, options)
-    batch_format = BatchFormat(
-        keys=("image", "label"),
-        dtype=_dtype_name(options.get("img_dtype")),
-        transform=_mixer(options.get("collate_fn")),
-    )
-    return DALILoader(
-        dataset.root,
+    # The world is needed to count timm's training batches; the loader is given the same one.
+    world, _ = detect_world()
+    last_batch = train_last_batch(len(dataset), batch_size, world.world_size) if is_training else "pad"
+    transform = _mixer(options.get("collate_fn"))
+    if dataset.label_map is not None:  # timm's class indices, before any mixing one-hots them
+        transform = Relabel(dataset.label_map, transform)
+    batch_format = BatchFormat(keys=("image", "label"), dtype=_dtype_name(options), transform=transform)
+    return TimmLoader(
+        dataset,
         spec,
+        drop_last=bool(is_training),
         batch_size=batch_size,
         shuffle=bool(is_training),
         seed=dataset.seed,
-        last_batch="drop" if is_training else "pad",
+        last_batch=last_batch,
         device=device_name(options.get("device")),
+        rank=world.rank,
+        world_size=world.world_size,
         batch_format=batch_format,
     )
 
 
+def train_last_batch(num_samples: int, batch_size: int, world_size: int) -> str:
+    """The ``last_batch`` policy that gives each rank timm's number of training batches for this epoch.
+
+    timm's training loader is a ``DistributedSampler`` (padding the epoch by
+    wrap-around to ``ceil(N / world) * world`` samples, ``ceil(N / world)`` a rank)
+    under a ``DataLoader`` that drops each rank's incomplete last batch: a rank has
+    ``ceil(N / world) // batch`` batches. The loader cuts global batches of
+    ``batch * world``: with ``"drop"`` it has ``N // (batch * world)`` of them, and
+    with ``"pad"`` one more, whose tail of ``T`` samples gives each rank
+    ``ceil(T / world)``, padded by wrap-around as timm's sampler pads. timm's count
+    is the second exactly when that tail is a whole batch a rank, else the first.
+    """
+    n = check_int("number of samples", num_samples, 1)
+    batch_size = check_int("batch_size", batch_size, 1)
+    world_size = check_int("world_size", world_size, 1)
+    tail = n % (batch_size * world_size)
+    return "pad" if tail and -(-tail // world_size) == batch_size else "drop"
+
+
 def _split_folder(root: Path, split: str) -> Path:
-    """``root/split`` by timm's names for the split; ``root`` when it is the dataset itself."""
-    for name in (split, *_SPLIT_NAMES.get(split, ())):
-        if (root / name / "index.json").is_file() or (root / name).is_dir():
-            return root / name
+    """``root/split`` by timm's names for the split (timm's ``_search_split``); ``root`` when none is there."""
+    name = split.split("[")[0]
+    if name != split:  # e.g. "train[:10%]": a slice timm's folder datasets ignore as well
+        logger.warning(
+            "create_dataset(split=%r): folder datasets are read whole; the slice is ignored, as in timm", split
+        )
+    synonyms = _TRAIN_SPLITS if name in _TRAIN_SPLITS else _EVAL_SPLITS if name in _EVAL_SPLITS else ()
+    for candidate in (name, *synonyms):
+        if (root / candidate).exists():
+            return root / candidate
     return root
 
 
@@ -198,8 +330,15 @@ def _square(input_size: Any) -> int:
     return int(height)
 
 
-def _dtype_name(dtype: Any) -> str | None:
-    """A torch dtype's name for ``BatchFormat.dtype`` (None: float32, the specs' own output)."""
+def _dtype_name(options: dict[str, Any]) -> str | None:
+    """``BatchFormat.dtype`` for timm's ``img_dtype``/``fp16`` (None: float32, the specs' own output).
+
+    timm casts in its prefetcher: without ``use_prefetcher`` its images stay float32.
+    """
+    if not options.get("use_prefetcher", True):
+        return None
+    # timm's PrefetchLoader: the deprecated fp16 overrides img_dtype.
+    dtype = "float16" if options.get("fp16") else options.get("img_dtype")
     if dtype is None:
         return None
     name = str(dtype).removeprefix("torch.")

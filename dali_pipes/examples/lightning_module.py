@@ -21,13 +21,34 @@ import argparse
 import os
 from typing import Any, Iterator
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 
-from dali_pipes import DALILoader, load_manifest
-from dali_pipes.examples.train_imagenet import small_convnet
+from dali_pipes import DALILoader
+from dali_pipes.examples.train_imagenet import KIND_ADVICE, small_convnet
+from dali_pipes.examples.usage import (
+    UsageError,
+    check_device,
+    class_difference,
+    counted,
+    dataset_manifest,
+    description,
+    fail,
+    non_negative_int,
+    positive_int,
+    require_fields,
+    short,
+    user_errors,
+)
 from dali_pipes.pipelines import ClassificationTrain, ClassificationVal
+
+try:
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+except ImportError:
+    if __name__ == "__main__":  # run as a script: say how to get it, in one line; imported: the ImportError
+        fail('this example needs Lightning, an optional extra: pip install "dali-pipes[lightning]"')
+    raise
 
 
 class EpochLoader:
@@ -161,22 +182,72 @@ class TinyClassifier(L.LightningModule):
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The flags; a malformed one exits with argparse's usage error (status 2)."""
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("dataset", help="dataset folder written by 'dali-pipes convert imagefolder'")
     p.add_argument("--val-dataset", help="validation dataset folder (default: the training one)")
-    p.add_argument("--max-epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64, help="per process")
-    p.add_argument("--size", type=int, default=224)
+    p.add_argument("--max-epochs", type=positive_int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="per process")
+    p.add_argument("--size", type=positive_int, default=224)
     p.add_argument("--devices", default="auto", help="Lightning's devices (e.g. 8 for 8 GPUs)")
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"), help="where DALI runs")
-    p.add_argument("--workers", type=int, default=None, help="DALI Python workers reading the shards")
+    p.add_argument("--workers", type=non_negative_int, default=None, help="DALI Python workers reading the shards")
     p.add_argument("--seed", type=int, default=0)
     return p.parse_args(argv)
+
+
+def check_data(args: argparse.Namespace) -> int:
+    """The class count, once the datasets are known to fit the flags (else a usage error naming the flag).
+
+    Checked before Lightning starts: the loaders are built later, inside its
+    ``setup()``, where a refusal would come wrapped in the trainer's traceback.
+    """
+    check_device(args.device)
+    manifests = {}
+    for flag, path in (("DATASET", args.dataset), ("--val-dataset", args.val_dataset)):
+        if path is None:
+            continue
+        manifest = manifests[flag] = dataset_manifest(path, flag)
+        require_fields(manifest, flag, path, ("image", "label"), KIND_ADVICE)
+        if manifest.num_samples < args.batch_size:  # each batch would be mostly repeats of the same samples
+            raise UsageError(
+                f"--batch-size {args.batch_size} is more than the {counted(manifest.num_samples, 'sample')} of "
+                f"{flag} {path}; use --batch-size {manifest.num_samples} or less"
+            )
+    classes = tuple(manifests["DATASET"].classes or ())
+    if "--val-dataset" in manifests and tuple(manifests["--val-dataset"].classes or ()) != classes:
+        theirs = tuple(manifests["--val-dataset"].classes or ())
+        raise UsageError(
+            f"--val-dataset {args.val_dataset} has another class list than {args.dataset} "
+            f"({class_difference(classes, theirs, args.dataset, args.val_dataset)}): validate on a dataset "
+            "converted with the same class list"
+        )
+    # The model is built before Lightning calls setup(): the class count comes from the manifest.
+    return len(classes) or 1000
+
+
+def make_trainer(args: argparse.Namespace) -> L.Trainer:
+    """Lightning's trainer for the flags; a ``--devices`` it cannot use is a usage error naming the flag."""
+    try:
+        return L.Trainer(
+            max_epochs=args.max_epochs,
+            devices=args.devices,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            num_sanity_val_steps=0,
+            default_root_dir=os.getcwd(),
+        )
+    except (MisconfigurationException, TypeError, ValueError) as exc:
+        fail(f"--devices {args.devices}: {short(exc)}")
 
 
 def main(argv=None) -> TinyClassifier:
     """Train; returns the trained module."""
     args = parse_args(argv)
+    with user_errors():
+        num_classes = check_data(args)
     L.seed_everything(args.seed, verbose=False)
     data = DALIDataModule(
         args.dataset,
@@ -187,22 +258,13 @@ def main(argv=None) -> TinyClassifier:
         device=args.device,
         workers=args.workers,
     )
-    # The model is built before Lightning calls setup(): take the class count from the manifest.
-    model = TinyClassifier(len(load_manifest(args.dataset).classes or ()) or 1000)
-    trainer = L.Trainer(
-        max_epochs=args.max_epochs,
-        devices=args.devices,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=0,
-        default_root_dir=os.getcwd(),
-    )
+    model = TinyClassifier(num_classes)
+    trainer = make_trainer(args)
     trainer.fit(model, datamodule=data)
     if trainer.is_global_zero:
         metrics = {k: round(float(v), 4) for k, v in trainer.callback_metrics.items()}
-        print(f"trained {model.train_steps} steps over {trainer.current_epoch} epoch(s); metrics {metrics}", flush=True)
+        steps = counted(model.train_steps, "step")
+        print(f"trained {steps} over {trainer.current_epoch} epoch(s); metrics {metrics}", flush=True)
     return model
 
 

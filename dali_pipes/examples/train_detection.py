@@ -23,12 +23,25 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dali_pipes import DALILoader, load_manifest
+from dali_pipes import DALILoader
+from dali_pipes.examples.usage import (
+    check_batch,
+    check_device,
+    counted,
+    dataset_manifest,
+    description,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    require_fields,
+    user_errors,
+)
 from dali_pipes.pipelines import Detection
 
 STRIDE = 16
@@ -100,27 +113,60 @@ def detection_loss(model: TinyDetector, batch: dict) -> tuple[torch.Tensor, int]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The flags; a malformed one exits with argparse's usage error (status 2)."""
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("dataset", help="dataset folder written by 'dali-pipes convert coco'")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--size", type=int, default=320, help="shorter side of the training images")
-    p.add_argument("--max-size", type=int, default=512, help="cap on the longer side")
-    p.add_argument("--lr", type=float, default=1e-3)
+    add_training_flags(p, batch_size=16)
+    return check_sizes(p, p.parse_args(argv))
+
+
+def add_training_flags(p: argparse.ArgumentParser, *, batch_size: int) -> None:
+    """The flags this example shares with the instance segmentation one (:func:`check_sizes` checks two together)."""
+    p.add_argument("--epochs", type=positive_int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=batch_size)
+    p.add_argument("--size", type=positive_int, default=320, help="shorter side of the training images")
+    p.add_argument("--max-size", type=positive_int, default=512, help="cap on the longer side")
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    p.add_argument("--workers", type=int, default=None, help="DALI Python workers reading the shards")
+    p.add_argument("--workers", type=non_negative_int, default=None, help="DALI Python workers reading the shards")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+
+
+def check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
+    """``args``, once ``--max-size`` is known not to be below ``--size`` (else argparse's usage error)."""
+    if args.max_size < args.size:
+        p.error(f"--max-size {args.max_size} is below --size {args.size}: the longer side cannot be the shorter")
+    return args
+
+
+def open_data(args: argparse.Namespace, spec: Any, fields: tuple[str, ...], advice: str) -> tuple[Any, DALILoader]:
+    """The spec bound to the dataset and its loader; a dataset of another kind is refused in one line naming it."""
+    with user_errors():
+        check_device(args.device)
+        manifest = dataset_manifest(args.dataset, "DATASET")
+        require_fields(manifest, "DATASET", args.dataset, fields, advice)
+        # bind() reads the category ids from the manifest: label k is the k-th smallest COCO id.
+        spec = spec.bind(manifest)
+        loader = DALILoader(
+            args.dataset,
+            spec,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            device=args.device,
+            py_num_workers=args.workers,
+        )
+        check_batch(loader)
+    return spec, loader
 
 
 def main(argv=None) -> float:
     """Train; returns the last epoch's mean loss per real sample."""
     args = parse_args(argv)
-    # bind() reads the category ids from the manifest: label k is the k-th smallest COCO id.
-    spec = Detection(size=args.size, max_size=args.max_size).bind(load_manifest(args.dataset))
-    loader = DALILoader(
-        args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device, py_num_workers=args.workers
+    advice = (
+        "this example trains on COCO images and boxes converted with 'dali-pipes convert coco' "
+        "(for class folders, see dali_pipes.examples.train_imagenet)"
     )
+    spec, loader = open_data(args, Detection(size=args.size, max_size=args.max_size), ("image", "boxes"), advice)
     torch.manual_seed(args.seed)
     model = TinyDetector(spec.num_classes)
     optimizer = None
@@ -142,7 +188,7 @@ def main(argv=None) -> float:
         mean_loss = total / max(samples, 1)
         elapsed = time.perf_counter() - start
         print(
-            f"epoch {epoch}: {samples} images, loss {mean_loss:.4f}, {samples / elapsed:.1f} images/s "
+            f"epoch {epoch}: {counted(samples, 'image')}, loss {mean_loss:.4f}, {samples / elapsed:.1f} images/s "
             f"on {loader.device}",
             flush=True,
         )

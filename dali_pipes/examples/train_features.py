@@ -28,23 +28,57 @@ import torch.nn.functional as F
 from torch import nn
 
 from dali_pipes import DALILoader, open_store
+from dali_pipes.examples.usage import (
+    UsageError,
+    check_batch,
+    check_device,
+    counted,
+    dataset_manifest,
+    description,
+    fail,
+    non_negative_int,
+    positive_float,
+    positive_int,
+    user_errors,
+)
 from dali_pipes.pipelines import Features
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The flags; a malformed one exits with argparse's usage error (status 2)."""
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("dataset", help="a merged .h5 file from 'dali-pipes merge', or a dataset folder")
     p.add_argument("--input", default="emb", help="the array field fed to the model (default: emb)")
     p.add_argument("--target", default="label", help="the field to predict (default: label)")
-    p.add_argument("--num-classes", type=int, help="classes of an integer target (default: its largest value + 1)")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument(
+        "--num-classes", type=positive_int, help="classes of an integer target (default: its largest value + 1)"
+    )
+    p.add_argument("--epochs", type=positive_int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=64)
+    p.add_argument("--hidden", type=positive_int, default=128)
+    p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    p.add_argument("--workers", type=int, default=None, help="DALI Python workers reading the shards")
+    p.add_argument("--workers", type=non_negative_int, default=None, help="DALI Python workers reading the shards")
     p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.input == args.target:
+        p.error(f"--input and --target are both {args.input!r}: the model would be shown what it must predict")
+    return args
+
+
+def check_fields(args: argparse.Namespace) -> None:
+    """Refuse an ``--input`` or ``--target`` that is not a fixed-shape numeric array of the dataset, naming the flag."""
+    fields = dataset_manifest(args.dataset, "DATASET").fields
+    for flag, name in (("--input", args.input), ("--target", args.target)):
+        field = fields.get(name)
+        if field is None:
+            raise UsageError(f"{flag} {name}: the dataset has no such field (it holds {', '.join(fields)})")
+        numeric = field.kind == "array" and np.dtype(field.dtype).kind in "biuf"
+        if not numeric or -1 in (field.shape or ()):
+            raise UsageError(
+                f"{flag} {name} is not a fixed-shape numeric array (it is {field.to_json()}); this example trains on "
+                "feature arrays converted with 'dali-pipes convert arrays'"
+            )
 
 
 def count_classes(dataset: str, target: str) -> int:
@@ -56,24 +90,47 @@ def count_classes(dataset: str, target: str) -> int:
         store.close()
 
 
-def main(argv=None) -> float:
-    """Train; returns the last epoch's mean loss per real sample."""
-    args = parse_args(argv)
-    # Cast the input to float32 inside the pipeline (on the GPU when there is one): the store keeps
-    # the features in whatever dtype they were saved in, float16 halving the bytes read.
-    spec = Features(fields=(args.input, args.target), dtype={args.input: "float32"})
-    loader = DALILoader(
-        args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device, py_num_workers=args.workers
-    )
+def label_problem(labels: torch.Tensor, classes: int, args: argparse.Namespace) -> str | None:
+    """What is wrong with class labels outside ``0..classes-1`` (a too-small --num-classes), which cross entropy
+    cannot take (on a GPU it would stop the process with a device-side assert); None when they fit."""
+    low, high = int(labels.min()), int(labels.max())
+    if low >= 0 and high < classes:
+        return None
+    hint = f"; give --num-classes {high + 1} or more" if args.num_classes and low >= 0 else ""
+    return f"--target {args.target} holds class {low if low < 0 else high}, outside 0..{classes - 1}{hint}"
+
+
+def open_data(args: argparse.Namespace) -> tuple[DALILoader, int, int, bool]:
+    """The loader, the input width, the output count and whether the target is a class (else regressed)."""
+    with user_errors():
+        check_device(args.device)
+        check_fields(args)
+        # Cast the input to float32 inside the pipeline (on the GPU when there is one): the store keeps
+        # the features in whatever dtype they were saved in, float16 halving the bytes read.
+        spec = Features(fields=(args.input, args.target), dtype={args.input: "float32"})
+        loader = DALILoader(
+            args.dataset,
+            spec,
+            batch_size=args.batch_size,
+            seed=args.seed,
+            device=args.device,
+            py_num_workers=args.workers,
+        )
+        check_batch(loader)
     fields = loader.store.manifest.fields
     in_features = math.prod(fields[args.input].shape or (1,))
     classify = np.dtype(fields[args.target].dtype).kind in "iub"
-    outputs = (
-        (args.num_classes or count_classes(args.dataset, args.target))
-        if classify
-        else math.prod(fields[args.target].shape or (1,))
-    )
+    if classify:
+        outputs = args.num_classes or count_classes(args.dataset, args.target)
+    else:
+        outputs = math.prod(fields[args.target].shape or (1,))
+    return loader, in_features, outputs, classify
 
+
+def main(argv=None) -> float:
+    """Train; returns the last epoch's mean loss per real sample."""
+    args = parse_args(argv)
+    loader, in_features, outputs, classify = open_data(args)
     torch.manual_seed(args.seed)
     model = nn.Sequential(nn.Flatten(), nn.Linear(in_features, args.hidden), nn.ReLU(), nn.Linear(args.hidden, outputs))
     optimizer = None
@@ -82,10 +139,16 @@ def main(argv=None) -> float:
         loader.set_epoch(epoch)
         total, samples, start = 0.0, 0, time.perf_counter()
         for batch in loader:
-            x, y = batch[args.input], batch[args.target]
+            # (batch, features) also for a scalar input field, which nn.Flatten would leave one-dimensional.
+            x, y = batch[args.input].reshape(len(batch[args.input]), -1), batch[args.target]
             if optimizer is None:  # the model follows the loader's device
                 model.to(x.device)
                 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
+            # The first epoch sees every sample: later ones need not check again.
+            problem = label_problem(y, outputs, args) if classify and epoch == 0 else None
+            if problem:
+                loader.close()
+                fail(problem)
             real = ~batch["is_pad"].view(-1).bool()
             out = model(x)
             if classify:
@@ -100,7 +163,7 @@ def main(argv=None) -> float:
             samples += int(real.sum())
         mean_loss = total / max(samples, 1)
         print(
-            f"epoch {epoch}: {samples} samples, loss {mean_loss:.4f}, "
+            f"epoch {epoch}: {counted(samples, 'sample')}, loss {mean_loss:.4f}, "
             f"{samples / (time.perf_counter() - start):.1f} samples/s on {loader.device}",
             flush=True,
         )

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import time
 from typing import Any
 
@@ -40,7 +41,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from dali_pipes import DALILoader, Mixture, WeightedSampling, class_balanced_weights, open_store
+from dali_pipes.examples.usage import (
+    UsageError,
+    check_batch,
+    class_difference,
+    counted,
+    dataset_manifest,
+    description,
+    fail,
+    non_negative_float,
+    positive_float,
+    positive_int,
+    probability,
+    require_fields,
+    short,
+    user_errors,
+)
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
+
+#: What to do with a dataset of another kind, said when one is given.
+KIND_ADVICE = (
+    "this example trains a classifier on class folders converted with 'dali-pipes convert imagefolder' "
+    "(for COCO boxes, see dali_pipes.examples.train_detection)"
+)
 
 
 def small_convnet(num_classes: int) -> nn.Module:
@@ -59,23 +82,24 @@ def small_convnet(num_classes: int) -> nn.Module:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    """The flags; a malformed one, or two that do not go together, exit with argparse's usage error (status 2)."""
     p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+        description=description(__doc__), formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     p.add_argument("dataset", help="dataset folder written by 'dali-pipes convert imagefolder'")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64, help="per process")
-    p.add_argument("--size", type=int, default=224, help="training crop size")
+    p.add_argument("--epochs", type=positive_int, default=1)
+    p.add_argument("--batch-size", type=positive_int, default=64, help="per process")
+    p.add_argument("--size", type=positive_int, default=224, help="training crop size")
     p.add_argument(
         "--res-schedule",
         type=_schedule,
         metavar="MIN,MAX,START,END",
         help="FFCV's resolution schedule instead of --size, e.g. 160,192,65,76",
     )
-    p.add_argument("--mixup", type=float, default=0.0, metavar="ALPHA", help="MixUp's alpha (0: off)")
-    p.add_argument("--cutmix", type=float, default=0.0, metavar="ALPHA", help="CutMix's alpha (0: off)")
-    p.add_argument("--smoothing", type=float, default=0.1, help="label smoothing of the mixed targets")
-    p.add_argument("--erasing", type=float, default=0.0, metavar="PROB", help="RandomErasing's probability")
+    p.add_argument("--mixup", type=non_negative_float, default=0.0, metavar="ALPHA", help="MixUp's alpha (0: off)")
+    p.add_argument("--cutmix", type=non_negative_float, default=0.0, metavar="ALPHA", help="CutMix's alpha (0: off)")
+    p.add_argument("--smoothing", type=probability, default=0.1, help="label smoothing of the mixed targets")
+    p.add_argument("--erasing", type=probability, default=0.0, metavar="PROB", help="RandomErasing's probability")
     p.add_argument("--balance-classes", action="store_true", help="draw every class equally often (with replacement)")
     p.add_argument("--mix-with", metavar="DATASET", help="a second dataset, mixed into every epoch at --mix-share")
     p.add_argument("--mix-share", type=float, default=0.3, help="the second dataset's share of each epoch's samples")
@@ -84,16 +108,73 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("keep", "offset"),
         help="keep: both datasets number the same classes; offset: the second one's classes come after the first's",
     )
-    p.add_argument("--lr", type=float, default=0.1)
+    p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     args = p.parse_args(argv)
-    if args.balance_classes and args.mix_with:
-        p.error("--balance-classes and --mix-with do not go together: a mixture draws by its shares")
-    if not 0 < args.mix_share < 1:
-        p.error(f"--mix-share must be between 0 and 1, got {args.mix_share}")
+    for problem in _flag_conflicts(args):
+        p.error(problem)
     return args
+
+
+def _flag_conflicts(args: argparse.Namespace) -> list[str]:
+    """What is wrong with the flags taken together (each in words naming them), found before anything starts."""
+    problems = []
+    if args.balance_classes and args.mix_with:
+        problems.append("--balance-classes and --mix-with do not go together: a mixture draws by its shares")
+    if not 0 < args.mix_share < 1:
+        problems.append(f"--mix-share must be between 0 and 1, got {args.mix_share}")
+    if args.mix_labels and not args.mix_with:
+        problems.append(f"--mix-labels {args.mix_labels} is for a mixture: give the second dataset with --mix-with")
+    if args.resume and not args.checkpoint:
+        problems.append("--resume continues from --checkpoint FILE: give it")
+    if args.checkpoint:
+        # Found now rather than by torch.save after the first epoch's training.
+        folder = os.path.dirname(os.path.abspath(args.checkpoint))
+        if os.path.isdir(args.checkpoint):
+            problems.append(f"--checkpoint {args.checkpoint} is a folder: give a file, e.g. {args.checkpoint}/ckpt.pt")
+        elif not os.path.isdir(folder):
+            problems.append(f"--checkpoint {args.checkpoint}: there is no folder {folder} to write it in")
+    return problems
+
+
+def check_data(args: argparse.Namespace) -> None:
+    """Refuse, naming the flag, a dataset this example cannot train on, or a mixture its labels cannot join."""
+    main = dataset_manifest(args.dataset, "DATASET")
+    require_fields(main, "DATASET", args.dataset, ("image", "label"), KIND_ADVICE)
+    if args.mix_with:
+        extra = dataset_manifest(args.mix_with, "--mix-with")
+        require_fields(extra, "--mix-with", args.mix_with, ("image", "label"), KIND_ADVICE)
+        check_mixture(args, main.classes, extra.classes)
+
+
+def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
+    """Refuse a mixture whose class lists ``--mix-labels`` cannot reconcile, naming the flag to use.
+
+    :class:`Mixture` refuses the same mixtures, but in the words of its Python
+    arguments (``labels='offset'``); a user of this script needs the flag.
+    """
+    if args.mix_labels == "offset":
+        unlisted = [path for path, classes in ((args.dataset, ours), (args.mix_with, theirs)) if classes is None]
+        if unlisted:
+            raise UsageError(
+                f"--mix-labels offset needs both datasets' class lists, and {' and '.join(unlisted)} records none; "
+                "use --mix-labels keep if the label numbers mean the same classes"
+            )
+        return
+    if ours is not None and theirs is not None and tuple(ours) != tuple(theirs):
+        wrong = "--mix-labels keep would train on wrong labels; " if args.mix_labels == "keep" else ""
+        raise UsageError(
+            f"{args.dataset} and --mix-with {args.mix_with} have different class lists "
+            f"({class_difference(ours, theirs, args.dataset, args.mix_with)}): {wrong}add --mix-labels offset to "
+            "train on both, the second's classes numbered after the first's, or convert both with the same class list"
+        )
+    if args.mix_labels is None and (ours is None) != (theirs is None):
+        raise UsageError(
+            f"only one of {args.dataset} and --mix-with {args.mix_with} records a class list, so nothing says their "
+            "label numbers mean the same classes: add --mix-labels keep if they do"
+        )
 
 
 def data_source(args: argparse.Namespace) -> tuple[Any, WeightedSampling | None]:
@@ -126,8 +207,44 @@ def train_spec(args: argparse.Namespace) -> ClassificationTrain:
     return ClassificationTrain(size=args.res_schedule or args.size, mix=mix, erasing=erasing)
 
 
+def resume(args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DALILoader, device: Any) -> int:
+    """The first epoch to train: 0, or the one after the saved epoch when ``--resume`` finds ``--checkpoint``."""
+    if not (args.resume and os.path.exists(args.checkpoint)):
+        return 0  # a first run of a resumable job: nothing saved yet
+    try:
+        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
+        net.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        loader.load_state_dict(state["loader"])
+        return int(state["loader"]["epoch"])
+    except (OSError, EOFError, KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
+        loader.close()
+        fail(f"--checkpoint {args.checkpoint} is not a checkpoint this run can resume (of another dataset or "
+             f"model?): {short(exc)}")  # fmt: skip
+
+
+def train_epoch(model: nn.Module, optimizer: Any, loader: DALILoader, device: Any) -> torch.Tensor:
+    """One pass over the loader; returns ``[real samples, summed loss]`` of this process."""
+    model.train()
+    seen = torch.zeros(2, device=device)
+    for batch in loader:
+        images, labels = batch["image"], batch["label"]  # was: for images, labels in loader
+        # Soft targets (float, [B, classes]) with --mixup/--cutmix, class indices otherwise.
+        labels = labels if labels.is_floating_point() else labels.view(-1).long()
+        real = ~batch["is_pad"].view(-1).bool()  # the wrap-around filler of the last batch counts for nothing
+        losses = F.cross_entropy(model(images), labels, reduction="none")
+        loss = (losses * real).sum() / real.sum().clamp(min=1)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        seen += torch.stack([real.sum().float(), (losses * real).sum().detach()])
+    return seen
+
+
 def main(argv=None) -> None:
     args = parse_args(argv)
+    with user_errors():
+        check_data(args)  # before the process group: every rank refuses alike, at once
     distributed = "RANK" in os.environ  # set by torchrun
     if distributed:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
@@ -139,8 +256,10 @@ def main(argv=None) -> None:
 
     # --- was: dataset = ImageFolder(root, transform); sampler = DistributedSampler(dataset)
     #          loader = DataLoader(dataset, batch_size, sampler=sampler, num_workers=8, pin_memory=True)
-    dataset, sampling = data_source(args)
-    loader = DALILoader(dataset, train_spec(args), batch_size=args.batch_size, seed=args.seed, sampling=sampling)
+    with user_errors():
+        dataset, sampling = data_source(args)
+        loader = DALILoader(dataset, train_spec(args), batch_size=args.batch_size, seed=args.seed, sampling=sampling)
+        check_batch(loader)
     num_classes = len(loader.store.manifest.classes or ()) or 1000
 
     torch.manual_seed(args.seed)
@@ -149,42 +268,25 @@ def main(argv=None) -> None:
     if distributed:
         model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-
-    first_epoch = 0
-    if args.resume and args.checkpoint and os.path.exists(args.checkpoint):
-        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
-        net.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        loader.load_state_dict(state["loader"])
-        first_epoch = state["loader"]["epoch"]
+    first_epoch = resume(args, net, optimizer, loader, device)
 
     world = dist.get_world_size() if distributed else 1
     # One line per rank, at its start and its end: under torchrun each process shows it ran.
-    print(f"rank {rank} of {world}: {len(loader)} batches of {args.batch_size} per epoch on {device}", flush=True)
+    batches = counted(len(loader), "batch")
+    print(f"rank {rank} of {world}: {batches} of {args.batch_size} per epoch on {device}", flush=True)
     for epoch in range(first_epoch, args.epochs):
         loader.set_epoch(epoch)  # was: sampler.set_epoch(epoch)
-        model.train()
-        seen = torch.zeros(2, device=device)  # real samples, summed loss
         start = time.perf_counter()
-        for batch in loader:
-            images, labels = batch["image"], batch["label"]  # was: for images, labels in loader
-            # Soft targets (float, [B, classes]) with --mixup/--cutmix, class indices otherwise.
-            labels = labels if labels.is_floating_point() else labels.view(-1).long()
-            real = ~batch["is_pad"].view(-1).bool()  # the wrap-around filler of the last batch counts for nothing
-            losses = F.cross_entropy(model(images), labels, reduction="none")
-            loss = (losses * real).sum() / real.sum().clamp(min=1)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            seen += torch.stack([real.sum().float(), (losses * real).sum().detach()])
+        seen = train_epoch(model, optimizer, loader, device)
         if distributed:
             dist.all_reduce(seen)
         elapsed = time.perf_counter() - start
         if rank == 0:
             samples, total_loss = int(seen[0].item()), seen[1].item()
             print(
-                f"epoch {epoch}: {samples} samples, loss {total_loss / max(samples, 1):.4f}, "
-                f"at {loader.pipeline.size_at(epoch)} px, {samples / elapsed:.1f} images/s on {world} process(es)",
+                f"epoch {epoch}: {counted(samples, 'sample')}, loss {total_loss / max(samples, 1):.4f}, "
+                f"at {loader.pipeline.size_at(epoch)} px, {samples / elapsed:.1f} images/s on "
+                f"{counted(world, 'process')}",
                 flush=True,
             )
             if args.checkpoint:

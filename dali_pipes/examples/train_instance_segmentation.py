@@ -29,8 +29,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dali_pipes import DALILoader, load_manifest
-from dali_pipes.examples.train_detection import IGNORE, TinyDetector, grid_targets
+from dali_pipes.examples.train_detection import (
+    IGNORE,
+    TinyDetector,
+    add_training_flags,
+    check_sizes,
+    grid_targets,
+    open_data,
+)
+from dali_pipes.examples.usage import counted, description, fail
 from dali_pipes.pipelines import InstanceSegmentation
 
 ROI = 14
@@ -107,53 +114,62 @@ def tiny_loss(model: TinyMaskModel, batch: dict) -> torch.Tensor:
     return loss + mask_loss(model, features, batch)
 
 
-def build_model(name: str, num_classes: int, args: argparse.Namespace) -> tuple[nn.Module, str]:
-    """The model and its kind (``"maskrcnn"`` or ``"tiny"``); ``auto`` takes Mask R-CNN where torchvision is."""
-    if name in ("auto", "maskrcnn"):
-        try:
-            from torchvision.models.detection import maskrcnn_resnet50_fpn
-        except ImportError:
-            if name == "maskrcnn":
-                raise SystemExit("--model maskrcnn needs torchvision (it comes with CUDA builds of torch)") from None
-        else:
-            # The loader has resized and normalised: torchvision's own transform is told to leave the images be.
-            model = maskrcnn_resnet50_fpn(
-                weights=None,
-                weights_backbone=None,
-                num_classes=num_classes + 1,
-                min_size=args.size,
-                max_size=args.max_size,
-                image_mean=[0.0, 0.0, 0.0],
-                image_std=[1.0, 1.0, 1.0],
-            )
-            return model, "maskrcnn"
-    return TinyMaskModel(num_classes), "tiny"
+def model_kind(name: str) -> str:
+    """``"maskrcnn"`` or ``"tiny"`` for ``--model``: ``auto`` takes Mask R-CNN where torchvision is.
+
+    Decided before the data is opened, so that ``--model maskrcnn`` without
+    torchvision is refused at once, in one line.
+    """
+    if name == "tiny":
+        return "tiny"
+    try:
+        import torchvision.models.detection  # noqa: F401
+    except ImportError:
+        if name == "maskrcnn":
+            fail("--model maskrcnn needs torchvision (it comes with CUDA builds of torch); use --model tiny")
+        return "tiny"
+    return "maskrcnn"
+
+
+def build_model(kind: str, num_classes: int, args: argparse.Namespace) -> nn.Module:
+    """The model of ``kind`` (:func:`model_kind`) for ``num_classes`` classes and the flags' image sizes."""
+    if kind == "tiny":
+        return TinyMaskModel(num_classes)
+    from torchvision.models.detection import maskrcnn_resnet50_fpn
+
+    # The loader has resized and normalised: torchvision's own transform is told to leave the images be.
+    return maskrcnn_resnet50_fpn(
+        weights=None,
+        weights_backbone=None,
+        num_classes=num_classes + 1,
+        min_size=args.size,
+        max_size=args.max_size,
+        image_mean=[0.0, 0.0, 0.0],
+        image_std=[1.0, 1.0, 1.0],
+    )
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The flags; a malformed one exits with argparse's usage error (status 2)."""
+    p = argparse.ArgumentParser(description=description(__doc__))
     p.add_argument("dataset", help="dataset folder written by 'dali-pipes convert coco --masks'")
     p.add_argument("--model", default="auto", choices=("auto", "maskrcnn", "tiny"))
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--size", type=int, default=320, help="shorter side of the training images")
-    p.add_argument("--max-size", type=int, default=512, help="cap on the longer side")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    p.add_argument("--workers", type=int, default=None, help="DALI Python workers reading the shards")
-    p.add_argument("--seed", type=int, default=0)
-    return p.parse_args(argv)
+    add_training_flags(p, batch_size=8)
+    return check_sizes(p, p.parse_args(argv))
 
 
 def main(argv=None) -> float:
     """Train; returns the last epoch's mean loss per real sample."""
     args = parse_args(argv)
-    spec = InstanceSegmentation(size=args.size, max_size=args.max_size).bind(load_manifest(args.dataset))
-    loader = DALILoader(
-        args.dataset, spec, batch_size=args.batch_size, seed=args.seed, device=args.device, py_num_workers=args.workers
+    advice = (
+        "this example trains on COCO images converted with their masks: "
+        "'dali-pipes convert coco --images DIR --annotations JSON OUT --masks'"
     )
+    kind = model_kind(args.model)
+    spec = InstanceSegmentation(size=args.size, max_size=args.max_size)
+    spec, loader = open_data(args, spec, ("image", "boxes", "masks"), advice)
     torch.manual_seed(args.seed)
-    model, kind = build_model(args.model, spec.num_classes, args)
+    model = build_model(kind, spec.num_classes, args)
     optimizer, mean_loss = None, float("nan")
     for epoch in range(args.epochs):
         loader.set_epoch(epoch)
@@ -176,7 +192,7 @@ def main(argv=None) -> float:
         mean_loss = total / max(samples, 1)
         elapsed = time.perf_counter() - start
         print(
-            f"epoch {epoch}: {samples} images, loss {mean_loss:.4f}, {samples / elapsed:.1f} images/s "
+            f"epoch {epoch}: {counted(samples, 'image')}, loss {mean_loss:.4f}, {samples / elapsed:.1f} images/s "
             f"on {loader.device} ({kind} model)",
             flush=True,
         )

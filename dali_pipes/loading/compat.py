@@ -17,10 +17,15 @@ same number of full batches, the tail filled by wrap-around, as
 ``DistributedSampler`` fills it; training steps then never see a batch of one row
 (which ``BatchNorm`` refuses). An evaluation loop wants each sample exactly once:
 ``drop_padding=True`` drops the filler rows of the last batch, so the ranks'
-counts add up to ``len(loader.dataset)`` exactly (a rank's last batch may then be
-shorter, or empty, but every rank still yields the same number of batches, so no
-collective waits for ever). Only the last batch of a pass can hold padding, so
-only it is looked at: no GPU synchronisation on the others.
+counts add up to ``len(loader.dataset)`` exactly. Every rank still yields the same
+number of batches (the metrics' ``all_reduce`` of each step needs every rank), and
+none is empty: accuracy functions divide by a batch's rows (torchvision's
+``utils.accuracy`` raises ZeroDivisionError, timm's gives NaN). The rank split deals
+the last step's samples out evenly (:mod:`dali_pipes.sampling.rules`), so only a last
+step with fewer samples than ranks leaves a rank nothing real; that case cannot be
+exact, in step and non-empty at once, so :meth:`BatchFormat.check_steps` refuses it
+when the loader is made, naming batch sizes that work. Only the last batch of a pass
+can hold padding, so only it is looked at: no GPU synchronisation on the others.
 """
 
 from __future__ import annotations
@@ -96,6 +101,32 @@ class BatchFormat:
         out = tuple(batch[key] for key in self.keys)
         return out if self.transform is None else self.transform(*out)
 
+    def check_steps(self, num_samples: int, batch_size: int, world_size: int, last_batch: str, start: int = 0) -> None:
+        """Refuse ``drop_padding`` where some rank's last batch would be empty (its only rows padding).
+
+        ``num_samples``: the epoch's samples over all ranks, ``start`` those already
+        consumed (a resumed pass); see the module docstring for why it is refused.
+        """
+        from dali_pipes.sampling import padding_only_ranks
+
+        empty = padding_only_ranks(num_samples, batch_size, world_size, last_batch, start) if self.drop_padding else ()
+        if not empty:
+            return
+        rest, tail = num_samples - start, (num_samples - start) % (batch_size * world_size)
+        fits = _batch_sizes_without_empty_ranks(rest, batch_size, world_size)
+        choose = (
+            f"use batch_size={' or '.join(map(str, fits))}, for which every rank's last batch keeps a sample"
+            if fits
+            else f"evaluate on at most {rest} ranks"
+        )
+        raise ValueError(
+            f"BatchFormat(drop_padding=True): {rest} samples in batches of {batch_size} on {world_size} ranks leave "
+            f"{tail} for the last step, so rank(s) {', '.join(map(str, empty))} would get an empty last batch "
+            "(accuracy functions divide by its rows, and every rank must take as many steps); "
+            f"{choose}, or keep the padding (drop_padding=False, the dict format) and count only the rows where "
+            "batch['is_pad'] is False"
+        )
+
     def check_spec(self, spec: Any) -> None:
         """Refuse a mixing ``transform`` on a spec that mixes in its graph: the transform would get soft targets."""
         if self.transform is not None and getattr(spec, "mix", None) is not None and _is_mixer(self.transform):
@@ -115,6 +146,21 @@ class BatchFormat:
         if self.dtype is not None:
             image = image.to(getattr(torch, self.dtype))  # keeps the memory format
         return image
+
+
+def _batch_sizes_without_empty_ranks(samples: int, batch_size: int, world_size: int) -> list[int]:
+    """The batch sizes nearest ``batch_size`` (one below, one above) for which no rank's last batch is all padding."""
+    from dali_pipes.sampling import padding_only_ranks
+
+    def fits(b: int) -> bool:
+        return not padding_only_ranks(samples, b, world_size)
+
+    if samples < world_size:
+        return []  # fewer samples than ranks: no batch size gives every rank one
+    below = next((b for b in range(batch_size - 1, 0, -1) if fits(b)), None)
+    # b >= samples puts all of them in one step of at least world_size samples: the search always ends.
+    above = next(b for b in range(batch_size + 1, samples + 2) if fits(b))
+    return [b for b in (below, above) if b is not None]
 
 
 #: Class names of torchvision's mixing transforms: ``v2.MixUp``/``v2.CutMix``, and the references' own

@@ -115,7 +115,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
     global samples consumed, so a run resumes mid-epoch, on any world size.
 
     For scripts written for a ``DataLoader``: ``batch_format=BatchFormat(keys=("image", "label"))``
-    yields ``(image, label)`` tuples (``drop_padding=True`` for evaluation), and ``dataset``,
+    yields ``(image, label)`` tuples (``drop_padding=True`` for evaluation that counts rows: never an empty batch,
+    refused where the last step has fewer samples than ranks), and ``dataset``,
     ``sampler.set_epoch``, ``batch_size`` and ``drop_last`` are there (:mod:`dali_pipes.loading.compat`).
     ``sampling=WeightedSampling(weights, num_samples=...)`` draws each epoch with weights
     instead of permuting the dataset (:mod:`dali_pipes.sampling.weighted`), with the same guarantees.
@@ -161,6 +162,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         self.batch_size = int(batch_size)
         # By default as the spec says: training specs shuffle, evaluation specs (*Val) read in order.
         self.shuffle = bool(getattr(pipeline, "shuffle_by_default", True) if shuffle is None else shuffle)
+        self._shuffle_default = pipeline if shuffle is None else None  # named if a weighted draw refuses it
         self.seed = int(seed)
         self.last_batch = last_batch
         self.with_index = bool(with_index)
@@ -177,6 +179,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self._control = EpochControl()
             self._sizes = EpochSizes(pipeline)
             self._source = self._make_source(fields, batch_reads, sampling)
+            self.batch_format.check_steps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch)
             self.py_start_method = py_start_method
             with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
                 self._pipe, self.output_names = self._build(pipeline, device_id, threads, workers, py_start_method)
@@ -206,7 +209,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
         self._batch_reads = bool(batch_reads)
         # A weighted draw per epoch (sampling/weighted.py), a mixture's (sampling/mixture.py), else a permutation.
-        self.sampling = epoch_sampling(self.store, sampling, shuffle=self.shuffle)
+        self.sampling = epoch_sampling(self.store, sampling, shuffle=self.shuffle, spec=self._shuffle_default)
         if self.sampling is not None:  # one weight per sample, checked before anything starts
             self.sampling.epoch_length(len(self.store))
         return (BatchStoreSource if self._batch_reads else StoreSource)(
@@ -333,6 +336,8 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         if self._failure is not None:
             raise LoaderError(f"{self.store.root}: this loader failed earlier and cannot continue: {self._failure}")
         epoch, start = self._next_pass()
+        # A pass resumed part-way has its own last step: refused here, before anything changes, if it leaves a rank none.
+        self.batch_format.check_steps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch, start)
         self._pending = None
         continues = self._chain.continues(epoch, start, after=self._pass)
         if not continues:

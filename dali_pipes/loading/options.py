@@ -68,9 +68,9 @@ def default_num_threads(cpus: int | None = None, *, gpu_images: bool = False) ->
     Where the GPU decodes the images (``gpu_images``) the threads feed its decoders (the
     Huffman stage of nvJPEG's CUDA path, the hardware decoder's submissions, the host side
     of every operator) and the training process needs little CPU beside them, so they are
-    this rank's whole share of the cores: on an H200's 16 cores the default of 4 gave
-    22,772 images/s on 20,000 photos where 16 threads gave 25,803 (issue 49). Where the CPU
-    decodes, :data:`CPU_DECODE_THREADS` at most, so that the training step keeps cores.
+    this rank's whole share of the cores (measured against the former 4 in the bench README's
+    GPU section). Where the CPU decodes, :data:`CPU_DECODE_THREADS` at most, so that the
+    training step keeps cores.
     Never more than the rank's share: eight ranks on a 16-core node get 2 threads each.
     """
     cpus = cpus or cores_per_rank()
@@ -78,17 +78,21 @@ def default_num_threads(cpus: int | None = None, *, gpu_images: bool = False) ->
 
 
 def cores_per_rank() -> int:
-    """The cores this process may run on (its CPU affinity, else the machine's), shared among the ranks of this
-    node (``LOCAL_WORLD_SIZE``, which torchrun sets): what one loader's defaults may count on."""
+    """The cores this process may run on (its CPU affinity, else the machine's), divided among the ranks of this
+    node (``LOCAL_WORLD_SIZE``, which torchrun sets) only when that affinity is the whole node's: a launcher that
+    pinned each rank to its share already divided them (``world.rank_cores``). What one loader's defaults may count on.
+    """
+    from dali_pipes.loading.world import node_cpus, rank_cores
+
     try:
-        cores = len(os.sched_getaffinity(0))
+        affinity = frozenset(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 1
+        affinity = frozenset(range(os.cpu_count() or 1))
     try:
         local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     except ValueError:
         local_ranks = 1
-    return max(1, cores // local_ranks)
+    return rank_cores(affinity, node_cpus() | affinity, local_ranks)
 
 
 def choose_counts(

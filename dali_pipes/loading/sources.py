@@ -235,8 +235,13 @@ class StoreSource:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        # Workers compute their own plan and map the control block themselves; never ship either.
+        # Workers map the control block and the plans themselves; never ship either. Nor the sampling: a
+        # worker reads the orders the loader computed (epoch_plan.py), and a WeightedSampling holds 8 bytes
+        # a sample (80 MB at 10M samples, once per spawned worker). Only a permutation, which costs nothing
+        # to send, is still computed where no plan was written (a source used without a loader).
         state.update(_dali_epoch=-1, _segment=None, _values=None, _made=None)
+        if self.sampling is not None:
+            state["sampling"] = _LeftBehind(type(self.sampling).__name__)
         return state
 
     def _batch_inputs(self, iteration: int, segment: _Segment) -> list[np.ndarray]:
@@ -306,6 +311,8 @@ class StoreSource:
         if plan is not None:
             return plan
         values = self._values
+        if values[_DALI_EPOCH] != dali_epoch:
+            raise StopIteration  # the loader published a newer epoch meanwhile: this task's result is discarded
         epoch, start = int(values[_EPOCH]), int(values[_START])
         return Plan(*self.indices(epoch, start), epoch, start, int(values[_SIZE]))
 
@@ -353,6 +360,20 @@ class StoreSource:
             inputs = self._batch_inputs(sample_info.iteration, segment)
             out.extend(np.array(a[row]) for a in inputs)  # copies, 0-d stays 0-d
         return tuple(out)
+
+
+@dataclass(frozen=True)
+class _LeftBehind:
+    """What a pickled :class:`StoreSource` carries instead of its sampling: the name, to say what is missing."""
+
+    kind: str
+
+    def order(self, *args: Any) -> np.ndarray:
+        raise RuntimeError(
+            f"this copy of the source was sent to a reader process without its {self.kind} (the orders come from "
+            "the plan files the loader writes, loading/epoch_plan.py), and no plan was published for this epoch: "
+            "publish it with EpochControl.publish(..., plan=source.indices(epoch, start)) before reading"
+        )
 
 
 def _forget_foreign_exception_reducers() -> None:

@@ -82,13 +82,22 @@ def _prepare_mixture(
         raise
 
 
-def epoch_sampling(store: Store | MixedStore, sampling: Any, *, shuffle: bool = True) -> Any:
+def epoch_sampling(store: Store | MixedStore, sampling: Any, *, shuffle: bool = True, spec: Any = None) -> Any:
     """How the loader draws its epochs: ``sampling`` (weights), a mixture's own draw, or ``None`` (a permutation).
 
     A mixture read without shuffling (an evaluation spec) reads its datasets one after the other, every sample
     once; a mixture with proportions or its own epoch length is a random draw, and refuses ``shuffle=False``.
+    So does ``sampling`` (a weighted draw is random). ``spec``: the pipeline spec when ``shuffle`` is its default
+    (``shuffle_by_default``), named in the refusal.
     """
     if not isinstance(store, MixedStore):
+        if sampling is not None and not shuffle:
+            given = f"(the default of {type(spec).__name__}, which reads in order)" if spec is not None else "was given"
+            raise ValueError(
+                f"sampling={type(sampling).__name__}(...) draws each epoch at random with its weights, but "
+                f"shuffle=False {given}: pass shuffle=True to draw with the weights, or leave out sampling= to read "
+                "every sample once, in order"
+            )
         return sampling
     if sampling is not None:
         raise ValueError(

@@ -1,8 +1,9 @@
-"""Where this process runs: its rank in the data-parallel job, and the device it feeds.
+"""Where this process runs: its rank in the data-parallel job, the device it feeds, and its cores.
 
 :func:`detect_world` reads ``torch.distributed`` (or the launcher's ``RANK``,
 ``WORLD_SIZE`` and ``LOCAL_RANK``); :func:`resolve_device` turns ``device="auto"``
-into a GPU or the CPU. ``torch`` is imported when called, not at import.
+into a GPU or the CPU; :func:`rank_cores` says how many cores are this rank's.
+``torch`` is imported when called, not at import.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 from dali_pipes.sampling import World
 from dali_pipes.sampling import check_int as _check_int
 
-__all__ = ["detect_world", "pick_gpu", "resolve_device"]
+__all__ = ["detect_world", "node_cpus", "pick_gpu", "rank_cores", "resolve_device"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,3 +117,67 @@ def _cuda_device_count() -> int:
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def rank_cores(affinity: frozenset[int] | set[int], node: frozenset[int] | set[int], local_ranks: int) -> int:
+    """This rank's cores: its ``affinity``, split among the ``local_ranks`` of the node only when it is the node's.
+
+    ``node``: the cores the node lets the job use (:func:`node_cpus`). A launcher that
+    pins each rank to its share (``torchrun --numa-binding``, ``srun --cpu-bind``,
+    ``numactl`` per rank) leaves each an affinity smaller than the node's, which is
+    already that rank's share: dividing it again gave 2 pinned cores among 8 ranks 1
+    thread. An affinity that is the whole node is shared by every rank on it. An
+    affinity narrower than the node but too wide to be one of ``local_ranks`` disjoint
+    shares (``taskset -c 0-11`` around a launch of 8 ranks on 16 cores) is shared too.
+    """
+    cores = max(1, len(affinity))
+    local_ranks = max(1, local_ranks)
+    pinned = set(affinity) < set(node) and cores * local_ranks <= len(node)
+    return cores if pinned else max(1, cores // local_ranks)
+
+
+#: Where the cgroup file systems say which cores a process's group may use (v2, then v1).
+_CPUSET_FILES = (("/sys/fs/cgroup", "cpuset.cpus.effective"), ("/sys/fs/cgroup/cpuset", "cpuset.effective_cpus"))
+
+
+def node_cpus() -> frozenset[int]:
+    """The cores this process's container (its cgroup's cpuset) may use, else every core of the machine.
+
+    The process's own affinity is no measure of this: a launcher may have narrowed it.
+    """
+    for root, name in _CPUSET_FILES:
+        for group in _cgroup_paths():
+            path = os.path.join(root, group.lstrip("/"))
+            while True:  # the nearest group with the cpuset controller says, up to the root
+                listed = _read_cpu_list(os.path.join(path, name))
+                if listed:
+                    return listed
+                if os.path.normpath(path) == os.path.normpath(root):
+                    break
+                path = os.path.dirname(path)
+    return frozenset(range(os.cpu_count() or 1))
+
+
+def _cgroup_paths() -> list[str]:
+    """This process's cgroup paths (``/proc/self/cgroup``: the unified one and cpuset's), or ``["/"]``."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ["/"]
+    paths = [line.split(":", 2)[2] for line in lines if line.count(":") >= 2 and line.split(":")[1] in ("", "cpuset")]
+    return paths or ["/"]
+
+
+def _read_cpu_list(path: str) -> frozenset[int]:
+    """The cores of a cpuset list file (``0-3,8-11``); empty when it cannot be read."""
+    try:
+        with open(path) as f:
+            text = f.read().strip()
+        cores: set[int] = set()
+        for part in filter(None, text.split(",")):
+            lo, _, hi = part.partition("-")
+            cores.update(range(int(lo), int(hi or lo) + 1))
+        return frozenset(cores)
+    except (OSError, ValueError):
+        return frozenset()

@@ -93,6 +93,7 @@ class _ImageOutput:
         device: str,
         mirror: DataNode | int = 0,
         crop: int | None = None,
+        crop_pos: tuple[DataNode, DataNode] | None = None,
         dtype: str | None = None,
     ) -> DataNode:
         """This spec's ``crop_mirror_normalize``: its mean, std, dtype (unless ``dtype`` is given) and layout."""
@@ -105,6 +106,7 @@ class _ImageOutput:
             layout=self.layout,
             mirror=mirror,
             crop=crop,
+            crop_pos=crop_pos,
         )
 
 
@@ -299,7 +301,10 @@ def _batch_inputs_of(spec: ClassificationTrain, inputs: Mapping[str, DataNode]) 
 class ClassificationVal(_ImageOutput):
     """ImageNet-style evaluation: resize the shorter side to ``resize``, centre crop ``size``, normalise.
 
-    Deterministic; ``resize`` must be at least ``size``. See :class:`_ImageOutput`
+    The geometry of torchvision's ``Resize(resize)`` + ``CenterCrop(size)`` (timm's evaluation
+    transform too): the longer side becomes ``int(resize * long / short)``, and the window starts
+    ``int(round((n - size) / 2))`` pixels in on each axis, Python's round (halves to even: 4 for
+    a margin of 9). Deterministic; ``resize`` must be at least ``size``. See :class:`_ImageOutput`
     for ``mean``, ``std``, ``dtype``, ``layout`` and ``decoder``.
     """
 
@@ -327,10 +332,17 @@ class ClassificationVal(_ImageOutput):
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the evaluation graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""
         check_build_call(self, inputs, device)
-        images = ops.decode(inputs["image"], device=device, hints=self.decoder)
-        images = ops.resize_shorter(
-            images, device=device, size=self.resize, antialias=self.antialias, interpolation=self.interpolation
+        encoded = inputs["image"]
+        images = ops.decode(encoded, device=device, hints=self.decoder)
+        images, hw = ops.resize_shorter(
+            images,
+            encoded=encoded,
+            device=device,
+            size=self.resize,
+            antialias=self.antialias,
+            interpolation=self.interpolation,
         )
         # The centre crop always needs the final operator, whatever the dtype and layout.
-        images = self._normalize(images, device=device, crop=self.size)
+        crop_pos = ops.centre_crop_position(hw, self.size)
+        images = self._normalize(images, device=device, crop=self.size, crop_pos=crop_pos)
         return {"image": images, "label": label_output(inputs["label"], device)}

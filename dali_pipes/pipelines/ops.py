@@ -145,19 +145,61 @@ def resize_to(
     """
     if device == "cpu" and isinstance(size, int) and interpolation == "bilinear" and cpu_resize.available():
         # The same filter, 3x cheaper (issue 38); images here come from the RGB decoders: 3 channels, as it needs.
-        return cpu_resize.resize(images, size, antialias=antialias)
+        resized = cpu_resize.resize(images, size, antialias=antialias)
+        if resized is not None:  # None: Numba failed to compile (warned once), DALI's resize below
+            return resized
     return fn.resize(
         images, device=device, size=_square(size), interp_type=interp_type(interpolation), antialias=antialias
     )
 
 
 def resize_shorter(
-    images: DataNode, *, device: str, size: int, antialias: bool = True, interpolation: str = "bilinear"
-) -> DataNode:
-    """Resize keeping the aspect ratio so that the shorter side is ``size`` (see :func:`resize_to` for ``antialias``)."""
-    return fn.resize(
-        images, device=device, resize_shorter=size, interp_type=interp_type(interpolation), antialias=antialias
+    images: DataNode,
+    *,
+    encoded: DataNode,
+    device: str,
+    size: int,
+    antialias: bool = True,
+    interpolation: str = "bilinear",
+) -> tuple[DataNode, DataNode]:
+    """Resize as torchvision's ``Resize(size)``: the shorter side to ``size``, the longer to ``int(size * long / short)``.
+
+    Returns the images and their int64 ``[h, w]`` on the CPU (for :func:`centre_crop_position`).
+    The output size is worked out here from the encoded image's header and given to ``fn.resize``,
+    which then maps the whole image onto it, as PIL and torchvision do. DALI's own
+    ``resize_shorter`` rounds the longer side instead of truncating it and keeps the exact scale,
+    the image centred in the output: up to a pixel from torchvision along the longer side. See
+    :func:`resize_to` for ``antialias``; ``encoded`` is what ``images`` were decoded from.
+    """
+    hw = fn.peek_image_shape(encoded, dtype=types.INT64)[0:2]  # as decoded: EXIF orientation applied
+    # Integer arithmetic: the shorter side becomes size exactly, the longer is truncated as int() does.
+    hw = hw * size // dali_math.min(hw[0], hw[1])
+    resized = fn.resize(
+        images,
+        device=device,
+        size=fn.cast(hw, dtype=types.FLOAT),
+        interp_type=interp_type(interpolation),
+        antialias=antialias,
     )
+    return resized, hw
+
+
+def centre_crop_position(hw: DataNode, crop: int) -> tuple[DataNode, DataNode]:
+    """``crop_pos`` for :func:`normalize` that puts a ``crop`` x ``crop`` window where torchvision's ``CenterCrop`` does.
+
+    ``hw`` is the int64 ``[h, w]`` of each image (as :func:`resize_shorter` returns it), at
+    least ``crop`` on both axes. torchvision's offset is ``int(round((n - crop) / 2))`` with
+    Python's round, halves to even: a margin of 9 starts the window 4 pixels in, one of 7
+    4 pixels in too. DALI's default centre (``crop_pos`` 0.5) rounds halves away from zero
+    (5 for a margin of 9): one pixel off whenever the margin is 1 more than a multiple of 4.
+    """
+    margin = hw - crop
+    # round(margin / 2) with halves to even: margin // 2, plus one when margin / 2 is x.5 with x odd (margin % 4 == 3).
+    offset = margin // 2 + ((margin & 3) == 3)
+    # DALI places the window at round(crop_pos * margin): offset / margin lands on offset (float32's error is
+    # under 1e-3 pixel below margins of 16,000); a zero margin has offset 0, and 0 / 1 keeps it there.
+    position = fn.cast(offset, dtype=types.FLOAT) / fn.cast(dali_math.max(margin, 1), dtype=types.FLOAT)
+    return position[0], position[1]
 
 
 def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_dtype: str = "uint8") -> DataNode:
@@ -264,12 +306,14 @@ def normalize(
     layout: str,
     mirror: DataNode | int = 0,
     crop: int | None = None,
+    crop_pos: tuple[DataNode, DataNode] | None = None,
 ) -> DataNode:
     """Centre crop, mirror, normalise, cast and lay out in one ``crop_mirror_normalize``.
 
     ``mean`` and ``std`` are in 0..1 (torchvision's convention) and scaled here to
     the decoder's 0..255. For ``uint8`` output the pixels stay in 0..255 and no
-    normalisation is applied.
+    normalisation is applied. ``crop_pos`` is the crop window's relative ``(y, x)``
+    (see :func:`centre_crop_position`); without it DALI's centre, which rounds halves up.
     """
     kwargs = {}
     if dtype != "uint8":
@@ -277,6 +321,8 @@ def normalize(
         kwargs["std"] = [255.0 * s for s in std]
     if crop is not None:
         kwargs["crop"] = [crop, crop]
+    if crop_pos is not None:
+        kwargs["crop_pos_y"], kwargs["crop_pos_x"] = crop_pos
     return fn.crop_mirror_normalize(
         images,
         device=device,

@@ -8,6 +8,11 @@
   the same crop and flip with its colour jitter (no hue shift), and evaluation at
   ``crop_pct`` of the resize.
 
+Both evaluations are :class:`~dali_pipes.pipelines.ClassificationVal`, whose geometry is
+torchvision's ``Resize`` + ``CenterCrop``, which timm's evaluation uses too (its default
+``crop_mode="center"`` with a square size): the longer side truncated, the window
+``int(round(margin / 2))`` pixels in, halves to even (timm at 64 px: 73 -> 64, 4 pixels in).
+
 Each returns ``(train, val)`` specs for :class:`~dali_pipes.DALILoader`. Mixing
 (MixUp/CutMix) stays where each script does it: pass its mixer as
 ``BatchFormat(transform=...)`` (see :mod:`dali_pipes.loading.compat`). What a

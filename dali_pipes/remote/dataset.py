@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ManifestError, parse_manifest
 from dali_pipes.dataset.manifest import load_manifest as load_local_manifest
-from dali_pipes.remote.fs import filesystem, remote_errors
+from dali_pipes.remote.fs import JOB, Patience, filesystem, remote_errors
 from dali_pipes.remote.transfer import retrying
 from dali_pipes.remote.urls import is_url, join, redact
 
@@ -32,12 +32,16 @@ def load_manifest(
     return load_local_manifest(dataset, check_paths=check_paths)
 
 
-def load_remote_manifest(url: str, storage_options: Mapping[str, Any] | None = None) -> tuple[Manifest, bytes]:
-    """``(manifest, its bytes)`` of the dataset at ``url``; :class:`RemoteError` or :class:`ManifestError` naming it."""
-    fs, root = filesystem(url, storage_options)
+def load_remote_manifest(
+    url: str, storage_options: Mapping[str, Any] | None = None, patience: Patience = JOB
+) -> tuple[Manifest, bytes]:
+    """``(manifest, its bytes)`` of the dataset at ``url``; :class:`RemoteError` or :class:`ManifestError` naming it.
+
+    ``patience``: :data:`~dali_pipes.remote.fs.LOOK` for a read-only look that should fail within seconds."""
+    fs, root = filesystem(url, storage_options, patience)
     manifest_url = join(url, MANIFEST_NAME)
     shown = redact(manifest_url, storage_options)
-    data = retrying(lambda: fs.cat_file(join(root, MANIFEST_NAME)), manifest_url, "reading", storage_options)
+    data = retrying(lambda: fs.cat_file(join(root, MANIFEST_NAME)), manifest_url, "reading", storage_options, patience)
     try:
         manifest = parse_manifest(json.loads(data), where=shown)
     except ManifestError:
@@ -53,14 +57,14 @@ def load_remote_manifest(url: str, storage_options: Mapping[str, Any] | None = N
     return manifest, data
 
 
-def read_errors(url: str, storage_options: Mapping[str, Any] | None = None) -> list[str]:
+def read_errors(url: str, storage_options: Mapping[str, Any] | None = None, patience: Patience = JOB) -> list[str]:
     """The lines of the dataset's ``errors.jsonl`` at ``url`` (none when it has none)."""
-    fs, root = filesystem(url, storage_options)
+    fs, root = filesystem(url, storage_options, patience)
     path = join(root, ERRORS_NAME)
-    with remote_errors(join(url, ERRORS_NAME), storage_options):
+    with remote_errors(join(url, ERRORS_NAME), storage_options, patience):
         if not fs.exists(path):
             return []
-    data = retrying(lambda: fs.cat_file(path), join(url, ERRORS_NAME), "reading", storage_options)
+    data = retrying(lambda: fs.cat_file(path), join(url, ERRORS_NAME), "reading", storage_options, patience)
     return data.decode("utf-8", errors="replace").splitlines()
 
 

@@ -15,7 +15,7 @@ import random
 import time
 from typing import IO, Any, Callable, Mapping, TypeVar
 
-from dali_pipes.remote.fs import RemoteError, describe
+from dali_pipes.remote.fs import JOB, Patience, RemoteError, describe, unreachable
 from dali_pipes.remote.urls import redact
 
 log = logging.getLogger(__name__)
@@ -40,23 +40,28 @@ def transient(exc: BaseException) -> bool:
     return any(word in name for word in _TRANSIENT_NAMES)
 
 
-def retrying(call: Callable[[], _T], url: str, what: str, storage_options: Mapping[str, Any] | None = None) -> _T:
-    """``call()``, retried with backoff on transient errors; :class:`RemoteError` naming ``url`` when it gives up."""
-    for attempt in range(1, ATTEMPTS + 1):
+def retrying(
+    call: Callable[[], _T],
+    url: str,
+    what: str,
+    storage_options: Mapping[str, Any] | None = None,
+    patience: Patience = JOB,
+) -> _T:
+    """``call()``, retried with backoff on transient errors (``patience.attempts`` tries, default
+    :data:`ATTEMPTS`); :class:`RemoteError` naming ``url`` when it gives up."""
+    attempts = patience.attempts or ATTEMPTS  # read at each call: tests lower ATTEMPTS
+    for attempt in range(1, attempts + 1):
         try:
             return call()
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001 - sorted below into retried and raised
             retry = transient(exc)
-            if not retry or attempt == ATTEMPTS:
-                message = describe(url, exc, storage_options)
+            if not retry or attempt == attempts:
+                message = describe(url, exc, storage_options, patience)
                 if message is None and retry:  # a transient kind describe() does not know by name
-                    message = (
-                        f"{redact(url, storage_options)}: the storage server did not answer or dropped the connection "
-                        f"after {ATTEMPTS} tries ({redact(f'{type(exc).__name__}: {exc}', storage_options)}); check "
-                        "the endpoint and the network, then run the same command again (it resumes)"
-                    )
+                    reason = redact(f"{type(exc).__name__}: {exc}", storage_options)
+                    message = unreachable(redact(url, storage_options), url, reason, storage_options, patience)
                 if message is None:
                     raise
                 raise RemoteError(message) from None
@@ -67,7 +72,7 @@ def retrying(call: Callable[[], _T], url: str, what: str, storage_options: Mappi
                 what,
                 redact(exc, storage_options),
                 attempt,
-                ATTEMPTS,
+                attempts,
                 pause,
             )
             time.sleep(pause)

@@ -14,13 +14,17 @@ The rules:
   ``r`` takes the contiguous slice ``[r * batch_size, (r + 1) * batch_size)`` of
   each, so every rank gets the same number of batches.
 - The incomplete last global batch (``T`` samples, ``0 < T < batch_size *
-  world_size``): with ``last_batch="pad"`` it is padded by wrap-around from the
-  start of the epoch order to ``ceil(T / world_size) * world_size`` samples and
-  split evenly, each rank taking ``ceil(T / world_size)`` (at most
-  ``batch_size``); the filler is flagged in ``is_pad``. Every sample of the
-  remainder is then seen exactly once across the ranks, and fewer than
-  ``world_size`` samples are padding. With ``last_batch="drop"`` it is dropped
-  on every rank.
+  world_size``): with ``last_batch="pad"`` each rank takes ``ceil(T / world_size)``
+  samples (at most ``batch_size``). The ``T`` real ones are dealt out as evenly as
+  they go, in order: rank ``r`` takes the next ``T // world_size`` of them, one
+  more for the first ``T % world_size`` ranks, so no rank has two real samples
+  more than another; each of the other ranks then takes one filler sample,
+  wrapped around from the start of the epoch order and flagged in ``is_pad``.
+  Every sample of the remainder is then seen exactly once across the ranks,
+  fewer than ``world_size`` samples are padding, and a rank's last batch is all
+  padding only when ``T < world_size`` (:func:`padding_only_ranks`): an evaluation
+  that drops the padding then has real rows on every rank. With
+  ``last_batch="drop"`` it is dropped on every rank.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ __all__ = [
     "check_int",
     "epoch_order",
     "num_batches",
+    "padding_only_ranks",
     "rank_indices",
     "samples_consumed",
     "samples_per_rank",
@@ -220,11 +225,33 @@ def split_order(
         return np.ascontiguousarray(body), np.zeros(len(body), dtype=bool)
 
     tail = rest[full * batch_size * world_size :]
-    padded = tail_per_rank * world_size
-    # np.resize repeats ``order`` cyclically, which covers a filler longer than the dataset.
-    filled = np.concatenate([tail, np.resize(order, padded - len(tail))])
-    lo, hi = world.rank * tail_per_rank, (world.rank + 1) * tail_per_rank
-    indices = np.concatenate([body, filled[lo:hi]])
+    per_rank, extra = divmod(len(tail), world_size)
+    # This rank's real samples: the next ``per_rank`` of the tail, one more for the first ``extra`` ranks.
+    lo = world.rank * per_rank + min(world.rank, extra)
+    real = tail[lo : lo + per_rank + (world.rank < extra)]
+    filler = np.empty(0, dtype=np.int64)
+    if len(real) < tail_per_rank:
+        # One filler sample each for ranks extra.., wrapped around from the epoch's start: np.resize repeats
+        # ``order`` cyclically, which covers more ranks than samples.
+        filler = np.resize(order, world.rank - extra + 1)[-1:]
+    indices = np.concatenate([body, real, filler])
     is_pad = np.zeros(len(indices), dtype=bool)
-    is_pad[len(body) :] = np.arange(lo, hi) >= len(tail)
+    is_pad[len(body) + len(real) :] = True
     return indices, is_pad
+
+
+def padding_only_ranks(
+    num_samples: int, batch_size: int, world_size: int, last_batch: LastBatch = "pad", start: int = 0
+) -> tuple[int, ...]:
+    """The ranks whose last batch of the rest of an epoch holds only padding (none with ``"drop"``).
+
+    With the split of the module docstring, those are the ranks from ``T`` on when
+    the last global batch holds ``T < world_size`` samples: fewer samples than
+    ranks, so some rank has no real one. Dropping the padding would leave them an
+    empty batch.
+    """
+    n, batch_size, world_size, last_batch, start = _check_common(num_samples, batch_size, world_size, last_batch, start)
+    tail = (n - start) % (batch_size * world_size)
+    if last_batch == "drop" or tail == 0 or tail >= world_size:
+        return ()
+    return tuple(range(tail, world_size))

@@ -110,7 +110,27 @@ class WeightedSampling:
         object.__setattr__(self, "weights", weights)
         if self.num_samples is not None:
             object.__setattr__(self, "num_samples", check_int("WeightedSampling.num_samples", self.num_samples, 1))
+        if not isinstance(self.replacement, (bool, np.bool_)):
+            raise ValueError(f"WeightedSampling.replacement must be True or False, got {self.replacement!r}")
+        object.__setattr__(self, "replacement", bool(self.replacement))
+        self._check_drawable(weights)
         object.__setattr__(self, "_digest", hashlib.sha256(weights.tobytes()).hexdigest()[:16])
+
+    def _check_drawable(self, weights: np.ndarray) -> None:
+        # Without replacement each sample comes at most once: refused here, not at the first epoch's draw.
+        # The epoch's length is known already: num_samples, else one per weight (epoch_length insists on it).
+        wanted = self.num_samples or len(weights)
+        positive = int(np.count_nonzero(weights))
+        if self.replacement or wanted <= positive:
+            return
+        asked = (
+            f"num_samples={wanted}" if self.num_samples else f"an epoch of {wanted} (num_samples unset: one per weight)"
+        )
+        raise ValueError(
+            f"WeightedSampling(replacement=False) draws each sample at most once, but {asked} needs {wanted} samples "
+            f"of weight above 0 and only {positive} of the {len(weights)} have one: pass num_samples={positive} or "
+            "fewer, or replacement=True"
+        )
 
     def epoch_length(self, dataset_size: int) -> int:
         """Samples per epoch over all ranks; refuses weights that do not match the dataset."""

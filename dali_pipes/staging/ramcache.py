@@ -35,10 +35,9 @@ from pathlib import Path
 from typing import Iterable
 
 import numpy as np
-from tqdm import tqdm
 
 from dali_pipes.dataset.manifest import Manifest, human_bytes, resolve_inside
-from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.dataset.progress import bar_disabled, tqdm
 from dali_pipes.staging.stage import StageError, StageItem, copy_checked
 from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError

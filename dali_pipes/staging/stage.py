@@ -40,11 +40,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from tqdm import tqdm
-
 from dali_pipes.dataset.fileio import atomic_write_bytes, sha256_file
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
-from dali_pipes.dataset.progress import bar_disabled
+from dali_pipes.dataset.progress import bar_disabled, tqdm
 from dali_pipes.remote.urls import is_url
 from dali_pipes.staging.checked import TMP_PREFIX, StageError, StageItem, write_checked
 

@@ -1,0 +1,163 @@
+"""How the example scripts answer a mistake in their flags or data: one line naming the flag, exit status 2.
+
+A wrong path, a folder that is not a converted dataset, a dataset of the wrong
+kind, a mixture whose class lists disagree or a batch larger than the data are
+the user's to fix, so each script says which flag to change, as argparse says of
+a malformed flag, instead of printing a traceback::
+
+    train_imagenet.py: error: shards/train and --mix-with shards/extra have different class lists (...): add --mix-labels offset ...
+
+Only the steps that read the flags and open the data are guarded
+(:func:`user_errors`); an error while training is a bug and keeps its traceback.
+The argparse ``type=`` helpers here refuse out-of-range numbers before anything
+is opened.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import re
+import sys
+from typing import Any, Callable, Iterator, NoReturn, Sequence
+
+from dali_pipes import Manifest, ManifestError, StoreError, open_store
+
+#: argparse's exit status for a usage error; the scripts use it for every mistake in their flags or data.
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """A mistake in the flags or in the data they name; the message names the flag to change."""
+
+
+def fail(message: str) -> NoReturn:
+    """Print ``PROG: error: MESSAGE`` on one line, as argparse does for a bad flag, and exit with status 2."""
+    prog = os.path.basename(sys.argv[0]) or "python"  # argparse's default prog, so both errors read alike
+    print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+    raise SystemExit(EXIT_USAGE)
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    """Inside: the library's refusal of a flag's value or of the data (a one-line message) becomes :func:`fail`.
+
+    ``ValueError`` is what the library raises for a bad argument or dataset
+    (``ManifestError`` and ``StoreError`` for a missing or unreadable one); the
+    scripts wrap only the opening of the data and the building of the spec and
+    loader in this, so a ``ValueError`` from a bug in the training loop still
+    shows its traceback.
+    """
+    try:
+        yield
+    except (UsageError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
+        fail(str(exc))
+
+
+def short(exc: BaseException, limit: int = 200) -> str:
+    """An exception from outside this package (torch's, say) as a short phrase for a one-line error."""
+    text = " ".join(f"{type(exc).__name__}: {exc}".split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def description(doc: str | None) -> str:
+    """The first paragraph of a module docstring as plain text for ``--help`` (no Sphinx roles or literals)."""
+    first = (doc or "").strip().split("\n\n")[0]
+    # :class:`~dali_pipes.DALILoader` -> DALILoader (the tilde asks for the last part); :mod:`a.b` -> a.b
+    first = re.sub(r":[a-z]+:`~?([^`]+)`", lambda m: m[1].rsplit(".", 1)[-1] if "~" in m[0] else m[1], first)
+    return " ".join(first.replace("``", "").split())
+
+
+def counted(count: int, word: str, plural: str | None = None) -> str:
+    """``1 batch``, ``2 batches``: the count and the word in its number (``plural`` for an irregular one)."""
+    if count == 1:
+        return f"{count} {word}"
+    return f"{count} {plural or (word + 'es' if word.endswith(('s', 'x', 'ch', 'sh')) else word + 's')}"
+
+
+# --- argparse types: a value out of range is a usage error naming the flag, before anything is opened -----------
+
+
+def _number(convert: Callable[[str], Any], check: Callable[[Any], bool], wanted: str) -> Callable[[str], Any]:
+    def parse(text: str) -> Any:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {wanted}, got {text!r}") from None
+        if not check(value):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
+        return value
+
+    parse.__name__ = wanted  # argparse names the type in its "invalid ... value" message
+    return parse
+
+
+positive_int = _number(int, lambda v: v >= 1, "a whole number >= 1")
+non_negative_int = _number(int, lambda v: v >= 0, "a whole number >= 0")
+positive_float = _number(float, lambda v: v > 0 and v != float("inf"), "a number > 0")
+non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
+probability = _number(float, lambda v: 0 <= v <= 1, "a probability between 0 and 1")
+
+
+# --- the data the flags name ------------------------------------------------------------------------------------
+
+
+def dataset_manifest(path: str, flag: str) -> Manifest:
+    """The manifest of the dataset that ``flag`` names; a missing or unconverted folder is a usage error naming it.
+
+    Read through the store, as the loader will read it: a merged ``.h5`` file is a dataset too.
+    """
+    try:
+        store = open_store(path)
+    except (ManifestError, StoreError, OSError) as exc:
+        raise UsageError(f"{flag}: {exc}") from None
+    try:
+        return store.manifest
+    finally:
+        store.close()
+
+
+def require_fields(manifest: Manifest, flag: str, path: str, fields: Sequence[str], advice: str) -> None:
+    """Refuse a dataset without ``fields`` (the wrong kind for this script), saying what it holds and what to run."""
+    missing = [name for name in fields if name not in manifest.fields]
+    if missing:
+        raise UsageError(
+            f"{flag} {path} has no {' or '.join(map(repr, missing))} field (it holds {', '.join(manifest.fields)}): "
+            f"{advice}"
+        )
+
+
+def class_difference(ours: Sequence[str], theirs: Sequence[str], first: str, second: str) -> str:
+    """Where the class lists of datasets ``first`` and ``second`` first differ, in words."""
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return f"class {i} is {a!r} in {first} but {b!r} in {second}"
+    return f"{counted(len(ours), 'class')} in {first} but {len(theirs)} in {second}"
+
+
+def check_device(device: str) -> None:
+    """``--device gpu`` where CUDA is not available is the user's to change, not a crash in the loader."""
+    import torch
+
+    if device == "gpu" and not torch.cuda.is_available():
+        raise UsageError("--device gpu: CUDA is not available here; use --device auto (or cpu)")
+
+
+def check_batch(loader: Any) -> None:
+    """Refuse a ``--batch-size`` whose one step (on every process) holds more samples than an epoch.
+
+    The loader would fill such a batch with repeats of the epoch's samples, so
+    every step would train on copies; the largest batch that fits is named.
+    """
+    world = loader.world.world_size
+    samples = loader.epoch_length
+    if loader.batch_size * world > samples:
+        loader.close()
+        if samples < world:
+            raise UsageError(f"an epoch holds {counted(samples, 'sample')}, fewer than the {world} processes")
+        processes = f" on each of {world} processes" if world > 1 else ""
+        raise UsageError(
+            f"--batch-size {loader.batch_size}{processes} is more than the {counted(samples, 'sample')} of an epoch; "
+            f"use --batch-size {samples // world} or less"
+        )
