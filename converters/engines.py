@@ -314,7 +314,7 @@ class DaskEngine:
                             f"shard-{futures[future]:05d}: every Dask worker that ran it died ({exc}); "
                             "the finished shards are kept: run the same command again to resume"
                         ) from exc
-                    progress(record.num_samples + len(record.errors))
+                    progress(record.inputs_done)
                     yield futures[future], record
             except BaseException:
                 _stop_dask_run(client, run_id, prefix, list(futures))

@@ -49,6 +49,12 @@ class ShardRecord:
     #: The inputs left out of this shard (``--on-error skip``): ``input``, ``reason``, ``shard``.
     errors: list[dict[str, str]] = field(default_factory=list)
 
+    @property
+    def inputs_done(self) -> int:
+        """Inputs this shard accounted for: its samples and the inputs left out (not the parts of kept inputs
+        that were left out, such as a degenerate COCO polygon: their input is one of the samples)."""
+        return self.num_samples + sum(1 for error in self.errors if not error.get("part"))
+
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 

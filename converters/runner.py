@@ -292,7 +292,7 @@ def _run_shards(
 ) -> None:
     """Write the shards of ``todo`` with ``engine`` (or in this process when there is one worker or shard)."""
     source, fmt, inputs, out, on_error = job.source, job.fmt, job.inputs, job.out, job.on_error
-    done_before = sum(r.num_samples + len(r.errors) for r in results.values())
+    done_before = sum(r.inputs_done for r in results.values())
     bar = tqdm(
         total=inputs.count,
         initial=done_before,

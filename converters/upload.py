@@ -22,6 +22,7 @@ from typing import Any, Callable, Mapping
 
 from converters.base import ConversionError, Source
 from converters.jobdir import ShardRecord
+from dali_pipes.dataset.folder import JOB_DIR
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME
 from dali_pipes.remote.fs import filesystem, remote_errors
 from dali_pipes.remote.transfer import hash_remote, remote_size, upload_file
@@ -141,7 +142,12 @@ def convert_to_url(
             "convert into another URL, or delete that dataset first"
         )
     log.info("%s: writing shards in %s, each uploaded when whole", uploader.shown(), out)
-    result = convert(source, out, uploader=uploader, **options)
+    try:
+        result = convert(source, out, uploader=uploader, **options)
+    except ConversionError:
+        if not (out / JOB_DIR).exists():  # refused or failed for good: the job discarded its local work
+            _remove_uploaded_shards(fs, root, uploader, storage_options)
+        raise
     for shard in result.manifest.shards:
         if (out / shard.path).exists():  # a run killed between a shard's record and its upload left it here
             uploader.publish(
@@ -157,6 +163,17 @@ def convert_to_url(
     uploader.upload(out, MANIFEST_NAME)  # last: the URL is a dataset from now on
     log.info("%s: %d shard(s) and the manifest uploaded", uploader.shown(), len(result.manifest.shards))
     return result
+
+
+def _remove_uploaded_shards(fs: Any, root: str, uploader: Uploader, storage_options: Mapping[str, Any] | None) -> None:
+    """Delete the shards a discarded job uploaded: with no work folder left, nothing could resume or remove them,
+    and the URL holds no manifest of another dataset (checked before the job started), so they are this job's."""
+    with remote_errors(uploader.url, storage_options):
+        leftovers = fs.glob(join(root, "shard-*"))
+        for path in leftovers:
+            fs.rm_file(path)
+    if leftovers:
+        log.info("%s: removed the %d shard file(s) this refused conversion had uploaded", uploader.shown(), len(leftovers))
 
 
 __all__ = ["Uploader", "convert_to_url"]

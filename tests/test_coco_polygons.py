@@ -150,3 +150,20 @@ def test_a_short_polygon_beside_real_ones_is_not_drawn_and_the_rest_is_annToMask
         np.testing.assert_array_equal(_mask(layers, int(code)), expected, err_msg=f"annotation {ann['id']}")
     # Drawing the short polygons too changes nothing where pycocotools can: they cover no pixel.
     np.testing.assert_array_equal(reference.annToMask(first), reference.annToMask(drawn))
+
+
+def test_a_shards_progress_counts_its_inputs_not_the_parts_of_kept_ones():
+    """Resumed or on Dask, progress adds each finished shard's inputs: a listed polygon is part of a kept sample."""
+    from converters.jobdir import ShardRecord
+
+    errors = [
+        {"input": "a.jpg", "reason": "not an image", "shard": "shard-00000.lmdb"},
+        {
+            "input": "b.jpg",
+            "reason": "polygon 0 has 2 point(s)",
+            "shard": "shard-00000.lmdb",
+            "part": "annotation id 8",
+        },
+    ]
+    record = ShardRecord("shard-00000.lmdb", num_samples=10, bytes=1, sha256="0", errors=errors)
+    assert record.inputs_done == 11  # b.jpg is one of the 10 samples; a.jpg was left out

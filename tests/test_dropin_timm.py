@@ -1,5 +1,9 @@
 """timm's drop-in against timm's own rules: its class indices, its batches per rank under DDP, its signatures.
 
+Class indices are renumbered only where timm's folder reader defines them (a dataset converted from an image
+folder, or a ``class_map``); a dataset converted from a WebDataset, TFRecord, Hugging Face or Python dataset keeps
+its own numbering, its labels exactly as stored; repeated class names and labels without a class are refused.
+
 The references are timm's code itself, as installed (``pip install --no-deps timm``): its folder reader's
 ``find_images_and_targets`` and ``load_class_map`` and its ``natural_key`` run on the raw image folder, and
 the signatures of ``create_loader``/``create_dataset`` are read from its source. timm's package ``__init__``
@@ -14,10 +18,12 @@ import ast
 import importlib
 import importlib.util
 import inspect
+import io
 import os
 import pickle
 import shutil
 import sys
+import tarfile
 import types
 from pathlib import Path
 
@@ -26,9 +32,10 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
 from converters.runner import convert
-from converters.sources import ImageFolderSource
+from converters.sources import ImageFolderSource, WebDatasetSource
 from converters.synth import make_imagefolder
 from dali_pipes import load_manifest, num_batches, open_store, rank_indices
+from dali_pipes.convert import from_dataset
 
 #: Class folders created in this order, the k-th holding k + 1 images: plain sorted order ('10' < '84' < '9',
 #: 'Zebra' < 'apple', 'img10' < 'img2') and timm's natural order ('9' < '10' < '84' < 'apple' < 'img2' < 'img10'
@@ -64,6 +71,7 @@ def _timm_reader() -> types.SimpleNamespace:
         find_images_and_targets=folder_reader.find_images_and_targets,
         load_class_map=class_map.load_class_map,
         natural_key=misc.natural_key,
+        remap_labels=getattr(class_map, "remap_labels", None),  # its Hugging Face readers' class_map (newer timm)
     )
 
 
@@ -157,6 +165,149 @@ def test_timms_class_map_is_honoured_as_txt_pkl_or_dict_and_one_missing_a_class_
         create_dataset("", root=shards, split="train", class_map={name: i for i, name in enumerate(CLASS_NAMES[1:])})
     with pytest.raises(ValueError, match=r"create_dataset\(class_map='nowhere.txt'\): no such file"):
         create_dataset("", root=shards, split="train", class_map="nowhere.txt")
+
+
+# --- 2. datasets whose labels are their source's own numbering -------------------------------------------------------
+
+#: Class names as a classes file lists them (line i is class i): neither natural nor plain sorted order, and with
+#: ImageNet's repeated names in the duplicated variant.
+PACKED_NAMES = ("Zebra", "10", "apple", "9", "img10", "84", "img2")
+REPEATED_NAMES = ("crane", "maillot", "9", "crane", "10", "maillot", "apple")
+#: The stored label of each sample, in the dataset's order: class k has k + 1 samples, interleaved.
+PACKED_LABELS = [k for k in range(len(PACKED_NAMES)) for _ in range(k + 1)][::2] + [
+    k for k in range(len(PACKED_NAMES)) for _ in range(k + 1)
+][1::2]
+
+
+def _convert_packed(kind: str, root: Path, labels: list[int], names: tuple[str, ...]) -> Path:
+    """A converted dataset (in ``root/shards/train``) of a source that is not an image folder, with these labels and
+    class names: a WebDataset tar with a classes file (``convert webdataset --classes``), or a Python dataset (the
+    Hugging Face path: ``from_dataset`` with its ``classes``)."""
+    source = make_imagefolder(root / "source", len(labels), size=(40, 40), classes=1, seed=6)
+    images = [path.read_bytes() for path in sorted((source / "class_000").glob("*.jpg"))]
+    out = root / "shards" / "train"
+    if kind == "webdataset":
+        with tarfile.open(root / "train.tar", "w") as tar:
+            for i, (image, label) in enumerate(zip(images, labels)):
+                for name, data in ((f"s{i:03d}.jpg", image), (f"s{i:03d}.cls", str(label).encode())):
+                    info = tarfile.TarInfo(name)
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+        (root / "classes.txt").write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
+        source = WebDatasetSource([root / "train.tar"], classes_file=root / "classes.txt")
+        convert(source, out, format="lmdb", workers=1, progress=False)
+    else:
+        rows = [(image, label, f"s{i:03d}") for i, (image, label) in enumerate(zip(images, labels))]
+        from_dataset(rows, out, fields=["image", "label", "key"], classes=list(names), workers=1, progress=False)
+    manifest = load_manifest(out)
+    assert manifest.source["kind"] == kind and list(manifest.classes) == list(names)
+    assert [int(open_store(out)[i]["label"]) for i in range(len(labels))] == labels
+    return root / "shards"
+
+
+@pytest.fixture(scope="module", params=["webdataset", "dataset"])
+def packed(request, tmp_path_factory):
+    """``(kind, converted dataset)``: PACKED_LABELS under PACKED_NAMES, from a source that is not an image folder."""
+    root = tmp_path_factory.mktemp(f"timm-{request.param}")
+    return request.param, _convert_packed(request.param, root, PACKED_LABELS, PACKED_NAMES)
+
+
+def test_a_dataset_not_converted_from_an_image_folder_keeps_its_labels_and_class_order(packed, timm_reader):
+    from dali_pipes.dropin.timm_train import create_dataset, create_loader
+
+    kind, shards = packed
+    # The names are in neither timm's natural order nor plain sorted order: renumbering would move every label.
+    assert list(PACKED_NAMES) != sorted(PACKED_NAMES, key=timm_reader.natural_key)
+    dataset = create_dataset("", root=shards, split="train", is_training=False)
+    assert _eval_labels(dataset) == PACKED_LABELS  # each sample's label exactly as stored
+    assert dataset.classes == list(PACKED_NAMES)  # line i is class i, as stored
+    assert dataset.class_to_idx == {name: i for i, name in enumerate(PACKED_NAMES)}
+    assert dataset.source_kind == kind and dataset.label_map is None
+
+    train = create_dataset("", root=shards, split="train", is_training=True)
+    with create_loader(train, input_size=32, batch_size=4, is_training=True, device="cpu") as loader:
+        labels = torch.cat([label for _, label in loader]).tolist()
+    # Shuffled, but every sample once (28 = 7 batches of 4): class k has k + 1 of them, so a renumbering shows.
+    assert sorted(labels) == sorted(PACKED_LABELS)
+
+
+def test_a_class_map_renumbers_a_packed_dataset_by_each_stored_labels_name_as_timms_remap(
+    packed, timm_reader, tmp_path
+):
+    from dali_pipes.dropin.timm_train import create_dataset
+
+    _, shards = packed
+    names = [*sorted(PACKED_NAMES, key=timm_reader.natural_key, reverse=True), "absent"]
+    (tmp_path / "map.txt").write_text("".join(f"{name}\n" for name in names), encoding="utf-8")
+    class_to_idx = {name: i for i, name in enumerate(names)}
+    expected = [class_to_idx[PACKED_NAMES[label]] for label in PACKED_LABELS]
+    if timm_reader.remap_labels is not None:  # timm's own: a stored class index, through its name, into the map
+        source_names = dict(enumerate(PACKED_NAMES))
+        assert [timm_reader.remap_labels(label, class_to_idx, source_names) for label in PACKED_LABELS] == expected
+    dataset = create_dataset("", root=shards, split="train", class_map=str(tmp_path / "map.txt"))
+    assert dataset.class_to_idx == class_to_idx
+    assert _eval_labels(dataset) == expected
+
+
+def test_repeated_class_names_keep_their_labels_and_are_refused_wherever_a_name_decides_an_index(tmp_path):
+    from dali_pipes.dropin.timm_classes import timm_class_to_idx
+    from dali_pipes.dropin.timm_train import create_dataset
+
+    shards = _convert_packed("webdataset", tmp_path, PACKED_LABELS, REPEATED_NAMES)
+    dataset = create_dataset("", root=shards, split="train")
+    # Nothing to renumber: the two cranes keep their two labels, and classes names each label.
+    assert _eval_labels(dataset) == PACKED_LABELS
+    assert dataset.classes == list(REPEATED_NAMES) and dataset.label_map is None
+    # No dict can hold both cranes: class_to_idx is refused, naming them, rather than giving them one index.
+    with pytest.raises(
+        ValueError, match=r"2 class name\(s\) repeat \('crane' at labels 0, 3; 'maillot' at labels 1, 5\)"
+    ):
+        dataset.class_to_idx  # noqa: B018 - reading it is the test
+    # A class map looks the stored labels up by name: two classes of one name cannot be told apart.
+    with pytest.raises(ValueError, match=r"create_dataset\(class_map=.*'crane' at labels 0, 3"):
+        create_dataset("", root=shards, split="train", class_map={name: i for i, name in enumerate(REPEATED_NAMES)})
+    with pytest.raises(ValueError, match=r"'crane' at labels 0, 3"):
+        timm_class_to_idx(REPEATED_NAMES)
+    # The plain loader's DataLoader-style dataset by the same rule.
+    from dali_pipes import ClassificationVal, DALILoader
+
+    with DALILoader(shards / "train", ClassificationVal(size=16), batch_size=4, device="cpu") as loader:
+        assert loader.dataset.classes == list(REPEATED_NAMES)
+        with pytest.raises(ValueError, match=r"'crane' at labels 0, 3; 'maillot' at labels 1, 5"):
+            loader.dataset.class_to_idx  # noqa: B018 - reading it is the test
+    # A .txt class map naming a class twice (timm silently keeps the last line): refused, its lines named.
+    (tmp_path / "map.txt").write_text("apple\n9\ncrane\n\n\nmaillot\ncrane\n10\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"class_map=.*1 class name\(s\) repeat \('crane' at lines 3, 7\)"):
+        create_dataset("", root=shards, split="train", class_map=str(tmp_path / "map.txt"))
+
+
+def test_labels_no_class_name_covers_pass_unchanged_and_are_named_where_they_would_be_renumbered(tmp_path):
+    from dali_pipes.dropin.timm_classes import Relabel
+    from dali_pipes.dropin.timm_train import create_dataset
+
+    # ImageNet's TFRecords number their 1000 classes 1..1000 beside a 1000-line classes file: here 1..7 and 7 names.
+    shifted = [label + 1 for label in PACKED_LABELS]
+    shards = _convert_packed("dataset", tmp_path, shifted, PACKED_NAMES)
+    dataset = create_dataset("", root=shards, split="train")
+    assert _eval_labels(dataset) == shifted  # not renumbered: label 7 passes as stored, as the data numbers it
+    # With a class map each label needs a name; label 7 has none. Said naming the label and the dataset, whether
+    # or not the map moves the other labels (an identity map too), and before any lookup could go out of range.
+    for class_map in (
+        {name: i for i, name in enumerate(PACKED_NAMES)},
+        {name: 6 - i for i, name in enumerate(PACKED_NAMES)},
+    ):
+        mapped = create_dataset("", root=shards, split="train", class_map=class_map)
+        with pytest.raises(
+            ValueError, match=rf"{shards / 'train'}: a sample has label 7, but the dataset names 7 classes"
+        ):
+            _eval_labels(mapped)
+    # A negative label would wrap around to the table's last entry without a word: it is named too.
+    relabel = Relabel((2, 0, 1), dataset="somewhere")
+    assert relabel(None, torch.tensor([0, 1, 2]))[1].tolist() == [2, 0, 1]
+    for bad in (-1, 3):
+        with pytest.raises(ValueError, match=rf"somewhere: a sample has label {bad}, but the dataset names 3 classes"):
+            relabel(None, torch.tensor([0, bad, 1], dtype=torch.int32))
+    assert relabel(None, torch.tensor([], dtype=torch.int64))[1].numel() == 0
 
 
 # --- 3. timm's batches per rank under DDP ----------------------------------------------------------------------------

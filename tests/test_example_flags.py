@@ -155,6 +155,29 @@ def test_a_mistake_in_the_data_is_one_line_naming_the_flag(data, example, args, 
     assert "labels='" not in line and "Mixture(" not in line, line  # the library's Python words, not the flags'
 
 
+@pytest.mark.timeout(300)
+def test_what_the_loader_would_refuse_is_checked_before_it_is_built(data, tmp_path, write_dataset, photo_bytes):
+    """Mistakes the library refuses with a plain ValueError, which the scripts do not catch: checked first."""
+    from dali_pipes.dataset.manifest import Field
+
+    def dataset(name, label_dtype, classes):
+        samples = [
+            {"image": photo_bytes[i % len(photo_bytes)], "label": np.array(i % len(classes), label_dtype)}
+            for i in range(12)
+        ]
+        fields = {"image": Field.image(), "label": Field.array(label_dtype, ())}
+        return write_dataset(tmp_path / name, "lmdb", fields, samples, classes=list(classes))
+
+    other = dataset("int32-labels", "int32", ("class_000", "class_001", "class_002"))
+    line = refused("train_imagenet", "three", "--mix-with", other, cwd=data, alone=True)
+    assert "field 'label' is" in line and f"in --mix-with {other}: mix datasets converted alike" in line, line
+    one = dataset("one-class", "int64", ("only",))
+    line = refused("train_imagenet", one, "--mixup", "0.8", cwd=data, alone=True)
+    assert f"--mixup and --cutmix blend the targets of the dataset's classes, and {one} names 1 class" in line, line
+    line = refused("train_imagenet", "three", "--seed", "-1", cwd=data)
+    assert "argument --seed: must be a whole number >= 0, got -1" in line, line
+
+
 #: Flags wrong on their own, or together: argparse's usage error, naming the flag.
 FLAG_MISTAKES = [
     ("train_imagenet", ["three", "--size", "0"], "argument --size: must be a whole number >= 1, got 0"),
@@ -199,3 +222,162 @@ def test_a_count_of_one_is_singular(data):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rank 0 of 1: 1 batch of 20 per epoch on cpu" in proc.stdout, proc.stdout
     assert re.search(r"^epoch 0: 20 samples, .* on 1 process$", proc.stdout, re.M), proc.stdout
+
+
+# --- a bug is not a usage error: it keeps its traceback and exits 1, not 2 --------------------------------------
+
+#: Imported first by a script run with :func:`_run_with_bug` (it is on PYTHONPATH): replaces the function named by
+#: $EXAMPLE_BUG (``module:Qual.name=Error``) with one raising ``Error`` from inside the library, as a bug would.
+#: ``=dali`` makes DALI's own Python-side check raise (``fn.stack()`` without inputs: a ValueError of nvidia.dali).
+SITECUSTOMIZE = """
+import importlib, os
+
+_target, _, _error = os.environ["EXAMPLE_BUG"].rpartition("=")
+_module, _, _qualname = _target.partition(":")
+_owner = importlib.import_module(_module)
+*_path, _name = _qualname.split(".")
+for _part in _path:
+    _owner = getattr(_owner, _part)
+
+
+def _bug(*args, **kwargs):
+    if _error == "dali":
+        from nvidia.dali import fn
+
+        fn.stack()  # no inputs: DALI refuses the graph with a ValueError of its own
+    where, _, name = _error.rpartition(".")
+    raise getattr(importlib.import_module(where or "builtins"), name)(f"simulated bug in {_target}")
+
+
+setattr(_owner, _name, _bug)
+"""
+
+
+def _run_with_bug(example: str, bug: str, *args, cwd: Path, tmp_path: Path) -> subprocess.CompletedProcess:
+    site = tmp_path / "site"
+    site.mkdir(exist_ok=True)
+    (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+    path = os.pathsep.join(p for p in (str(site), ENV.get("PYTHONPATH")) if p)
+    command = [sys.executable, "-m", f"dali_pipes.examples.{example}", *map(str, args)]
+    env = {**ENV, "PYTHONPATH": path, "EXAMPLE_BUG": bug}
+    return subprocess.run(command, capture_output=True, text=True, timeout=240, env=env, cwd=cwd)
+
+
+def crashed(proc: subprocess.CompletedProcess, error: str, *where: str) -> None:
+    """The run ended with the traceback of ``error`` (raised ``where``), not with a one-line usage error."""
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode not in (0, 2), shown
+    assert "Traceback (most recent call last)" in proc.stderr, shown
+    assert not [line for line in proc.stderr.splitlines() if ": error: " in line], shown
+    assert re.search(rf"^{error}: ", proc.stderr, re.M), shown
+    for place in where:
+        assert place in proc.stderr, shown
+
+
+@pytest.fixture
+def checkpoint(data, tmp_path) -> Path:
+    """A checkpoint of one epoch of train_imagenet on ``three``, in a folder of its own."""
+    proc = _run(
+        "train_imagenet", "three", "--size", "32", "--batch-size", "8", "--checkpoint", tmp_path / "ckpt.pt", cwd=data
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return tmp_path / "ckpt.pt"
+
+
+def test_a_plain_error_inside_user_errors_is_not_a_usage_error():
+    from dali_pipes import ManifestError, StoreError
+    from dali_pipes.examples.usage import UsageError, user_errors
+
+    for bug in (ValueError("a graph bug"), TypeError("a bug"), RuntimeError("a bug"), FileNotFoundError("a bug")):
+        with pytest.raises(type(bug)):
+            with user_errors():
+                raise bug
+    for refusal in (UsageError("DATASET: x"), ManifestError("x: no index.json"), StoreError("x: truncated")):
+        with pytest.raises(SystemExit) as exit_:
+            with user_errors():
+                raise refusal
+        assert exit_.value.code == 2
+
+
+#: (script, its arguments, the function made to fail, the error): a bug while the loader is built.
+BUGS = [
+    pytest.param(
+        "train_imagenet",
+        ["three", "--size", "32", "--batch-size", "8"],
+        "dali_pipes.pipelines.classification:ClassificationTrain.build=dali",
+        ["nvidia/dali"],
+        id="dali-refuses-the-graph",
+    ),
+    pytest.param(
+        "train_detection",
+        ["coco", "--size", "64", "--max-size", "96", "--workers", "0"],
+        "dali_pipes.loading.loader:build_pipeline=FileNotFoundError",
+        [],
+        id="detection-graph",
+    ),
+    pytest.param(
+        "train_features",
+        ["feats", "--batch-size", "8", "--workers", "0"],
+        "dali_pipes.loading.loader:DALILoader._make_source=ValueError",
+        [],
+        id="features-source",
+    ),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("example, args, bug, where", BUGS)
+def test_a_bug_while_the_loader_is_built_keeps_its_traceback(data, tmp_path, example, args, bug, where):
+    proc = _run_with_bug(example, bug, *args, cwd=data, tmp_path=tmp_path)
+    crashed(proc, bug.rpartition("=")[2] if not bug.endswith("=dali") else "ValueError", *where)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    "bug",
+    [
+        "dali_pipes.loading.epoch_size:EpochSizes.restore=ValueError",
+        "dali_pipes.loading.state:SavedPosition.load_state_dict=RuntimeError",
+    ],
+    ids=["value-error", "runtime-error"],
+)
+def test_a_bug_of_the_loaders_restore_is_not_blamed_on_the_checkpoint(data, checkpoint, tmp_path, bug):
+    args = ("three", "--size", "32", "--batch-size", "8", "--epochs", "2", "--checkpoint", checkpoint, "--resume")
+    proc = _run_with_bug("train_imagenet", bug, *args, cwd=data, tmp_path=tmp_path)
+    crashed(proc, bug.rpartition("=")[2], "simulated bug in")
+
+
+@pytest.mark.timeout(300)
+def test_a_checkpoint_of_another_dataset_or_model_is_one_line(data, checkpoint):
+    import torch
+
+    state = torch.load(checkpoint, weights_only=True)
+    torch.save({**state, "loader": {**state["loader"], "num_samples": 999}}, checkpoint.with_name("other-data.pt"))
+    model = dict(state["model"])
+    model.pop(next(iter(model)))
+    torch.save({**state, "model": model}, checkpoint.with_name("other-model.pt"))
+    torch.save(state["model"], checkpoint.with_name("weights-only.pt"))
+    for name, words in (
+        ("other-data.pt", "it was saved reading another dataset: ValueError: "),
+        ("other-model.pt", "it was saved from another model (another class count?): RuntimeError: "),
+        ("weights-only.pt", "it holds keys "),
+    ):
+        path = checkpoint.with_name(name)
+        args = ("three", "--size", "32", "--batch-size", "8", "--epochs", "2", "--checkpoint", path, "--resume")
+        line = refused("train_imagenet", *args, cwd=data, alone=True)
+        assert f"--checkpoint {path} is not a checkpoint this run can resume: {words}" in line, line
+
+
+@pytest.mark.timeout(300)
+def test_lightning_blames_devices_only_when_they_were_given(data, tmp_path):
+    pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
+    trainer = "lightning.pytorch.trainer.trainer:Trainer.__init__"
+    args = ("three", "--batch-size", "8", "--workers", "0")
+    crashed(
+        _run_with_bug("lightning_module", f"{trainer}=ValueError", *args, cwd=data, tmp_path=tmp_path), "ValueError"
+    )
+    misconfigured = f"{trainer}=lightning.fabric.utilities.exceptions.MisconfigurationException"
+    proc = _run_with_bug("lightning_module", misconfigured, *args, cwd=data, tmp_path=tmp_path)
+    shown = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in shown, shown
+    assert "error: MisconfigurationException: simulated bug" in proc.stderr and "--devices" not in proc.stderr, shown

@@ -91,3 +91,33 @@ def test_a_process_pinned_to_its_share_keeps_it():
         pytest.skip(f"{len(node)} cores: a share of 2 cores that ranks did not divide again needs 4 or more")
     # Half as many ranks as the node's cores, each pinned to 2 of them: 2 each (1 before: divided again).
     assert _cores_in_process_pinned_to(node[:2], len(node) // 2) == 2
+
+
+def test_a_containers_cpu_quota_caps_each_ranks_share():
+    """A Kubernetes CPU limit is a CFS quota: the cpuset still shows every core of the node."""
+    from dali_pipes.loading.world import cpus_of_quota
+
+    assert cpus_of_quota("max", "100000") is None  # cgroup v2 without a limit
+    assert cpus_of_quota("-1", "100000") is None  # cgroup v1 without a limit
+    assert cpus_of_quota("1600000", "100000") == 16
+    assert cpus_of_quota("150000", "100000") == 2  # 1.5 CPUs: rounded up
+    assert cpus_of_quota("50000", "100000") == 1
+
+
+def test_cores_per_rank_is_the_ranks_share_of_the_quota(monkeypatch):
+    import os
+
+    from dali_pipes.loading import world
+    from dali_pipes.loading.options import cores_per_rank
+
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    mine = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(world, "quota_cpus", lambda: None)
+    unlimited = cores_per_rank()
+    monkeypatch.setattr(world, "quota_cpus", lambda: 1)
+    assert cores_per_rank() == 1 <= unlimited
+    monkeypatch.setattr(world, "quota_cpus", lambda: 64)  # a quota above the cores changes nothing
+    assert cores_per_rank() == unlimited == mine
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(world, "quota_cpus", lambda: 2)  # two ranks share 2 CPUs' worth of time
+    assert cores_per_rank() == 1

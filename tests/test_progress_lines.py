@@ -77,6 +77,33 @@ def test_lines_come_at_the_interval_and_a_short_job_logs_none(monkeypatch, caplo
     assert caplog.records == []
 
 
+def test_the_last_line_of_a_bar_without_total_or_stopped_short_is_its_final_one(monkeypatch, caplog):
+    caplog.set_level(logging.INFO, logger="dali_pipes.progress")
+    monkeypatch.setenv(INTERVAL_ENV, "0.01")
+    for total in (None, 100):  # no total known; a total the job did not reach
+        caplog.clear()
+        bar = tqdm(total=total, desc="job", unit="sample", disable=None, file=_NotATerminal())
+        for _ in range(5):
+            time.sleep(0.02)
+            bar.update(1)
+        time.sleep(0.02)  # an interval has passed again when it closes
+        bar.close()
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) >= 2 and ("done in" in lines[-1] or "stopped after" in lines[-1]), lines
+        assert sum("done in" in line or "stopped after" in line for line in lines) == 1, lines
+
+
+class _NotATerminal:
+    def write(self, text: str) -> int:
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
 @pytest.mark.parametrize("value", ["0", "off"])
 def test_the_interval_variable_turns_lines_off(monkeypatch, caplog, value):
     caplog.set_level(logging.INFO, logger="dali_pipes.progress")

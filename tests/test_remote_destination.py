@@ -107,3 +107,21 @@ def test_inspect_of_a_throttling_server_makes_a_few_requests_not_twenty(s3):
     assert out.returncode != 0 and "slow down" in out.stderr, out.stderr
     # One try (s3fs's look-up and listing, each of botocore's 2 attempts), not 5 tries of 3 attempts each.
     assert len([path for _, path in s3.proxy.requests if "index.json" in path]) <= 4, s3.proxy.requests
+
+
+def test_a_refused_conversion_into_a_url_leaves_no_shard_there(tmp_path, s3):
+    """Every input broken: the job is refused and discards its work folder; the shard it uploaded goes too."""
+    from converters.base import NothingConverted
+
+    folder = tmp_path / "onlybroken" / "cat"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"{i}.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG")
+    bucket = s3.new_bucket()
+    work = tmp_path / "work"
+    with pytest.raises(NothingConverted):
+        convert_to_url(ImageFolderSource(tmp_path / "onlybroken", ImageOptions()), f"s3://{bucket}/train",
+                       work_dir=work, storage_options=s3.options, format="lmdb", workers=1,
+                       progress=False)  # fmt: skip
+    assert not (work / ".dali-pipes-job").exists()
+    assert s3.fs().find(bucket) == []  # no shard, no manifest: nothing that looks like a dataset

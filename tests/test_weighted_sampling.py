@@ -232,6 +232,42 @@ def test_the_source_sent_to_reader_processes_does_not_carry_the_weights(tiny):
     store.close()
 
 
+def test_a_stale_task_that_meets_the_next_epochs_plan_mid_publish_stops_quietly(tiny, monkeypatch):
+    """DALI schedules reader tasks ahead: one of epoch 0 may run while the loader publishes epoch 1. If it finds
+    epoch 1's plan file already written, it must stop (DALI discards it), not fail for want of the weights."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from dali_pipes import WeightedSampling, open_store
+    from dali_pipes.loading import sources
+    from dali_pipes.loading.batch_source import BatchStoreSource
+    from dali_pipes.sampling import World
+
+    store, control = open_store(tiny), sources.EpochControl()
+    sampling = WeightedSampling(np.ones(len(store)))
+    source = BatchStoreSource(
+        store, ("image", "label"), batch_size=4, world=World(0, 1), seed=0, shuffle=True, last_batch="pad",
+        control=control, sampling=sampling,
+    )  # fmt: skip
+    clone = ForkingPickler.loads(ForkingPickler.dumps(source))  # what a spawned reader process holds
+    plan = (sampling.order(len(store), 0, 0), np.zeros(len(store), bool))
+    control.publish(0, epoch=0, start=0, plan=plan)
+    seen = []
+    write_plan = sources.write_plan
+
+    def write_then_run_the_stale_task(*args, **kwargs):
+        write_plan(*args, **kwargs)  # epoch 1's plan is in place, the control block not yet updated
+        try:
+            clone(type("BatchInfo", (), {"iteration": 0, "epoch_idx": 0})())
+        except StopIteration:
+            seen.append("stopped")
+
+    monkeypatch.setattr(sources, "write_plan", write_then_run_the_stale_task)
+    control.publish(1, epoch=1, start=0, plan=(sampling.order(len(store), 0, 1), plan[1]))
+    assert seen == ["stopped"]
+    control.close()
+    store.close()
+
+
 @pytest.mark.timeout(300)
 def test_reader_processes_read_the_weighted_draw_exactly(tiny):
     """Two spawned reader processes (the source pickled into each), two epochs, rows exactly the draws."""

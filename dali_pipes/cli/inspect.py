@@ -54,9 +54,18 @@ def summarize(path: str | os.PathLike, *, storage_options: Mapping[str, Any] | N
 
 def _left_out(errors: list[str]) -> dict[str, int]:
     """Inputs left out, and parts of kept inputs left out (a degenerate COCO polygon: its image is kept)."""
-    entries = [json.loads(line) for line in errors if line.strip()]
-    parts = sum(1 for entry in entries if isinstance(entry, dict) and entry.get("part"))
+    entries = [_entry(line) for line in errors if line.strip()]
+    parts = sum(1 for entry in entries if entry.get("part"))
     return {"inputs_left_out": len(entries) - parts, "parts_left_out": parts}
+
+
+def _entry(line: str) -> dict[str, Any]:
+    """One line of errors.jsonl; a line that is not a JSON object counts as an input left out, as before."""
+    try:
+        entry = json.loads(line)
+    except ValueError:
+        return {}
+    return entry if isinstance(entry, dict) else {}
 
 
 def format_summary(summary: dict[str, Any]) -> str:

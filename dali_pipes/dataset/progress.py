@@ -99,6 +99,8 @@ class tqdm(_tqdm):  # noqa: N801 - tqdm's own name, as tqdm.auto's is: the call 
         """Draw the bar, or (in a log) write a progress line once the interval has passed since the last."""
         if self._every is None:
             return super().display(msg, pos)
+        if self.disable:  # tqdm's close() draws once more after it disabled the bar: our last line is out already
+            return True
         now = time.monotonic()
         # msg="" is tqdm clearing a bar, and a bar at its total is about to close with its own last line.
         finished = self.total is not None and self.n >= self.total

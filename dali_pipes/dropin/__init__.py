@@ -7,7 +7,9 @@ over datasets converted by ``dali-pipes convert``:
 
 - :mod:`dali_pipes.dropin.timm_train`: ``create_dataset`` and ``create_loader``
   for timm's ``train.py`` (one import line changed), with timm's class indices
-  (:mod:`dali_pipes.dropin.timm_classes`) and its training batches per rank;
+  (:mod:`dali_pipes.dropin.timm_classes`: labels are renumbered only for a dataset
+  converted from an image folder, or with a ``class_map``; any other keeps its
+  source's numbering) and its training batches per rank;
 - :mod:`dali_pipes.dropin.torchvision_reference`: ``load_data`` and ``DataLoader``
   for torchvision's ``references/classification/train.py`` (four lines changed);
 - :mod:`dali_pipes.dropin.common`: what both share: the converted split

@@ -22,6 +22,7 @@ import os
 import weakref
 from typing import Any, Callable, Iterable, Mapping
 
+from dali_pipes.dataset.classes import unique_name_index
 from dali_pipes.dataset.manifest import ManifestError
 from dali_pipes.remote.dataset import load_manifest
 
@@ -41,7 +42,13 @@ class ConvertedSplit:
     """A dataset converted by ``dali-pipes convert``, as a script's dataset object.
 
     ``len()``, ``classes``, ``class_to_idx`` and ``root`` as an ``ImageFolder``
-    has them (or in a script's own class order, through :meth:`relabel`);
+    has them (or in a script's own class order, through :meth:`relabel`):
+    ``classes[i]`` is the name of stored label ``i``, as the manifest lists them.
+    ``class_to_idx`` is refused (ValueError naming them) when two classes share a
+    name (ImageNet's human-readable names repeat ``'crane'`` and ``'maillot'``): no
+    name-to-index dict can hold both, and one silently dropped would give two classes
+    one index. ``source_kind`` is the manifest's ``source["kind"]`` (``"imagefolder"``,
+    ``"webdataset"``, ...; None when it records none): it says who numbered the labels.
     ``train``/``val`` are the specs its loader will use (from the script's flags;
     None where the loader's maker builds it), ``is_training`` says which; ``seed``
     the loader's (the same on every rank). Samples are read by the loader, inside
@@ -63,20 +70,34 @@ class ConvertedSplit:
         self.root = root
         self.train, self.val, self.is_training, self.seed = train, val, bool(is_training), int(seed)
         self.classes: list[str] = list(manifest.classes or ())
-        self.class_to_idx = {name: i for i, name in enumerate(self.classes)}
+        source = manifest.source if isinstance(manifest.source, Mapping) else {}
+        self.source_kind: str | None = source.get("kind")
         #: The index each stored label becomes (None: the stored labels as they are); see :meth:`relabel`.
         self.label_map: tuple[int, ...] | None = None
+        self._class_to_idx: dict[str, int] | None = None  # None: each name's position in classes (built when read)
         self._num_samples = manifest.num_samples
 
-    def relabel(self, class_to_idx: Mapping[str, int], argument: str) -> None:
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """Each class name's index; ValueError naming the repeated names when two classes share one."""
+        if self._class_to_idx is None:
+            self._class_to_idx = unique_name_index(self.classes, f"{self.root}: its classes")
+        return self._class_to_idx
+
+    def relabel(self, class_to_idx: Mapping[str, int], argument: str, *, all_named: bool = True) -> None:
         """Give the classes the indices of ``class_to_idx`` (a script's class order); the loader maps its labels.
 
         The stored labels number the classes as the manifest lists them; ``label_map``
         becomes the permutation (or injection, for a class map with more classes) from
         those to ``class_to_idx``'s, None when they agree. ``classes`` lists the names by
         their new index. A class of the dataset missing from ``class_to_idx`` is refused
-        naming ``argument``: its samples would need leaving out, which the loader cannot.
+        naming ``argument``: its samples would need leaving out, which the loader cannot;
+        so are classes sharing a name (ValueError naming them): mapped by name, they
+        would share one index. ``all_named``: every stored label is known to have a name
+        (an image folder's labels are its folders'); otherwise ``label_map`` is kept even
+        where it changes nothing, so that the loader checks that each label has one.
         """
+        unique_name_index(self.classes, f"{argument}: the classes of {self.root}")
         missing = [name for name in self.classes if name not in class_to_idx]
         if missing:
             shown = ", ".join(map(repr, missing[:5])) + (", ..." if len(missing) > 5 else "")
@@ -86,9 +107,9 @@ class ConvertedSplit:
                 "the classes it lists"
             )
         label_map = tuple(int(class_to_idx[name]) for name in self.classes)
-        self.label_map = None if label_map == tuple(range(len(self.classes))) else label_map
-        self.class_to_idx = {str(name): int(index) for name, index in class_to_idx.items()}
-        self.classes = sorted(self.class_to_idx, key=self.class_to_idx.__getitem__)
+        self.label_map = None if all_named and label_map == tuple(range(len(self.classes))) else label_map
+        self._class_to_idx = {str(name): int(index) for name, index in class_to_idx.items()}
+        self.classes = sorted(self._class_to_idx, key=self._class_to_idx.__getitem__)
 
     @property
     def spec(self) -> Any:

@@ -11,10 +11,17 @@ and ``--data-dir`` names the folder holding the converted ``train/`` and
 ``create_dataset`` and ``create_loader`` is honoured or refused by name, and a
 name neither has is a TypeError, as it is for timm's ``create_loader``:
 
-- the class indices are timm's: class folders in its natural order (``'9'`` before
-  ``'84'``), or ``class_map``'s; the converted labels (plain sorted order) are mapped
-  to them on each batch, and ``dataset.classes``/``class_to_idx`` list them
-  (:mod:`~dali_pipes.dropin.timm_classes`);
+- the class indices are timm's. Labels are renumbered only where timm's folder
+  reader defines the numbering: a dataset converted from an image folder (manifest
+  source kind ``"imagefolder"``) gets the class folders in timm's natural order
+  (``'9'`` before ``'84'``), or ``class_map``'s; its converted labels (plain sorted
+  order) are mapped to them on each batch, and ``dataset.classes``/``class_to_idx``
+  list them. A dataset converted from anything else (TFRecord, WebDataset, plain
+  LMDB, Parquet, a Hugging Face or Python dataset) keeps its labels exactly as stored,
+  its source's own numbering, unless ``class_map`` is given: then stored label ``i``,
+  named ``classes[i]``, becomes that name's index in the map. Repeated class names
+  are refused wherever a name decides an index, and a label no class name covers
+  raises naming it (:mod:`~dali_pipes.dropin.timm_classes`);
 - the augmentation (``input_size``, ``scale``, ``ratio``, ``hflip``,
   ``color_jitter``, ``interpolation``, ``re_prob``/``re_mode``, ``mean``/``std``,
   ``crop_pct``, ``no_aug``) builds :func:`~dali_pipes.pipelines.presets.timm_defaults`'s specs;
@@ -64,6 +71,9 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["TimmLoader", "create_dataset", "create_loader", "train_last_batch"]
 
+#: The manifest source kind of ``dali-pipes convert imagefolder`` (converters.sources.ImageFolderSource.kind): the
+#: only datasets whose class numbering is timm's folder reader's to define.
+_FOLDER_KIND = "imagefolder"
 #: timm's names for the training and evaluation splits, tried in turn after the one asked for (its _search_split).
 _TRAIN_SPLITS = ("train", "training")
 _EVAL_SPLITS = ("val", "valid", "validation", "eval", "evaluation")
@@ -184,8 +194,12 @@ def create_dataset(
     ``name`` must be timm's folder dataset (``""``, ``"folder"`` or ``"imagefolder"``);
     ``split`` is looked up under ``root`` by timm's names for it (``validation``:
     also ``val``, ``valid``...) unless ``search_split`` is false, and ``root`` itself
-    serves when no such folder is there. Class indices are timm's (``class_map``'s,
-    else the natural order of the names). ``seed`` is the loader's (train.py passes
+    serves when no such folder is there. Class indices are timm's: for a dataset
+    converted from an image folder, ``class_map``'s, else the natural order of the
+    folder names (the stored labels are renumbered to them); for any other source, the
+    stored labels as they are (its own numbering, which timm's folder order does not
+    apply to), or, with ``class_map``, each stored label's class name looked up in it.
+    ``seed`` is the loader's (train.py passes
     ``--seed``, the same on every rank). ``download``, ``batch_size`` and
     ``trust_remote_code`` act on timm's other dataset kinds, not on a folder.
     """
@@ -210,8 +224,13 @@ def create_dataset(
         raise ValueError(
             f"create_dataset(class_map={class_map!r}): {folder} has no class names to map; leave class_map out"
         )
-    argument = f"create_dataset(class_map={class_map!r})" if class_map else "create_dataset"
-    dataset.relabel(timm_class_to_idx(dataset.classes, class_map, folder), argument)
+    if dataset.source_kind == _FOLDER_KIND or class_map:
+        # timm's folder reader numbers an image folder's classes (natural order, or its class_map); elsewhere only
+        # a class_map does, by each stored label's name (as timm's Hugging Face readers remap a class index).
+        argument = f"create_dataset(class_map={class_map!r})" if class_map else "create_dataset"
+        is_folder = dataset.source_kind == _FOLDER_KIND
+        dataset.relabel(timm_class_to_idx(dataset.classes, class_map, folder), argument, all_named=is_folder)
+    # Otherwise the labels are the source's own numbering (line i of its classes file is label i): kept as stored.
     return dataset
 
 
@@ -239,7 +258,7 @@ def create_loader(
     last_batch = train_last_batch(len(dataset), batch_size, world.world_size) if is_training else "pad"
     transform = _mixer(options.get("collate_fn"))
     if dataset.label_map is not None:  # timm's class indices, before any mixing one-hots them
-        transform = Relabel(dataset.label_map, transform)
+        transform = Relabel(dataset.label_map, transform, dataset=dataset.root)
     batch_format = BatchFormat(keys=("image", "label"), dtype=_dtype_name(options), transform=transform)
     return TimmLoader(
         dataset,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any, Iterator
 
 import torch
@@ -189,10 +190,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-epochs", type=positive_int, default=1)
     p.add_argument("--batch-size", type=positive_int, default=64, help="per process")
     p.add_argument("--size", type=positive_int, default=224)
-    p.add_argument("--devices", default="auto", help="Lightning's devices (e.g. 8 for 8 GPUs)")
+    p.add_argument(
+        "--devices", help="Lightning's devices: a count (e.g. 8 for 8 GPUs) or GPU indices such as 0,1 (default: auto)"
+    )
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"), help="where DALI runs")
     p.add_argument("--workers", type=non_negative_int, default=None, help="DALI Python workers reading the shards")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     return p.parse_args(argv)
 
 
@@ -227,11 +230,24 @@ def check_data(args: argparse.Namespace) -> int:
 
 
 def make_trainer(args: argparse.Namespace) -> L.Trainer:
-    """Lightning's trainer for the flags; a ``--devices`` it cannot use is a usage error naming the flag."""
+    """Lightning's trainer for the flags; a ``--devices`` it cannot use is a usage error naming the flag.
+
+    The form of ``--devices`` is checked here, and GPU indices where there is no
+    GPU; then Lightning refuses what it cannot use with ``MisconfigurationException``,
+    or a ``ValueError``, which names ``--devices`` only when the user gave one:
+    with the default, as any other error of the trainer, it is a bug and keeps
+    its traceback.
+    """
+    devices = "auto" if args.devices is None else args.devices.strip()
+    if not re.fullmatch(r"auto|-1|\d+|\d+(\s*,\s*\d+)*\s*,?", devices):
+        fail(f"--devices {devices}: give a number of devices, GPU indices such as 0,1, or auto")
+    if not torch.cuda.is_available() and not re.fullmatch(r"auto|[1-9]\d*", devices):
+        # Lightning would answer with a TypeError, which this script does not take for a usage error.
+        fail(f"--devices {devices}: there is no GPU here; on the CPU, give the number of processes (or auto)")
     try:
         return L.Trainer(
             max_epochs=args.max_epochs,
-            devices=args.devices,
+            devices=devices,
             logger=False,
             enable_checkpointing=False,
             enable_progress_bar=False,
@@ -239,8 +255,12 @@ def make_trainer(args: argparse.Namespace) -> L.Trainer:
             num_sanity_val_steps=0,
             default_root_dir=os.getcwd(),
         )
-    except (MisconfigurationException, TypeError, ValueError) as exc:
-        fail(f"--devices {args.devices}: {short(exc)}")
+    except MisconfigurationException as exc:  # Lightning's own refusal of its configuration
+        fail(f"--devices {devices}: {short(exc)}" if args.devices is not None else short(exc), cause=exc)
+    except ValueError as exc:
+        if args.devices is None:
+            raise
+        fail(f"--devices {devices}: {short(exc)}", cause=exc)
 
 
 def main(argv=None) -> TinyClassifier:

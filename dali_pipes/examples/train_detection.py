@@ -129,7 +129,7 @@ def add_training_flags(p: argparse.ArgumentParser, *, batch_size: int) -> None:
     p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--workers", type=non_negative_int, default=None, help="DALI Python workers reading the shards")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
 
 
 def check_sizes(p: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:

@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--lr", type=positive_float, default=1e-3)
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
     p.add_argument("--workers", type=non_negative_int, default=None, help="DALI Python workers reading the shards")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     args = p.parse_args(argv)
     if args.input == args.target:
         p.error(f"--input and --target are both {args.input!r}: the model would be shown what it must predict")

@@ -33,7 +33,7 @@ import argparse
 import os
 import pickle
 import time
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -50,13 +50,16 @@ from dali_pipes.examples.usage import (
     description,
     fail,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
     probability,
+    raised_by,
     require_fields,
     short,
     user_errors,
 )
+from dali_pipes.loading.state import restored_position
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
 
 #: What to do with a dataset of another kind, said when one is given.
@@ -109,7 +112,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="keep: both datasets number the same classes; offset: the second one's classes come after the first's",
     )
     p.add_argument("--lr", type=positive_float, default=0.1)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
     args = p.parse_args(argv)
@@ -140,13 +143,33 @@ def _flag_conflicts(args: argparse.Namespace) -> list[str]:
 
 
 def check_data(args: argparse.Namespace) -> None:
-    """Refuse, naming the flag, a dataset this example cannot train on, or a mixture its labels cannot join."""
+    """Refuse, naming the flag, a dataset this example cannot train on, or a mixture its labels cannot join.
+
+    Also what the loader would refuse later with a plain ``ValueError`` (fields
+    defined otherwise in the two datasets, ``--mixup`` over fewer than two
+    classes), which this script does not take for a usage error (see ``usage``).
+    """
     main = dataset_manifest(args.dataset, "DATASET")
     require_fields(main, "DATASET", args.dataset, ("image", "label"), KIND_ADVICE)
     if args.mix_with:
         extra = dataset_manifest(args.mix_with, "--mix-with")
         require_fields(extra, "--mix-with", args.mix_with, ("image", "label"), KIND_ADVICE)
         check_mixture(args, main.classes, extra.classes)
+        for name in main.fields.keys() & extra.fields.keys():  # a Mixture takes no field defined two ways
+            if main.fields[name] != extra.fields[name]:
+                raise UsageError(
+                    f"field {name!r} is {main.fields[name].to_json()} in {args.dataset} but "
+                    f"{extra.fields[name].to_json()} in --mix-with {args.mix_with}: mix datasets converted alike"
+                )
+    if args.mixup > 0 or args.cutmix > 0:
+        classes = len(main.classes or ())
+        if args.mix_with and args.mix_labels == "offset":
+            classes += len(extra.classes or ())
+        if classes < 2:
+            raise UsageError(
+                f"--mixup and --cutmix blend the targets of the dataset's classes, and {args.dataset} names "
+                f"{counted(classes, 'class')}: leave them out"
+            )
 
 
 def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
@@ -207,20 +230,42 @@ def train_spec(args: argparse.Namespace) -> ClassificationTrain:
     return ClassificationTrain(size=args.res_schedule or args.size, mix=mix, erasing=erasing)
 
 
-def resume(args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DALILoader, device: Any) -> int:
-    """The first epoch to train: 0, or the one after the saved epoch when ``--resume`` finds ``--checkpoint``."""
+def resume(args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DALILoader) -> int:
+    """The first epoch to train: 0, or the one after the saved epoch when ``--resume`` finds ``--checkpoint``.
+
+    A file that is not a checkpoint, or one of another model or dataset, is the
+    user's to change: one line. Each step catches only what it raises for such a
+    file, so an error of the loader's restore or of the device keeps its traceback.
+    """
     if not (args.resume and os.path.exists(args.checkpoint)):
         return 0  # a first run of a resumable job: nothing saved yet
+
+    def refuse(why: str, exc: BaseException | None = None) -> NoReturn:
+        loader.close()
+        fail(f"--checkpoint {args.checkpoint} is not a checkpoint this run can resume: {why}", cause=exc)
+
     try:
-        state = torch.load(args.checkpoint, map_location=device, weights_only=True)
+        # Onto the CPU: load_state_dict copies each tensor to its parameter's device, and an error here is the
+        # file's (torch.load raises these for a file torch.save did not write, or a truncated one), not the GPU's.
+        state = torch.load(args.checkpoint, map_location="cpu", weights_only=True)
+    except (OSError, EOFError, pickle.UnpicklingError, RuntimeError) as exc:
+        refuse(f"not a file torch.save wrote, or a damaged one ({short(exc)})", exc)
+    parts = ("model", "optimizer", "loader")
+    if not isinstance(state, dict) or not all(isinstance(state.get(part), dict) for part in parts):
+        held = f"keys {', '.join(map(str, state))}" if isinstance(state, dict) else f"a {type(state).__name__}"
+        refuse(f"it holds {held}, not this example's {', '.join(parts)} states")
+    try:
         net.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
+    except (RuntimeError, KeyError, ValueError) as exc:  # what torch raises for the state of another model
+        refuse(f"it was saved from another model (another class count?): {short(exc)}", exc)
+    try:
         loader.load_state_dict(state["loader"])
-        return int(state["loader"]["epoch"])
-    except (OSError, EOFError, KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
-        loader.close()
-        fail(f"--checkpoint {args.checkpoint} is not a checkpoint this run can resume (of another dataset or "
-             f"model?): {short(exc)}")  # fmt: skip
+    except ValueError as exc:
+        if not raised_by(exc, restored_position):  # not the check of the saved state: a bug of the loader's restore
+            raise
+        refuse(f"it was saved reading another dataset: {short(exc)}", exc)
+    return int(state["loader"]["epoch"])
 
 
 def train_epoch(model: nn.Module, optimizer: Any, loader: DALILoader, device: Any) -> torch.Tensor:
@@ -256,9 +301,10 @@ def main(argv=None) -> None:
 
     # --- was: dataset = ImageFolder(root, transform); sampler = DistributedSampler(dataset)
     #          loader = DataLoader(dataset, batch_size, sampler=sampler, num_workers=8, pin_memory=True)
-    with user_errors():
+    spec = train_spec(args)  # from flags already checked: a refusal would be this script's bug
+    with user_errors():  # a dataset the library cannot read is refused in one line; a bug building the loader is not
         dataset, sampling = data_source(args)
-        loader = DALILoader(dataset, train_spec(args), batch_size=args.batch_size, seed=args.seed, sampling=sampling)
+        loader = DALILoader(dataset, spec, batch_size=args.batch_size, seed=args.seed, sampling=sampling)
         check_batch(loader)
     num_classes = len(loader.store.manifest.classes or ()) or 1000
 
@@ -268,7 +314,7 @@ def main(argv=None) -> None:
     if distributed:
         model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    first_epoch = resume(args, net, optimizer, loader, device)
+    first_epoch = resume(args, net, optimizer, loader)
 
     world = dist.get_world_size() if distributed else 1
     # One line per rank, at its start and its end: under torchrun each process shows it ran.

@@ -7,33 +7,56 @@ a malformed flag, instead of printing a traceback::
 
     train_imagenet.py: error: shards/train and --mix-with shards/extra have different class lists (...): add --mix-labels offset ...
 
-Only the steps that read the flags and open the data are guarded
-(:func:`user_errors`); an error while training is a bug and keeps its traceback.
-The argparse ``type=`` helpers here refuse out-of-range numbers before anything
-is opened.
+A one-line answer is kept for the mistakes that are surely the user's: the
+scripts' own checks of their flags and data (:class:`UsageError`, made before
+anything is built) and the library's refusals of the data, each of its own type
+(:data:`DATA_REFUSALS`). :func:`user_errors` catches nothing else: a plain
+``ValueError``, ``TypeError`` or ``RuntimeError`` while the spec, the DALI graph
+or the loader is built is what DALI, numpy and torch raise for a bug too, and a
+bug keeps its traceback (exit status 1). Where a plain error does mean the
+user's file (a ``--checkpoint`` torch cannot load), a script catches it around
+that one call. The argparse ``type=`` helpers here refuse out-of-range numbers
+before anything is opened.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
+import logging
 import os
 import re
 import sys
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
-from dali_pipes import Manifest, ManifestError, StoreError, open_store
+from dali_pipes import Manifest, ManifestError, RemoteError, StoreError, open_store
+from dali_pipes.staging.checked import StageError
+
+logger = logging.getLogger(__name__)
 
 #: argparse's exit status for a usage error; the scripts use it for every mistake in their flags or data.
 EXIT_USAGE = 2
+
+
+#: The library's refusals of the data it was given, each raised on purpose with a message naming the dataset:
+#: a path that is no converted dataset or a manifest that cannot be read (``ManifestError``), a shard that cannot
+#: be read (``StoreError``), object storage that cannot be used (``RemoteError``), a copy that does not match its
+#: manifest (``StageError``). The package's own types, unlike a plain ``ValueError``, which also means a bug.
+DATA_REFUSALS: tuple[type[Exception], ...] = (ManifestError, StoreError, RemoteError, StageError)
 
 
 class UsageError(Exception):
     """A mistake in the flags or in the data they name; the message names the flag to change."""
 
 
-def fail(message: str) -> NoReturn:
-    """Print ``PROG: error: MESSAGE`` on one line, as argparse does for a bad flag, and exit with status 2."""
+def fail(message: str, cause: BaseException | None = None) -> NoReturn:
+    """Print ``PROG: error: MESSAGE`` on one line, as argparse does for a bad flag, and exit with status 2.
+
+    ``cause``: the error refused, whose traceback is logged at DEBUG (for a user who wants to see where it came from).
+    """
+    if cause is not None:
+        logger.debug("the error behind the one-line answer", exc_info=cause)
     prog = os.path.basename(sys.argv[0]) or "python"  # argparse's default prog, so both errors read alike
     print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USAGE)
@@ -41,18 +64,34 @@ def fail(message: str) -> NoReturn:
 
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
-    """Inside: the library's refusal of a flag's value or of the data (a one-line message) becomes :func:`fail`.
+    """Inside: a :class:`UsageError` or a refusal of the data (:data:`DATA_REFUSALS`) becomes :func:`fail`'s one line.
 
-    ``ValueError`` is what the library raises for a bad argument or dataset
-    (``ManifestError`` and ``StoreError`` for a missing or unreadable one); the
-    scripts wrap only the opening of the data and the building of the spec and
-    loader in this, so a ``ValueError`` from a bug in the training loop still
-    shows its traceback.
+    Nothing else is caught. The scripts check their flags (argparse types) and
+    the data the flags name (``check_data``, :func:`check_batch`) themselves, so
+    a library's argument check refusing what a script passed it is the script's
+    bug; and a ``ValueError``, ``TypeError``, ``RuntimeError`` or ``OSError``
+    from building the spec, the DALI graph or the loader's workers is a bug
+    there. Either keeps its traceback.
     """
     try:
         yield
-    except (UsageError, ManifestError, StoreError, FileNotFoundError, NotADirectoryError, ValueError) as exc:
-        fail(str(exc))
+    except (UsageError, *DATA_REFUSALS) as exc:
+        fail(str(exc), cause=exc)
+
+
+def raised_by(exc: BaseException, function: Callable[..., Any]) -> bool:
+    """Whether ``function`` raised ``exc`` itself: its traceback ends in a frame running ``function``.
+
+    So an argument check of the library (``restored_position`` refusing a saved
+    state) can be told from an error of the same type raised deeper down (by
+    DALI, numpy, torch or another function of the package) that passed through it.
+    """
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code is getattr(inspect.unwrap(function), "__code__", None)
 
 
 def short(exc: BaseException, limit: int = 200) -> str:
@@ -110,8 +149,8 @@ def dataset_manifest(path: str, flag: str) -> Manifest:
     """
     try:
         store = open_store(path)
-    except (ManifestError, StoreError, OSError) as exc:
-        raise UsageError(f"{flag}: {exc}") from None
+    except (*DATA_REFUSALS, OSError) as exc:
+        raise UsageError(f"{flag}: {exc}") from exc
     try:
         return store.manifest
     finally:

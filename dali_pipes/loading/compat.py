@@ -201,8 +201,14 @@ class LoaderDataset:
     def __init__(self, store: "Store") -> None:
         self.root = store.root
         self.classes: list[str] = list(store.manifest.classes or ())
-        self.class_to_idx: dict[str, int] = {name: i for i, name in enumerate(self.classes)}
         self._num_samples = len(store)
+
+    @property
+    def class_to_idx(self) -> dict[str, int]:
+        """``{class name: label}``; ValueError naming them where two classes share a name (a dict would merge them)."""
+        from dali_pipes.dataset.classes import unique_name_index
+
+        return unique_name_index(self.classes, f"{self.root}: its classes")
 
     def __len__(self) -> int:
         return self._num_samples

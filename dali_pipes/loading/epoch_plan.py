@@ -79,8 +79,9 @@ def write_plan(
 def read_plan(path: str, dali_epoch: int) -> Plan | None:
     """The :class:`Plan` in ``path`` if it is one of DALI epoch ``dali_epoch``.
 
-    ``None`` when there is no plan file or it holds another epoch's plan: the
-    caller then computes the order itself (a source used without a loader).
+    ``None`` when there is no plan file or it holds another epoch's plan: a source used
+    without a loader then computes the order itself; a copy in a reader process, which
+    holds no weights or mixture, stops if its epoch is over and else says no plan was published.
     """
     try:
         with open(path, "rb") as f:

@@ -80,9 +80,10 @@ def default_num_threads(cpus: int | None = None, *, gpu_images: bool = False) ->
 def cores_per_rank() -> int:
     """The cores this process may run on (its CPU affinity, else the machine's), divided among the ranks of this
     node (``LOCAL_WORLD_SIZE``, which torchrun sets) only when that affinity is the whole node's: a launcher that
-    pinned each rank to its share already divided them (``world.rank_cores``). What one loader's defaults may count on.
+    pinned each rank to its share already divided them (``world.rank_cores``); never more than the rank's share of a
+    container's CPU quota (``world.quota_cpus``). What one loader's defaults may count on.
     """
-    from dali_pipes.loading.world import node_cpus, rank_cores
+    from dali_pipes.loading.world import node_cpus, quota_cpus, rank_cores
 
     try:
         affinity = frozenset(os.sched_getaffinity(0))
@@ -92,7 +93,9 @@ def cores_per_rank() -> int:
         local_ranks = max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or 1))
     except ValueError:
         local_ranks = 1
-    return rank_cores(affinity, node_cpus() | affinity, local_ranks)
+    cores = rank_cores(affinity, node_cpus() | affinity, local_ranks)
+    quota = quota_cpus()  # a CPU limit (Kubernetes) below the cores the node shows, shared by its ranks
+    return cores if quota is None else max(1, min(cores, quota // local_ranks))
 
 
 def choose_counts(

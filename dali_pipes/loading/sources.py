@@ -56,6 +56,8 @@ __all__ = ["EpochControl", "StoreSource", "dali_output_types"]
 
 _DALI_EPOCH, _EPOCH, _START, _CANCELLED, _SIZE, _FIRST, _CHAINED = range(7)
 _SLOTS = 7
+#: The DALI epoch slot while a new epoch's plan is being written: no task's epoch, so every task stops.
+_NO_DALI_EPOCH = -1
 
 
 #: Prefix of the tmpfs folder that holds a loader's control block and epoch plan.
@@ -132,9 +134,12 @@ class EpochControl:
         the samples of each later segment of this DALI epoch (:meth:`publish_segment`),
         0 when it reads this one epoch only.
         """
+        values = self.values
+        # First no DALI epoch at all: a task of the old one still running (DALI schedules ahead) that finds the
+        # plan file already replaced must see that its epoch is over, not read on without the plan.
+        values[_DALI_EPOCH] = _NO_DALI_EPOCH
         if plan is not None:
             write_plan(plan_path(self.path), dali_epoch, *plan, epoch=epoch, start=start, size=size)
-        values = self.values
         # The DALI epoch goes last: a worker that sees it also sees the rest.
         values[_EPOCH] = epoch
         values[_START] = start

@@ -123,7 +123,7 @@ def rank_cores(affinity: frozenset[int] | set[int], node: frozenset[int] | set[i
     """This rank's cores: its ``affinity``, split among the ``local_ranks`` of the node only when it is the node's.
 
     ``node``: the cores the node lets the job use (:func:`node_cpus`). A launcher that
-    pins each rank to its share (``torchrun --numa-binding``, ``srun --cpu-bind``,
+    pins each rank to its share (``srun --cpu-bind``, ``torchrun --numa-binding`` in a per-rank mode,
     ``numactl`` per rank) leaves each an affinity smaller than the node's, which is
     already that rank's share: dividing it again gave 2 pinned cores among 8 ranks 1
     thread. An affinity that is the whole node is shared by every rank on it. An
@@ -158,14 +158,55 @@ def node_cpus() -> frozenset[int]:
     return frozenset(range(os.cpu_count() or 1))
 
 
-def _cgroup_paths() -> list[str]:
-    """This process's cgroup paths (``/proc/self/cgroup``: the unified one and cpuset's), or ``["/"]``."""
+#: Where the cgroup file systems hold a group's CPU time quota: v2's ``cpu.max``, v1's quota and period.
+_QUOTA_V2 = ("/sys/fs/cgroup", "cpu.max")
+_QUOTA_V1 = ("/sys/fs/cgroup/cpu", "cpu.cfs_quota_us", "cpu.cfs_period_us")
+
+
+def quota_cpus() -> int | None:
+    """The cores' worth of CPU time this process's container may use (a CFS quota, as Kubernetes' CPU limit sets),
+    rounded up; ``None`` without a quota. A pod limited to 16 CPUs on a 128-core node sees 128 cores in its
+    cpuset and affinity, and threads sized by those would queue for the 16."""
+    for group in _cgroup_paths("cpu"):
+        v2 = _read_text(os.path.join(_QUOTA_V2[0], group.lstrip("/"), _QUOTA_V2[1]))
+        if v2:
+            return cpus_of_quota(*v2.split()[:2]) if len(v2.split()) >= 2 else None
+        folder = os.path.join(_QUOTA_V1[0], group.lstrip("/"))
+        quota, period = (_read_text(os.path.join(folder, name)) for name in _QUOTA_V1[1:])
+        if quota and period:
+            return cpus_of_quota(quota, period)
+    return None
+
+
+def cpus_of_quota(quota: str, period: str) -> int | None:
+    """Whole cores of a CFS ``quota`` per ``period`` (microseconds; ``max`` or a negative quota: none), rounded up."""
+    try:
+        q, p = int(quota), int(period)
+    except ValueError:  # "max": no limit
+        return None
+    return None if q <= 0 or p <= 0 else max(1, -(-q // p))
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def _cgroup_paths(controller: str = "cpuset") -> list[str]:
+    """This process's cgroup paths (``/proc/self/cgroup``: the unified one and ``controller``'s), or ``["/"]``."""
     try:
         with open("/proc/self/cgroup") as f:
             lines = f.read().splitlines()
     except OSError:
         return ["/"]
-    paths = [line.split(":", 2)[2] for line in lines if line.count(":") >= 2 and line.split(":")[1] in ("", "cpuset")]
+    paths = [
+        line.split(":", 2)[2]
+        for line in lines
+        if line.count(":") >= 2 and (not line.split(":")[1] or controller in line.split(":")[1].split(","))
+    ]
     return paths or ["/"]
 
 
