@@ -173,7 +173,9 @@ def _remove_uploaded_shards(fs: Any, root: str, uploader: Uploader, storage_opti
         for path in leftovers:
             fs.rm_file(path)
     if leftovers:
-        log.info("%s: removed the %d shard file(s) this refused conversion had uploaded", uploader.shown(), len(leftovers))
+        log.info(
+            "%s: removed the %d shard file(s) this refused conversion had uploaded", uploader.shown(), len(leftovers)
+        )
 
 
 __all__ = ["Uploader", "convert_to_url"]

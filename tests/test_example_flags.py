@@ -21,6 +21,8 @@ from converters.sources import ArraysSource, CocoSource, ImageFolderSource
 from converters.synth import make_imagefolder
 
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+#: Each case is a process of its own (a few seconds): a few of each kind run in the default suite, the rest with -m slow.
+SLOW = pytest.mark.slow
 EXAMPLES = ("train_imagenet", "train_detection", "train_instance_segmentation", "train_features", "lightning_module")
 
 
@@ -81,22 +83,31 @@ DATA_MISTAKES = [
         ["three", "--mix-with", "two", "--mix-labels", "keep"],
         ["--mix-labels keep would train on wrong labels", "--mix-labels offset"],
         id="mixture-kept-wrongly",
+        marks=SLOW,
     ),
     pytest.param("train_imagenet", ["missing"], ["DATASET: missing: no such folder"], id="wrong-path"),
-    pytest.param("train_imagenet", ["three", "--mix-with", "gone"], ["--mix-with: gone"], id="wrong-mix-path"),
-    pytest.param("train_imagenet", ["images-three"], ["DATASET: images-three: no index.json"], id="not-converted"),
-    pytest.param("train_imagenet", ["coco"], ["DATASET coco has no 'label' field", "train_detection"], id="coco"),
+    pytest.param(
+        "train_imagenet", ["three", "--mix-with", "gone"], ["--mix-with: gone"], id="wrong-mix-path", marks=SLOW
+    ),
+    pytest.param(
+        "train_imagenet", ["images-three"], ["DATASET: images-three: no index.json"], id="not-converted", marks=SLOW
+    ),
+    pytest.param(
+        "train_imagenet", ["coco"], ["DATASET coco has no 'label' field", "train_detection"], id="coco", marks=SLOW
+    ),
     pytest.param(
         "train_imagenet",
         ["three", "--batch-size", "21", "--size", "32"],
         ["--batch-size 21 is more than the 20 samples of an epoch; use --batch-size 20 or less"],
         id="batch-over-dataset",
+        marks=SLOW,
     ),
     pytest.param(
         "train_imagenet",
         ["three", "--checkpoint", "not-a-folder.pt", "--resume", "--size", "32", "--batch-size", "8"],
         ["--checkpoint not-a-folder.pt is not a checkpoint this run can resume"],
         id="not-a-checkpoint",
+        marks=SLOW,
     ),
     pytest.param("train_detection", ["three"], ["DATASET three has no 'boxes' field", "convert coco"], id="det-kind"),
     pytest.param(
@@ -104,6 +115,7 @@ DATA_MISTAKES = [
         ["coco", "--batch-size", "62", "--size", "64", "--max-size", "96", "--workers", "0"],
         ["--batch-size 62 is more than the 61 samples of an epoch"],
         id="det-batch",
+        marks=SLOW,
     ),
     pytest.param(
         "train_instance_segmentation", ["coco"], ["DATASET coco has no 'masks' field", "--masks"], id="seg-no-masks"
@@ -116,12 +128,14 @@ DATA_MISTAKES = [
         ["three", "--input", "image"],
         ["--input image is not a fixed-shape numeric array"],
         id="feat-image",
+        marks=SLOW,
     ),
     pytest.param(
         "train_features",
         ["feats", "--num-classes", "2", "--batch-size", "8", "--workers", "0"],
         ["--target label holds class 2, outside 0..1; give --num-classes 3 or more"],
         id="feat-classes",
+        marks=SLOW,
     ),
     pytest.param(
         "lightning_module",
@@ -134,12 +148,14 @@ DATA_MISTAKES = [
         ["three", "--batch-size", "64"],
         ["--batch-size 64 is more than the 20 samples of DATASET three; use --batch-size 20 or less"],
         id="lightning-batch",
+        marks=SLOW,
     ),
     pytest.param(
         "lightning_module",
         ["three", "--devices", "none", "--batch-size", "8", "--workers", "0"],
         ["--devices none:"],
         id="lightning-devices",
+        marks=SLOW,
     ),
 ]
 
@@ -181,14 +197,23 @@ def test_what_the_loader_would_refuse_is_checked_before_it_is_built(data, tmp_pa
 #: Flags wrong on their own, or together: argparse's usage error, naming the flag.
 FLAG_MISTAKES = [
     ("train_imagenet", ["three", "--size", "0"], "argument --size: must be a whole number >= 1, got 0"),
-    ("train_imagenet", ["three", "--mixup", "-1"], "argument --mixup: must be a number >= 0"),
-    ("train_imagenet", ["three", "--erasing", "2"], "argument --erasing: must be a probability between 0 and 1"),
-    ("train_imagenet", ["three", "--resume"], "--resume continues from --checkpoint FILE"),
-    ("train_imagenet", ["three", "--mix-labels", "offset"], "--mix-labels offset is for a mixture"),
-    ("train_imagenet", ["three", "--checkpoint", "nowhere/ckpt.pt"], "there is no folder"),
+    pytest.param("train_imagenet", ["three", "--mixup", "-1"], "argument --mixup: must be a number >= 0", marks=SLOW),
+    pytest.param(
+        "train_imagenet",
+        ["three", "--erasing", "2"],
+        "argument --erasing: must be a probability between 0 and 1",
+        marks=SLOW,
+    ),
+    pytest.param("train_imagenet", ["three", "--resume"], "--resume continues from --checkpoint FILE", marks=SLOW),
+    pytest.param(
+        "train_imagenet", ["three", "--mix-labels", "offset"], "--mix-labels offset is for a mixture", marks=SLOW
+    ),
+    pytest.param("train_imagenet", ["three", "--checkpoint", "nowhere/ckpt.pt"], "there is no folder", marks=SLOW),
     ("train_detection", ["coco", "--size", "64", "--max-size", "32"], "--max-size 32 is below --size 64"),
-    ("train_detection", ["coco", "--workers", "-1"], "argument --workers: must be a whole number >= 0"),
-    ("train_features", ["feats", "--input", "label"], "--input and --target are both 'label'"),
+    pytest.param(
+        "train_detection", ["coco", "--workers", "-1"], "argument --workers: must be a whole number >= 0", marks=SLOW
+    ),
+    pytest.param("train_features", ["feats", "--input", "label"], "--input and --target are both 'label'", marks=SLOW),
 ]
 
 
@@ -207,7 +232,7 @@ def test_gpu_without_cuda_names_the_device_flag(data):
     assert "--device gpu: CUDA is not available here; use --device auto" in line
 
 
-@pytest.mark.parametrize("example", EXAMPLES)
+@pytest.mark.parametrize("example", [EXAMPLES[0], *(pytest.param(e, marks=SLOW) for e in EXAMPLES[1:])])
 def test_the_help_is_plain_text(example, tmp_path):
     if example == "lightning_module":
         pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
@@ -314,6 +339,7 @@ BUGS = [
         "dali_pipes.loading.loader:build_pipeline=FileNotFoundError",
         [],
         id="detection-graph",
+        marks=SLOW,
     ),
     pytest.param(
         "train_features",
@@ -321,6 +347,7 @@ BUGS = [
         "dali_pipes.loading.loader:DALILoader._make_source=ValueError",
         [],
         id="features-source",
+        marks=SLOW,
     ),
 ]
 
@@ -337,7 +364,7 @@ def test_a_bug_while_the_loader_is_built_keeps_its_traceback(data, tmp_path, exa
     "bug",
     [
         "dali_pipes.loading.epoch_size:EpochSizes.restore=ValueError",
-        "dali_pipes.loading.state:SavedPosition.load_state_dict=RuntimeError",
+        pytest.param("dali_pipes.loading.state:SavedPosition.load_state_dict=RuntimeError", marks=SLOW),
     ],
     ids=["value-error", "runtime-error"],
 )
@@ -347,6 +374,7 @@ def test_a_bug_of_the_loaders_restore_is_not_blamed_on_the_checkpoint(data, chec
     crashed(proc, bug.rpartition("=")[2], "simulated bug in")
 
 
+@SLOW
 @pytest.mark.timeout(300)
 def test_a_checkpoint_of_another_dataset_or_model_is_one_line(data, checkpoint):
     import torch
@@ -368,6 +396,7 @@ def test_a_checkpoint_of_another_dataset_or_model_is_one_line(data, checkpoint):
         assert f"--checkpoint {path} is not a checkpoint this run can resume: {words}" in line, line
 
 
+@SLOW
 @pytest.mark.timeout(300)
 def test_lightning_blames_devices_only_when_they_were_given(data, tmp_path):
     pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
