@@ -149,7 +149,9 @@ def run_doctor(
     loader_device, target = _devices(device)
     classes = inputs.manifest.classes
     num_classes = len(classes) if classes else 1000
-    net, optimizer = _training_model(model, num_classes, target)
+    from dali_pipes.bench.models import training_model  # torch: imported when a doctor runs, not with the CLI
+
+    net, optimizer = training_model(model, num_classes, target.device)
     plan = _doctor_plan(steps, quick)
     in_flight = dali_in_flight(inputs.settings_for(loader_device))
     per_job = plan.warmup_batches + plan.repeats * plan.min_batches
@@ -233,19 +235,6 @@ def _devices(device: str) -> tuple[str, Target]:
     if device_id is None and torch.cuda.is_available():
         device_id = pick_gpu(local_rank)
     return loader_device, Target("cpu" if device_id is None else f"cuda:{device_id}")
-
-
-def _training_model(model: str, num_classes: int, target: Target) -> tuple[Any, Any]:
-    """A freshly initialised ``model`` in training mode on the target device, and its SGD optimizer."""
-    import torch
-
-    from dali_pipes.bench.models import build_model
-
-    net = build_model(model, num_classes).to(target.device)
-    if target.is_cuda:
-        net = net.to(memory_format=torch.channels_last)
-    net.train()
-    return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
 def _doctor_plan(steps: int, quick: bool) -> TimingPlan:

@@ -7,7 +7,7 @@ tests and for measuring the loader with an almost free model.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 from torch import Tensor, nn
 
@@ -27,6 +27,39 @@ def build_model(name: str, num_classes: int = 1000) -> nn.Module:
     if name not in builders:
         raise ValueError(f"unknown model {name!r}; choose from {', '.join(MODELS)}")
     return builders[name](num_classes)
+
+
+#: torchvision's names for the models it has (``tiny`` is this package's alone).
+TORCHVISION_NAMES = {"resnet50": "resnet50", "resnet18": "resnet18", "mobilenet": "mobilenet_v2"}
+
+
+def model_source(name: str) -> str:
+    """Where :func:`training_model` takes ``name`` from: torchvision where it has it and imports, else this package."""
+    if name not in TORCHVISION_NAMES:
+        return "dali_pipes.bench.models"
+    try:
+        import torchvision.models  # noqa: F401 - whether it imports beside this torch
+    except Exception:  # noqa: BLE001 - any import failure: the package's own architecture, layer for layer the same
+        return "dali_pipes.bench.models"
+    return "torchvision"
+
+
+def training_model(name: str, num_classes: int, device: str) -> tuple[nn.Module, Any]:
+    """A freshly initialised ``name`` in training mode on ``device`` (``channels_last`` on a GPU), and its SGD
+    optimizer (momentum 0.9): the model of ``doctor`` and of ``bench --suite train``."""
+    import torch
+
+    if model_source(name) == "torchvision":
+        import torchvision.models
+
+        net = getattr(torchvision.models, TORCHVISION_NAMES[name])(weights=None, num_classes=num_classes)
+    else:
+        net = build_model(name, num_classes)
+    net = net.to(device)
+    if str(device).startswith("cuda"):
+        net = net.to(memory_format=torch.channels_last)
+    net.train()
+    return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
 
 
 def _conv_bn(

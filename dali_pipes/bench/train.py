@@ -43,6 +43,7 @@ from dali_pipes.bench.doctor import DATA_BOUND, train_step
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.jobs import suite_report
+from dali_pipes.bench.models import model_source, training_model
 from dali_pipes.bench.report import BenchReport
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle
 
@@ -151,7 +152,7 @@ def training_stream(
     """Training steps of a fresh ``model`` on each batch of ``batches()`` (``None``: one synthetic batch on the device)."""
     import torch
 
-    net, optimizer = training_model(model, num_classes, target)
+    net, optimizer = training_model(model, num_classes, target.device)
     size, batch_size = inputs.spec.size, inputs.batch_size
     memory_format = torch.channels_last if target.is_cuda else torch.contiguous_format
 
@@ -172,36 +173,6 @@ def training_stream(
         return
     with batches() as source:
         yield steps(source)
-
-
-def training_model(model: str, num_classes: int, target: Target) -> tuple[Any, Any]:
-    """A freshly initialised ``model`` in training mode on the target device, and its SGD optimizer."""
-    import torch
-
-    net = _build(model, num_classes).to(target.device)
-    if target.is_cuda:
-        net = net.to(memory_format=torch.channels_last)
-    net.train()
-    return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
-
-
-def model_source(model: str) -> str:
-    """Where :func:`training_model` takes ``model`` from: torchvision where it has it and imports, else this package."""
-    try:
-        import torchvision.models
-    except Exception:  # noqa: BLE001 - any import failure: the package's own architecture
-        return "dali_pipes.bench.models"
-    return "torchvision" if hasattr(torchvision.models, model) else "dali_pipes.bench.models"
-
-
-def _build(model: str, num_classes: int) -> Any:
-    if model_source(model) == "torchvision":
-        import torchvision.models
-
-        return getattr(torchvision.models, model)(weights=None, num_classes=num_classes)
-    from dali_pipes.bench.models import build_model
-
-    return build_model(model, num_classes)
 
 
 # --- the loaders, as (image, label) batches ---------------------------------------------------
@@ -331,4 +302,4 @@ def _summary(report: BenchReport, models: tuple[tuple[str, int], ...]) -> dict[s
     return summary
 
 
-__all__ = ["CPU_MODELS", "GPU_MODELS", "GpuBusy", "train_suite", "training_model", "training_stream"]
+__all__ = ["CPU_MODELS", "GPU_MODELS", "GpuBusy", "train_suite", "training_stream"]

@@ -238,7 +238,7 @@ def _tune(args) -> int:
 
 
 def add_doctor(commands) -> None:
-    from dali_pipes.bench.doctor import MODELS
+    from dali_pipes.bench.model_names import MODELS
 
     p = commands.add_parser("doctor", help="is training data-bound? loader-only, model-only and combined throughput")
     p.add_argument("dataset", type=Path)
