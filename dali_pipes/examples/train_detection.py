@@ -31,7 +31,6 @@ from torch import nn
 
 from dali_pipes import DALILoader
 from dali_pipes.examples.usage import (
-    check_batch,
     check_device,
     counted,
     dataset_manifest,
@@ -40,6 +39,7 @@ from dali_pipes.examples.usage import (
     positive_float,
     positive_int,
     require_fields,
+    script_loader,
     user_errors,
 )
 from dali_pipes.pipelines import Detection
@@ -147,15 +147,7 @@ def open_data(args: argparse.Namespace, spec: Any, fields: tuple[str, ...], advi
         require_fields(manifest, "DATASET", args.dataset, fields, advice)
         # bind() reads the category ids from the manifest: label k is the k-th smallest COCO id.
         spec = spec.bind(manifest)
-        loader = DALILoader(
-            args.dataset,
-            spec,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            device=args.device,
-            py_num_workers=args.workers,
-        )
-        check_batch(loader)
+        loader = script_loader(args, spec)
     return spec, loader
 
 

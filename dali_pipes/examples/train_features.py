@@ -30,7 +30,6 @@ from torch import nn
 from dali_pipes import DALILoader, open_store
 from dali_pipes.examples.usage import (
     UsageError,
-    check_batch,
     check_device,
     counted,
     dataset_manifest,
@@ -39,6 +38,7 @@ from dali_pipes.examples.usage import (
     non_negative_int,
     positive_float,
     positive_int,
+    script_loader,
     user_errors,
 )
 from dali_pipes.pipelines import Features
@@ -108,15 +108,7 @@ def open_data(args: argparse.Namespace) -> tuple[DALILoader, int, int, bool]:
         # Cast the input to float32 inside the pipeline (on the GPU when there is one): the store keeps
         # the features in whatever dtype they were saved in, float16 halving the bytes read.
         spec = Features(fields=(args.input, args.target), dtype={args.input: "float32"})
-        loader = DALILoader(
-            args.dataset,
-            spec,
-            batch_size=args.batch_size,
-            seed=args.seed,
-            device=args.device,
-            py_num_workers=args.workers,
-        )
-        check_batch(loader)
+        loader = script_loader(args, spec)
     fields = loader.store.manifest.fields
     in_features = math.prod(fields[args.input].shape or (1,))
     classify = np.dtype(fields[args.target].dtype).kind in "iub"

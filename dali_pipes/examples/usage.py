@@ -183,6 +183,23 @@ def check_device(device: str) -> None:
         raise UsageError("--device gpu: CUDA is not available here; use --device auto (or cpu)")
 
 
+def script_loader(args: argparse.Namespace, spec: Any) -> Any:
+    """The ``DALILoader`` a script's flags ask for (``dataset``, ``batch_size``, ``seed``, ``device``, ``workers``),
+    its batch checked against the epoch (:func:`check_batch`)."""
+    from dali_pipes import DALILoader
+
+    loader = DALILoader(
+        args.dataset,
+        spec,
+        batch_size=args.batch_size,
+        seed=args.seed,
+        device=args.device,
+        py_num_workers=args.workers,
+    )
+    check_batch(loader)
+    return loader
+
+
 def check_batch(loader: Any) -> None:
     """Refuse a ``--batch-size`` whose one step (on every process) holds more samples than an epoch.
 
