@@ -16,6 +16,7 @@ from typing import Any
 
 from dali_pipes._version import __version__
 from dali_pipes.dataset.manifest import Manifest, ManifestError
+from dali_pipes.loading.config import DataOptions, RunOptions
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.mixture import Mixture
 from dali_pipes.remote.dataset import load_manifest  # a folder or a URL
@@ -45,11 +46,13 @@ _PIPELINE_NAMES = (
 __all__ = [
     "BatchFormat",
     "DALILoader",
+    "DataOptions",
     "LoaderError",
     "Manifest",
     "ManifestError",
     "Mixture",
     "RemoteError",
+    "RunOptions",
     "ShardReadError",
     "Store",
     "StoreError",

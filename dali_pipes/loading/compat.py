@@ -46,13 +46,16 @@ class BatchFormat:
 
     ``keys``: yield a tuple of these outputs, in this order (``("image", "label")``
     as a ``DataLoader`` over an image folder yields); ``None`` (default): the dict
-    of every output, ``is_pad`` included. ``drop_padding``: leave out the last
+    of every output, ``is_pad`` included (and ``index`` with ``with_index``). ``drop_padding``: leave out the last
     batch's wrap-around filler rows, for evaluation that counts each sample once
     (see the module docstring for why it is off by default).
     """
 
     keys: tuple[str, ...] | None = None
     drop_padding: bool = False
+    #: Add the global sample ``index`` (``int64``) to each batch's outputs; with ``keys``, name ``"index"`` there to
+    #: get it in the tuple.
+    with_index: bool = False
     #: The ``image`` output cast to this torch dtype (``"bfloat16"``, ``"float16"``...), as timm's prefetcher casts
     #: to the model's dtype; on the output's device.
     dtype: str | None = None

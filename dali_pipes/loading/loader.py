@@ -27,6 +27,7 @@ from dali_pipes.dataset.outputs import RESERVED_OUTPUTS
 from dali_pipes.loading import lifetime
 from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.compat import BatchFormat, DataLoaderSurface
+from dali_pipes.loading.config import DataOptions, RunOptions
 from dali_pipes.loading.diagnose import explain_failure, worker_died_message
 from dali_pipes.loading.direct import DirectIterator, runs_without_dali
 from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
@@ -133,42 +134,32 @@ class DALILoader(DataLoaderSurface, SavedPosition):
         shuffle: bool | None = None,
         seed: int = 0,
         last_batch: str = "pad",
-        device: str = "auto",
-        rank: int | None = None,
-        world_size: int | None = None,
-        num_threads: int | None = None,
-        py_num_workers: int | None = None,
-        prefetch: int | None = None,
-        with_index: bool = False,
-        py_start_method: str | None = None,
-        settings: str | os.PathLike | None = None,
-        stage_to: str | os.PathLike | None = None,
-        cache: str | None = None,
-        cache_bytes: int | None = None,
-        batch_reads: bool = True,
-        storage_options: Mapping[str, Any] | None = None,
         batch_format: BatchFormat | None = None,
         sampling: WeightedSampling | None = None,
+        run: RunOptions | None = None,
+        data: DataOptions | None = None,
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
-        pipeline, threads, workers, prefetch = resolve_counts(pipeline, settings, num_threads, py_num_workers, prefetch)
-        check_options(batch_size, seed, last_batch, cache, cache_bytes)
-        self.world, local_rank = detect_world(rank, world_size)
-        self.device, device_id = resolve_device(device, local_rank)
+        run = run or RunOptions()
+        data = data or DataOptions()
+        pipeline, threads, workers, prefetch = resolve_counts(pipeline, run)
+        check_options(batch_size, seed, last_batch)
+        self.world, local_rank = detect_world(run.rank, run.world_size)
+        self.device, device_id = resolve_device(run.device, local_rank)
         # Chosen after resolve_device: torch.cuda.is_available() initialises the CUDA driver.
         # Checked before anything is staged or cached, so that a bad value copies nothing.
-        py_start_method = choose_start_method(py_start_method)
+        py_start_method = choose_start_method(run.py_start_method)
         self.batch_size = int(batch_size)
         # By default as the spec says: training specs shuffle, evaluation specs (*Val) read in order.
         self.shuffle = bool(getattr(pipeline, "shuffle_by_default", True) if shuffle is None else shuffle)
         self._shuffle_default = pipeline if shuffle is None else None  # named if a weighted draw refuses it
         self.seed = int(seed)
         self.last_batch = last_batch
-        self.with_index = bool(with_index)
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
+        self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
-        self._open_store(path, stage_to, cache, cache_bytes, storage_options)
+        self._open_store(path, data)
         try:
             pipeline = _bind(pipeline, self.store)
             self.pipeline = pipeline
@@ -178,7 +169,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self._prefetch = prefetch
             self._control = EpochControl()
             self._sizes = EpochSizes(pipeline)
-            self._source = self._make_source(fields, batch_reads, sampling)
+            self._source = self._make_source(fields, run.batch_reads, sampling)
             self.batch_format.check_steps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch)
             self.py_start_method = py_start_method
             with main_hidden_from_spawn(py_start_method):  # spawned workers never re-run the user's script
@@ -199,7 +190,7 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self.store.root,
             self.world.rank,
             self.world.world_size,
-            device_description(device, device_id),
+            device_description(run.device, device_id),
             len(self.store),
             self.batch_size,
             self.batches_per_epoch,
@@ -252,14 +243,14 @@ class DALILoader(DataLoaderSurface, SavedPosition):
             self, close_worker_pool, args=(getattr(self._pipe, "_py_pool", None), self._caller), exitpriority=10
         )
 
-    def _open_store(self, path, stage_to, cache, cache_bytes, storage_options) -> None:
+    def _open_store(self, path: Any, data: DataOptions) -> None:
         """``store``, ``staged`` (what staging did) and ``cache`` (the RAM cache): see :func:`prepare_store`."""
         self.store, self.staged, self.cache = prepare_store(
             path,
-            stage_to=stage_to,
-            cache=cache,
-            cache_bytes=cache_bytes,
-            storage_options=storage_options,
+            stage_to=data.stage_to,
+            cache=data.cache,
+            cache_bytes=data.cache_bytes,
+            storage_options=data.storage_options,
             world=self.world,
             batch_size=self.batch_size,
             seed=self.seed,

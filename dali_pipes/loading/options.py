@@ -11,22 +11,16 @@ import os
 from typing import TYPE_CHECKING
 
 from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
-from dali_pipes.staging.ramcache import CACHE_KINDS
 
 if TYPE_CHECKING:
+    from dali_pipes.loading.config import RunOptions
     from dali_pipes.pipelines.base import PipelineSpec
 
 log = logging.getLogger(__name__)
 
 
-def resolve_counts(
-    pipeline: "PipelineSpec",
-    settings: str | os.PathLike | None,
-    num_threads: int | None,
-    py_num_workers: int | None,
-    prefetch: int | None,
-) -> tuple["PipelineSpec", int | None, int | None, int]:
-    """``(pipeline, num_threads, py_num_workers, prefetch)`` with what the caller left unset filled in.
+def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["PipelineSpec", int | None, int | None, int]:
+    """``(pipeline, num_threads, py_num_workers, prefetch)``: ``run``'s, with what it left unset filled in.
 
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
     decoder hints go to the spec); then the spec's ``py_num_workers_by_default``
@@ -35,6 +29,7 @@ def resolve_counts(
     depend on the device and the dataset's format (:func:`default_num_threads`,
     :func:`default_py_num_workers`), known once the device is chosen and the store is open.
     """
+    num_threads, py_num_workers, prefetch, settings = run.num_threads, run.py_num_workers, run.prefetch, run.settings
     if isinstance(pipeline, type):
         raise TypeError(
             f"DALILoader: pass a pipeline spec instance, {pipeline.__name__}(), not the class {pipeline.__name__}"
@@ -171,16 +166,12 @@ def default_py_num_workers(
     return max(1, min(4, cpus // 2))
 
 
-def check_options(batch_size: int, seed: int, last_batch: str, cache: str | None, cache_bytes: int | None) -> None:
+def check_options(batch_size: int, seed: int, last_batch: str) -> None:
     """Refuse, with a message naming the argument, values the loader cannot work with."""
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     if last_batch not in LAST_BATCH_POLICIES:
         raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
-    if cache not in CACHE_KINDS:
-        raise ValueError(f"cache must be None or 'ram', got {cache!r}")
-    if cache_bytes is not None and cache != "ram":
-        raise ValueError("cache_bytes is the budget of cache='ram'; pass cache='ram' too")
 
 
 def device_description(device: str, device_id: int | None) -> str:

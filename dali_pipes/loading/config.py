@@ -1,0 +1,113 @@
+"""The two option groups of :class:`~dali_pipes.DALILoader` beyond what a ``DataLoader`` user sets.
+
+``DALILoader(path, spec, batch_size=..., shuffle=..., seed=..., last_batch=...,
+batch_format=..., sampling=...)`` reads as a ``DataLoader``; the rest is grouped
+here, each group checked when it is made so that a bad value is refused before a
+loader copies or starts anything:
+
+- :class:`RunOptions`: where the loader runs (device, rank, world size) and how hard it
+  works (DALI's threads, reader processes, prefetch, how the processes start, batch
+  reads, a ``dali-pipes tune`` settings file);
+- :class:`DataOptions`: where the data is read from (a staged copy, a RAM cache,
+  object storage's options).
+
+Both are frozen: one value can be shared by every loader of a script.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from dali_pipes.sampling import check_int
+from dali_pipes.staging.ramcache import CACHE_KINDS
+
+__all__ = ["DEVICES", "START_METHODS", "DataOptions", "RunOptions"]
+
+#: What ``RunOptions.device`` takes: this rank's GPU when CUDA is there ("auto"), a GPU, or the CPU.
+DEVICES = ("auto", "gpu", "cuda", "cpu")
+#: How DALI starts its reader processes; ``None``: fork, or spawn once the CUDA driver is initialised.
+START_METHODS = (None, "fork", "spawn")
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """Where a :class:`~dali_pipes.DALILoader` runs and how hard it works; every field has a default.
+
+    ``device``: ``"auto"`` (this rank's GPU, ``LOCAL_RANK``, when CUDA is available, else the
+    CPU), ``"gpu"`` or ``"cpu"``. ``rank`` and ``world_size``: from ``torch.distributed`` when
+    it is initialised (explicit values must agree with it), else ``RANK``/``WORLD_SIZE``, else
+    0 of 1.
+
+    ``num_threads``: DALI's CPU threads (default: this rank's share of the cores,
+    ``cores_per_rank``, where the GPU decodes images, else 4 or that share if fewer).
+    ``py_num_workers``: the Python processes reading the store (0: the loader's process reads;
+    default 0 for LMDB and HDF5 batch reads, one per 4 cores of the rank (2 to 8) where the GPU
+    decodes images on 8 cores or more, a few for other formats). An INFO line says which counts
+    were chosen and why. ``prefetch``: the batches DALI prepares ahead (default 2).
+    ``py_start_method``: ``"fork"`` or ``"spawn"``; by default fork, or spawn once the CUDA driver
+    is initialised in this process (DALI cannot fork then; ``torch.cuda.is_available()``
+    initialises it), and spawn needs the script's code under ``if __name__ == "__main__":``.
+    ``batch_reads``: one call into the store per batch, sorted and coalesced per shard (default);
+    ``False`` reads sample by sample, the same samples in the same order. ``settings``: a file
+    written by ``dali-pipes tune``, whose counts fill in those left unset and whose decoder hints
+    go to the pipeline spec.
+    """
+
+    device: str = "auto"
+    rank: int | None = None
+    world_size: int | None = None
+    num_threads: int | None = None
+    py_num_workers: int | None = None
+    prefetch: int | None = None
+    py_start_method: str | None = None
+    batch_reads: bool = True
+    settings: str | os.PathLike | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in DEVICES:
+            raise ValueError(f"RunOptions.device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
+        if self.py_start_method not in START_METHODS:
+            raise ValueError(f"RunOptions.py_start_method must be 'fork', 'spawn' or None, got {self.py_start_method!r}")
+        for name, least in (("num_threads", 1), ("py_num_workers", 0), ("prefetch", 1), ("rank", 0), ("world_size", 1)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(check_int(f"RunOptions.{name}", getattr(self, name), least)))
+        if not isinstance(self.batch_reads, bool):
+            raise TypeError(f"RunOptions.batch_reads must be True or False, got {self.batch_reads!r}")
+
+
+@dataclass(frozen=True)
+class DataOptions:
+    """Where a :class:`~dali_pipes.DALILoader` reads its dataset from; every field has a default.
+
+    ``stage_to``: copy the dataset to a local folder (a local disk, or a tmpfs such as
+    ``/dev/shm/NAME``) before the first epoch and read it there: one process per folder copies,
+    the others on the node wait for it, and a complete copy is reused
+    (:mod:`dali_pipes.staging.stage`). A URL of object storage (``s3://``, ``gs://``, ``az://``,
+    ``hf://``) is staged into ``stage_to``, or without it into a cache folder
+    (``$DALI_PIPES_CACHE``, else ``~/.cache/dali-pipes``), its room checked first.
+
+    ``cache="ram"``: hold the shards this rank reads in shared memory, within ``cache_bytes``
+    (default: half the free memory, split between the node's ranks), the rest read from disk
+    (:mod:`dali_pipes.staging.ramcache`). ``storage_options``: for the fsspec backend of a URL
+    (credentials, ``endpoint_url``); never logged nor shown in this object's ``repr``.
+    """
+
+    stage_to: str | os.PathLike | None = None
+    cache: str | None = None
+    cache_bytes: int | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.cache not in CACHE_KINDS:
+            raise ValueError(f"DataOptions.cache must be None or 'ram', got {self.cache!r}")
+        if self.cache_bytes is not None:
+            if self.cache != "ram":
+                raise ValueError("DataOptions.cache_bytes is the budget of cache='ram'; pass cache='ram' too")
+            object.__setattr__(self, "cache_bytes", int(check_int("DataOptions.cache_bytes", self.cache_bytes, 1)))
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError(
+                "DataOptions.storage_options must be a dict of fsspec options such as {'endpoint_url': ...}, "
+                f"got {type(self.storage_options).__name__}"
+            )
