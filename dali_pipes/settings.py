@@ -1,11 +1,12 @@
-"""The tuned-settings file that ``dali-pipes tune`` writes and ``DALILoader(settings=...)`` reads.
+"""The tuned-settings file that ``dali-pipes tune`` writes and ``RunOptions(settings=...)`` reads.
 
 The file (JSON, ``kind: dali-pipes-settings``)::
 
-    loader = DALILoader("shards/train", spec, batch_size=256, **load_settings("settings.json"))
+    run = RunOptions(**load_settings("settings.json"))
     spec = apply_settings(ClassificationTrain(size=224), "settings.json")   # hw_decoder_load, if tuned
+    loader = DALILoader("shards/train", spec, batch_size=256, run=run)
 
-:func:`load_settings` returns only ``DALILoader`` keyword arguments, so it can be
+:func:`load_settings` returns only :class:`~dali_pipes.RunOptions` fields, so it can be
 spread into the call; the decoder hint belongs to the spec (:func:`apply_settings`).
 The search that writes the file is :mod:`dali_pipes.bench.tune`; this module sits
 below the loader and imports no DALI or torch at the top: reading a settings file is cheap.
@@ -32,7 +33,7 @@ __all__ = [
 
 SETTINGS_KIND = "dali-pipes-settings"
 SETTINGS_VERSION = 1
-#: ``DALILoader`` keyword arguments a settings file may hold, with their smallest valid value.
+#: ``RunOptions`` fields a settings file may hold, with their smallest valid value.
 LOADER_KEYS: dict[str, int] = {"num_threads": 1, "py_num_workers": 0, "prefetch": 1}
 #: GPUs with nvJPEG's hardware decoder (a name match: CUDA does not report the engine).
 HW_DECODER_GPUS = ("A100", "A800", "A30", "H100", "H200", "H800", "H20", "GH200", "B100", "B200", "GB200")
@@ -68,10 +69,10 @@ def _read(path: str | os.PathLike) -> dict[str, Any]:
 
 
 def load_settings(path: str | os.PathLike) -> dict[str, int]:
-    """The ``DALILoader`` keyword arguments saved by ``dali-pipes tune`` (``num_threads``, ``py_num_workers``, ``prefetch``)."""
+    """The ``RunOptions`` fields saved by ``dali-pipes tune`` (``num_threads``, ``py_num_workers``, ``prefetch``)."""
     loader = _read(path).get("loader")
     if not isinstance(loader, dict):
-        raise ValueError(f"{path}: 'loader' must be an object of DALILoader keyword arguments")
+        raise ValueError(f"{path}: 'loader' must be an object of RunOptions fields")
     settings: dict[str, int] = {}
     for key, value in loader.items():
         if key not in LOADER_KEYS:

@@ -79,6 +79,7 @@ def run_demo(
     from dali_pipes.bench.interleave import run_jobs
     from dali_pipes.bench.runner import Job, Target, TimingPlan
     from dali_pipes.bench.streams import dali_in_flight, dali_loader_stream, dataloader_stream
+    from dali_pipes.loading.config import RunOptions
     from dali_pipes.loading.loader import DALILoader
     from dali_pipes.pipelines import ClassificationTrain
 
@@ -89,7 +90,7 @@ def run_demo(
     plan = TimingPlan(warmup_batches=3, repeats=WINDOWS, min_batches=2, min_seconds=seconds, warmup_seconds=seconds)
     target = Target()
     spec = ClassificationTrain(size=224)
-    with DALILoader(dataset, spec, batch_size=batch_size, device=device, seed=0) as loader:
+    with DALILoader(dataset, spec, batch_size=batch_size, seed=0, run=RunOptions(device=device)) as loader:
         first_batch = next(iter(loader))
         grid = write_grid(first_batch["image"], first_batch["label"], grid_path, classes=loader.store.manifest.classes)
         used_device = loader.device

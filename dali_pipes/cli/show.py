@@ -122,6 +122,7 @@ def show(
     The samples are the first batch of a shuffled epoch with ``seed``, so
     another seed shows other samples and other random augmentations.
     """
+    from dali_pipes.loading.config import RunOptions
     from dali_pipes.loading.loader import DALILoader
 
     if num < 1:
@@ -132,7 +133,8 @@ def show(
     manifest = open_store(dataset).manifest
     ignore_index = manifest.extra.get("ignore_index", 255) if isinstance(manifest.extra, dict) else 255
     spec = make_spec(pipeline, size=size, ignore_index=ignore_index)
-    with DALILoader(dataset, spec, batch_size=num, shuffle=True, seed=seed, device=device, py_num_workers=0) as loader:
+    run = RunOptions(device=device, py_num_workers=0)
+    with DALILoader(dataset, spec, batch_size=num, shuffle=True, seed=seed, run=run) as loader:
         classes = loader.store.manifest.classes
         batch = next(iter(loader))
     detection = pipeline.startswith(("detection", "instance"))

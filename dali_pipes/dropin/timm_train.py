@@ -64,6 +64,7 @@ from dali_pipes.dropin.common import (
     refuse_unsupported,
 )
 from dali_pipes.dropin.timm_classes import Relabel, timm_class_to_idx
+from dali_pipes.loading.config import RunOptions
 from dali_pipes.loading.loader import DALILoader
 from dali_pipes.sampling import check_int
 
@@ -268,10 +269,8 @@ def create_loader(
         shuffle=bool(is_training),
         seed=dataset.seed,
         last_batch=last_batch,
-        device=device_name(options.get("device")),
-        rank=world.rank,
-        world_size=world.world_size,
         batch_format=batch_format,
+        run=RunOptions(device=device_name(options.get("device")), rank=world.rank, world_size=world.world_size),
     )
 
 

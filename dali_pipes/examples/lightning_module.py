@@ -25,7 +25,7 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 
-from dali_pipes import DALILoader
+from dali_pipes import DALILoader, RunOptions
 from dali_pipes.examples.train_imagenet import KIND_ADVICE, small_convnet
 from dali_pipes.examples.usage import (
     UsageError,
@@ -81,7 +81,7 @@ class DALIDataModule(L.LightningDataModule):
     """Train and validation :class:`DALILoader` s over converted datasets, one per Lightning process.
 
     ``val_dataset`` defaults to the training dataset (read with the validation
-    pipeline, unshuffled); ``device`` and ``workers`` go to the loaders
+    pipeline, unshuffled); ``device`` and ``workers`` go to the loaders' ``RunOptions``
     (``device="auto"``: this process's GPU when there is one).
     """
 
@@ -115,10 +115,7 @@ class DALIDataModule(L.LightningDataModule):
                 batch_size=self.batch_size,
                 shuffle=shuffle,
                 seed=self.seed,
-                device=self.device,
-                rank=rank,
-                world_size=world,
-                py_num_workers=self.workers,
+                run=RunOptions(device=self.device, rank=rank, world_size=world, py_num_workers=self.workers),
             )
         )
 

@@ -186,15 +186,14 @@ def check_device(device: str) -> None:
 def script_loader(args: argparse.Namespace, spec: Any) -> Any:
     """The ``DALILoader`` a script's flags ask for (``dataset``, ``batch_size``, ``seed``, ``device``, ``workers``),
     its batch checked against the epoch (:func:`check_batch`)."""
-    from dali_pipes import DALILoader
+    from dali_pipes import DALILoader, RunOptions
 
     loader = DALILoader(
         args.dataset,
         spec,
         batch_size=args.batch_size,
         seed=args.seed,
-        device=args.device,
-        py_num_workers=args.workers,
+        run=RunOptions(device=args.device, py_num_workers=args.workers),
     )
     check_batch(loader)
     return loader

@@ -215,6 +215,8 @@ def _run_spec(name: str, device: str, data: SampleData, *, asked_for_gpu: bool) 
 
 def _run_one(name: str, device: str, workers: int, data: SampleData) -> Row:
     """One spec, device and worker count through the real loader: build, an epoch checked, an epoch timed."""
+    from dali_pipes.loading.compat import BatchFormat
+    from dali_pipes.loading.config import RunOptions
     from dali_pipes.loading.loader import DALILoader
 
     row = Row(name, device, workers, "failed")
@@ -225,11 +227,9 @@ def _run_one(name: str, device: str, workers: int, data: SampleData) -> Row:
             _dataset(name, data),
             _spec(name),
             batch_size=BATCH_SIZE,
-            device=device,
-            py_num_workers=workers,
-            num_threads=2,
-            with_index=True,
             seed=1,
+            batch_format=BatchFormat(with_index=True),
+            run=RunOptions(device=device, py_num_workers=workers, num_threads=2),
         )
         row.step = "epoch 1"
         batches = [_to_host(batch) | {"_device": _devices_of(batch)} for batch in loader]

@@ -1,9 +1,9 @@
 """Data brought closer before it is read: a local copy of a dataset, or its shards in shared memory.
 
-- ``stage``: ``dali-pipes stage`` and ``DALILoader(stage_to=...)``, one copy per node, checked by hash;
+- ``stage``: ``dali-pipes stage`` and ``DataOptions(stage_to=...)``, one copy per node, checked by hash;
 - ``checked``: one staged file, written under a temporary name and kept only when whole;
 - ``download``: the plan and the copier of a dataset at a URL of object storage (ranged, retried downloads);
 - ``remote``: ``open_store(URL)`` and the loader's staging of a URL (into the cache folder by default);
-- ``ramcache``: ``DALILoader(cache="ram")``, this rank's shards in ``/dev/shm``;
+- ``ramcache``: ``DataOptions(cache="ram")``, this rank's shards in ``/dev/shm``;
 - ``tmpfs``: ``/dev/shm`` folders that a killed process does not leave behind.
 """

@@ -1,4 +1,4 @@
-"""``DALILoader(..., cache="ram")``: the shards a rank reads, held in shared memory within a budget.
+"""``DALILoader(..., data=DataOptions(cache="ram"))``: the shards a rank reads, held in shared memory within a budget.
 
 The shards this rank will read are copied, before DALI's worker processes
 start, into a private folder on a tmpfs (``/dev/shm``), and the loader's store
@@ -45,7 +45,7 @@ from dali_pipes.stores.base import SampleDict
 
 log = logging.getLogger(__name__)
 
-#: ``cache=`` values :class:`~dali_pipes.DALILoader` accepts.
+#: The values :class:`~dali_pipes.DataOptions` ``.cache`` accepts.
 CACHE_KINDS = (None, "ram")
 #: Prefix of the cache folders in the tmpfs: ``dali-pipes-cache-<pid>-<random>``.
 FOLDER_PREFIX = "dali-pipes-cache-"
