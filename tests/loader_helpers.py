@@ -158,11 +158,10 @@ def shard_name(fmt: str, number: int) -> str:
     return f"shard-{number:05d}{writer_class(fmt).suffix}"
 
 
-def flip_image_header(root: Path, fmt: str, shard: int, sample: int) -> None:
-    """Zero the first 4 bytes (JPEG SOI and APP0 markers) of ``sample``'s image inside shard ``shard``.
+def _stored_image(root: Path, fmt: str, shard: int, sample: int) -> tuple[Path, bytearray, bytes, int]:
+    """``(shard path, its bytes, sample's JPEG, where it starts)``: the image bytes found in the shard file itself.
 
-    The image bytes are found in the shard file itself (every format stores them
-    verbatim), so this is damage on disk, below any reader.
+    Every format stores them verbatim, so damage done there is damage on disk, below any reader.
     """
     path = root / shard_name(fmt, shard)
     raw = bytearray(path.read_bytes())
@@ -170,6 +169,12 @@ def flip_image_header(root: Path, fmt: str, shard: int, sample: int) -> None:
     at = raw.find(jpeg)
     if at < 0 or raw.find(jpeg, at + 1) >= 0:
         raise AssertionError(f"{path}: the image of sample {sample} is not stored exactly once")
+    return path, raw, jpeg, at
+
+
+def flip_image_header(root: Path, fmt: str, shard: int, sample: int) -> None:
+    """Zero the first 4 bytes (JPEG SOI and APP0 markers) of ``sample``'s image inside shard ``shard``."""
+    path, raw, _, at = _stored_image(root, fmt, shard, sample)
     raw[at : at + 4] = bytes(4)
     path.write_bytes(bytes(raw))
 
@@ -181,12 +186,7 @@ def scribble_image(root: Path, fmt: str, shard: int, sample: int) -> None:
     and a decoder usually decodes it (into a damaged picture) without an error:
     only a checksum of the record can tell.
     """
-    path = root / shard_name(fmt, shard)
-    raw = bytearray(path.read_bytes())
-    jpeg = encode_jpeg(grey_level(sample))
-    at = raw.find(jpeg)
-    if at < 0 or raw.find(jpeg, at + 1) >= 0:
-        raise AssertionError(f"{path}: the image of sample {sample} is not stored exactly once")
+    path, raw, jpeg, at = _stored_image(root, fmt, shard, sample)
     scan = jpeg.rfind(b"\xff\xda")  # start of scan: the entropy-coded data follows its header
     lo, hi = at + scan + 14, at + len(jpeg) - 2  # up to the EOI marker
     raw[lo:hi] = bytes(0x55 for _ in range(hi - lo))
@@ -321,20 +321,29 @@ class TinySpec:
         return {"image": images, "label": label}
 
 
-def job_rows(source, world_size: int, *, epoch: int = 0, state=None, batch_size: int = 4, **loader_kwargs):
+def job_rows(source, world_size: int, *, epoch: int = 0, state=None, batch_size: int = 4, run=None, **loader_kwargs):
     """Every rank's real ``(index, label)`` rows, in the job's global order, and rank 0's state after 2 batches.
 
-    One loader per rank in turn (``seed=9``, CPU), each on ``epoch`` or resumed from ``state``;
-    asserts that every rank yields as many batches.
+    One loader per rank in turn (``seed=9``, CPU, ``run``'s other options), each on ``epoch`` or resumed
+    from ``state``; ``loader_kwargs`` go to ``DALILoader`` as they are. Asserts that every rank yields as
+    many batches.
     """
-    from dali_pipes import DALILoader
+    from dataclasses import replace
+
+    from dali_pipes import BatchFormat, DALILoader, RunOptions
 
     per_rank, saved = [], None
     for rank in range(world_size):
+        options = replace(run or RunOptions(), device="cpu", rank=rank, world_size=world_size)
         with DALILoader(
-            source, TinySpec(), batch_size=batch_size, device="cpu", rank=rank, world_size=world_size, seed=9,
-            with_index=True, **loader_kwargs,
-        ) as loader:  # fmt: skip
+            source,
+            TinySpec(),
+            batch_size=batch_size,
+            seed=9,
+            run=options,
+            batch_format=BatchFormat(with_index=True),
+            **loader_kwargs,
+        ) as loader:
             loader.load_state_dict(state) if state is not None else loader.set_epoch(epoch)
             batches = []
             for number, batch in enumerate(loader):
@@ -369,7 +378,7 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
     import torch
     import torch.distributed as dist
 
-    from dali_pipes import DALILoader, LoaderError
+    from dali_pipes import BatchFormat, DALILoader, LoaderError, RunOptions
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
@@ -377,9 +386,8 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
             batch_size=options["batch_size"],
             seed=options.get("seed", 0),
             shuffle=options.get("shuffle", True),
-            device="auto",
-            with_index=True,
-            py_num_workers=options.get("workers", 0),
+            run=RunOptions(device="auto", py_num_workers=options.get("workers", 0)),
+            batch_format=BatchFormat(with_index=True),
         )
         if options.get("weighted"):  # an epoch of options["weighted"] samples drawn with weights 1..N
             from dali_pipes import WeightedSampling, load_manifest
@@ -387,9 +395,7 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
             n = load_manifest(dataset).num_samples
             kwargs["sampling"] = WeightedSampling(np.arange(1, n + 1, dtype=float), num_samples=options["weighted"])
         if options.get("dataloader_shape"):  # as a script written for a DataLoader evaluates: tuples, no padding
-            from dali_pipes import BatchFormat
-
-            kwargs["batch_format"] = BatchFormat(keys=("image", "label", "index"), drop_padding=True)
+            kwargs["batch_format"] = BatchFormat(keys=("image", "label", "index"), drop_padding=True, with_index=True)
         if options.get("mixture"):  # dataset "a" mixed with options["mixture"]["b"], as Mixture(**options["mixture"])
             from dali_pipes import Mixture
 
@@ -415,7 +421,7 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
                     f.write(str(exc))
                 raise
             report["epochs"].append(batches)
-        report["dali_epochs"] = loader._chain.dali_epoch + 1  # DALI epochs opened (loading/epoch_chain.py)
+        report["refills"] = loader.refills  # DALI epochs started from empty: 1 while the epochs read on
         if options.get("partial"):
             loader.set_epoch(options["epochs"])
             iterator = iter(loader)

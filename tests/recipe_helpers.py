@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dali_pipes import DALILoader
+from dali_pipes import DALILoader, RunOptions
 from dali_pipes.dataset.manifest import Field
 
 #: Photos in the test dataset, and their labels' classes.
@@ -47,9 +47,15 @@ def write_photo_dataset(write_dataset: Any, root: Path, imagenet_mini: Path, cou
     return write_dataset(root, "lmdb", fields, samples, per_shard=4, classes=CLASSES)
 
 
-def epoch_batches(path: Path, spec: Any, epoch: int = 0, **kwargs: Any) -> list[dict[str, Any]]:
-    """Every batch of ``epoch`` from a fresh CPU loader of ``spec`` (batch 4, seed 3, one forked worker)."""
-    kwargs = {"batch_size": 4, "seed": 3, "device": "cpu", "py_num_workers": 1, **kwargs}
-    with DALILoader(path, spec, **kwargs) as loader:
+def epoch_batches(
+    path: Path, spec: Any, epoch: int = 0, *, run: RunOptions | None = None, **kwargs: Any
+) -> list[dict[str, Any]]:
+    """Every batch of ``epoch`` from a fresh loader of ``spec`` (batch 4, seed 3, ``kwargs`` to ``DALILoader``).
+
+    ``run`` replaces the default, the CPU with one forked worker, as a whole.
+    """
+    run = RunOptions(device="cpu", py_num_workers=1) if run is None else run
+    kwargs = {"batch_size": 4, "seed": 3, **kwargs}
+    with DALILoader(path, spec, run=run, **kwargs) as loader:
         loader.set_epoch(epoch)
         return [{name: value.cpu().clone() for name, value in batch.items()} for batch in loader]

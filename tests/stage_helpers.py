@@ -1,4 +1,4 @@
-"""A rank of a real DDP job (gloo, CPU DALI) that stages its dataset through ``DALILoader(stage_to=...)``."""
+"""A rank of a real DDP job (gloo, CPU DALI) that stages its dataset through ``DataOptions(stage_to=...)``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ def staging_rank(rank: int, world_size: int, port: int, dataset: str, dest: str,
     import torch
     import torch.distributed as dist
 
-    from dali_pipes import DALILoader
+    from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
 
     from loader_helpers import TinySpec
 
@@ -19,7 +19,12 @@ def staging_rank(rank: int, world_size: int, port: int, dataset: str, dest: str,
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     try:
         loader = DALILoader(
-            dataset, TinySpec(), batch_size=3, device="cpu", with_index=True, py_num_workers=0, stage_to=dest
+            dataset,
+            TinySpec(),
+            batch_size=3,
+            batch_format=BatchFormat(with_index=True),
+            run=RunOptions(device="cpu", py_num_workers=0),
+            data=DataOptions(stage_to=dest),
         )
         indices = []
         for batch in loader:

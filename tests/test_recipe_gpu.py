@@ -15,7 +15,7 @@ import pytest
 import torch
 from recipe_helpers import CLASSES, epoch_batches, timm_module, write_photo_dataset
 
-from dali_pipes import ClassificationTrain, DALILoader, Mix, RandomErasing
+from dali_pipes import ClassificationTrain, DALILoader, Mix, RandomErasing, RunOptions
 from dali_pipes.pipelines.batch_inputs import ERASE_STREAM, MIX_STREAM, batch_seed
 
 from pipeline_helpers import DALI_GPU_MARKS
@@ -34,7 +34,7 @@ def photos_dataset(tmp_path_factory, imagenet_mini):
 
 
 def gpu_batches(path, spec, epoch=0):
-    return epoch_batches(path, spec, epoch, device="gpu")
+    return epoch_batches(path, spec, epoch, run=RunOptions(device="gpu", py_num_workers=1))
 
 
 @pytest.mark.parametrize("mode", ["batch", "pair", "elem"])
