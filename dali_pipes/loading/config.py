@@ -69,7 +69,9 @@ class RunOptions:
         if self.device not in DEVICES:
             raise ValueError(f"RunOptions.device must be 'auto', 'gpu' or 'cpu', got {self.device!r}")
         if self.py_start_method not in START_METHODS:
-            raise ValueError(f"RunOptions.py_start_method must be 'fork', 'spawn' or None, got {self.py_start_method!r}")
+            raise ValueError(
+                f"RunOptions.py_start_method must be 'fork', 'spawn' or None, got {self.py_start_method!r}"
+            )
         for name, least in (("num_threads", 1), ("py_num_workers", 0), ("prefetch", 1), ("rank", 0), ("world_size", 1)):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(check_int(f"RunOptions.{name}", getattr(self, name), least)))

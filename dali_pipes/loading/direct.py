@@ -1,16 +1,14 @@
 """Batches with no DALI graph: plain feature rows at the speed of the memory they are read from.
 
 A :class:`~dali_pipes.Features` spec with neither normalisation nor cast asks
-DALI for nothing but the copies: its pipeline only moves each batch through an
-external source, DALI's buffers and the iterator's torch conversion. For 16
-float32 per row (64 bytes) that harness was the whole cost, about 3 ms a batch
-of 1,024 rows (issue 38: 232,000-253,000 rows/s on 2 cores, where memory moves
-hundreds of times more). :class:`DirectIterator` takes its place: it asks the
-loader's own batch source for batch ``i`` of the epoch, exactly as DALI would
-(:class:`~dali_pipes.loading.batch_source.BatchStoreSource`: the shared epoch
+DALI for nothing but copies: its pipeline would only move each batch through an
+external source, DALI's buffers and the iterator's torch conversion, and for
+narrow rows that harness is the whole cost. :class:`DirectStream` takes its place:
+it asks the loader's own batch source for batch ``i`` of the epoch, exactly as DALI
+would (:class:`~dali_pipes.loading.batch_source.BatchStoreSource`: the shared epoch
 plan, padding to whole batches, ``is_pad``, the global ``index``, record CRCs
-checked, ``StopIteration`` at the end), and hands the arrays over as tensors,
-on the loader's device. Everything above it (epochs, resume, per-rank counts,
+checked, ``StopIteration`` at the end), and hands the arrays over as tensors, on
+the loader's device. Everything above it (epochs, resume, per-rank counts,
 ``state_dict``) is the loader's, unchanged.
 """
 
@@ -21,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-__all__ = ["DirectIterator", "runs_without_dali"]
+__all__ = ["DirectStream", "runs_without_dali"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +35,8 @@ def runs_without_dali(spec: Any, *, batch_reads: bool, workers: int) -> bool:
     return bool(getattr(spec, "runs_without_dali", False)) and batch_reads and workers == 0
 
 
-class DirectIterator:
-    """The part of ``DALIGenericIterator`` the loader uses (``next()`` -> ``[batch]``, ``reset()``), without DALI.
+class DirectStream:
+    """A :class:`~dali_pipes.loading.streams.BatchStream` without DALI: the batch source read in this process.
 
     ``names`` are the source's outputs in order (the fields, ``is_pad``, then
     ``index`` when asked for); ``device_id`` the GPU to copy to (``None``: the CPU).
@@ -48,24 +46,25 @@ class DirectIterator:
         self._source = source
         self._names = tuple(names)
         self._device = None if device_id is None else f"cuda:{device_id}"
-        self._epoch = 0  # DALI's epoch_idx: 0 for the first epoch, one more after each reset
+        self._epoch = 0  # the source's epoch_idx, as DALI numbers its epochs: 0 first, one more at each start
         self._iteration = 0
 
-    def reset(self) -> None:
-        """Start the next epoch (the loader has published its plan first, as for DALI)."""
+    def start_epoch(self) -> None:
+        """Open the next epoch (the loader has published its plan first)."""
         self._epoch += 1
         self._iteration = 0
 
-    def __next__(self) -> list[dict[str, Any]]:
+    def next_batch(self) -> dict[str, Any] | None:
+        """The source's next batch as tensors on the loader's device, or ``None`` at the end of the epoch."""
         import torch
 
-        outputs = self._source(_BatchInfo(self._iteration, self._epoch))  # StopIteration at the end
+        try:
+            outputs = self._source(_BatchInfo(self._iteration, self._epoch))
+        except StopIteration:
+            return None
         self._iteration += 1
         batch = {name: torch.from_numpy(np.ascontiguousarray(value)) for name, value in zip(self._names, outputs)}
         if self._device is not None:
             # Pinned first, so that the copy to the GPU does not wait for the host.
             batch = {name: t.pin_memory().to(self._device, non_blocking=True) for name, t in batch.items()}
-        return [batch]
-
-    def __iter__(self) -> DirectIterator:
-        return self
+        return batch

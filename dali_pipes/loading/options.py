@@ -6,6 +6,7 @@ arguments, resolve world and device, prepare the store, bind the spec, build.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -19,38 +20,31 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["PipelineSpec", int | None, int | None, int]:
-    """``(pipeline, num_threads, py_num_workers, prefetch)``: ``run``'s, with what it left unset filled in.
+def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["PipelineSpec", "RunOptions"]:
+    """``(pipeline, run)`` with what ``run`` left unset filled in where it can be already.
 
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
     decoder hints go to the spec); then the spec's ``py_num_workers_by_default``
-    where it has one (``Features``: 0, the training process reads).
+    where it has one (``Features``: 0, the training process reads); ``prefetch`` defaults to 2.
     ``num_threads`` and ``py_num_workers`` stay ``None`` when nothing set them: they
-    depend on the device and the dataset's format (:func:`default_num_threads`,
-    :func:`default_py_num_workers`), known once the device is chosen and the store is open.
+    depend on the device and the dataset's format (:func:`choose_counts`), known once
+    the device is chosen and the store is open.
     """
-    num_threads, py_num_workers, prefetch, settings = run.num_threads, run.py_num_workers, run.prefetch, run.settings
     if isinstance(pipeline, type):
         raise TypeError(
             f"DALILoader: pass a pipeline spec instance, {pipeline.__name__}(), not the class {pipeline.__name__}"
         )
-    if settings is not None:
+    counts = {"num_threads": run.num_threads, "py_num_workers": run.py_num_workers, "prefetch": run.prefetch}
+    if run.settings is not None:
         from dali_pipes.settings import apply_settings, load_settings
 
-        tuned = load_settings(settings)
-        num_threads = tuned.get("num_threads") if num_threads is None else num_threads
-        py_num_workers = tuned.get("py_num_workers") if py_num_workers is None else py_num_workers
-        prefetch = tuned.get("prefetch") if prefetch is None else prefetch
-        pipeline = apply_settings(pipeline, settings)
-    prefetch = 2 if prefetch is None else prefetch
-    if py_num_workers is None:
-        py_num_workers = getattr(pipeline, "py_num_workers_by_default", None)
-    check_int("prefetch", prefetch, 1)
-    if py_num_workers is not None:
-        py_num_workers = int(check_int("py_num_workers", py_num_workers, 0))
-    if num_threads is not None:
-        num_threads = int(check_int("num_threads", num_threads, 1))
-    return pipeline, num_threads, py_num_workers, int(prefetch)
+        tuned = load_settings(run.settings)
+        counts = {name: tuned.get(name) if given is None else given for name, given in counts.items()}
+        pipeline = apply_settings(pipeline, run.settings)
+    if counts["py_num_workers"] is None:
+        counts["py_num_workers"] = getattr(pipeline, "py_num_workers_by_default", None)
+    counts["prefetch"] = 2 if counts["prefetch"] is None else counts["prefetch"]
+    return pipeline, dataclasses.replace(run, **counts)  # checked again by RunOptions
 
 
 #: DALI threads by default where the CPU decodes: a few, leaving the rank's other cores to the training process.

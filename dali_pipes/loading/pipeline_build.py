@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import gc
 import warnings
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
@@ -19,12 +19,12 @@ from dali_pipes.loading.sources import dali_output_types
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
+    from dali_pipes.loading.config import RunOptions
     from dali_pipes.pipelines import PipelineSpec
 
 __all__ = [
     "bind_spec",
     "build_pipeline",
-    "dali_iterator",
     "fitting_spec",
     "pipeline_seed",
     "required_fields",
@@ -37,65 +37,36 @@ def build_pipeline(
     fields: Sequence[str],
     store: Store,
     *,
-    device: str,
+    run: "RunOptions",
     device_id: int | None,
     batch_size: int,
-    batch_reads: bool,
     with_index: bool,
-    prefetch: int,
-    threads: int,
-    workers: int,
-    start_method: str,
     seed: int,
 ) -> tuple[Any, tuple[str, ...]]:
     """The built DALI pipeline (``source`` into ``spec.build``, then ``is_pad``/``index``) and its output names.
 
+    ``run`` is the loader's, resolved: ``device`` ``"gpu"`` or ``"cpu"``, every count and the start method set.
+
     The spec's per-batch inputs (``spec.batch_inputs``), which the source appends to
     its outputs, go to ``spec.build`` by name beside the fields.
     """
-    from nvidia.dali import fn, pipeline_def
+    from nvidia.dali import pipeline_def
 
-    batch_inputs = getattr(spec, "batch_inputs", None)
-    dtypes, ndims = dali_output_types(store, fields, with_index, batch_inputs)
-    reserved = len(fields) + 1 + int(with_index)  # the fields, is_pad, and index if asked for
     names: list[str] = []
-
-    parallel = source_options(batch_reads, prefetch, workers)
-
-    def define():
-        nodes = fn.external_source(
-            source,
-            num_outputs=len(dtypes),
-            batch=batch_reads,
-            batch_info=batch_reads,
-            dtype=dtypes,
-            ndim=ndims,
-            **parallel,
-        )
-        inputs = dict(zip(fields, nodes[: len(fields)]))
-        inputs.update(zip(batch_inputs.names if batch_inputs is not None else (), nodes[reserved:]))
-        outputs = dict(spec.build(inputs, device=device))
-        clash = [name for name in RESERVED_OUTPUTS if name in outputs]
-        if clash:
-            raise ValueError(f"{type(spec).__name__}.build returned {clash[0]!r}, a name the loader adds itself")
-        extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) : reserved]))  # is_pad, and index if asked for
-        outputs.update({name: node.gpu() if device == "gpu" else node for name, node in extra.items()})
-        names.extend(outputs)
-        return tuple(outputs.values())
-
+    define = _graph(spec, source, fields, store, run=run, with_index=with_index, names=names)
     extra: dict[str, Any] = {}
-    if workers > 0:
-        extra = dict(py_num_workers=workers, py_start_method=start_method)
-        if start_method == "fork":
+    if run.py_num_workers > 0:
+        extra = dict(py_num_workers=run.py_num_workers, py_start_method=run.py_start_method)
+        if run.py_start_method == "fork":
             # A forked worker inherits the parent's uncollected garbage; if its own GC
             # then finalizes an old DALI pipeline, the C++ destructor waits for executor
             # threads that do not exist in the child and the worker hangs for ever.
             gc.collect()
     pipe = pipeline_def(define, enable_conditionals=bool(getattr(spec, "needs_conditionals", False)))(
         batch_size=batch_size,
-        num_threads=threads,
+        num_threads=run.num_threads,
         device_id=device_id,
-        prefetch_queue_depth=prefetch,
+        prefetch_queue_depth=run.prefetch,
         seed=seed,
         **extra,
     )
@@ -109,31 +80,58 @@ def build_pipeline(
     return pipe, tuple(names)
 
 
+def _graph(
+    spec: "PipelineSpec", source: Any, fields: Sequence[str], store: Store, *, run: "RunOptions", with_index: bool,
+    names: list[str],
+) -> Callable[[], tuple[Any, ...]]:  # fmt: skip
+    """The pipeline's definition: the external source's outputs into ``spec.build``, then ``is_pad``/``index``;
+    ``names`` receives the output names when it is traced."""
+    from nvidia.dali import fn
+
+    batch_inputs = getattr(spec, "batch_inputs", None)
+    dtypes, ndims = dali_output_types(store, fields, with_index, batch_inputs)
+    reserved = len(fields) + 1 + int(with_index)  # the fields, is_pad, and index if asked for
+    parallel = source_options(run.batch_reads, run.prefetch, run.py_num_workers)
+
+    def define() -> tuple[Any, ...]:
+        nodes = fn.external_source(
+            source,
+            num_outputs=len(dtypes),
+            batch=run.batch_reads,
+            batch_info=run.batch_reads,
+            dtype=dtypes,
+            ndim=ndims,
+            **parallel,
+        )
+        inputs = dict(zip(fields, nodes[: len(fields)]))
+        inputs.update(zip(batch_inputs.names if batch_inputs is not None else (), nodes[reserved:]))
+        outputs = dict(spec.build(inputs, device=run.device))
+        clash = [name for name in RESERVED_OUTPUTS if name in outputs]
+        if clash:
+            raise ValueError(f"{type(spec).__name__}.build returned {clash[0]!r}, a name the loader adds itself")
+        extra = dict(zip(RESERVED_OUTPUTS, nodes[len(fields) : reserved]))  # is_pad, and index if asked for
+        outputs.update({name: node.gpu() if run.device == "gpu" else node for name, node in extra.items()})
+        names.extend(outputs)
+        return tuple(outputs.values())
+
+    return define
+
+
 def source_options(batch_reads: bool, prefetch: int, workers: int) -> dict[str, Any]:
     """``fn.external_source``'s options for the loader's source: parallel with ``workers``, else ``no_copy``.
 
     DALI accepts a source prefetch depth only for parallel sources (which never copy what they are given). It
     is also how many batches DALI hands its reader processes at once, and a batch-mode source's batch goes to
-    one process: with 4 processes and a depth of 2, two of them idled (on 2 cores, the feed alone with 2
-    processes and a depth of 1: 21,700-24,000 images/s before, 27,300-30,000 after). So one batch in flight
-    per process; the pipeline's own prefetch stays as asked. The cost is shared memory: DALI keeps a chunk per
-    batch in flight (plus ``prefetch`` kept alive), each as large as a batch of encoded bytes, so each process
-    beyond ``prefetch`` holds one batch more (256 photos of 45 KB: 11.5 MB). In the loader's process, a batch
+    one process: with a depth below the processes, some of them idle. So one batch in flight per process; the
+    pipeline's own prefetch stays as asked (the bench README has the measured gain). The cost is shared memory:
+    DALI keeps a chunk per batch in flight (plus ``prefetch`` kept alive), each as large as a batch of encoded
+    bytes, so each process beyond ``prefetch`` holds one batch more. In the loader's process, a batch
     source hands DALI buffers it copied the records into: ``no_copy``, and DALI's tensors keep them alive
     while it uses them (``loading/batch_source.py``).
     """
     if workers == 0:
         return dict(no_copy=batch_reads)
     return dict(parallel=True, prefetch_queue_depth=max(prefetch, workers) if batch_reads else prefetch)
-
-
-def dali_iterator(pipe: Any, output_names: Sequence[str]) -> Any:
-    """DALI's PyTorch iterator over the built pipeline, driven epoch by epoch by the loader."""
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator
-
-    # size=-1: the source ends each epoch itself (its length changes on resume);
-    # nothing is scheduled before the first epoch's plan is published.
-    return DALIGenericIterator([pipe], list(output_names), size=-1, auto_reset=False, prepare_first_batch=False)
 
 
 def output_casts(spec: Any) -> dict[str, Any]:
