@@ -24,6 +24,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 from dali_pipes.dataset.classes import unique_name_index
 from dali_pipes.dataset.manifest import ManifestError
+from dali_pipes.loading.compat import LoaderDataset, refuse_fast_collate_mixup
 from dali_pipes.remote.dataset import load_manifest
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ __all__ = [
 ]
 
 
-class ConvertedSplit:
+class ConvertedSplit(LoaderDataset):
     """A dataset converted by ``dali-pipes convert``, as a script's dataset object.
 
     ``len()``, ``classes``, ``class_to_idx`` and ``root`` as an ``ImageFolder``
@@ -67,22 +68,12 @@ class ConvertedSplit:
                 f"{root} is not a dataset converted by dali-pipes ({reason}). Convert the image folder first, "
                 f"e.g. 'dali-pipes convert imagefolder IMAGES/train SHARDS/train', and {hint}"
             ) from None
-        self.root = root
+        self._describe(root, manifest.classes, manifest.num_samples)
         self.train, self.val, self.is_training, self.seed = train, val, bool(is_training), int(seed)
-        self.classes: list[str] = list(manifest.classes or ())
         source = manifest.source if isinstance(manifest.source, Mapping) else {}
         self.source_kind: str | None = source.get("kind")
         #: The index each stored label becomes (None: the stored labels as they are); see :meth:`relabel`.
         self.label_map: tuple[int, ...] | None = None
-        self._class_to_idx: dict[str, int] | None = None  # None: each name's position in classes (built when read)
-        self._num_samples = manifest.num_samples
-
-    @property
-    def class_to_idx(self) -> dict[str, int]:
-        """Each class name's index; ValueError naming the repeated names when two classes share one."""
-        if self._class_to_idx is None:
-            self._class_to_idx = unique_name_index(self.classes, f"{self.root}: its classes")
-        return self._class_to_idx
 
     def relabel(self, class_to_idx: Mapping[str, int], argument: str, *, all_named: bool = True) -> None:
         """Give the classes the indices of ``class_to_idx`` (a script's class order); the loader maps its labels.
@@ -115,12 +106,6 @@ class ConvertedSplit:
     def spec(self) -> Any:
         """The spec this split is read with: the training one, or the evaluation one."""
         return self.train if self.is_training else self.val
-
-    def __len__(self) -> int:
-        return self._num_samples
-
-    def __getitem__(self, index: int) -> Any:
-        raise TypeError(f"{self.root}: a converted dataset is read by its loader, not by index")
 
     def __repr__(self) -> str:
         return f"ConvertedSplit({str(self.root)!r}, samples={len(self)}, training={self.is_training})"
@@ -165,11 +150,11 @@ def collate_on_batches(collate_fn: Callable[[list], Any] | None) -> Callable[...
 
     if collate_fn is None or collate_fn is default_collate:
         return None
-    if type(collate_fn).__name__ == "FastCollateMixup":
-        raise ValueError(
-            "collate_fn=FastCollateMixup mixes uint8 samples before normalisation; use "
-            "dali_pipes.dropin.timm_train.create_loader, which mixes with timm's Mixup and the same settings"
-        )
+    refuse_fast_collate_mixup(
+        collate_fn,
+        "collate_fn=FastCollateMixup(...)",
+        "use dali_pipes.dropin.timm_train.create_loader, which mixes with timm's Mixup and the same settings",
+    )
 
     def transform(*outputs: Any) -> Any:
         # The batch as the list of (image, label, ...) samples a DataLoader would hand its collate_fn.

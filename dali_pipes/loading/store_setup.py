@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from dali_pipes.loading.mixture import MixedStore, Mixture
+from dali_pipes.loading.mixture import Mixture, MixtureStore
 from dali_pipes.remote.urls import is_url
 from dali_pipes.sampling import World
 from dali_pipes.stores import Store, open_store
@@ -25,11 +25,11 @@ def prepare_store(
     seed: int,
     shuffle: bool,
     last_batch: str,
-) -> tuple[Store | MixedStore, Any, Any]:
+) -> tuple[Store | MixtureStore, Any, Any]:
     """``(store, staged, ram_cache)``: the dataset staged (``stage_to``, or a URL), opened, and cached (``cache="ram"``).
 
     A :class:`~dali_pipes.loading.mixture.Mixture` opens each of its datasets (staged into
-    ``stage_to/NAME`` when given) and joins them into a :class:`MixedStore`.
+    ``stage_to/NAME`` when given) and joins them into a :class:`MixtureStore`.
 
     ``staged`` says what staging did (the files copied, or that a staged copy was
     reused), ``ram_cache`` the shards the RAM cache holds and its budget; each is
@@ -38,13 +38,7 @@ def prepare_store(
     """
     if isinstance(path, Mixture):
         return _prepare_mixture(path, stage_to=stage_to, cache=cache, storage_options=storage_options)
-    staged = None
-    if stage_to is not None or is_url(path):
-        from dali_pipes.staging.remote import stage_any
-
-        staged = stage_any(path, stage_to, storage_options)
-        path = staged.path
-    store = open_store(path)
+    store, staged = _stage_and_open(path, stage_to, storage_options)
     ram_cache = None
     if cache == "ram":
         from dali_pipes.staging.ramcache import cache_for_loader
@@ -55,9 +49,25 @@ def prepare_store(
     return store, staged, ram_cache
 
 
+def _stage_and_open(
+    path: str | os.PathLike, stage_to: str | os.PathLike | None, storage_options: Mapping[str, Any] | None
+) -> tuple[Store, Any]:
+    """``(store, staged)``: ``path`` copied to ``stage_to`` (a URL always is: to a cache folder by default), opened.
+
+    ``staged`` is what :func:`~dali_pipes.staging.remote.stage_any` did, ``None`` when nothing was staged.
+    """
+    staged = None
+    if stage_to is not None or is_url(path):
+        from dali_pipes.staging.remote import stage_any  # fsspec and the copy machinery only when staging
+
+        staged = stage_any(path, stage_to, storage_options)
+        path = staged.path
+    return open_store(path), staged
+
+
 def _prepare_mixture(
     mixture: Mixture, *, stage_to: str | os.PathLike | None, cache: str | None, storage_options: Any
-) -> tuple[MixedStore, Any, None]:
+) -> tuple[MixtureStore, Any, None]:
     """Each dataset of ``mixture`` staged (into ``stage_to/NAME``) and opened; the stores joined into one."""
     if cache is not None:
         raise ValueError(
@@ -69,20 +79,15 @@ def _prepare_mixture(
     try:
         for name, path in mixture.datasets.items():
             dest = None if stage_to is None else os.path.join(stage_to, name)
-            if dest is not None or is_url(path):
-                from dali_pipes.staging.remote import stage_any
-
-                staged[name] = stage_any(path, dest, storage_options)
-                path = staged[name].path
-            stores[name] = open_store(path)
-        return MixedStore(stores, mixture), (staged or None), None
+            stores[name], staged[name] = _stage_and_open(path, dest, storage_options)
+        return MixtureStore(stores, mixture), ({k: v for k, v in staged.items() if v is not None} or None), None
     except BaseException:
         for store in stores.values():
             store.close()
         raise
 
 
-def epoch_sampling(store: Store | MixedStore, sampling: Any, *, shuffle: bool = True, spec: Any = None) -> Any:
+def epoch_sampling(store: Store | MixtureStore, sampling: Any, *, shuffle: bool = True, spec: Any = None) -> Any:
     """How the loader draws its epochs: ``sampling`` (weights), a mixture's own draw, or ``None`` (a permutation).
 
     A mixture read without shuffling (an evaluation spec) reads its datasets one after the other, every sample
@@ -90,7 +95,7 @@ def epoch_sampling(store: Store | MixedStore, sampling: Any, *, shuffle: bool = 
     So does ``sampling`` (a weighted draw is random). ``spec``: the pipeline spec when ``shuffle`` is its default
     (``shuffle_by_default``), named in the refusal.
     """
-    if not isinstance(store, MixedStore):
+    if not isinstance(store, MixtureStore):
         if sampling is not None and not shuffle:
             given = f"(the default of {type(spec).__name__}, which reads in order)" if spec is not None else "was given"
             raise ValueError(

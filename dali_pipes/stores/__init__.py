@@ -1,7 +1,8 @@
 """Random-access readers over a converted dataset: ``open_store(path)[i]`` -> dict of fields.
 
 One module per format (``lmdb.py``, ``hdf5.py``, ``tfrecord.py``), picked by the
-manifest's ``format`` field through :data:`READERS`.
+manifest's ``format`` field through :data:`READERS`; ``mixed.py`` joins several
+stores into one (:class:`~dali_pipes.stores.mixed.MixedStore`).
 """
 
 from __future__ import annotations
@@ -10,12 +11,21 @@ import importlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from dali_pipes.dataset.manifest import Field, Manifest, load_manifest, resolve_inside
-from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, out_of_descriptors, select_fields
+from dali_pipes.dataset.manifest import Manifest, load_manifest, resolve_inside
+from dali_pipes.stores.base import (
+    BatchDict,
+    SampleDict,
+    ShardReader,
+    StoreError,
+    fixed_as_array,
+    gather_batch,
+    out_of_descriptors,
+    select_fields,
+)
 from dali_pipes.stores.checksum import RECORD_CRC32C
 
 logger = logging.getLogger(__name__)
@@ -36,7 +46,7 @@ def reader_class(fmt: str) -> type[ShardReader]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS", "gather_batch", "reader_class"]
+__all__ = ["Store", "open_store", "StoreError", "ShardReader", "READERS", "reader_class"]
 
 
 class Store:
@@ -144,7 +154,7 @@ class Store:
             # One shard: its reader's values are the batch, in order (no gather, no second copy).
             shard_no = int(shard_of[0])
             values = self._read_shard_batch(shard_no, indices - starts[shard_no], names, arrays)
-            return {name: _fixed_as_array(self.manifest.fields[name], values[name]) for name in names}
+            return {name: fixed_as_array(self.manifest.fields[name], values[name]) for name in names}
         by_shard = np.argsort(shard_of, kind="stable")
         cuts = np.flatnonzero(np.diff(shard_of[by_shard])) + 1
         parts = []
@@ -201,34 +211,6 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({str(self.root)!r}, format={self.manifest.format}, samples={len(self)})"
-
-
-def _fixed_as_array(field: Field, values: Any) -> Any:
-    """A fixed-shape array field's values as one stacked array (a reader may hand back a list of rows)."""
-    if field.kind == "array" and not field.variable_length and not isinstance(values, np.ndarray):
-        return np.stack(values) if len(values) else np.empty((0, *(field.shape or ())), dtype=field.dtype)
-    return values
-
-
-def gather_batch(
-    names: Sequence[str], fields: Mapping[str, Field], count: int, parts: list[tuple[np.ndarray, BatchDict]]
-) -> BatchDict:
-    """Put each shard's values back at their positions in the batch: one array per fixed field, else a list."""
-    out: BatchDict = {}
-    for name in names:
-        field = fields[name]
-        if field.kind == "array" and not field.variable_length:
-            stacked = np.empty((count, *(field.shape or ())), dtype=field.dtype)
-            for positions, values in parts:
-                stacked[positions] = _fixed_as_array(field, values[name])
-            out[name] = stacked
-        else:
-            gathered: list = [None] * count
-            for positions, values in parts:
-                for position, value in zip(positions.tolist(), values[name]):
-                    gathered[position] = value
-            out[name] = gathered
-    return out
 
 
 def open_store(path: str | os.PathLike) -> Store:

@@ -1,4 +1,4 @@
-"""The reader side of one shard, and the errors readers raise."""
+"""The reader side of one shard, the gathering of shards' values into one batch, and the errors readers raise."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import errno
 import os
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Iterable, Mapping, Sequence, Union
 
 import numpy as np
 
@@ -77,6 +77,34 @@ def as_arrays(batch: BatchDict, fields: Mapping[str, Field]) -> BatchDict:
         name: [np.frombuffer(v, dtype=np.uint8) for v in values] if fields[name].kind == "bytes" else values
         for name, values in batch.items()
     }
+
+
+def fixed_as_array(field: Field, values: Any) -> Any:
+    """A fixed-shape array field's values as one stacked array (a reader may hand back a list of rows)."""
+    if field.kind == "array" and not field.variable_length and not isinstance(values, np.ndarray):
+        return np.stack(values) if len(values) else np.empty((0, *(field.shape or ())), dtype=field.dtype)
+    return values
+
+
+def gather_batch(
+    names: Sequence[str], fields: Mapping[str, Field], count: int, parts: list[tuple[np.ndarray, BatchDict]]
+) -> BatchDict:
+    """Put each shard's values back at their positions in the batch: one array per fixed field, else a list."""
+    out: BatchDict = {}
+    for name in names:
+        field = fields[name]
+        if field.kind == "array" and not field.variable_length:
+            stacked = np.empty((count, *(field.shape or ())), dtype=field.dtype)
+            for positions, values in parts:
+                stacked[positions] = fixed_as_array(field, values[name])
+            out[name] = stacked
+        else:
+            gathered: list = [None] * count
+            for positions, values in parts:
+                for position, value in zip(positions.tolist(), values[name]):
+                    gathered[position] = value
+            out[name] = gathered
+    return out
 
 
 class ShardReader(ABC):
@@ -159,6 +187,20 @@ class ShardReader(ABC):
     def _selected(self, fields: Iterable[str] | None) -> Mapping[str, Field]:
         """The fields a read asks for (see :func:`select_fields`)."""
         return select_fields(self.fields, fields, str(self.path))
+
+    def _batch_request(
+        self, indices: np.ndarray, fields: Iterable[str] | None
+    ) -> tuple[Mapping[str, Field], np.ndarray]:
+        """What a format's batch read starts with: the fields asked for, the local ``indices`` as ``int64``
+        (``IndexError`` for one out of range, before any file is touched), and the handles open."""
+        selected = self._selected(fields)
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
+            raise IndexError(
+                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
+            )
+        self._ensure_open()
+        return selected, indices
 
     @abstractmethod
     def _open(self) -> None:

@@ -24,21 +24,12 @@ import numpy as np
 from dali_pipes.dataset.manifest import Field, Manifest, ManifestError, Shard, parse_manifest
 from dali_pipes.stores._h5map import MappedRows, map_rows
 from dali_pipes.stores.base import BatchDict, SampleDict, ShardReader, StoreError, as_arrays, packed
-from dali_pipes.stores.hdf5_layout import (  # noqa: F401  (MANIFEST_ATTR and the layout stay importable from here)
-    CHUNK_BYTES,
-    CRC_DATASET,
-    CRC_DTYPE,
+from dali_pipes.stores.checksum import CRC_DATASET, CRC_DTYPE, check_record, check_rows
+from dali_pipes.stores.hdf5_layout import (
     LAYOUT,
-    LAYOUT_VERSION,
-    LIBVER,
     MANIFEST_ATTR,
-    check_record,
-    check_rows,
-    chunk_rows,
-    data_dtype,
     data_path,
     is_ragged,
-    layout_attrs,
     offsets_path,
     row_shape,
 )
@@ -268,13 +259,7 @@ class Hdf5ShardReader(ShardReader):
         stored contiguously (as the writer stores it) and ``arrays`` is set, then
         copied into one buffer (:func:`~dali_pipes.stores.base.packed`).
         """
-        selected = self._selected(fields)
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
-            raise IndexError(
-                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
-            )
-        self._ensure_open()
+        selected, indices = self._batch_request(indices, fields)
         rows, inverse = None, None  # the sorted distinct records, made when a field reads in file order
         batch: BatchDict = {}
         for name, field in selected.items():

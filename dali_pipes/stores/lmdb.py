@@ -304,13 +304,7 @@ class LmdbShardReader(ShardReader):
         into one buffer (:func:`~dali_pipes.stores.base.packed`), instead of one
         ``bytes`` object each.
         """
-        selected = self._selected(fields)
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
-            raise IndexError(
-                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
-            )
-        self._ensure_open()
+        selected, indices = self._batch_request(indices, fields)
         shard = self._h_shard
         self._check_not_shrunk(shard, f"{self.path}: records {indices.tolist()}")
         rows, inverse = np.unique(indices, return_inverse=True)

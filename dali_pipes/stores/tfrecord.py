@@ -137,13 +137,7 @@ class TFRecordShardReader(ShardReader):
         with one ``pread``, and each record checked and decoded on its own.
         ``arrays``: bytes fields as ``uint8`` arrays over the decoded bytes.
         """
-        selected = self._selected(fields)
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
-            raise IndexError(
-                f"{self.path}: a record of {indices.tolist()} is out of range ({self.num_samples} samples)"
-            )
-        self._ensure_open()
+        selected, indices = self._batch_request(indices, fields)
         rows, inverse = np.unique(indices, return_inverse=True)
         spans = self._h_index[rows]
         # A new run starts where a record does not begin exactly where the previous one ended.
