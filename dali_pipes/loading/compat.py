@@ -183,11 +183,24 @@ def _is_mixer(transform: Any) -> bool:
 def _check_transform(transform: Any) -> None:
     if not callable(transform):
         raise TypeError(f"BatchFormat.transform must be callable, such as timm's Mixup(...), got {transform!r}")
-    if type(transform).__name__ == "FastCollateMixup":
+    refuse_fast_collate_mixup(
+        transform,
+        "BatchFormat.transform",
+        "pass timm.data.Mixup with the same arguments instead (it mixes a batch; timm's train.py makes one with "
+        "--no-prefetcher), or mix in the graph with ClassificationTrain(mix=Mix(...))",
+    )
+
+
+def refuse_fast_collate_mixup(mixer: Any, given: str, instead: str) -> None:
+    """ValueError naming ``given`` and what to use ``instead`` where ``mixer`` is timm's ``FastCollateMixup``.
+
+    It mixes a list of uint8 samples inside a ``collate_fn``, and the loader hands out whole batches, so it
+    cannot run on them; timm's ``Mixup`` (its parent class) mixes a batch with the same settings.
+    """
+    if type(mixer).__name__ == "FastCollateMixup":
         raise ValueError(
-            "BatchFormat.transform: timm's FastCollateMixup mixes a list of uint8 samples inside a collate_fn, and the "
-            "loader hands out whole batches: pass timm.data.Mixup with the same arguments instead (it mixes a batch; "
-            "timm's train.py makes one with --no-prefetcher), or mix in the graph with ClassificationTrain(mix=Mix(...))"
+            f"{given}: timm's FastCollateMixup mixes a list of uint8 samples inside a collate_fn, and the loader "
+            f"hands out whole batches: {instead}"
         )
 
 
@@ -198,20 +211,28 @@ class LoaderDataset:
     ``len(DataLoader.dataset)`` is; ``classes`` and ``class_to_idx`` come from the
     manifest (an image folder's class names; empty for a dataset without them).
     Samples are read inside DALI, not through this object: ``open_store(path)[i]``
-    reads one.
+    reads one. The drop-ins' dataset (:class:`~dali_pipes.dropin.common.ConvertedSplit`)
+    is one too, made from a dataset folder before its loader.
     """
 
     def __init__(self, store: "Store") -> None:
-        self.root = store.root
-        self.classes: list[str] = list(store.manifest.classes or ())
-        self._num_samples = len(store)
+        self._describe(store.root, store.manifest.classes, len(store))
+
+    def _describe(self, root: Any, classes: Any, num_samples: int) -> None:
+        """Set what the dataset answers: its ``root``, its ``classes`` (a manifest's, or None) and its length."""
+        self.root = root
+        self.classes: list[str] = list(classes or ())
+        self._class_to_idx: dict[str, int] | None = None  # None: each name's position in classes (built when read)
+        self._num_samples = int(num_samples)
 
     @property
     def class_to_idx(self) -> dict[str, int]:
         """``{class name: label}``; ValueError naming them where two classes share a name (a dict would merge them)."""
-        from dali_pipes.dataset.classes import unique_name_index
+        if self._class_to_idx is None:
+            from dali_pipes.dataset.classes import unique_name_index
 
-        return unique_name_index(self.classes, f"{self.root}: its classes")
+            self._class_to_idx = unique_name_index(self.classes, f"{self.root}: its classes")
+        return self._class_to_idx
 
     def __len__(self) -> int:
         return self._num_samples
