@@ -14,13 +14,14 @@ import statistics
 
 import pytest
 
-from dali_pipes import DALILoader
+from dali_pipes import BatchFormat, DALILoader, RunOptions
 
 from loader_helpers import TinySpec, write_dataset
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 1 << 20
 WARMUP = 5  # epochs allowed to grow
+INDEXED = BatchFormat(with_index=True)  # run_epochs counts the rows by their index
 
 
 def rss(pid: int) -> int:
@@ -57,7 +58,9 @@ def growth_after_warmup(values: list[int], warmup: int = WARMUP) -> int:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_host_memory_plateaus_over_20_epochs(tmp_path, workers):
     path = write_dataset(tmp_path / "ds", 16, samples_per_shard=8)
-    loader = DALILoader(path, TinySpec(), batch_size=4, device="cpu", with_index=True, py_num_workers=workers)
+    loader = DALILoader(
+        path, TinySpec(), batch_size=4, batch_format=INDEXED, run=RunOptions(device="cpu", py_num_workers=workers)
+    )
     values = run_epochs(loader, 20, lambda: host_rss(loader))
     objects = []
     for _ in range(3):  # Python objects: exact, where RSS is blurred by the allocator
@@ -85,7 +88,9 @@ def test_host_memory_plateaus_over_200_epochs_of_larger_images(tmp_path, workers
     # 328 MiB after epoch 1, 353 MiB by epoch 20 (DALI's buffers and the allocator reaching
     # their high-water marks, later than with tiny images), then within 3 MiB up to epoch 200.
     path = write_dataset(tmp_path / "ds", 64, samples_per_shard=16, image_shape=(224, 224))
-    loader = DALILoader(path, TinySpec(), batch_size=16, device="cpu", with_index=True, py_num_workers=workers)
+    loader = DALILoader(
+        path, TinySpec(), batch_size=16, batch_format=INDEXED, run=RunOptions(device="cpu", py_num_workers=workers)
+    )
     values = run_epochs(loader, 200, lambda: host_rss(loader))
     loader.close()
     # The trend, not two points: the loader's process alone swings by up to 26 MiB from one epoch to
@@ -121,7 +126,9 @@ def test_cuda_memory_plateaus_over_20_epochs(tmp_path, workers):
     path = write_dataset(tmp_path / "ds", 32, samples_per_shard=8, image_shape=(256, 256))
     spec = ClassificationVal(size=224, resize=224)
     # No start method given: the default must be spawn here (torch initialised CUDA), which DALI needs.
-    loader = DALILoader(path, spec, batch_size=8, device="gpu", with_index=True, py_num_workers=workers)
+    loader = DALILoader(
+        path, spec, batch_size=8, batch_format=INDEXED, run=RunOptions(device="gpu", py_num_workers=workers)
+    )
     assert workers == 0 or loader.py_start_method == "spawn"
     device = torch.device("cuda", torch.cuda.current_device())
     epoch_bytes = 32 * 3 * 224 * 224 * 4

@@ -14,11 +14,12 @@ import pytest
 import torch
 from recipe_helpers import CLASSES, epoch_batches, timm_module, write_photo_dataset
 
-from dali_pipes import ClassificationTrain, DALILoader, Mix
+from dali_pipes import BatchFormat, ClassificationTrain, DALILoader, Mix, RunOptions
 from dali_pipes.pipelines.batch_inputs import MIX_STREAM, BatchInputs, batch_seed
 
 SIZE = 40
 SEED = 3
+IN_PROCESS = RunOptions(device="cpu", py_num_workers=0)  # the CPU, no reader process
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def test_no_mix_drawn_is_the_unmixed_batch_and_soft_targets_are_smoothed_one_hot
 def test_draws_repeat_by_seed_epoch_and_batch_and_per_sample_reads_agree(photos_dataset):
     spec = ClassificationTrain(size=SIZE, mix=Mix(mixup_alpha=1.0, cutmix_alpha=1.0, mode="elem"))
     first = epoch_batches(photos_dataset, spec, 1)
-    again = epoch_batches(photos_dataset, spec, 1, batch_reads=False, py_num_workers=0)
+    again = epoch_batches(photos_dataset, spec, 1, run=RunOptions(device="cpu", py_num_workers=0, batch_reads=False))
     other = epoch_batches(photos_dataset, spec, 2)
     for a, b in zip(first, again):
         torch.testing.assert_close(a["label"], b["label"])
@@ -111,10 +112,10 @@ def test_draws_repeat_by_seed_epoch_and_batch_and_per_sample_reads_agree(photos_
 def test_resumed_epoch_draws_the_same_mixes(photos_dataset):
     spec = ClassificationTrain(size=SIZE, mix=Mix(cutmix_alpha=1.0, mode="pair"), flip=0.0, jitter=None)
     whole = epoch_batches(photos_dataset, spec, 0, shuffle=False)
-    with DALILoader(photos_dataset, spec, batch_size=4, seed=SEED, device="cpu", py_num_workers=0, shuffle=False) as a:
+    with DALILoader(photos_dataset, spec, batch_size=4, seed=SEED, shuffle=False, run=IN_PROCESS) as a:
         next(iter(a))
         state = a.state_dict()
-    with DALILoader(photos_dataset, spec, batch_size=4, seed=SEED, device="cpu", py_num_workers=0, shuffle=False) as b:
+    with DALILoader(photos_dataset, spec, batch_size=4, seed=SEED, shuffle=False, run=IN_PROCESS) as b:
         b.load_state_dict(state)
         rest = next(iter(b))
     torch.testing.assert_close(rest["label"], whole[1]["label"])
@@ -138,7 +139,7 @@ def test_a_short_last_batch_mixes_only_its_real_rows(tmp_path, imagenet_mini):
 
     path = write_photo_dataset(write_dataset.__wrapped__(), tmp_path / "ds", imagenet_mini, count=7)
     spec = ClassificationTrain(size=SIZE, mix=Mix(mixup_alpha=1.0, mode="elem", label_smoothing=0.0))
-    last = epoch_batches(path, spec, 0, with_index=True)[-1]
+    last = epoch_batches(path, spec, 0, batch_format=BatchFormat(with_index=True))[-1]
     labels = [i % 5 for i in last["index"].tolist()]
     assert len(labels) == 3  # the filler row was trimmed off; it was never a partner
     for row, partner in ((0, 2), (1, 1), (2, 0)):
@@ -148,7 +149,7 @@ def test_a_short_last_batch_mixes_only_its_real_rows(tmp_path, imagenet_mini):
 
 def test_num_classes_comes_from_the_dataset_and_bad_settings_are_named(photos_dataset):
     spec = ClassificationTrain(size=SIZE, mix=Mix())
-    with DALILoader(photos_dataset, spec, batch_size=4, device="cpu", py_num_workers=0) as loader:
+    with DALILoader(photos_dataset, spec, batch_size=4, run=IN_PROCESS) as loader:
         assert loader.pipeline.mix.num_classes == len(CLASSES)
     for kwargs, message in (
         (dict(mixup_alpha=0.0), "both 0"),
@@ -181,7 +182,8 @@ def test_on_many_ranks_a_batch_with_filler_mixes_its_real_rows_only_with_real_ro
     spec = ClassificationTrain(size=SIZE, mix=Mix(mixup_alpha=1.0, mode="elem", label_smoothing=0.0))
     padded = 0
     for rank in range(4):  # 7 samples, 4 ranks of batch 2: one rank's batch holds a filler row
-        kwargs = dict(rank=rank, world_size=4, with_index=True, py_num_workers=0)
+        run = RunOptions(device="cpu", rank=rank, world_size=4, py_num_workers=0)
+        kwargs = dict(run=run, batch_format=BatchFormat(with_index=True))
         unmixed = epoch_batches(path, ClassificationTrain(size=SIZE), 0, batch_size=2, **kwargs)
         for batch, plain in zip(epoch_batches(path, spec, 0, batch_size=2, **kwargs), unmixed):
             pad = batch["is_pad"].bool()

@@ -186,15 +186,16 @@ def test_the_loader_reads_the_mixture_exactly_and_resumes_it_on_another_world_si
 
 
 def test_a_mixture_refuses_weights_and_the_ram_cache(two):
-    from dali_pipes import DALILoader, Mixture, WeightedSampling
+    from dali_pipes import DALILoader, DataOptions, Mixture, RunOptions, WeightedSampling
 
     from loader_helpers import TinySpec
 
     mixture = Mixture({"a": two[0], "b": two[1]}, labels="offset")
+    cpu = RunOptions(device="cpu")
     with pytest.raises(ValueError, match="a Mixture draws its own epochs"):
-        DALILoader(mixture, TinySpec(), batch_size=4, device="cpu", sampling=WeightedSampling(np.ones(41)))
+        DALILoader(mixture, TinySpec(), batch_size=4, sampling=WeightedSampling(np.ones(41)), run=cpu)
     with pytest.raises(ValueError, match="cache='ram' does not take a Mixture"):
-        DALILoader(mixture, TinySpec(), batch_size=4, device="cpu", cache="ram")
+        DALILoader(mixture, TinySpec(), batch_size=4, run=cpu, data=DataOptions(cache="ram"))
 
 
 def test_a_ddp_job_reads_each_mixed_epoch_exactly(two, tmp_path):
@@ -254,30 +255,33 @@ def test_a_dataset_without_a_class_list_is_not_mixed_with_one_that_has_one_unles
 
 
 def test_a_mixture_read_in_order_is_the_datasets_one_after_the_other(two):
-    from dali_pipes import DALILoader, Mixture
+    from dali_pipes import BatchFormat, DALILoader, Mixture, RunOptions
 
     from loader_helpers import TinySpec
 
     mixture = Mixture({"a": two[0], "b": two[1]}, labels="offset")
-    with DALILoader(mixture, TinySpec(), batch_size=8, device="cpu", shuffle=False, with_index=True) as loader:
+    cpu = RunOptions(device="cpu")
+    with DALILoader(
+        mixture, TinySpec(), batch_size=8, shuffle=False, batch_format=BatchFormat(with_index=True), run=cpu
+    ) as loader:
         assert [i for batch in loader for i in batch["index"].tolist()] == list(range(41))
     drawn = Mixture({"a": two[0], "b": two[1]}, proportions={"a": 1, "b": 1}, labels="offset")
     with pytest.raises(ValueError, match="shuffle=False: a Mixture with proportions"):
-        DALILoader(drawn, TinySpec(), batch_size=8, device="cpu", shuffle=False)
+        DALILoader(drawn, TinySpec(), batch_size=8, shuffle=False, run=cpu)
 
 
 @pytest.mark.timeout(300)
 def test_reader_processes_read_the_mixture_exactly(two):
     """Two spawned reader processes (the source and the mixed store pickled into each), rows exactly the draws."""
-    from dali_pipes import DALILoader, Mixture
+    from dali_pipes import BatchFormat, DALILoader, Mixture, RunOptions
 
     from loader_helpers import TinySpec
 
     mixture = Mixture({"a": two[0], "b": two[1]}, proportions={"a": 0.6, "b": 0.4}, num_samples=29, labels="offset")
     sampling = _open(mixture).sampling
     with DALILoader(
-        mixture, TinySpec(), batch_size=4, device="cpu", seed=9, with_index=True, py_num_workers=2,
-        py_start_method="spawn",
+        mixture, TinySpec(), batch_size=4, seed=9, batch_format=BatchFormat(with_index=True),
+        run=RunOptions(device="cpu", py_num_workers=2, py_start_method="spawn"),
     ) as loader:  # fmt: skip
         assert len(loader.worker_pids) == 2
         for epoch in range(2):

@@ -88,10 +88,12 @@ def images(tmp_path_factory) -> Path:
 
 def test_lightning_example_trains_one_step_per_loader_batch(images, tmp_path):
     pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
-    from dali_pipes import ClassificationTrain, DALILoader
+    from dali_pipes import ClassificationTrain, DALILoader, RunOptions
 
     batch = 8
-    with DALILoader(images, ClassificationTrain(size=32), batch_size=batch, py_num_workers=0, device="cpu") as loader:
+    with DALILoader(
+        images, ClassificationTrain(size=32), batch_size=batch, run=RunOptions(device="cpu", py_num_workers=0)
+    ) as loader:
         expected = len(loader)
     assert expected == 7  # 50 samples, the last batch padded
 
@@ -146,12 +148,13 @@ def test_lightning_ddp_splits_each_epoch_between_the_processes(images, tmp_path)
 
 def test_epoch_loader_forwards_a_new_epoch_only(images):
     pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
-    from dali_pipes import ClassificationVal, DALILoader
+    from dali_pipes import BatchFormat, ClassificationVal, DALILoader, RunOptions
     from dali_pipes.examples.lightning_module import EpochLoader
 
     with DALILoader(
-        images, ClassificationVal(size=32, resize=36), batch_size=8, py_num_workers=0, device="cpu", with_index=True
-    ) as loader:
+        images, ClassificationVal(size=32, resize=36), batch_size=8, batch_format=BatchFormat(with_index=True),
+        run=RunOptions(device="cpu", py_num_workers=0),
+    ) as loader:  # fmt: skip
         wrapped = EpochLoader(loader)
         assert len(wrapped) == 7
         wrapped.sampler.set_epoch(2)  # what Lightning calls on the sampler each epoch

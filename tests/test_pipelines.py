@@ -147,33 +147,6 @@ def test_specs_are_frozen_hashable_picklable_and_normalise_their_values():
         ClassificationTrain(224)  # type: ignore[misc]  # keyword-only, so no argument is misread
 
 
-def test_public_names():
-    import dali_pipes.pipelines as pipelines
-
-    assert sorted(pipelines.__all__) == sorted(
-        [
-            "ClassificationTrain",
-            "ClassificationVal",
-            "ColorJitter",
-            "DecoderHints",
-            "Detection",
-            "DetectionVal",
-            "Features",
-            "IMAGENET_MEAN",
-            "IMAGENET_STD",
-            "InstanceSegmentation",
-            "InstanceSegmentationVal",
-            "Mix",
-            "PipelineSpec",
-            "RandomErasing",
-            "ResolutionSchedule",
-            "SemanticSegmentation",
-            "SemanticSegmentationVal",
-        ]
-    )
-    assert all(hasattr(pipelines, name) for name in pipelines.__all__)
-
-
 def test_defaults_and_contract():
     train, val = ClassificationTrain(), ClassificationVal()
     assert (train.size, train.scale, train.ratio, train.flip) == (224, (0.08, 1.0), (0.75, 4 / 3), 0.5)

@@ -16,15 +16,8 @@ import pytest
 from nvidia.dali.tensors import TensorListGPU
 from PIL import Image
 
-from dali_pipes.pipelines import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    ClassificationTrain,
-    ClassificationVal,
-    ColorJitter,
-    DecoderHints,
-    PipelineSpec,
-)
+from dali_pipes import ClassificationTrain, ClassificationVal, ColorJitter, DecoderHints
+from dali_pipes.pipelines import IMAGENET_MEAN, IMAGENET_STD, PipelineSpec
 
 from pipeline_helpers import DALI_GPU_MARKS, run_spec_batch  # noqa: E402 - shared test helper
 

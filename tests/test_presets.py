@@ -6,7 +6,7 @@ import pytest
 import torch
 from recipe_helpers import write_photo_dataset
 
-from dali_pipes import DALILoader
+from dali_pipes import DALILoader, RunOptions
 from dali_pipes.pipelines.config import ColorJitter
 from dali_pipes.pipelines.presets import timm_defaults, torchvision_reference
 
@@ -44,10 +44,10 @@ def test_every_interpolation_runs_and_bicubic_differs_from_bilinear(tmp_path, wr
     images = {}
     for name in ("bilinear", "bicubic"):
         _, val = torchvision_reference(val_resize_size=24, val_crop_size=16, interpolation=name)
-        with DALILoader(dataset, val, batch_size=8, device="cpu") as loader:
+        with DALILoader(dataset, val, batch_size=8, run=RunOptions(device="cpu")) as loader:
             images[name] = next(iter(loader))["image"]
     assert images["bilinear"].shape == images["bicubic"].shape == (8, 3, 16, 16)
     assert not torch.equal(images["bilinear"], images["bicubic"])
     train, _ = timm_defaults(input_size=16)  # "random": a filter drawn per image
-    with DALILoader(dataset, train, batch_size=8, device="cpu") as loader:
+    with DALILoader(dataset, train, batch_size=8, run=RunOptions(device="cpu")) as loader:
         assert next(iter(loader))["image"].shape == (8, 3, 16, 16)

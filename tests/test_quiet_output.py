@@ -22,11 +22,11 @@ def test_auto_augment_prints_none_of_dalis_notes_about_its_own_deprecated_aliase
         import sys
         sys.path.insert(0, {str(TESTS)!r})
         from loader_helpers import write_dataset
-        from dali_pipes import ClassificationTrain, DALILoader
+        from dali_pipes import ClassificationTrain, DALILoader, RunOptions
         path = write_dataset({str(tmp_path / "ds")!r}, 8, samples_per_shard=4, image_shape=(40, 48))
         for policy in ("rand_augment", "trivial_augment"):
             spec = ClassificationTrain(size=32, auto_augment=policy)
-            with DALILoader(path, spec, batch_size=4, device="cpu", py_num_workers=0) as loader:
+            with DALILoader(path, spec, batch_size=4, run=RunOptions(device="cpu", py_num_workers=0)) as loader:
                 print(policy, sum(1 for _ in loader))
         import warnings
         warnings.warn("a user's own DeprecationWarning", DeprecationWarning)  # still shown: only DALI's are dropped

@@ -73,12 +73,13 @@ def test_erasing_on_the_gpu_erases_timms_boxes(photos_dataset, mode):
 
 def test_schedule_on_the_gpu_changes_the_size_without_a_new_pipeline(photos_dataset):
     spec = ClassificationTrain(size=(64, 128, 0, 2), mix=Mix(), erasing=RandomErasing(), dtype="float16")
-    with DALILoader(photos_dataset, spec, batch_size=4, device="gpu", py_num_workers=1) as loader:
-        pipe = loader._pipe
+    with DALILoader(photos_dataset, spec, batch_size=4, run=RunOptions(device="gpu", py_num_workers=1)) as loader:
+        pids = loader.worker_pids  # a new pipeline would start new reader processes
+        assert len(pids) == 1
         for epoch, side in ((0, 64), (1, 96), (2, 128)):
             loader.set_epoch(epoch)
             for batch in loader:
                 assert batch["image"].is_cuda and batch["label"].is_cuda
                 assert batch["image"].shape == (4, 3, side, side) and batch["image"].dtype == torch.float16
                 assert batch["label"].shape == (4, len(CLASSES))
-            assert loader._pipe is pipe
+            assert loader.worker_pids == pids

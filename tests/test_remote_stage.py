@@ -140,13 +140,17 @@ def test_open_store_stages_a_url_into_the_cache_folder(tmp_path, s3, monkeypatch
 def test_the_loader_trains_an_epoch_from_s3_staged_or_cached(tmp_path, s3, monkeypatch):
     from test_storage_loader import read_epochs
 
+    from dali_pipes import DataOptions
+
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     source = write_dataset(tmp_path / "src", 23, fmt="lmdb")
     url = upload(s3, source)
-    expected, _ = read_epochs(source, epochs=1, py_num_workers=0)
-    rows, loader = read_epochs(url, epochs=1, py_num_workers=0, stage_to=tmp_path / "local", storage_options=s3.options)
+    expected, _ = read_epochs(source, epochs=1, workers=0)
+    staged = DataOptions(stage_to=tmp_path / "local", storage_options=s3.options)
+    rows, loader = read_epochs(url, epochs=1, workers=0, data=staged)
     assert loader.store.root == tmp_path / "local" and loader.staged.copied and rows == expected
-    rows, loader = read_epochs(url, epochs=1, py_num_workers=0, storage_options=s3.options)  # no stage_to: the cache
+    cached = DataOptions(storage_options=s3.options)  # no stage_to: the cache
+    rows, loader = read_epochs(url, epochs=1, workers=0, data=cached)
     assert loader.store.root.parent == tmp_path / "cache" and rows == expected
 
 

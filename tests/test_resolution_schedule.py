@@ -7,11 +7,14 @@ import logging
 import numpy as np
 import pytest
 
-from dali_pipes import ClassificationTrain, ClassificationVal, DALILoader, ResolutionSchedule
+from dali_pipes import BatchFormat, ClassificationTrain, ClassificationVal, DALILoader, ResolutionSchedule, RunOptions
 
 from loader_helpers import write_dataset
 
 N = 10  # 3 batches of 4 per epoch, the last one short
+IN_PROCESS = RunOptions(device="cpu", py_num_workers=0)
+ONE_WORKER = RunOptions(device="cpu", py_num_workers=1)
+INDEXED = BatchFormat(with_index=True)
 
 
 @pytest.fixture(scope="module")
@@ -69,27 +72,28 @@ def test_a_callable_returning_a_bad_size_names_the_epoch():
 @pytest.mark.parametrize("batch_reads", [True, False])
 def test_set_epoch_changes_the_size_without_a_new_pipeline_or_workers(dataset, batch_reads):
     spec = ClassificationTrain(size=lambda epoch: 32 + 16 * (epoch % 3))
-    with DALILoader(dataset, spec, batch_size=4, device="cpu", py_num_workers=1, batch_reads=batch_reads) as loader:
-        pipe, pids = loader._pipe, loader.worker_pids
+    run = RunOptions(device="cpu", py_num_workers=1, batch_reads=batch_reads)
+    with DALILoader(dataset, spec, batch_size=4, run=run) as loader:
+        pids = loader.worker_pids  # a new pipeline would start new reader processes
         assert len(pids) == 1
         for epoch in (0, 1, 2, 1, 0):
             loader.set_epoch(epoch)
             sizes = {tuple(batch["image"].shape[1:]) for batch in loader}
             side = 32 + 16 * (epoch % 3)
             assert sizes == {(3, side, side)}, epoch
-            assert loader._pipe is pipe and loader.worker_pids == pids
+            assert loader.worker_pids == pids
 
 
 def test_without_set_epoch_the_next_epochs_size_follows(dataset):
     spec = ClassificationTrain(size=(32, 96, 0, 2), layout="NHWC")
-    with DALILoader(dataset, spec, batch_size=4, device="cpu", py_num_workers=0) as loader:
+    with DALILoader(dataset, spec, batch_size=4, run=IN_PROCESS) as loader:
         shapes = [{tuple(b["image"].shape[1:]) for b in loader} for _ in range(3)]
     assert shapes == [{(32, 32, 3)}, {(64, 64, 3)}, {(96, 96, 3)}]
 
 
 def test_state_records_the_size_and_resume_keeps_it_for_the_rest_of_the_epoch(dataset, caplog):
     spec = ClassificationTrain(size=lambda epoch: 32 + 16 * epoch)
-    with DALILoader(dataset, spec, batch_size=4, device="cpu", py_num_workers=1, with_index=True) as loader:
+    with DALILoader(dataset, spec, batch_size=4, batch_format=INDEXED, run=ONE_WORKER) as loader:
         loader.set_epoch(1)
         it = iter(loader)
         next(it)
@@ -98,7 +102,7 @@ def test_state_records_the_size_and_resume_keeps_it_for_the_rest_of_the_epoch(da
     assert state["size"] == 48 and state["epoch"] == 1 and state["samples_consumed"] == 4
     # The schedule changed between the runs: the interrupted epoch still ends at its saved size.
     changed = ClassificationTrain(size=lambda epoch: 64 + 32 * epoch)
-    with DALILoader(dataset, changed, batch_size=4, device="cpu", py_num_workers=1, with_index=True) as resumed:
+    with DALILoader(dataset, changed, batch_size=4, batch_format=INDEXED, run=ONE_WORKER) as resumed:
         with caplog.at_level(logging.WARNING, logger="dali_pipes.loading.epoch_size"):
             resumed.load_state_dict(state)
         assert "saved size 48" in caplog.text
@@ -111,7 +115,7 @@ def test_state_records_the_size_and_resume_keeps_it_for_the_rest_of_the_epoch(da
 
 
 def test_a_bad_saved_size_is_refused(dataset):
-    with DALILoader(dataset, ClassificationTrain(size=32), batch_size=4, device="cpu", py_num_workers=0) as loader:
+    with DALILoader(dataset, ClassificationTrain(size=32), batch_size=4, run=IN_PROCESS) as loader:
         state = {**loader.state_dict(), "samples_consumed": 4}
         with pytest.raises(ValueError, match="size must be an integer"):
             loader.load_state_dict({**state, "size": "big"})
@@ -120,7 +124,7 @@ def test_a_bad_saved_size_is_refused(dataset):
 def test_validation_takes_its_own_size(dataset):
     train = ClassificationTrain(size=(32, 64, 0, 1))
     val = ClassificationVal(size=80, resize=96)  # higher than training's: the train-test resolution discrepancy
-    with DALILoader(dataset, val, batch_size=4, device="cpu", py_num_workers=0) as loader:
+    with DALILoader(dataset, val, batch_size=4, run=IN_PROCESS) as loader:
         assert {tuple(b["image"].shape[2:]) for b in loader} == {(80, 80)}
     assert train.size_at(0) == 32
 
@@ -128,5 +132,5 @@ def test_validation_takes_its_own_size(dataset):
 def test_auto_augment_follows_the_scheduled_size(dataset):
     # rand_augment's translations are relative to the image: it gets the per-batch size node, not a constant.
     spec = ClassificationTrain(size=(32, 64, 0, 1), auto_augment="rand_augment", jitter=None)
-    with DALILoader(dataset, spec, batch_size=4, device="cpu", py_num_workers=0) as loader:
+    with DALILoader(dataset, spec, batch_size=4, run=IN_PROCESS) as loader:
         assert [{tuple(b["image"].shape[2:]) for b in loader} for _ in range(2)] == [{(32, 32)}, {(64, 64)}]

@@ -21,7 +21,7 @@ from PIL import Image
 from converters.base import ImageOptions
 from converters.runner import convert
 from converters.sources import SegmentationSource
-from dali_pipes import DALILoader, open_store
+from dali_pipes import BatchFormat, DALILoader, RunOptions, open_store
 from dali_pipes.cli import main as cli
 from dali_pipes.pipelines import (
     InstanceSegmentation,
@@ -176,7 +176,8 @@ def test_image_and_map_point_back_to_the_same_source_pixel(tmp_path, device):
         ignore_index=65535,
     )  # fmt: skip
     flipped = padded = checked = 0
-    with DALILoader(out, spec, batch_size=6, shuffle=False, device=device, py_num_workers=0, seed=3) as loader:
+    run = RunOptions(device=device, py_num_workers=0)
+    with DALILoader(out, spec, batch_size=6, shuffle=False, seed=3, run=run) as loader:
         for epoch in range(4):
             loader.set_epoch(epoch)
             for batch in loader:
@@ -218,8 +219,9 @@ def test_validation_resizes_map_like_image_and_pads_with_ignore(voc, voc_lmdb, s
     spec = SemanticSegmentationVal(size=size)
     store = open_store(voc_lmdb)
     with DALILoader(
-        voc_lmdb, spec, batch_size=8, shuffle=False, device=device, py_num_workers=0, with_index=True
-    ) as ld:
+        voc_lmdb, spec, batch_size=8, shuffle=False, batch_format=BatchFormat(with_index=True),
+        run=RunOptions(device=device, py_num_workers=0),
+    ) as ld:  # fmt: skip
         for batch in ld:
             for row in range(len(batch["index"])):
                 labels = maps[store[int(batch["index"][row])]["key"].decode()]

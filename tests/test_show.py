@@ -72,12 +72,11 @@ def test_show_coco_draws_the_boxes(coco, tmp_path):
     assert all(tile.std() > 5 for tile in _tiles(grid, 4, 4, 128))
 
     # The same batch, recomputed: the first real box of a sample is outlined in its class colour.
-    from dali_pipes import DALILoader
+    from dali_pipes import DALILoader, RunOptions
     from dali_pipes.cli.show import make_spec
 
-    with DALILoader(
-        coco, make_spec("detection-val", size=128), batch_size=4, shuffle=True, seed=0, device="cpu", py_num_workers=0
-    ) as loader:
+    spec, run = make_spec("detection-val", size=128), RunOptions(device="cpu", py_num_workers=0)
+    with DALILoader(coco, spec, batch_size=4, shuffle=True, seed=0, run=run) as loader:
         batch = next(iter(loader))
     counts = batch["num_boxes"].numpy()
     checked = 0

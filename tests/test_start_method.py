@@ -20,11 +20,11 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_ddp import free_port
 
+from dali_pipes import RunOptions
 from dali_pipes.loading.start_method import choose_start_method, driver_initialized
 
-from loader_helpers import write_dataset
+from loader_helpers import free_port, write_dataset
 
 TESTS = Path(__file__).resolve().parent
 N = 10
@@ -35,12 +35,12 @@ DRIVER_INITIALISED = "import nvidia.dali.backend as _b\n_b.IsDriverInitialized =
 LOAD_ONE_EPOCH = """
 import json, sys
 sys.path.insert(0, {tests!r})
-from dali_pipes import DALILoader
+from dali_pipes import BatchFormat, DALILoader, RunOptions
 from loader_helpers import TinySpec
 
 def main():
-    loader = DALILoader({path!r}, TinySpec(), batch_size=4, device="cpu", shuffle=False, with_index=True,
-                        py_num_workers=1{extra})
+    loader = DALILoader({path!r}, TinySpec(), batch_size=4, shuffle=False, batch_format=BatchFormat(with_index=True),
+                        run=RunOptions(device="cpu", py_num_workers=1{extra}))
     seen = [int(i) for batch in loader for i in batch["index"]]
     print(json.dumps({{"start_method": loader.py_start_method, "seen": seen}}))
     loader.close()
@@ -72,8 +72,8 @@ def test_default_is_fork_while_the_driver_is_untouched():
     assert not driver_initialized()
     assert choose_start_method(None) == "fork"
     assert choose_start_method("spawn") == "spawn"
-    with pytest.raises(ValueError, match="py_start_method"):
-        choose_start_method("forkserver")
+    with pytest.raises(ValueError, match="RunOptions.py_start_method"):
+        RunOptions(py_start_method="forkserver")
 
 
 @pytest.mark.timeout(240)

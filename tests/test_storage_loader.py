@@ -1,4 +1,4 @@
-"""``DALILoader(stage_to=...)`` and ``DALILoader(cache="ram")``: where the loader reads, and that it reads the same."""
+"""``DataOptions(stage_to=...)`` and ``DataOptions(cache="ram")``: where the loader reads, and that it reads the same."""
 
 from __future__ import annotations
 
@@ -13,23 +13,24 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 from stage_helpers import staging_rank
-from test_ddp import free_port
 
-from dali_pipes import DALILoader
+from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
 from dali_pipes.dataset.manifest import MANIFEST_NAME
 from dali_pipes.staging.ramcache import DEFAULT_SHARE, FOLDER_PREFIX, RESERVE_MIN, RESERVE_SHARE
 
-from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
+from loader_helpers import TinySpec, batch_rows, free_port, quiet_dali_logs, write_dataset
 
 N = 23
 BATCH = 3
+INDEXED = BatchFormat(with_index=True)
+RAM = DataOptions(cache="ram")
 
 
-def read_epochs(dataset, epochs=2, **kwargs):
-    """``(index, label, is_pad, grey)`` rows of ``epochs`` passes, and the loader (closed)."""
+def read_epochs(dataset, epochs=2, *, workers=1, data=None):
+    """``(index, label, is_pad, grey)`` rows of ``epochs`` passes on the CPU, and the loader (closed)."""
     quiet_dali_logs()
-    kwargs.setdefault("py_num_workers", 1)
-    loader = DALILoader(dataset, TinySpec(), batch_size=BATCH, device="cpu", with_index=True, **kwargs)
+    run = RunOptions(device="cpu", py_num_workers=workers)
+    loader = DALILoader(dataset, TinySpec(), batch_size=BATCH, batch_format=INDEXED, run=run, data=data)
     try:
         rows = [[row for batch in loader for row in batch_rows(batch)] for _ in range(epochs)]
     finally:
@@ -41,10 +42,11 @@ def read_epochs(dataset, epochs=2, **kwargs):
 def test_stage_to_reads_the_staged_copy_and_the_same_samples(tmp_path):
     source = write_dataset(tmp_path / "src", N, fmt="hdf5")
     expected, _ = read_epochs(source)
-    rows, loader = read_epochs(source, stage_to=tmp_path / "local")
+    local = DataOptions(stage_to=tmp_path / "local")
+    rows, loader = read_epochs(source, data=local)
     assert loader.store.root == tmp_path / "local" and loader.staged.copied
     assert rows == expected
-    _, second = read_epochs(source, epochs=1, stage_to=tmp_path / "local")
+    _, second = read_epochs(source, epochs=1, data=local)
     assert second.staged.reused and second.staged.copied == []
 
 
@@ -77,8 +79,9 @@ def test_ram_cache_gives_the_samples_read_from_disk(tmp_path, fmt):
     expected, _ = read_epochs(source)
     quiet_dali_logs()
     loader = DALILoader(
-        source, TinySpec(), batch_size=BATCH, device="cpu", with_index=True, py_num_workers=1, cache="ram"
-    )
+        source, TinySpec(), batch_size=BATCH, batch_format=INDEXED, run=RunOptions(device="cpu", py_num_workers=1),
+        data=RAM,
+    )  # fmt: skip
     cache = loader.cache
     assert sorted(cache.copies) == [0, 1, 2, 3] and cache.on_disk == []
     assert cache.folder.parent == Path("/dev/shm")
@@ -97,7 +100,7 @@ def test_ram_cache_keeps_to_its_budget_and_reads_the_rest_from_disk(tmp_path):
     sizes = [p.stat().st_size for p in sorted(source.glob("shard-*"))]
     budget = sizes[0] + sizes[1] + sizes[2] // 2  # two shards and half of the third
     expected, _ = read_epochs(source)
-    rows, loader = read_epochs(source, cache="ram", cache_bytes=budget)
+    rows, loader = read_epochs(source, data=DataOptions(cache="ram", cache_bytes=budget))
     assert sorted(loader.cache.copies) == [0, 1] and loader.cache.on_disk == [2, 3]
     assert loader.cache.bytes == sizes[0] + sizes[1] <= budget
     assert rows == expected
@@ -112,13 +115,10 @@ def test_ram_cache_without_shuffle_holds_only_this_ranks_shards(tmp_path):
         source,
         TinySpec(),
         batch_size=BATCH,
-        device="cpu",
-        rank=1,
-        world_size=2,
         shuffle=False,
-        py_num_workers=0,
-        with_index=True,
-        cache="ram",
+        batch_format=INDEXED,
+        run=RunOptions(device="cpu", rank=1, world_size=2, py_num_workers=0),
+        data=RAM,
     )
     try:
         read = sorted({i for batch in loader for i in batch["index"].tolist()})
@@ -153,9 +153,8 @@ def test_the_default_budget_is_split_between_the_ranks_of_a_node(tmp_path, monke
     else:
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
     source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
-    loader = DALILoader(
-        source, TinySpec(), batch_size=2, device="cpu", rank=1, world_size=4, py_num_workers=0, cache="ram"
-    )
+    run = RunOptions(device="cpu", rank=1, world_size=4, py_num_workers=0)
+    loader = DALILoader(source, TinySpec(), batch_size=2, run=run, data=RAM)
     try:
         assert loader.cache.budget == int(loader.cache.room * DEFAULT_SHARE / sharers)
     finally:
@@ -176,20 +175,12 @@ def test_cache_folders_of_killed_loaders_are_removed(tmp_path):
         fcntl.flock(held, fcntl.LOCK_EX)
         try:
             source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
-            _, loader = read_epochs(source, epochs=1, cache="ram", py_num_workers=0)
+            _, loader = read_epochs(source, epochs=1, workers=0, data=RAM)
             assert not orphan.exists() and alive.exists()
             assert not loader.cache.folder.exists()  # its own, removed at close
         finally:
             shutil.rmtree(orphan, ignore_errors=True)
             shutil.rmtree(alive, ignore_errors=True)
-
-
-def test_bad_cache_arguments(tmp_path):
-    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
-    with pytest.raises(ValueError, match="cache must be None or 'ram'"):
-        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache="disk")
-    with pytest.raises(ValueError, match="pass cache='ram' too"):
-        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache_bytes=100)
 
 
 FALLBACK_SCRIPT = """
@@ -230,19 +221,6 @@ def own_cache_folders() -> list[Path]:
     return sorted(Path("/dev/shm").glob(f"{FOLDER_PREFIX}{os.getpid()}-*"))
 
 
-def test_a_bad_start_method_is_refused_before_staging_or_caching(tmp_path):
-    source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
-    before = own_cache_folders()
-    with pytest.raises(ValueError, match="py_start_method"):
-        DALILoader(
-            source, TinySpec(), batch_size=2, device="cpu", stage_to=tmp_path / "dest", py_start_method="forkserver"
-        )
-    assert not (tmp_path / "dest").exists()  # nothing copied for a loader that could never start
-    with pytest.raises(ValueError, match="py_start_method"):
-        DALILoader(source, TinySpec(), batch_size=2, device="cpu", cache="ram", py_start_method="forkserver")
-    assert own_cache_folders() == before
-
-
 class ClashingSpec(TinySpec):
     """A spec whose build fails after the cache is made: it returns a name the loader adds itself."""
 
@@ -254,7 +232,7 @@ def test_a_loader_that_fails_to_start_removes_its_ram_cache(tmp_path):
     source = write_dataset(tmp_path / "src", 8, fmt="lmdb")
     before = own_cache_folders()
     with pytest.raises(ValueError, match="a name the loader adds itself") as failure:
-        DALILoader(source, ClashingSpec(), batch_size=2, device="cpu", py_num_workers=0, cache="ram")
+        DALILoader(source, ClashingSpec(), batch_size=2, run=RunOptions(device="cpu", py_num_workers=0), data=RAM)
     assert failure.traceback  # the failed loader is still referenced from here, so no finalizer ran yet
     assert own_cache_folders() == before
 

@@ -82,14 +82,15 @@ def child_read_after_truncation(dataset: str) -> None:
 
 def child_loader_after_truncation(dataset: str) -> None:
     """Iterate a DALILoader (no worker processes); truncate the shard after the first batch."""
-    from dali_pipes import DALILoader, LoaderError
+    from dali_pipes import BatchFormat, DALILoader, LoaderError, RunOptions
 
     from loader_helpers import TinySpec, quiet_dali_logs
 
     quiet_dali_logs()
     loader = DALILoader(
-        dataset, TinySpec(), batch_size=2, device="cpu", shuffle=False, with_index=True, py_num_workers=0
-    )
+        dataset, TinySpec(), batch_size=2, shuffle=False, batch_format=BatchFormat(with_index=True),
+        run=RunOptions(device="cpu", py_num_workers=0),
+    )  # fmt: skip
     seen: list[int] = []
     outcome = {"error": None, "message": ""}
     try:

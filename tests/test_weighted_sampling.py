@@ -186,19 +186,20 @@ def test_a_draw_without_replacement_of_more_samples_than_can_be_drawn_is_refused
 
 
 def test_weights_read_in_order_are_refused_by_the_loader_naming_shuffle(tiny):
-    from dali_pipes import ClassificationVal, DALILoader, WeightedSampling
+    from dali_pipes import BatchFormat, ClassificationVal, DALILoader, RunOptions, WeightedSampling
 
     from loader_helpers import TinySpec
 
-    sampling = WeightedSampling(np.ones(N_LOADER))
+    sampling, cpu = WeightedSampling(np.ones(N_LOADER)), RunOptions(device="cpu")
     with pytest.raises(ValueError, match=r"draws each epoch at random.*shuffle=False was given: pass shuffle=True"):
-        DALILoader(tiny, TinySpec(), batch_size=4, device="cpu", shuffle=False, sampling=sampling)
+        DALILoader(tiny, TinySpec(), batch_size=4, shuffle=False, sampling=sampling, run=cpu)
     # An evaluation spec reads in order by default: named, so that the user sees where shuffle=False came from.
     with pytest.raises(ValueError, match=r"shuffle=False \(the default of ClassificationVal, which reads in order\)"):
-        DALILoader(tiny, ClassificationVal(size=16), batch_size=4, device="cpu", sampling=sampling)
+        DALILoader(tiny, ClassificationVal(size=16), batch_size=4, sampling=sampling, run=cpu)
     with DALILoader(
-        tiny, ClassificationVal(size=16), batch_size=4, device="cpu", shuffle=True, sampling=sampling, with_index=True
-    ) as loader:
+        tiny, ClassificationVal(size=16), batch_size=4, shuffle=True, sampling=sampling,
+        batch_format=BatchFormat(with_index=True), run=cpu,
+    ) as loader:  # fmt: skip
         assert [i for b in loader for i in b["index"][~b["is_pad"]].tolist()] == sampling.order(N_LOADER, 0, 0).tolist()
 
 
@@ -271,14 +272,14 @@ def test_a_stale_task_that_meets_the_next_epochs_plan_mid_publish_stops_quietly(
 @pytest.mark.timeout(300)
 def test_reader_processes_read_the_weighted_draw_exactly(tiny):
     """Two spawned reader processes (the source pickled into each), two epochs, rows exactly the draws."""
-    from dali_pipes import DALILoader, WeightedSampling
+    from dali_pipes import BatchFormat, DALILoader, RunOptions, WeightedSampling
 
     from loader_helpers import TinySpec
 
     sampling = WeightedSampling(np.arange(1, N_LOADER + 1, dtype=float), num_samples=37)
     with DALILoader(
-        tiny, TinySpec(), batch_size=4, device="cpu", seed=9, sampling=sampling, with_index=True,
-        py_num_workers=2, py_start_method="spawn",
+        tiny, TinySpec(), batch_size=4, seed=9, sampling=sampling, batch_format=BatchFormat(with_index=True),
+        run=RunOptions(device="cpu", py_num_workers=2, py_start_method="spawn"),
     ) as loader:  # fmt: skip
         assert len(loader.worker_pids) == 2
         for epoch in range(2):
