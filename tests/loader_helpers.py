@@ -253,6 +253,19 @@ def wait_until_dead(pid: int, timeout: float = 60.0) -> None:
         time.sleep(0.01)
 
 
+def epoch_folders() -> set[Path]:
+    """The folders in ``/dev/shm`` in which this process's loaders keep their epoch control block and plans.
+
+    Named ``dali-pipes-epoch-<pid>-...`` (``loading/sources.py``); a test takes the set before and after
+    making a loader to find that loader's folder, the files it writes seen from outside.
+    """
+    import pytest
+
+    if not os.access("/dev/shm", os.W_OK):
+        pytest.skip("needs a writable /dev/shm, where the loader keeps its epoch plans")
+    return set(Path("/dev/shm").glob(f"dali-pipes-epoch-{os.getpid()}-*"))
+
+
 # --- processes that read a dataset at the same time -----------------------------------------------
 
 

@@ -14,7 +14,7 @@ from dali_pipes.loading.epoch_plan import plan_path, read_plan, write_plan
 from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.sampling import World, rank_indices
 
-from loader_helpers import write_dataset
+from loader_helpers import epoch_folders, write_dataset
 
 N = 23
 
@@ -76,22 +76,21 @@ def test_a_stale_plan_is_ignored_and_the_order_computed(dataset):
 
 @pytest.mark.parametrize("world", [World(0, 1), World(1, 2)])
 def test_the_loader_publishes_exactly_the_sampling_order(dataset, world):
-    from dali_pipes import DALILoader
+    from dali_pipes import BatchFormat, DALILoader, RunOptions
     from dali_pipes.pipelines import Features
 
+    before = epoch_folders()
     loader = DALILoader(
         dataset,
         Features(fields=("label",)),
         batch_size=4,
         seed=7,
-        device="cpu",
-        rank=world.rank,
-        world_size=world.world_size,
-        py_num_workers=1,
-        with_index=True,
+        run=RunOptions(device="cpu", rank=world.rank, world_size=world.world_size, py_num_workers=1),
+        batch_format=BatchFormat(with_index=True),
     )
     try:
-        for epoch, start in ((0, 0), (2, 0), (2, 8)):
+        (folder,) = epoch_folders() - before  # this loader's control block and plans, seen from outside
+        for refills, (epoch, start) in enumerate(((0, 0), (2, 0), (2, 8)), 1):
             if start:
                 loader.load_state_dict({**loader.state_dict(), "epoch": epoch, "samples_consumed": start})
             else:
@@ -99,7 +98,10 @@ def test_the_loader_publishes_exactly_the_sampling_order(dataset, world):
             seen = np.concatenate([batch["index"].numpy() for batch in loader])
             expected, expected_pad = rank_indices(N, 4, world.rank, world.world_size, epoch, 7, start=start)
             assert seen.tolist() == expected.tolist()
-            plan = read_plan(plan_path(loader._control.path), loader._chain.dali_epoch)
+            # Each of these passes starts a DALI epoch of its own (not the epoch after the last): its plan is
+            # the first segment's, written for the DALI epoch counted last.
+            assert loader.refills == refills
+            plan = read_plan(str(folder / "control.plan"), refills - 1)
             assert plan is not None
             assert plan[0][: len(expected)].tolist() == expected.tolist()
             assert plan[1][: len(expected)].tolist() == expected_pad.tolist()
