@@ -51,9 +51,9 @@ class CollectingDataset(Dataset):
 
 def train(dataset: str, hold: str) -> list[int]:
     """Iterate a loader once and let it go without close(); returns its worker pids."""
-    from dali_pipes import DALILoader
+    from dali_pipes import DALILoader, RunOptions
 
-    loader = DALILoader(dataset, TinySpec(), batch_size=4, device="cpu", py_num_workers=2)
+    loader = DALILoader(dataset, TinySpec(), batch_size=4, run=RunOptions(device="cpu", py_num_workers=2))
     for _ in loader:
         pass
     pids = loader.worker_pids
@@ -128,11 +128,11 @@ def _children() -> list[int]:
 
 def churn(dataset: str, count: int) -> None:
     """Create, iterate and drop ``count`` loaders; print the resources after the first 10 and after all."""
-    from dali_pipes import DALILoader
+    from dali_pipes import DALILoader, RunOptions
 
     seen = {}
     for i in range(1, count + 1):
-        loader = DALILoader(dataset, TinySpec(), batch_size=4, device="cpu", py_num_workers=1)
+        loader = DALILoader(dataset, TinySpec(), batch_size=4, run=RunOptions(device="cpu", py_num_workers=1))
         for _ in loader:
             pass
         del loader

@@ -13,10 +13,12 @@ import logging
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 import numpy as np
 from PIL import Image
@@ -367,6 +369,43 @@ def job_rows(source, world_size: int, *, epoch: int = 0, state=None, batch_size:
             per_rank.append(batches)
     assert len({len(b) for b in per_rank}) == 1  # the same number of batches on every rank
     return [row for step in zip(*per_rank) for rows in step for row in rows], saved
+
+
+def ordered_batches(
+    path: str | os.PathLike, spec, *, epochs: int = 1, batch_size: int = 8, device: str = "cpu", seed: int = 0
+) -> list[dict]:
+    """Every batch of ``epochs`` epochs in dataset order, with ``index``, as numpy arrays, read in this process.
+
+    Asserts that every output is on ``device``.
+    """
+    from dali_pipes import BatchFormat, DALILoader, RunOptions
+
+    batches = []
+    run = RunOptions(device=device, py_num_workers=0)
+    with DALILoader(
+        path, spec, batch_size=batch_size, shuffle=False, seed=seed, run=run, batch_format=BatchFormat(with_index=True)
+    ) as loader:
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for batch in loader:
+                assert all(v.is_cuda == (device == "gpu") for v in batch.values())
+                batches.append({k: v.cpu().numpy() for k, v in batch.items()})
+    return batches
+
+
+def real_rows(batches: list[dict]) -> Iterator[tuple[dict, int]]:
+    """``(batch, row)`` for every real (not padding) sample of ``batches``."""
+    for batch in batches:
+        for row in range(len(batch["index"])):
+            if not batch["is_pad"][row]:
+                yield batch, row
+
+
+def run_module_on_cpu(module: str, *args: str, timeout: float) -> subprocess.CompletedProcess:
+    """``python -m module args`` with no GPU visible and one OpenMP thread (the tests share a few cores)."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", module, *map(str, args)]
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def batch_rows(batch: Mapping) -> list[tuple[int, int, bool, int]]:

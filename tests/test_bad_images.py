@@ -146,7 +146,7 @@ def test_each_awkward_image_is_kept_unchanged_and_decodes_to_rgb_through_dali(co
 
 
 def test_the_loader_delivers_every_kept_image_as_three_channels(converted):
-    from dali_pipes import ClassificationVal, DALILoader
+    from dali_pipes import BatchFormat, ClassificationVal, DALILoader, RunOptions
 
     _, out = converted
     seen = []
@@ -156,9 +156,8 @@ def test_the_loader_delivers_every_kept_image_as_three_channels(converted):
         batch_size=1,
         shuffle=False,
         last_batch="drop",
-        py_num_workers=0,
-        device="cpu",
-        with_index=True,
+        run=RunOptions(device="cpu", py_num_workers=0),
+        batch_format=BatchFormat(with_index=True),
     ) as loader:
         for batch in loader:
             assert tuple(batch["image"].shape) == (1, 3, 32, 32)

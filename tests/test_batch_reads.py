@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dali_pipes import DALILoader, LoaderError, StoreError, open_store
+from dali_pipes import BatchFormat, DALILoader, LoaderError, RunOptions, StoreError, open_store
 from dali_pipes.pipelines import Features
 
 from loader_helpers import TinySpec, damage_shard, flip_image_header, write_dataset
 
 FORMATS = ("lmdb", "hdf5", "tfrecord")
 N = 23
+CPU = RunOptions(device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +104,9 @@ def test_the_loader_reads_zero_copy_formats_in_its_own_process_by_default(datase
     store = open_store(datasets[fmt, "images"])
     expected = {i: np.frombuffer(store.read(i, ("image",))["image"], np.uint8) for i in range(N)}
     store.close()
-    with DALILoader(datasets[fmt, "images"], EncodedBytes(), batch_size=4, device="cpu", with_index=True) as loader:
+    with DALILoader(
+        datasets[fmt, "images"], EncodedBytes(), batch_size=4, run=CPU, batch_format=BatchFormat(with_index=True)
+    ) as loader:
         assert loader.py_num_workers == readers and (loader.worker_pids == []) == (readers == 0)
         for epoch in (0, 1):
             loader.set_epoch(epoch)
@@ -136,12 +139,8 @@ def _epochs(path, kind, batch_reads, *, rank=0, world_size=1, state=None, worker
         _spec(kind),
         batch_size=4,
         seed=5,
-        device="cpu",
-        rank=rank,
-        world_size=world_size,
-        py_num_workers=workers,
-        with_index=True,
-        batch_reads=batch_reads,
+        run=RunOptions(device="cpu", rank=rank, world_size=world_size, py_num_workers=workers, batch_reads=batch_reads),
+        batch_format=BatchFormat(with_index=True),
     )
     seen = []
     try:
@@ -191,7 +190,8 @@ def test_a_damaged_record_names_the_sample_in_batch_mode(tmp_path):
 def test_a_damaged_shard_fails_the_batch_loader_naming_shard_and_sample(tmp_path):
     path = write_dataset(tmp_path / "ds", N, fmt="tfrecord", fields="images", samples_per_shard=5)
     damage_shard(path, "tfrecord", "truncate", 2, 11)
-    loader = DALILoader(path, TinySpec(), batch_size=4, device="cpu", py_num_workers=1, shuffle=False, batch_reads=True)
+    run = RunOptions(device="cpu", py_num_workers=1, batch_reads=True)
+    loader = DALILoader(path, TinySpec(), batch_size=4, run=run, shuffle=False)
     try:
         with pytest.raises(LoaderError, match=r"shard-00002.tfrecord.*record") as info:
             for _ in loader:
@@ -292,8 +292,8 @@ def test_dali_threads_by_default_fit_this_ranks_share_of_the_cores(monkeypatch):
     assert [default_num_threads(c) for c in (1, 8, 16)] == [1, 4, 4]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(mine))  # as many ranks as cores on this node: one thread each
     assert default_num_threads() == default_num_threads(gpu_images=True) == 1
-    assert resolve_counts(ClassificationTrain(), None, None, None, None)[1] is None  # chosen once the device is
-    assert resolve_counts(ClassificationTrain(), None, 3, None, None)[1] == 3  # an explicit count wins
+    assert resolve_counts(ClassificationTrain(), RunOptions())[1] is None  # chosen once the device is
+    assert resolve_counts(ClassificationTrain(), RunOptions(num_threads=3))[1] == 3  # an explicit count wins
 
 
 def test_the_loader_says_which_thread_and_process_counts_it_chose_and_why(datasets, caplog, monkeypatch):
@@ -303,11 +303,10 @@ def test_the_loader_says_which_thread_and_process_counts_it_chose_and_why(datase
 
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
     with caplog.at_level(logging.INFO, logger="dali_pipes.loading.options"):
-        with DALILoader(datasets["lmdb", "images"], EncodedBytes(), batch_size=4, device="cpu") as loader:
+        with DALILoader(datasets["lmdb", "images"], EncodedBytes(), batch_size=4, run=CPU) as loader:
             assert loader.num_threads == default_num_threads()
-        with DALILoader(
-            datasets["lmdb", "images"], EncodedBytes(), batch_size=4, device="cpu", num_threads=3
-        ) as loader:
+        three = RunOptions(device="cpu", num_threads=3)
+        with DALILoader(datasets["lmdb", "images"], EncodedBytes(), batch_size=4, run=three) as loader:
             assert loader.num_threads == 3
     lines = [r.getMessage() for r in caplog.records if "DALI threads" in r.getMessage()]
     cores = len(os.sched_getaffinity(0))
@@ -363,8 +362,7 @@ def test_every_reader_process_reads_a_batch_at_once(datasets, tmp_path, workers)
     # DALI gives each batch of a batch-mode source to one reader process, and hands out only as many batches
     # as the source's prefetch depth: with 4 processes and the loader's prefetch of 2, two of them idled.
     meeting = Meeting(str(tmp_path), parties=workers)
-    with DALILoader(
-        datasets["lmdb", "arrays"], MeetingSpec(meeting), batch_size=2, device="cpu", py_num_workers=workers, prefetch=2
-    ) as loader:
+    run = RunOptions(device="cpu", py_num_workers=workers, prefetch=2)
+    with DALILoader(datasets["lmdb", "arrays"], MeetingSpec(meeting), batch_size=2, run=run) as loader:
         met = [int(batch["met"][0]) for batch in loader]
     assert len(met) == 12 and met[:workers] == [1] * workers, met

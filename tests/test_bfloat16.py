@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dali_pipes import ClassificationTrain, ClassificationVal, DALILoader
+from dali_pipes import BatchFormat, ClassificationTrain, ClassificationVal, DALILoader, RunOptions
 
 from loader_helpers import write_dataset
 
@@ -16,7 +16,8 @@ def dataset(tmp_path_factory):
 
 
 def _batches(dataset, spec) -> list[dict]:
-    with DALILoader(dataset, spec, batch_size=5, device="cpu", py_num_workers=0, with_index=True) as loader:
+    run = RunOptions(device="cpu", py_num_workers=0)
+    with DALILoader(dataset, spec, batch_size=5, run=run, batch_format=BatchFormat(with_index=True)) as loader:
         return list(loader)
 
 

@@ -20,7 +20,7 @@ from PIL import Image
 
 from converters.runner import convert
 from converters.sources.coco import CocoSource
-from dali_pipes import DALILoader, open_store
+from dali_pipes import BatchFormat, DALILoader, RunOptions, open_store
 from dali_pipes.pipelines import InstanceSegmentationVal
 
 from test_convert import run_cli  # noqa: E402 - shared helper
@@ -99,7 +99,12 @@ def test_the_loader_gives_those_boxes_with_empty_masks(converted):
     spec = InstanceSegmentationVal(size=(300, 400), crowd="keep")
     seen = 0
     with DALILoader(
-        masks, spec, batch_size=8, shuffle=False, device="cpu", py_num_workers=0, with_index=True
+        masks,
+        spec,
+        batch_size=8,
+        shuffle=False,
+        run=RunOptions(device="cpu", py_num_workers=0),
+        batch_format=BatchFormat(with_index=True),
     ) as loader:
         for batch in loader:
             for row in range(len(batch["index"])):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from dali_pipes import BatchFormat, DALILoader
+from dali_pipes import BatchFormat, DALILoader, RunOptions
 from dali_pipes.loading.compat import _is_mixer
 
 from loader_helpers import TinySpec, write_dataset
@@ -24,7 +24,7 @@ def tiny(tmp_path_factory):
 
 def test_the_epoch_is_set_as_timms_train_py_sets_it(tiny):
     """``loader.batch_sampler`` is there (None, as a DataLoader's without a BatchSampler): timm goes on to ``sampler``."""
-    with DALILoader(tiny, TinySpec(), batch_size=4, device="cpu") as loader:
+    with DALILoader(tiny, TinySpec(), batch_size=4, run=RunOptions(device="cpu")) as loader:
         assert loader.batch_sampler is None
         # timm's train.py, _set_loader_epoch(loader, 5): the dataset first, then the batch sampler, else the sampler.
         assert not hasattr(loader.dataset, "set_epoch")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from dali_pipes import DALILoader
+from dali_pipes import BatchFormat, DALILoader, RunOptions
 
 from loader_helpers import TinySpec, read_every_sample, sample_digests, write_dataset
 
@@ -65,7 +65,12 @@ def test_readers_in_many_processes_and_a_loader_share_a_dataset(tmp_path, fmt):
         reader.start()
     try:
         loader = DALILoader(
-            path, TinySpec(), batch_size=4, shuffle=False, device="cpu", with_index=True, py_num_workers=1
+            path,
+            TinySpec(),
+            batch_size=4,
+            shuffle=False,
+            run=RunOptions(device="cpu", py_num_workers=1),
+            batch_format=BatchFormat(with_index=True),
         )
         iterator = iter(loader)
         seen = next(iterator)["index"].tolist()  # the loader's worker has the first shard open now

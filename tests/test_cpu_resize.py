@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dali_pipes import ClassificationTrain, DALILoader
+from dali_pipes import ClassificationTrain, DALILoader, RunOptions
 from dali_pipes.pipelines import cpu_resize
 
 pytest.importorskip("numba", reason='the Numba resize needs the "cpu" extra (pip install "dali-pipes[cpu]")')
@@ -61,7 +61,7 @@ def test_the_training_pipeline_on_the_cpu_takes_it_and_gives_what_dalis_resize_g
     spec = ClassificationTrain(size=224, dtype="float32", jitter=None, flip=0.0)
 
     def batch() -> np.ndarray:
-        with DALILoader(dataset, spec, batch_size=8, device="cpu", shuffle=False, seed=3) as loader:
+        with DALILoader(dataset, spec, batch_size=8, run=RunOptions(device="cpu"), shuffle=False, seed=3) as loader:
             return next(iter(loader))["image"].numpy()
 
     assert cpu_resize.available()

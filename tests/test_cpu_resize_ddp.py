@@ -77,13 +77,13 @@ import utils
 
 utils.setup_for_distributed(False)
 
-from dali_pipes import ClassificationTrain, DALILoader
+from dali_pipes import ClassificationTrain, DALILoader, RunOptions
 from dali_pipes.pipelines import cpu_resize
 
 spec = ClassificationTrain(size=64, jitter=None, flip=0.0)
 shapes = []
 for _ in range(2):
-    with DALILoader(sys.argv[1], spec, batch_size=4, device="cpu", shuffle=False, seed=0) as loader:
+    with DALILoader(sys.argv[1], spec, batch_size=4, run=RunOptions(device="cpu"), shuffle=False, seed=0) as loader:
         shapes.append(list(next(iter(loader))["image"].shape))
 warnings = [(r.name, r.getMessage()) for r in records if r.name.startswith("dali_pipes")]
 sys.stdout.write(json.dumps({"shapes": shapes, "numba": cpu_resize.available(), "warnings": warnings}))

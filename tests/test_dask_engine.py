@@ -307,9 +307,9 @@ def test_the_loader_works_in_a_process_that_imported_dask(images, tmp_path):
     run_cli("convert", "imagefolder", images, shards, "--no-progress")
     code = f"""
 import distributed
-from dali_pipes import ClassificationTrain, DALILoader
-loader = DALILoader({str(shards)!r}, ClassificationTrain(size=32), batch_size=16, py_num_workers=1,
-                    py_start_method="fork", with_index=True)
+from dali_pipes import BatchFormat, ClassificationTrain, DALILoader, RunOptions
+loader = DALILoader({str(shards)!r}, ClassificationTrain(size=32), batch_size=16,
+                    run=RunOptions(py_num_workers=1, py_start_method="fork"), batch_format=BatchFormat(with_index=True))
 for epoch in range(2):
     seen = sorted(int(i) for batch in loader for i, pad in zip(batch["index"], batch["is_pad"]) if not pad)
     assert seen == list(range({NUM_IMAGES})), seen

@@ -6,10 +6,12 @@ import pytest
 import torch
 from test_ddp import run_job
 
-from dali_pipes import BatchFormat, ClassificationVal, DALILoader, open_store
+from dali_pipes import BatchFormat, ClassificationVal, DALILoader, RunOptions, open_store
 from dali_pipes.loading.compat import LoaderDataset
 
 from loader_helpers import TinySpec, write_dataset
+
+CPU = RunOptions(device="cpu")
 
 N = 23
 
@@ -34,8 +36,8 @@ def test_tuples_and_the_attributes_a_training_script_reads(photos):
     store = open_store(photos)
     classes = list(store.manifest.classes)
     labels = {i: int(store.read(i, ("label",))["label"]) for i in range(len(store))}
-    fmt = BatchFormat(keys=("image", "label", "index"))
-    with DALILoader(photos, TinySpec(), batch_size=8, device="cpu", batch_format=fmt, with_index=True) as loader:
+    fmt = BatchFormat(keys=("image", "label", "index"), with_index=True)
+    with DALILoader(photos, TinySpec(), batch_size=8, run=CPU, batch_format=fmt) as loader:
         assert len(loader.dataset) == len(store) and loader.dataset.classes == classes and len(classes) > 1
         assert loader.dataset.class_to_idx == {name: i for i, name in enumerate(classes)}
         assert loader.batch_size == 8 and loader.drop_last is False
@@ -58,20 +60,11 @@ def test_tuples_and_the_attributes_a_training_script_reads(photos):
 @pytest.mark.parametrize("drop", [False, True])
 def test_evaluation_without_padding_counts_each_sample_once_over_the_ranks(tiny, drop):
     """23 samples, batch 4, 3 ranks: with drop_padding the ranks' rows add up to the dataset, once each."""
-    fmt = BatchFormat(keys=("label", "index"), drop_padding=drop)
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=drop, with_index=True)
     counts, rows = [], []
     for rank in range(3):
-        with DALILoader(
-            tiny,
-            TinySpec(),
-            batch_size=4,
-            device="cpu",
-            shuffle=False,
-            rank=rank,
-            world_size=3,
-            with_index=True,
-            batch_format=fmt,
-        ) as loader:
+        run = RunOptions(device="cpu", rank=rank, world_size=3)
+        with DALILoader(tiny, TinySpec(), batch_size=4, shuffle=False, run=run, batch_format=fmt) as loader:
             batches = list(loader)
             counts.append(len(batches))
             rows.extend(i for _, index in batches for i in index.tolist())
@@ -82,15 +75,13 @@ def test_evaluation_without_padding_counts_each_sample_once_over_the_ranks(tiny,
         assert sorted(set(rows)) == list(range(N)) and len(rows) == counts[0] * 3 * 4  # the filler is duplicates
 
 
-def _evaluate(path, n_ranks, batch_size, **kwargs):
+def _evaluate(path, n_ranks, batch_size):
     """Each rank's ``(label, index)`` batches, one loader per rank in turn, read in order without padding."""
-    fmt = BatchFormat(keys=("label", "index"), drop_padding=True)
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=True, with_index=True)
     per_rank = []
     for rank in range(n_ranks):
-        with DALILoader(
-            path, TinySpec(), batch_size=batch_size, device="cpu", shuffle=False, rank=rank, world_size=n_ranks,
-            with_index=True, batch_format=fmt, **kwargs,
-        ) as loader:  # fmt: skip
+        run = RunOptions(device="cpu", rank=rank, world_size=n_ranks)
+        with DALILoader(path, TinySpec(), batch_size=batch_size, shuffle=False, run=run, batch_format=fmt) as loader:
             per_rank.append([index.tolist() for _, index in loader])
     return per_rank
 
@@ -115,7 +106,7 @@ def test_evaluation_that_would_leave_a_rank_an_empty_last_batch_is_refused_namin
         with pytest.raises(ValueError, match=r"drop_padding=True.*rank\(s\) 1, 2 would get an empty last batch.*"
                            r"batch_size=2 or 4.*is_pad"):  # fmt: skip
             _evaluate(dataset, 3, 3)
-    with DALILoader(dataset, TinySpec(), batch_size=3, device="cpu", rank=2, world_size=3) as padded:
+    with DALILoader(dataset, TinySpec(), batch_size=3, run=RunOptions(device="cpu", rank=2, world_size=3)) as padded:
         assert [len(batch["label"]) for batch in padded] == [3, 1]  # with the padding kept: one filler row
     tiny_set = write_dataset(tmp_path / "two", 2)
     with pytest.raises(ValueError, match="2 samples in batches of 1 on 3 ranks.*evaluate on at most 2 ranks"):
@@ -141,11 +132,9 @@ def test_a_ddp_evaluation_on_three_ranks_has_no_empty_batch_or_refuses_on_every_
 def test_a_resumed_evaluation_pass_that_would_leave_a_rank_empty_is_refused_before_it_starts(tiny):
     # 23 samples: a state saved after 10 (one batch of 5 on 2 ranks) leaves 13 for 3 ranks in batches of 4, so
     # the last step holds 1 sample. Refused at iter(), the loader unchanged: a whole epoch still reads.
-    fmt = BatchFormat(keys=("label", "index"), drop_padding=True)
-    with DALILoader(
-        tiny, TinySpec(), batch_size=4, device="cpu", shuffle=False, rank=0, world_size=3, with_index=True,
-        batch_format=fmt,
-    ) as loader:  # fmt: skip
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=True, with_index=True)
+    run = RunOptions(device="cpu", rank=0, world_size=3)
+    with DALILoader(tiny, TinySpec(), batch_size=4, shuffle=False, run=run, batch_format=fmt) as loader:
         whole = loader.state_dict()
         loader.load_state_dict({**whole, "samples_consumed": 10})
         with pytest.raises(ValueError, match=r"13 samples in batches of 4 on 3 ranks leave 1 for the last step"):
@@ -158,7 +147,7 @@ def test_batch_format_refuses_what_it_cannot_yield(tiny):
     with pytest.raises(TypeError, match="tuple of output names"):
         BatchFormat(keys="image")
     fmt = BatchFormat(keys=("image", "target"))
-    with DALILoader(tiny, TinySpec(), batch_size=4, device="cpu", batch_format=fmt) as loader:
+    with DALILoader(tiny, TinySpec(), batch_size=4, run=CPU, batch_format=fmt) as loader:
         with pytest.raises(KeyError, match="'target'.*outputs are 'image', 'label', 'is_pad'"):
             next(iter(loader))
 
@@ -184,7 +173,7 @@ def test_the_models_dtype_and_channels_last_as_the_scripts_prefetchers_deliver_t
     outputs = {}
     for layout, fmt in (("NCHW", plain), ("NHWC", model_like), ("NCHW", model_like)):
         spec = ClassificationVal(size=16, layout=layout)
-        with DALILoader(tiny, spec, batch_size=4, device="cpu", batch_format=fmt) as loader:
+        with DALILoader(tiny, spec, batch_size=4, run=CPU, batch_format=fmt) as loader:
             outputs[layout, fmt.dtype] = [image for image, _ in loader]
     for key in (("NHWC", "bfloat16"), ("NCHW", "bfloat16")):
         for image, reference in zip(outputs[key], outputs["NCHW", None]):
@@ -205,7 +194,7 @@ def test_a_collate_style_transform_runs_on_every_batch(tiny):
     hooked = BatchFormat(keys=("image", "label"), transform=lambda image, label: (image.flip(-1), label + 100))
     got = {}
     for fmt in (plain, hooked):
-        with DALILoader(tiny, TinySpec(), batch_size=4, device="cpu", shuffle=False, batch_format=fmt) as loader:
+        with DALILoader(tiny, TinySpec(), batch_size=4, run=CPU, shuffle=False, batch_format=fmt) as loader:
             got[fmt] = list(loader)
     assert len(got[plain]) == len(got[hooked]) == 6
     for (image, label), (flipped, shifted) in zip(got[plain], got[hooked]):
@@ -219,15 +208,13 @@ def test_timms_mixup_mixes_our_batches_and_its_switch_is_honoured(tiny):
     mixup = timm_module("mixup").Mixup(mixup_alpha=0.8, cutmix_alpha=1.0, label_smoothing=0.1, num_classes=5)
     fmt = BatchFormat(keys=("image", "label"), transform=mixup)
     spec = ClassificationVal(size=16)
-    with DALILoader(
-        tiny, spec, batch_size=4, device="cpu", last_batch="drop", shuffle=False, batch_format=fmt
-    ) as loader:
+    with DALILoader(tiny, spec, batch_size=4, run=CPU, last_batch="drop", shuffle=False, batch_format=fmt) as loader:
         assert loader.mixup_enabled
         mixed = list(loader)
         loader.mixup_enabled = False  # timm's train.py at --mixup-off-epoch
         assert mixup.mixup_enabled is False and not loader.mixup_enabled
         unmixed = list(loader)
-    with DALILoader(tiny, spec, batch_size=4, device="cpu", last_batch="drop", shuffle=False) as loader:
+    with DALILoader(tiny, spec, batch_size=4, run=CPU, last_batch="drop", shuffle=False) as loader:
         reference = [(batch["image"], batch["label"]) for batch in loader]
     assert len(mixed) == len(unmixed) == len(reference) == N // 4
     for (image, target), (ref_image, ref_label) in zip(mixed, reference):
@@ -250,8 +237,8 @@ def test_mixing_that_cannot_be_honoured_is_refused_saying_what_to_use(tiny):
     mixing_spec = ClassificationTrain(size=16, mix=Mix(mixup_alpha=0.8, num_classes=5))
     fmt = BatchFormat(keys=("image", "label"), transform=timm_mixup.Mixup(mixup_alpha=0.8, num_classes=5))
     with pytest.raises(ValueError, match="mixes in the graph.*mix in one place"):
-        DALILoader(tiny, mixing_spec, batch_size=4, device="cpu", batch_format=fmt)
-    with DALILoader(tiny, mixing_spec, batch_size=4, device="cpu") as loader:
+        DALILoader(tiny, mixing_spec, batch_size=4, run=CPU, batch_format=fmt)
+    with DALILoader(tiny, mixing_spec, batch_size=4, run=CPU) as loader:
         assert loader.mixup_enabled
         with pytest.raises(ValueError, match="cannot be switched.*BatchFormat\\(transform=timm.data.Mixup"):
             loader.mixup_enabled = False

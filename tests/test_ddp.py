@@ -14,7 +14,7 @@ import json
 import pytest
 import torch.multiprocessing as mp
 
-from dali_pipes import DALILoader
+from dali_pipes import BatchFormat, DALILoader, RunOptions
 from dali_pipes.sampling import epoch_order, num_batches, rank_indices
 
 from loader_helpers import TinySpec, ddp_worker, free_port, write_dataset  # free_port: imported from here too
@@ -57,7 +57,7 @@ def test_ranks_reading_on_from_epoch_to_epoch_cover_each_epoch_exactly_once(tmp_
     for epoch in range(3):
         per_rank = [r["epochs"][epoch] for r in reports]
         assert global_order(per_rank) == epoch_order(n, epoch, 0).tolist()  # the union is the dataset, each once
-    assert [r["dali_epochs"] for r in reports] == [1, 1]  # one DALI epoch per rank read all three
+    assert [r["refills"] for r in reports] == [1, 1]  # one DALI epoch per rank read all three
     for rank, report in enumerate(reports):  # and on into epoch 3, left after 2 batches
         assert sum((b[0] for b in report["partial"]), []) == rank_indices(n, BATCH, rank, 2, 3, 0)[0][:6].tolist()
         assert report["state"]["epoch"] == 3 and report["state"]["samples_consumed"] == 12
@@ -94,11 +94,8 @@ def test_ranks_cover_each_epoch_exactly_once(dataset, tmp_path, world_size, work
             dataset,
             TinySpec(),
             batch_size=BATCH,
-            rank=r,
-            world_size=new_world,
-            device="cpu",
-            with_index=True,
-            py_num_workers=1,
+            run=RunOptions(device="cpu", rank=r, world_size=new_world, py_num_workers=1),
+            batch_format=BatchFormat(with_index=True),
         )
         for r in range(new_world)
     ]

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import pickle
 import re
-import subprocess
-import sys
 from collections import Counter
 from dataclasses import FrozenInstanceError
 from pathlib import Path
@@ -28,8 +25,10 @@ from PIL import Image
 
 from converters.runner import convert
 from converters.sources.coco import CocoSource
-from dali_pipes import DALILoader, load_manifest, open_store
+from dali_pipes import DALILoader, RunOptions, load_manifest, open_store
 from dali_pipes.pipelines import ColorJitter, Detection, DetectionVal, PipelineSpec
+
+from loader_helpers import ordered_batches, real_rows, run_module_on_cpu
 
 NO_AUG = dict(crop=None, flip=0.0, jitter=None)
 
@@ -135,23 +134,7 @@ def expected_targets(data: dict, contiguous: bool = True) -> dict[int, tuple[np.
 
 def run(path: Path, spec: PipelineSpec, *, epochs: int = 1, batch_size: int = 16, seed: int = 0) -> list[dict]:
     """Every batch of ``epochs`` epochs, in dataset order, as numpy, read in this process."""
-    spec = spec.bind(load_manifest(path))
-    batches = []
-    with DALILoader(
-        path, spec, batch_size=batch_size, shuffle=False, seed=seed, device="cpu", py_num_workers=0, with_index=True
-    ) as loader:
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            batches.extend({k: v.numpy() for k, v in batch.items()} for batch in loader)
-    return batches
-
-
-def samples(batches: list[dict]):
-    """``(row, batch)`` for every real (not padded) sample."""
-    for batch in batches:
-        for row in range(len(batch["index"])):
-            if not batch["is_pad"][row]:
-                yield row, batch
+    return ordered_batches(path, spec, epochs=epochs, batch_size=batch_size, seed=seed)
 
 
 def image_ids(path: Path) -> list[int]:
@@ -234,7 +217,9 @@ def test_bind_reads_sorted_category_ids_and_refuses_datasets_without_them(edge_c
 
 def test_the_loader_binds_an_unbound_spec_to_the_dataset_categories(edge_cases):
     path, data = edge_cases
-    loader = DALILoader(path, Detection(crop=None, flip=0.0), batch_size=2, device="cpu", py_num_workers=0)
+    loader = DALILoader(
+        path, Detection(crop=None, flip=0.0), batch_size=2, run=RunOptions(device="cpu", py_num_workers=0)
+    )
     assert loader.pipeline.category_ids == tuple(sorted(c["id"] for c in data["categories"]))
     labels = {int(v) for batch in loader for v in batch["labels"].reshape(-1) if v >= 0}
     assert labels and labels <= {0, 1, 2}
@@ -249,7 +234,7 @@ def test_after_crop_flip_and_resize_boxes_stay_inside_and_keep_their_labels(coco
     expected = expected_targets(coco_json)
     ids = image_ids(coco_lmdb)
     seen = fewer = reshaped = 0
-    for row, batch in samples(batches):
+    for batch, row in real_rows(batches):
         n = assert_valid_targets(batch, row)
         h, w = batch["image_size"][row]
         assert batch["image"].shape[1] == 3 and np.all(batch["image"][row][:, h:, :] == 0)
@@ -274,7 +259,7 @@ def test_flipped_output_is_the_mirrored_unflipped_output(coco_lmdb):
     common = dict(size=256, max_size=400, crop=None, jitter=None)
     plain = run(coco_lmdb, Detection(flip=0.0, **common), seed=3)
     flipped = run(coco_lmdb, Detection(flip=1.0, **common), seed=3)
-    for (row, a), (_, b) in zip(samples(plain), samples(flipped)):
+    for (a, row), (b, _) in zip(real_rows(plain), real_rows(flipped)):
         h, w = a["image_size"][row]
         assert (b["image_size"][row] == (h, w)).all()
         np.testing.assert_allclose(b["image"][row][:, :h, :w], a["image"][row][:, :h, :w][:, :, ::-1], atol=1e-4)
@@ -297,7 +282,7 @@ def test_boxes_scaled_back_match_the_annotations_within_a_pixel(coco_lmdb, coco_
     sizes = {im["id"]: (im["height"], im["width"]) for im in coco_json["images"]}
     ids = image_ids(coco_lmdb)
     checked = 0
-    for row, batch in samples(run(coco_lmdb, spec)):
+    for batch, row in real_rows(run(coco_lmdb, spec)):
         image_id = ids[batch["index"][row]]
         if "image_id" in batch:
             assert batch["image_id"][row] == image_id
@@ -332,7 +317,7 @@ def test_boxes_follow_the_pixels_through_crop_flip_and_resize(rectangles):
     colours = {label: np.array(COLOURS[cid]) for label, cid in enumerate(sorted(COLOURS))}
     spec = Detection(size=(320, 320), crop="ssd", flip=0.5, jitter=None, dtype="uint8", layout="NHWC")
     checked_inside = checked_edges = 0
-    for row, batch in samples(run(rectangles, spec, epochs=6, batch_size=8, seed=1)):
+    for batch, row in real_rows(run(rectangles, spec, epochs=6, batch_size=8, seed=1)):
         n = assert_valid_targets(batch, row)
         image = batch["image"][row].astype(int)
         for (x1, y1, x2, y2), label in zip(batch["boxes"][row][:n], batch["labels"][row][:n]):
@@ -366,7 +351,7 @@ def test_images_left_without_boxes_give_valid_samples(edge_cases):
     for spec in (Detection(size=(128, 128)), Detection(size=96, max_size=160, crop=None), DetectionVal(size=96)):
         # batch 3: the first batch holds only the three images that end up without boxes.
         batches = run(path, spec, epochs=2, batch_size=3)
-        for row, batch in samples(batches):
+        for batch, row in real_rows(batches):
             n = assert_valid_targets(batch, row)
             image_id = batch["index"][row] + 1
             assert n == (1 if image_id == 4 else 0)
@@ -404,7 +389,8 @@ def test_gpu_graph_matches_the_cpu_graph(coco_lmdb):
     spec = Detection(size=256, max_size=384, **NO_AUG).bind(load_manifest(coco_lmdb))
     outputs = {}
     for device in ("cpu", "gpu"):
-        with DALILoader(coco_lmdb, spec, batch_size=8, shuffle=False, device=device, py_num_workers=0) as loader:
+        options = RunOptions(device=device, py_num_workers=0)
+        with DALILoader(coco_lmdb, spec, batch_size=8, shuffle=False, run=options) as loader:
             batch = next(iter(loader))
         if device == "gpu":
             assert all(v.is_cuda for v in batch.values())
@@ -421,29 +407,8 @@ def test_gpu_graph_matches_the_cpu_graph(coco_lmdb):
 
 
 def test_example_trains_one_epoch_on_cpu(coco_lmdb):
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dali_pipes.examples.train_detection",
-            str(coco_lmdb),
-            "--epochs",
-            "1",
-            "--batch-size",
-            "16",
-            "--size",
-            "96",
-            "--max-size",
-            "128",
-            "--workers",
-            "0",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-    )
+    args = (coco_lmdb, "--epochs", "1", "--batch-size", "16", "--size", "96", "--max-size", "128", "--workers", "0")
+    proc = run_module_on_cpu("dali_pipes.examples.train_detection", *args, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     found = re.search(r"epoch 0: (\d+) images, loss ([0-9.]+)", proc.stdout)
     assert found and int(found.group(1)) == 61 and 0 < float(found.group(2)) < 100, proc.stdout

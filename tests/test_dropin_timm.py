@@ -269,9 +269,9 @@ def test_repeated_class_names_keep_their_labels_and_are_refused_wherever_a_name_
     with pytest.raises(ValueError, match=r"'crane' at labels 0, 3"):
         timm_class_to_idx(REPEATED_NAMES)
     # The plain loader's DataLoader-style dataset by the same rule.
-    from dali_pipes import ClassificationVal, DALILoader
+    from dali_pipes import ClassificationVal, DALILoader, RunOptions
 
-    with DALILoader(shards / "train", ClassificationVal(size=16), batch_size=4, device="cpu") as loader:
+    with DALILoader(shards / "train", ClassificationVal(size=16), batch_size=4, run=RunOptions(device="cpu")) as loader:
         assert loader.dataset.classes == list(REPEATED_NAMES)
         with pytest.raises(ValueError, match=r"'crane' at labels 0, 3; 'maillot' at labels 1, 5"):
             loader.dataset.class_to_idx  # noqa: B018 - reading it is the test

@@ -336,7 +336,7 @@ BUGS = [
     pytest.param(
         "train_detection",
         ["coco", "--size", "64", "--max-size", "96", "--workers", "0"],
-        "dali_pipes.loading.loader:build_pipeline=FileNotFoundError",
+        "dali_pipes.pipelines.detection:Detection.build=FileNotFoundError",
         [],
         id="detection-graph",
         marks=SLOW,
@@ -344,7 +344,7 @@ BUGS = [
     pytest.param(
         "train_features",
         ["feats", "--batch-size", "8", "--workers", "0"],
-        "dali_pipes.loading.loader:DALILoader._make_source=ValueError",
+        "dali_pipes.pipelines.features:Features.bind=ValueError",
         [],
         id="features-source",
         marks=SLOW,
@@ -364,7 +364,7 @@ def test_a_bug_while_the_loader_is_built_keeps_its_traceback(data, tmp_path, exa
     "bug",
     [
         "dali_pipes.loading.epoch_size:EpochSizes.restore=ValueError",
-        pytest.param("dali_pipes.loading.state:SavedPosition.load_state_dict=RuntimeError", marks=SLOW),
+        pytest.param("dali_pipes.loading.loader:DALILoader.load_state_dict=RuntimeError", marks=SLOW),
     ],
     ids=["value-error", "runtime-error"],
 )

@@ -14,6 +14,8 @@ from converters.runner import convert
 from converters.sources import ImageFolderSource
 from converters.synth import make_imagefolder
 
+from loader_helpers import run_module_on_cpu
+
 NUM_IMAGES = 50
 
 
@@ -109,23 +111,8 @@ def test_the_recipe_flags_train_with_soft_targets_and_a_rising_resolution(tiny_d
     flags = ["--mixup", "0.8", "--cutmix", "1.0", "--erasing", "0.25", "--res-schedule", "32,64,0,1"]
     spec = train_spec(parse_args([str(tiny_dataset), *flags]))
     assert [spec.size_at(e) for e in (0, 1)] == [32, 64] and spec.mix.cutmix_alpha == 1.0 and spec.erasing.prob == 0.25
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "dali_pipes.examples.train_imagenet",
-            str(tiny_dataset),
-            "--epochs",
-            "2",
-            "--batch-size",
-            "8",
-            *flags,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        env=env,
+    proc = run_module_on_cpu(
+        "dali_pipes.examples.train_imagenet", tiny_dataset, "--epochs", "2", "--batch-size", "8", *flags, timeout=240
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     epochs = re.findall(r"^epoch (\d+): (\d+) samples, loss ([\d.]+), at (\d+) px", proc.stdout, re.M)

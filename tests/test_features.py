@@ -7,6 +7,7 @@ shards per format), and read back by simulated ranks (explicit ``rank`` and
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 import tracemalloc
@@ -19,7 +20,7 @@ from nvidia.dali import Pipeline, fn
 
 from converters.runner import convert
 from converters.sources.arrays import ArraysSource
-from dali_pipes import DALILoader, load_manifest, open_store
+from dali_pipes import BatchFormat, DALILoader, RunOptions, load_manifest, open_store
 from dali_pipes.dataset.manifest import Field
 from dali_pipes.pipelines import Features, PipelineSpec
 
@@ -27,6 +28,7 @@ N = 23  # not a multiple of the batch size (4) times the world size (2)
 BATCH = 4
 FIELDS = ("mix", "target", "emb")
 FORMATS = ("lmdb", "hdf5", "tfrecord")
+INDEXED = BatchFormat(with_index=True)
 
 
 @pytest.fixture(scope="module")
@@ -60,10 +62,15 @@ def dataset(request, arrays) -> tuple[str, Path, dict[str, np.ndarray]]:
     return request.param, converted(arrays, request.param), arrays[1]
 
 
-def loader(path: Path, spec: Features, **kwargs) -> DALILoader:
+def cpu(**fields) -> RunOptions:
+    """The CPU, reading in the loader's process unless ``fields`` say otherwise."""
+    return RunOptions(**{"device": "cpu", "py_num_workers": 0, **fields})
+
+
+def loader(path: Path, spec: Features, run: RunOptions | None = None, **kwargs) -> DALILoader:
+    """A loader of ``spec`` bound to the dataset, batches of ``BATCH`` with ``index``, on ``run`` (default :func:`cpu`)."""
     kwargs.setdefault("batch_size", BATCH)
-    kwargs.setdefault("py_num_workers", 0)
-    return DALILoader(path, spec.bind(load_manifest(path)), device="cpu", with_index=True, **kwargs)
+    return DALILoader(path, spec.bind(load_manifest(path)), run=run or cpu(), batch_format=INDEXED, **kwargs)
 
 
 # ---------------------------------------------------------------- configuration
@@ -127,7 +134,7 @@ def test_every_sample_comes_back_equal_on_every_rank(dataset):
     per_rank = math.ceil(N / (BATCH * 2))
     seen: Counter = Counter()
     for rank in range(2):
-        with loader(path, spec, rank=rank, world_size=2, shuffle=True, seed=5, py_num_workers=workers) as it:
+        with loader(path, spec, cpu(rank=rank, world_size=2, py_num_workers=workers), shuffle=True, seed=5) as it:
             assert len(it) == per_rank
             batches = list(it)
         assert len(batches) == per_rank
@@ -163,13 +170,14 @@ def test_normalize_and_cast(dataset):
 def test_resume_gives_the_rest_of_the_epoch(arrays):
     path = converted(arrays, "lmdb")  # converted here too: under pytest-xdist no other test may have run first
     spec = Features(fields=("label",))
-    with loader(path, spec, rank=1, world_size=2, seed=2) as full:
+    two = cpu(rank=1, world_size=2)
+    with loader(path, spec, two, seed=2) as full:
         whole = [b["index"].tolist() for b in full]
-    with loader(path, spec, rank=1, world_size=2, seed=2) as first:
+    with loader(path, spec, two, seed=2) as first:
         it = iter(first)
         head = [next(it)["index"].tolist()]
         state = first.state_dict()
-    with loader(path, spec, rank=1, world_size=2, seed=2) as second:
+    with loader(path, spec, two, seed=2) as second:
         second.load_state_dict(state)
         assert len(second) == len(whole) - 1
         rest = [b["index"].tolist() for b in second]
@@ -181,18 +189,19 @@ def test_features_read_in_the_training_process_unless_told_otherwise(arrays):
     from dali_pipes.loading.options import resolve_counts
 
     spec = Features(fields=("emb", "label"))
-    assert resolve_counts(spec, None, None, None, None)[2] == 0
-    assert resolve_counts(spec, None, None, 2, None)[2] == 2  # an explicit count wins
+    assert resolve_counts(spec, RunOptions())[2] == 0
+    assert resolve_counts(spec, RunOptions(py_num_workers=2))[2] == 2  # an explicit count wins
     tuned = arrays[0] / "tuned.json"
     tuned.write_text('{"kind": "dali-pipes-settings", "version": 1, "loader": {"py_num_workers": 3}}')
-    assert resolve_counts(spec, tuned, None, None, None)[2] == 3  # and so does a tuned settings file
-    assert resolve_counts(PipelineSpecLike(), None, None, None, None)[2] is None  # other specs: as the format says
+    assert resolve_counts(spec, RunOptions(settings=tuned))[2] == 3  # and so does a tuned settings file
+    assert resolve_counts(PipelineSpecLike(), RunOptions())[2] is None  # other specs: as the format says
     _, data = arrays
     path = converted(arrays, "hdf5")
-    with DALILoader(path, spec, batch_size=BATCH, device="cpu", shuffle=False, with_index=True) as it:
+    run = RunOptions(device="cpu")
+    with DALILoader(path, spec, batch_size=BATCH, shuffle=False, run=run, batch_format=INDEXED) as it:
         assert it.worker_pids == []
         batches = list(it)
-    with DALILoader(path, spec, batch_size=BATCH, device="cpu", shuffle=False, py_num_workers=1) as it:
+    with DALILoader(path, spec, batch_size=BATCH, shuffle=False, run=RunOptions(device="cpu", py_num_workers=1)) as it:
         assert len(it.worker_pids) == 1
         by_worker = list(it)
     for batch, other in zip(batches, by_worker, strict=True):
@@ -250,9 +259,8 @@ def test_gpu_batches_are_on_the_gpu_and_equal(arrays):
         spec.bind(load_manifest(path)),
         batch_size=BATCH,
         shuffle=False,
-        device="gpu",
-        with_index=True,
-        py_num_workers=1,
+        run=RunOptions(device="gpu", py_num_workers=1),
+        batch_format=INDEXED,
     ) as it:
         batches = list(it)
     assert len(batches) == math.ceil(N / BATCH)
@@ -272,7 +280,8 @@ def test_plain_rows_on_the_gpu_skip_dali_and_arrive_on_the_gpu_equal(arrays):
     """The direct path (no DALI graph) on the GPU: every batch on this GPU, equal to the arrays, every sample once."""
     data = arrays[1]
     path = converted(arrays, "lmdb")
-    with DALILoader(path, Features(fields=FIELDS), batch_size=BATCH, shuffle=True, device="gpu", with_index=True) as it:
+    gpu = RunOptions(device="gpu")
+    with DALILoader(path, Features(fields=FIELDS), batch_size=BATCH, shuffle=True, run=gpu, batch_format=INDEXED) as it:
         assert it.py_num_workers == 0  # plain rows are read in the loader's process, not through DALI
         batches = list(it)
     seen = []
@@ -286,7 +295,7 @@ def test_plain_rows_on_the_gpu_skip_dali_and_arrive_on_the_gpu_equal(arrays):
     assert sorted(seen) == list(range(N))
 
 
-def test_plain_rows_skip_dali_and_give_exactly_what_the_dali_pipeline_gives(dataset):
+def test_plain_rows_skip_dali_and_give_exactly_what_the_dali_pipeline_gives(dataset, caplog):
     """No normalise, no cast: no DALI pipeline at all (issue 38), the same batches as through DALI, every guarantee kept.
 
     Two ranks, shuffled, the last batch padded, epoch 1 resumed part-way: batch for batch equal to the DALI
@@ -300,8 +309,12 @@ def test_plain_rows_skip_dali_and_give_exactly_what_the_dali_pipeline_gives(data
 
     def epochs(workers, rank):
         seen = []
-        with loader(path, spec, py_num_workers=workers, rank=rank, world_size=2, seed=3, shuffle=True) as it:
-            assert (it._pipe is None) == (workers == 0)
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="dali_pipes.loading.loader"):
+            it = loader(path, spec, cpu(py_num_workers=workers, rank=rank, world_size=2), seed=3, shuffle=True)
+        without_dali = any("without a DALI graph" in r.getMessage() for r in caplog.records)
+        assert without_dali == (workers == 0)
+        with it:
             for epoch in (0, 1):
                 if epoch == 1:
                     it.load_state_dict({**it.state_dict(), "epoch": 1, "samples_consumed": 8})

@@ -11,10 +11,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,8 +22,10 @@ from PIL import Image
 
 from converters.runner import convert
 from converters.sources.coco import CocoSource
-from dali_pipes import DALILoader, open_store
+from dali_pipes import DALILoader, RunOptions, open_store
 from dali_pipes.pipelines import InstanceSegmentation, InstanceSegmentationVal
+
+from loader_helpers import ordered_batches, real_rows, run_module_on_cpu
 
 mask_api = pytest.importorskip("pycocotools.mask", reason="pycocotools is not installed (pip install -e '.[coco]')")
 COCO = pytest.importorskip("pycocotools.coco", reason="pycocotools is not installed").COCO
@@ -137,28 +137,6 @@ def test_the_reference_resize_is_pil_nearest_except_at_exact_ties():
 DEVICES = ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)]
 
 
-def load_batches(path: Path, spec, epochs: int = 1, device: str = "cpu") -> list[dict]:
-    """Every batch of ``epochs`` epochs in dataset order, as numpy, read in this process."""
-    batches = []
-    with DALILoader(
-        path, spec, batch_size=8, shuffle=False, device=device, py_num_workers=0, seed=0, with_index=True
-    ) as loader:
-        for epoch in range(epochs):
-            loader.set_epoch(epoch)
-            for batch in loader:
-                assert all(v.is_cuda == (device == "gpu") for v in batch.values())
-                batches.append({k: v.cpu().numpy() for k, v in batch.items()})
-    return batches
-
-
-def rows(batches: list[dict]):
-    """``(batch, row)`` for every real (not padded) sample."""
-    for batch in batches:
-        for row in range(len(batch["index"])):
-            if not batch["is_pad"][row]:
-                yield batch, row
-
-
 class _Windowed(InstanceSegmentation):
     """InstanceSegmentation that also outputs its crop window, so the reference can apply the same one."""
 
@@ -210,7 +188,7 @@ def test_masks_follow_a_known_crop_and_a_forced_flip(masks_lmdb, reference, devi
     ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
     spec = _Windowed(size=256, max_size=384, crop="ssd", flip=1.0, jitter=None, crowd="keep")
     checked = cropped = crowd = 0
-    for batch, row in rows(load_batches(masks_lmdb, spec, epochs=2, device=device)):
+    for batch, row in real_rows(ordered_batches(masks_lmdb, spec, epochs=2, device=device)):
         anns = by_image[ids[batch["index"][row]]]
         info = coco.imgs[ids[batch["index"][row]]]
         (ax, ay), (sw, sh) = batch["crop_anchor"][row], batch["crop_shape"][row]
@@ -228,7 +206,8 @@ def test_validation_masks_are_the_annotations_resized(masks_lmdb, reference, siz
     coco, by_image = reference
     ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
     checked = 0
-    for batch, row in rows(load_batches(masks_lmdb, InstanceSegmentationVal(size=size, crowd="keep"), device=device)):
+    spec = InstanceSegmentationVal(size=size, crowd="keep")
+    for batch, row in real_rows(ordered_batches(masks_lmdb, spec, device=device)):
         info = coco.imgs[ids[batch["index"][row]]]
         window = (0, 0, info["width"], info["height"])
         checked += check_sample(batch, row, by_image[info["id"]], coco, window, flip=False)
@@ -240,7 +219,7 @@ def test_masks_without_annotations_are_zero_and_crowd_drop_drops_their_masks(mas
     ids = [int(open_store(masks_lmdb)[i]["image_id"]) for i in range(61)]
     spec = InstanceSegmentation(size=(128, 160), crop=None, flip=0.0, jitter=None, crowd="drop")
     empty = 0
-    for batch, row in rows(load_batches(masks_lmdb, spec)):
+    for batch, row in real_rows(ordered_batches(masks_lmdb, spec)):
         anns = [a for a in by_image[ids[batch["index"][row]]] if not a["iscrowd"]]
         n = int(batch["num_boxes"][row])
         assert n == len(anns)
@@ -274,17 +253,15 @@ def test_masks_need_the_option_and_a_dataset_without_them_is_refused_by_name(coc
     )
     assert "masks" not in open_store(out).fields
     with pytest.raises(ValueError, match="masks"):
-        DALILoader(out, InstanceSegmentation(), batch_size=2, device="cpu")
+        DALILoader(out, InstanceSegmentation(), batch_size=2, run=RunOptions(device="cpu"))
 
 
 # ---------------------------------------------------------------- the example
 
 
 def run_example(dataset: Path, *extra: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "dali_pipes.examples.train_instance_segmentation", str(dataset)]
-    command += ["--epochs", "1", "--batch-size", "8", "--size", "96", "--max-size", "128", "--workers", "0", *extra]
-    return subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    flags = ["--epochs", "1", "--batch-size", "8", "--size", "96", "--max-size", "128", "--workers", "0", *extra]
+    return run_module_on_cpu("dali_pipes.examples.train_instance_segmentation", dataset, *flags, timeout=600)
 
 
 def test_example_trains_the_tiny_mask_model_for_an_epoch_on_cpu(masks_lmdb):
@@ -370,7 +347,7 @@ def test_four_deep_overlaps_use_four_layers_and_a_fifth_is_refused(coco_mini: Pa
     assert len(store) == 1 and Image.open(io.BytesIO(store[0]["masks"])).mode == "RGBA"
     assert sorted(store[0]["mask_code"] // 256) == [0, 1, 2, 3]
     coco = COCO(str(tmp_path / "instances.json"))
-    (batch,) = load_batches(out, InstanceSegmentationVal(size=(300, 400), crowd="keep"))
+    (batch,) = ordered_batches(out, InstanceSegmentationVal(size=(300, 400), crowd="keep"))
     window = (0, 0, image["width"], image["height"])
     assert check_sample(batch, 0, coco.loadAnns([1000, 1001, 1002, 1003]), coco, window, flip=False) == 4
 
@@ -440,7 +417,7 @@ def test_bad_arguments_name_the_argument(make, match):
 def test_masks_stay_in_their_boxes_under_random_crops_and_coin_flips(masks_lmdb):
     spec = InstanceSegmentation(size=(256, 320), crop="ssd", flip=0.5, crowd="keep")
     checked = 0
-    for batch, row in rows(load_batches(masks_lmdb, spec, epochs=2)):
+    for batch, row in real_rows(ordered_batches(masks_lmdb, spec, epochs=2)):
         for k in range(int(batch["num_boxes"][row])):
             mask = batch["masks"][row, k].astype(bool)
             if mask.sum() < MIN_PIXELS:

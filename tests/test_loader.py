@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from dali_pipes import BatchFormat, DALILoader, DataOptions, LoaderError, ManifestError, RunOptions, StoreError
+from dali_pipes import BatchFormat, DALILoader, LoaderError, ManifestError, RunOptions, StoreError
 from dali_pipes.sampling import epoch_order, num_batches, rank_indices
 
 from loader_helpers import SIZE, TinySpec, batch_rows, epoch_folders, free_port, grey_level, write_dataset
@@ -371,6 +371,7 @@ def test_a_folder_without_manifest(tmp_path):
         make(tmp_path)
 
 
+# RunOptions' and DataOptions' own fields are refused when the config is made: test_loader_config.py.
 @pytest.mark.parametrize(
     "kwargs, error, message",
     [
@@ -386,23 +387,6 @@ def test_bad_arguments(dataset, kwargs, error, message):
         kwargs = {**kwargs, "run": cpu(**kwargs["run"])}
     with pytest.raises(error, match=message):
         make(dataset, **kwargs)
-
-
-@pytest.mark.parametrize(
-    "options, fields, message",
-    [
-        (RunOptions, {"prefetch": 0}, "RunOptions.prefetch must be >= 1"),
-        (RunOptions, {"device": "tpu"}, "RunOptions.device must be"),
-        (RunOptions, {"py_start_method": "forkserver"}, "RunOptions.py_start_method"),
-        (RunOptions, {"py_num_workers": -1}, "RunOptions.py_num_workers must be >= 0"),
-        (RunOptions, {"num_threads": 0}, "RunOptions.num_threads must be >= 1"),
-        (DataOptions, {"cache": "disk"}, "DataOptions.cache must be"),
-        (DataOptions, {"cache_bytes": 5}, "DataOptions.cache_bytes is the budget of cache='ram'"),
-    ],
-)
-def test_bad_options_are_refused_when_made_naming_the_field(options, fields, message):
-    with pytest.raises(ValueError, match=message):
-        options(**fields)
 
 
 def test_a_pipeline_that_needs_fields_the_dataset_lacks(tmp_path):

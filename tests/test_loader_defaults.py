@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dali_pipes import ClassificationTrain, ClassificationVal, DALILoader, DetectionVal
+from dali_pipes import BatchFormat, ClassificationTrain, ClassificationVal, DALILoader, DetectionVal, RunOptions
 
 from loader_helpers import TinySpec, write_dataset
 
@@ -15,7 +15,8 @@ def dataset(tmp_path_factory):
 
 
 def _order(dataset, spec, **kwargs) -> list[int]:
-    with DALILoader(dataset, spec, batch_size=6, device="cpu", py_num_workers=0, with_index=True, **kwargs) as it:
+    run = RunOptions(device="cpu", py_num_workers=0)
+    with DALILoader(dataset, spec, batch_size=6, run=run, batch_format=BatchFormat(with_index=True), **kwargs) as it:
         return [int(i) for batch in it for i in batch["index"]]
 
 
@@ -33,7 +34,7 @@ def test_evaluation_specs_read_in_order_and_training_specs_shuffle_by_default(da
 
 def test_a_spec_class_instead_of_an_instance_says_to_pass_an_instance(dataset):
     with pytest.raises(TypeError, match=r"pass a pipeline spec instance, ClassificationTrain\(\), not the class"):
-        DALILoader(dataset, ClassificationTrain, batch_size=4, device="cpu")
+        DALILoader(dataset, ClassificationTrain, batch_size=4, run=RunOptions(device="cpu"))
 
 
 # --- this rank's cores: divided among the node's ranks only when the affinity is the whole node ----------------

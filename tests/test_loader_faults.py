@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from dali_pipes import DALILoader, LoaderError, StoreError
+from dali_pipes import BatchFormat, DALILoader, LoaderError, RunOptions, StoreError
 from dali_pipes.loading.loader import ShardReadError, WorkerDiedError
 
 from loader_helpers import (
@@ -56,12 +56,16 @@ N = 12
 PER_SHARD = 5  # shard 1 holds samples 5..9
 
 
-def make(path, **kwargs):
-    kwargs.setdefault("batch_size", 4)
-    kwargs.setdefault("with_index", True)
-    kwargs.setdefault("device", "cpu")
-    kwargs.setdefault("shuffle", False)
-    return DALILoader(path, TinySpec(), **kwargs)
+def make(path, *, batch_size: int = 4, **run):
+    """A loader of TinySpec over ``path`` in dataset order, with ``index``, on the CPU with ``run``'s options."""
+    return DALILoader(
+        path,
+        TinySpec(),
+        batch_size=batch_size,
+        shuffle=False,
+        run=RunOptions(device="cpu", **run),
+        batch_format=BatchFormat(with_index=True),
+    )
 
 
 def expected_error(fmt: str, how: str) -> tuple[type[BaseException], str]:

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from dali_pipes import DALILoader, LoaderError
+from dali_pipes import DALILoader, LoaderError, RunOptions
 
 from loader_helpers import TinySpec, damage_shard, wait_until_dead, write_dataset
+
+TWO_WORKERS = RunOptions(device="cpu", py_num_workers=2)
 
 SCRIPT = Path(__file__).with_name("lifetime_script.py")
 
@@ -77,7 +79,7 @@ def test_close_and_the_context_manager_stop_the_workers_and_the_helper_thread(da
 
     # Threads of earlier tests may still be there (a call stuck on a killed worker keeps its own).
     before = set(threading.enumerate())
-    with DALILoader(dataset, TinySpec(), batch_size=4, device="cpu", py_num_workers=2) as loader:
+    with DALILoader(dataset, TinySpec(), batch_size=4, run=TWO_WORKERS) as loader:
         assert len([b for b in loader]) == 6
         pids = loader.worker_pids
         started = {t.name for t in set(threading.enumerate()) - before}
@@ -110,7 +112,7 @@ def test_a_loader_left_part_way_or_failed_is_freed_when_dropped_without_the_garb
         damage_shard(path, "lmdb", "scribble", shard=1, sample=9)
 
     def use_and_drop() -> weakref.ref:
-        loader = DALILoader(path, TinySpec(), batch_size=4, device="cpu", py_num_workers=2)
+        loader = DALILoader(path, TinySpec(), batch_size=4, run=TWO_WORKERS)
         iterator = iter(loader)
         if how == "part-way":
             next(iterator)
