@@ -30,6 +30,22 @@ def assert_converted(out: Path, expected: list[tuple[str, bytes, int]]) -> None:
     assert verify_dataset(out, progress=False).ok
 
 
+def assert_killed_conversion_resumes(kind: str, source: object, tmp_path: Path, *options: str, shards: int) -> None:
+    """``convert KIND SOURCE OPTIONS``, killed in two workers once 3 of its ``shards`` are recorded, resumes in one
+    worker to the shards of an uninterrupted run, byte for byte."""
+    from test_resume import _kill_after_shards, _records
+
+    from test_convert import run_cli, shard_digests
+
+    run_cli("convert", kind, source, tmp_path / "reference", "--workers", "2", *options)
+    out = tmp_path / "killed"
+    _kill_after_shards(["convert", kind, source, out, "--workers", "2", *options], out, shards=3)
+    assert 3 <= _records(out) < shards and not (out / "index.json").exists()
+    proc = run_cli("convert", kind, source, out, "--workers", "1", *options)
+    assert "kept from an earlier run" in proc.stdout
+    assert shard_digests(out) == shard_digests(tmp_path / "reference")
+
+
 def error_inputs(out: Path) -> dict[str, str]:
     """``errors.jsonl`` as ``{input: reason}``."""
     lines = (out / "errors.jsonl").read_text().splitlines()

@@ -292,8 +292,10 @@ def test_dali_threads_by_default_fit_this_ranks_share_of_the_cores(monkeypatch):
     assert [default_num_threads(c) for c in (1, 8, 16)] == [1, 4, 4]
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(mine))  # as many ranks as cores on this node: one thread each
     assert default_num_threads() == default_num_threads(gpu_images=True) == 1
-    assert resolve_counts(ClassificationTrain(), RunOptions())[1] is None  # chosen once the device is
-    assert resolve_counts(ClassificationTrain(), RunOptions(num_threads=3))[1] == 3  # an explicit count wins
+    assert resolve_counts(ClassificationTrain(), RunOptions())[1].num_threads is None  # chosen once the device is
+    assert (
+        resolve_counts(ClassificationTrain(), RunOptions(num_threads=3))[1].num_threads == 3
+    )  # an explicit count wins
 
 
 def test_the_loader_says_which_thread_and_process_counts_it_chose_and_why(datasets, caplog, monkeypatch):

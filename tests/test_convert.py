@@ -88,22 +88,9 @@ def test_coco_reads_back_boxes_and_categories(coco_mini, tmp_path, fmt):
 
 
 def test_output_is_the_same_bytes_whatever_the_worker_count(imagenet_mini, tmp_path):
-    one = convert(
-        ImageFolderSource(imagenet_mini),
-        tmp_path / "one",
-        format="hdf5",
-        samples_per_shard=7,
-        workers=1,
-        progress=False,
-    )
-    convert(
-        ImageFolderSource(imagenet_mini),
-        tmp_path / "two",
-        format="hdf5",
-        samples_per_shard=7,
-        workers=2,
-        progress=False,
-    )
+    options = dict(format="hdf5", samples_per_shard=7, progress=False)
+    one = convert(ImageFolderSource(imagenet_mini), tmp_path / "one", workers=1, **options)
+    convert(ImageFolderSource(imagenet_mini), tmp_path / "two", workers=2, **options)
     assert len(one.manifest.shards) == 7
     assert shard_digests(tmp_path / "one") == shard_digests(tmp_path / "two")
     assert (tmp_path / "one" / "index.json").read_bytes() == (tmp_path / "two" / "index.json").read_bytes()

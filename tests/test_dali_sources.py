@@ -33,10 +33,16 @@ def info(i, dali_epoch=0):
     return SimpleNamespace(idx_in_epoch=i, epoch_idx=dali_epoch, iteration=0, idx_in_batch=0)
 
 
-def make(store, control, **kwargs):
+def make(store, control, fields=("image", "label"), **kwargs):
+    """A source of ``fields``: batches of 4 for rank 1 of 2, shuffled with seed 3, padded, unless ``kwargs`` say."""
     args = dict(batch_size=4, world=World(1, 2), seed=3, shuffle=True, last_batch="pad", control=control)
     args.update(kwargs)
-    return StoreSource(store, ("image", "label"), **args)
+    return StoreSource(store, fields, **args)
+
+
+def in_order(store, control, fields, batch_size, **kwargs):
+    """A source of ``fields`` for a single rank, in dataset order."""
+    return make(store, control, fields, batch_size=batch_size, world=World(), seed=0, shuffle=False, **kwargs)
 
 
 def read_epoch(source, dali_epoch):
@@ -87,17 +93,7 @@ def test_stale_and_cancelled_epochs_stop(store):
 def test_without_index_and_output_types(store):
     control = EpochControl()
     control.publish(0, 0, 0)
-    source = StoreSource(
-        store,
-        ("label",),
-        batch_size=2,
-        world=World(),
-        seed=0,
-        shuffle=False,
-        last_batch="pad",
-        control=control,
-        with_index=False,
-    )
+    source = in_order(store, control, ("label",), 2, with_index=False)
     assert len(source(info(0))) == 2
     from nvidia.dali import types
 
@@ -110,16 +106,7 @@ def test_without_index_and_output_types(store):
 
 def test_missing_field_is_named(store):
     with pytest.raises(ValueError, match="no field 'boxes'"):
-        StoreSource(
-            store,
-            ("boxes",),
-            batch_size=2,
-            world=World(),
-            seed=0,
-            shuffle=False,
-            last_batch="pad",
-            control=EpochControl(),
-        )
+        in_order(store, EpochControl(), ("boxes",), 2)
 
 
 def _read_in_child(source, queue):
@@ -244,16 +231,7 @@ def test_the_source_never_reads_the_fields_it_does_not_return(fmt, tmp_path, wri
 
     control = EpochControl()
     control.publish(0, epoch=0, start=0)
-    source = StoreSource(
-        store,
-        ("image", "label"),
-        batch_size=4,
-        world=World(),
-        seed=0,
-        shuffle=False,
-        last_batch="pad",
-        control=control,
-    )
+    source = in_order(store, control, ("image", "label"), 4)
     out = read_epoch(source, 0)
     assert len(out) == 12  # 11 samples padded to 3 batches of 4
     assert [int(index) for *_, index in out[:n]] == list(range(n))

@@ -51,6 +51,9 @@ cluster.close()
 
 needs_dask = pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="needs dali-pipes[dask]")
 
+#: A dask conversion's CLI arguments (after the images and the output folder) pointed at a port nothing listens on.
+NOBODY_THERE = ("--no-progress", "--engine", "dask", "--scheduler", "tcp://127.0.0.1:9")
+
 
 class Cluster:
     """A LocalCluster (two single-threaded worker processes behind nannies) in a child process."""
@@ -258,17 +261,7 @@ def test_dask_engine_without_dask_installed_says_how_to_install(images, tmp_path
         "import sys; sys.modules['distributed'] = None; from dali_pipes.cli import main; sys.exit(main(sys.argv[1:]))"
     )
     out = tmp_path / "out"
-    args = [
-        "convert",
-        "imagefolder",
-        images,
-        out,
-        "--no-progress",
-        "--engine",
-        "dask",
-        "--scheduler",
-        "tcp://127.0.0.1:9",
-    ]
+    args = ["convert", "imagefolder", images, out, *NOBODY_THERE]
     proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
     assert "pip install 'dali-pipes[dask]'" in proc.stderr
@@ -278,17 +271,7 @@ def test_dask_engine_without_dask_installed_says_how_to_install(images, tmp_path
 @needs_dask
 def test_unreachable_scheduler_is_a_clear_error(images, tmp_path):
     out = tmp_path / "out"
-    args = [
-        "convert",
-        "imagefolder",
-        images,
-        out,
-        "--no-progress",
-        "--engine",
-        "dask",
-        "--scheduler",
-        "tcp://127.0.0.1:9",
-    ]
+    args = ["convert", "imagefolder", images, out, *NOBODY_THERE]
     # Nothing listens on port 9; Dask's connect timeout (an environment setting) makes it give up soon.
     env = {**os.environ, "DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT": "1s"}
     proc = subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, env=env)

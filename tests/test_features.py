@@ -189,12 +189,12 @@ def test_features_read_in_the_training_process_unless_told_otherwise(arrays):
     from dali_pipes.loading.options import resolve_counts
 
     spec = Features(fields=("emb", "label"))
-    assert resolve_counts(spec, RunOptions())[2] == 0
-    assert resolve_counts(spec, RunOptions(py_num_workers=2))[2] == 2  # an explicit count wins
+    assert resolve_counts(spec, RunOptions())[1].py_num_workers == 0
+    assert resolve_counts(spec, RunOptions(py_num_workers=2))[1].py_num_workers == 2  # an explicit count wins
     tuned = arrays[0] / "tuned.json"
     tuned.write_text('{"kind": "dali-pipes-settings", "version": 1, "loader": {"py_num_workers": 3}}')
-    assert resolve_counts(spec, RunOptions(settings=tuned))[2] == 3  # and so does a tuned settings file
-    assert resolve_counts(PipelineSpecLike(), RunOptions())[2] is None  # other specs: as the format says
+    assert resolve_counts(spec, RunOptions(settings=tuned))[1].py_num_workers == 3  # and so does a tuned settings file
+    assert resolve_counts(PipelineSpecLike(), RunOptions())[1].py_num_workers is None  # other specs: as the format says
     _, data = arrays
     path = converted(arrays, "hdf5")
     run = RunOptions(device="cpu")

@@ -27,19 +27,19 @@ from dali_pipes.stores import StoreError, open_store, reader_class, tfexample
 
 FORMATS = ["lmdb", "hdf5", "tfrecord"]
 
-FIELDS = {
-    "image": Field.image(),
-    "key": Field.text(),
-    "label": Field.array("int64", ()),
-    "boxes": Field.array("float32", (-1, 4)),
-    "f16": Field.array("float16", (4, 640)),
-    "f32": Field.array("float32", (3, 3)),
-    "f64": Field.array("float64", (2,)),
-    "u8": Field.array("uint8", (8, 8)),
-    "i32": Field.array("int32", (5,)),
-    "u16": Field.array("uint16", (3,)),
-    "mask": Field.array("bool", (6,)),
+#: The array fields, ``name: (dtype, shape)``: every dtype a shard stores, a scalar, and a variable first axis.
+ARRAYS = {
+    "label": ("int64", ()),
+    "boxes": ("float32", (-1, 4)),
+    "f16": ("float16", (4, 640)),
+    "f32": ("float32", (3, 3)),
+    "f64": ("float64", (2,)),
+    "u8": ("uint8", (8, 8)),
+    "i32": ("int32", (5,)),
+    "u16": ("uint16", (3,)),
+    "mask": ("bool", (6,)),
 }
+FIELDS = {"image": Field.image(), "key": Field.text(), **{name: Field.array(*kind) for name, kind in ARRAYS.items()}}
 
 
 def make_samples(photos: list[bytes]) -> list[dict]:

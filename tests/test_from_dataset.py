@@ -34,18 +34,18 @@ def dataset_rows(imagenet_mini, tmp_path):
     return rows, expected
 
 
+def convert_photos(dataset, out: Path, fmt: str, samples_per_shard: int):
+    """``dataset`` (rows of :func:`dataset_rows`: image, label, key) converted by two worker processes."""
+    fields = ["image", "label", "key"]
+    return from_dataset(
+        dataset, out, fields=fields, format=fmt, workers=2, samples_per_shard=samples_per_shard, progress=False
+    )
+
+
 def test_dataset_converts_byte_for_byte_in_workers(imagenet_mini, tmp_path):
     rows, expected = dataset_rows(imagenet_mini, tmp_path)
     dataset = PhotoDataset(rows, fail_at=3)
-    result = from_dataset(
-        dataset,
-        tmp_path / "out",
-        fields=["image", "label", "key"],
-        format="tfrecord",
-        workers=2,
-        samples_per_shard=10,
-        progress=False,
-    )
+    result = convert_photos(dataset, tmp_path / "out", "tfrecord", samples_per_shard=10)
     good = [row for i, row in enumerate(expected) if i not in (3, 5)]
     assert_converted(tmp_path / "out", good)
     manifest = load_manifest(tmp_path / "out")
@@ -149,15 +149,7 @@ def test_the_dataset_is_sent_once_per_worker_not_once_per_shard(imagenet_mini, t
     rows[5] = (rows[5][0], rows[4][1], expected[4][2])  # photo 5 is a truncated copy in dataset_rows
     expected[5] = (rows[5][0], expected[4][1], expected[4][2])
     CountedPickles.pickled = 0
-    from_dataset(
-        CountedPickles(rows),
-        tmp_path / "out",
-        fields=["image", "label", "key"],
-        format="lmdb",
-        workers=2,
-        samples_per_shard=2,
-        progress=False,
-    )
+    convert_photos(CountedPickles(rows), tmp_path / "out", "lmdb", samples_per_shard=2)
     assert len(load_manifest(tmp_path / "out").shards) == 6
     assert CountedPickles.pickled <= 2  # once per worker process
     assert_converted(tmp_path / "out", expected)

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import lmdb
 import pytest
-from packed_helpers import assert_converted, error_inputs, photos
-from test_resume import _kill_after_shards, _records
+from packed_helpers import assert_converted, assert_killed_conversion_resumes, error_inputs, photos
 
 from converters.base import ConversionError
 from converters.runner import convert
@@ -16,7 +15,7 @@ from converters.sources import LmdbSource
 from converters.synth import make_imagefolder
 from dali_pipes.dataset.manifest import load_manifest
 
-from test_convert import run_cli, shard_digests
+from test_convert import run_cli
 
 
 def write_lmdb(path: Path, values: dict[bytes, bytes]) -> Path:
@@ -75,11 +74,5 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     images = make_imagefolder(tmp_path / "images", 160, size=(96, 64), classes=4, seed=7)
     files = sorted(p for p in images.glob("*/*") if p.is_file())
     db = write_lmdb(tmp_path / "db", {f.name.encode(): f.read_bytes() for f in files})
-    common = ["--format", "hdf5", "--samples-per-shard", "10", "--no-progress"]
-    run_cli("convert", "lmdb", db, tmp_path / "reference", "--workers", "2", *common)
-    out = tmp_path / "killed"
-    _kill_after_shards(["convert", "lmdb", db, out, "--workers", "2", *common], out, shards=3)
-    assert 3 <= _records(out) < 16 and not (out / "index.json").exists()
-    proc = run_cli("convert", "lmdb", db, out, "--workers", "1", *common)
-    assert "kept from an earlier run" in proc.stdout
-    assert shard_digests(out) == shard_digests(tmp_path / "reference")
+    options = ("--format", "hdf5", "--samples-per-shard", "10", "--no-progress")
+    assert_killed_conversion_resumes("lmdb", db, tmp_path, *options, shards=16)
