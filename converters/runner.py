@@ -395,7 +395,7 @@ def write_shard(
     finally:
         source.shard_done()
         # An HDF5 writer's file object is in a reference cycle with h5py's file: without a collection, a worker
-        # kept a finished shard's buffers (about 2 MB per 250k rows) until the cyclic collector ran, rarely.
+        # would keep a finished shard's buffers until the cyclic collector ran, rarely.
         gc.collect()
     return _publish_shard(writer, tmp, final, out, plan, count, errors)
 

@@ -38,9 +38,9 @@ log = logging.getLogger(__name__)
 DEFAULT_SIZE = (500, 375)
 #: Images per task sent to a worker: large enough to hide the pool's overhead.
 _CHUNK = 16
-# Texture settings, tuned so that 500x375 at quality 90 lands at 60-110 KB (about 70-85 KB
-# measured): amplitudes as fractions of full scale, the 1/f slope range of the grain (kept
-# narrow: it sets the bits per image more than anything else), and the region mask as
+# Texture settings, tuned so that 500x375 at quality 90 lands at 60-110 KB: amplitudes as
+# fractions of full scale, the 1/f slope range of the grain (kept narrow: it sets the bits
+# per image more than anything else), and the region mask as
 # (offset, gain, floor) over a smooth noise field.
 _GRAIN = 0.14
 _RIPPLE = 0.04

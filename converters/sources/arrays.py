@@ -143,8 +143,9 @@ class ArraysSource(StreamingSource):
 
     def shard_done(self) -> None:
         """Unmap local ``.npy`` maps and close local HDF5 files: a map kept for the worker's life holds every page it
-        read (2.6x a worker's peak from 1M to 10M rows). Decompressed members stay (reading them again costs), and
-        so do readers of files in object storage (a bounded block each; opening one again costs requests)."""
+        read, so the worker's memory would grow with the input. Decompressed members stay (reading them again
+        costs), and so do readers of files in object storage (a bounded block each; opening one again costs
+        requests)."""
         if self._pid != os.getpid():
             return
         for key, handle in list(self._handles.items()):

@@ -23,10 +23,9 @@ plane per instance (n channels to crop and resize, and no image format DALI
 decodes holds more than four); a plain instance-id map (one layer: loses the
 overlapped part of every overlapping instance); RLE or polygons decoded in the
 loader (Python per instance, or DALI's CPU-only polygon operators that do not
-take RLE). A PNG of a few flat regions is small: on the sample COCO data (61
-images of about 480 x 360, polygons and RLE) the masks add 1.6 KB per image on
-average (4.6 KB at most) to 36 KB of JPEG, +6% on disk, and about 2.3 ms of CPU
-per image to the conversion (see the segmentation section of dali_pipes/pipelines/README.md).
+take RLE). A PNG of a few flat regions is small: a few percent of its JPEG on
+disk, and little CPU per image to the conversion (the figures on the sample COCO
+data are in the segmentation section of dali_pipes/pipelines/README.md).
 
 Rasterisation is pycocotools' (``frPyObjects``/``decode``), the code COCO's own
 evaluation uses, so a stored mask is bit for bit ``COCO.annToMask`` of the annotation.
@@ -35,8 +34,8 @@ Polygons of fewer than 3 points (:func:`degenerate_polygons`; DALI_extra's coco-
 three, 2-point lines of ``area`` 0) are not drawn: such a polygon has no area, and
 pycocotools, which draws it as nothing when it follows a real polygon, cannot take it
 alone (``frPyObjects`` reads a lone 4-number polygon as a box and fails), so that
-``annToMask`` and torchvision's reference (``ConvertCocoPolysToMask``) fail on it and,
-before, its whole image was left out. detectron2 drops such polygons too, and drops
+``annToMask`` and torchvision's reference (``ConvertCocoPolysToMask``) fail on it, which
+would leave its whole image out. detectron2 drops such polygons too, and drops
 whole, box included, an instance that has no other polygon. Here that instance keeps its
 box, category and crowd flag, and its mask is empty (its ``mask_code`` names an id no
 pixel has, as for any instance whose polygon covers no pixel centre), because:

@@ -110,10 +110,10 @@ class LmdbShardWriter(ShardWriter):
     def _drop_mapped_pages(self) -> None:
         """Map the file anew, so that the pages LMDB read through its map since the last commit leave this process.
 
-        Without it the writer's resident memory grew with the shard (about 20 MB more for a 790 MB shard than for
-        a 79 MB one): every page LMDB reads back while appending stays mapped until the map is replaced. Setting
-        the map to its current size replaces it (``mdb_env_set_mapsize`` unmaps and maps again between
-        transactions); the file's bytes are the same either way (tested).
+        Without it the writer's resident memory would grow with the shard: every page LMDB reads back while
+        appending stays mapped until the map is replaced. Setting the map to its current size replaces it
+        (``mdb_env_set_mapsize`` unmaps and maps again between transactions); the file's bytes are the same
+        either way (tested).
         """
         self._env.set_mapsize(self._env.info()["map_size"])
 

@@ -65,7 +65,7 @@ class BatchInputs:
                 out.append(("erase_colour", "float32", 2))  # [max_count, C]
             if self.erasing.mode == "pixel":
                 # Each box's noise is drawn at the box's size ([C, h, w] or [h, w, C]) and padded out to
-                # the image ([H, W]) at (top, left): about 60x cheaper than noise for every pixel.
+                # the image ([H, W]) at (top, left): far cheaper than noise for every pixel.
                 out += [("erase_noise_shape", "int32", 2), ("erase_noise_anchor", "float32", 2)]
                 out.append(("erase_canvas", "float32", 1))
         return tuple(out)

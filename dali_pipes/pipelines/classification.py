@@ -49,8 +49,7 @@ class _ImageOutput:
     on the output's device, see :attr:`output_casts`); ``layout`` is the batch layout, ``"NCHW"`` or ``"NHWC"``;
     ``decoder`` tunes the GPU decoder. ``antialias`` (default True, as torchvision and
     PIL) filters when the resize shrinks; False resizes as OpenCV's ``INTER_LINEAR``
-    (Albumentations' default) does: the CPU training graph cost 2.12 instead of 2.60 CPU
-    seconds per 1,000 images in ``dali-pipes bench`` on 2 cores, with aliasing on strong
+    (Albumentations' default) does: less CPU per image, with aliasing on strong
     reductions (see the bench's antialias rows). ``interpolation`` is the resize filter:
     ``"bilinear"`` (default, torchvision's reference), ``"bicubic"``, or ``"random"`` (one of
     the two per image, timm's training default).

@@ -30,8 +30,9 @@ INTERPOLATIONS: tuple[str, ...] = ("bilinear", "bicubic", "random")
 AUTO_AUGMENT_POLICIES: tuple[str, ...] = ("rand_augment", "trivial_augment")
 #: DALI's own default ``hw_decoder_load`` (its decoders' schema): the floor of the load chosen automatically.
 DALI_HW_DECODER_LOAD = 0.65
-#: Up to this many pipeline threads, every JPEG goes to the hardware decoder by default (DecoderHints).
-#: Measured at 8 and 16 threads on an H200 (issue 35); past 32 the CUDA path's share is DALI's default again.
+#: Up to this many pipeline threads, every JPEG goes to the hardware decoder by default (DecoderHints): that few
+#: threads decode fewer JPEGs on nvJPEG's CUDA path than the hardware engines do; with more threads the CUDA path
+#: gets DALI's default share again.
 HW_ONLY_MAX_THREADS = 32
 #: Largest value of a DALI ``INT32`` operator argument (the decoder's memory paddings and size hints).
 INT32_MAX = 2**31 - 1
@@ -106,25 +107,23 @@ class DecoderHints:
     decoding on the pipeline's CPU threads. ``None`` (the default) chooses it when
     the pipeline is built (:meth:`chosen_load`): every JPEG to the hardware decoder
     where there is one and the pipeline has at most :data:`HW_ONLY_MAX_THREADS`
-    threads, else DALI's default, 0.65. On an H200 with 16 threads (issue 35, side by
-    side in one run), this loader's training graph ran at 24,100 images/s with 1.0
-    and 19,900 with 0.65, at half the CPU per image (0.24 against 0.48 CPU s per
-    1,000): the two paths share the CPU threads rather than add up, and 16 threads
-    decode fewer JPEGs on the CUDA path than the hardware engines do. (DALI's own
-    reader gained less from 1.0 there, and lost on a second H200.)
+    threads, else DALI's default, 0.65: the two paths share the CPU threads rather
+    than add up, and that few threads decode fewer JPEGs on the CUDA path than the
+    hardware engines do, at more CPU per image. The best share depends on the GPU,
+    the threads and the images (the figures are in ``dali_pipes/bench/README.md``):
     ``dali-pipes tune --decoder-only`` or ``bench --suite gpu-decoder`` measures it
     on your machine.
 
     ``jpeg_fancy_upsampling`` makes the GPU decoder upsample chroma the way
-    libjpeg-turbo (the CPU decoder) does: on an H100 (DALI 2.4) colour edges of
-    4:2:0 JPEGs differed from the CPU's by at most 3-4 levels with it and by up to
-    42 without, with the CUDA and the hardware decoder alike. DALI leaves it off on
-    the GPU. The default, ``None``, turns it on where the GPU decoders keep their
+    libjpeg-turbo (the CPU decoder) does, which brings the colour edges of 4:2:0
+    JPEGs within a few levels of the CPU's, with the CUDA and the hardware decoder
+    alike (the bench README has the figures). DALI leaves it off on the GPU.
+    The default, ``None``, turns it on where the GPU decoders keep their
     speed with it: whole-image decodes (the validation pipelines), so that those
     give nearly the CPU's pixels. Region decodes (random crops, slices) get nvJPEG's
     own upsampling, because nvJPEG before 13.2 (CUDA 13.3) declines a region decode
-    with fancy upsampling, which then falls back to libjpeg-turbo on the CPU threads
-    (on an H200 with DALI 2.4, forcing it on made the training pipeline 3.3x slower).
+    with fancy upsampling, which then falls back to libjpeg-turbo on the CPU threads,
+    several times slower than the GPU.
     ``True`` or ``False`` forces it either way for every decode (``dali-pipes tune``
     measures it forced on).
     """

@@ -1,18 +1,18 @@
-"""A faster bilinear resize for the CPU pipelines: a Numba kernel inside the DALI graph (issue 38).
+"""A faster bilinear resize for the CPU pipelines: a Numba kernel inside the DALI graph.
 
-On two CPU cores DALI's CPU ``fn.resize`` was the costliest step of the training
-graph: about 1.1 CPU ms per photo crop to 224x224, where PyTorch's antialiased
-``interpolate`` took 0.23 ms and PIL's 0.86 ms. This module resizes with the
+DALI's CPU ``fn.resize`` is the costliest step of the CPU training graph, and
+slower than PyTorch's or PIL's resize of the same crops (the figures, with their
+commands, are in ``dali_pipes/bench/README.md``). This module resizes with the
 same filter as PIL's and torchvision's bilinear resize (a triangle filter
 widened by the scale when shrinking with ``antialias``, plain bilinear
 interpolation otherwise; pixel centres at half-integers), compiled by Numba and
-run by DALI's ``NumbaFunction`` operator on the pipeline's threads: 0.31 ms per
-crop on one core, within one level of PIL's pixels.
+run by DALI's ``NumbaFunction`` operator on the pipeline's threads, within one
+level of PIL's pixels.
 
 Used by :func:`~dali_pipes.pipelines.ops.resize_to` on the CPU for a fixed
 square size and the bilinear filter, when Numba imports (``pip install
 "dali-pipes[cpu]"``) and ``DALI_PIPES_CPU_RESIZE`` is not ``dali``; otherwise
-DALI's resize runs, as before. The kernels are
+DALI's resize runs. The kernels are
 compiled once per process (a few seconds, cached on disk by Numba), and one
 operator per size is kept for every pipeline the process builds. The kernels
 themselves are in :mod:`~dali_pipes.pipelines.cpu_resize_kernels`, which imports Numba.
@@ -175,7 +175,7 @@ def _original_print(current: Any) -> Any:
 @functools.lru_cache(maxsize=None)
 def _operator(size: int, antialias: bool) -> Any:
     # One operator object serves every pipeline of the process: DALI compiles its
-    # Numba wrappers when the operator is made (about 2 s), not when it is called.
+    # Numba wrappers (seconds) when the operator is made, not when it is called.
     import nvidia.dali.types as types
     from nvidia.dali.plugin.numba.experimental import NumbaFunction
 

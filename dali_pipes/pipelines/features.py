@@ -9,15 +9,15 @@ Host copies: this spec adds none. A field with neither normalisation nor cast
 is returned as the external-source node itself (no DALI operator); on the GPU
 the stored dtype crosses to the device first, and normalisation and cast run
 there, so a ``float16`` field moves half the bytes of a ``float32`` one. What
-a batch of ``B`` samples of ``S`` bytes costs on the host (DALI 2.4, CPU
-device, LMDB or HDF5, measured): the store's batch read into one ``(B, *shape)``
-array (``B*S``; HDF5 gathers the rows straight from the mapped file), in the
+a batch of ``B`` samples of ``S`` bytes costs on the host (CPU device, LMDB or
+HDF5): the store's batch read into one ``(B, *shape)`` array (``B*S``; HDF5
+gathers the rows straight from the mapped file), in the
 training process by default (:attr:`Features.py_num_workers_by_default`); DALI's
 copy of the fed batch (``B*S``); the iterator's copy into the torch tensor
 (``B*S``). With ``py_num_workers > 0`` the read runs in a worker, which adds its
 write into DALI's shared memory (``B*S``) and DALI's per-sample handling of the
-batch on both sides of it. TFRecord reads cost about 4-6
-copies instead of one (protobuf decoding).
+batch on both sides of it. TFRecord reads cost several copies instead of one
+(protobuf decoding).
 """
 
 from __future__ import annotations
@@ -62,11 +62,10 @@ class Features:
 
     #: ``DALILoader``'s ``py_num_workers`` when the caller (and a ``settings`` file) leave it unset:
     #: read in the training process. A batch of feature rows is one gather from the mapped shard
-    #: and a vectorised CRC check (about 0.4 us a row), while DALI's parallel source moves a batch
-    #: between processes sample by sample (a pickled header and a shared-memory copy per row on
-    #: the worker's side, one array per row to unpack on the loader's): 100k rows of 16 float32,
-    #: batch 1024, 2 cores, side by side: 759,027 rows/s and 1.3 CPU s per million rows in the
-    #: main process, 325,402 rows/s and 3.9 CPU s with one worker (dali_pipes/bench/README.md, "Scale").
+    #: and a vectorised CRC check, while DALI's parallel source moves a batch between processes
+    #: sample by sample (a pickled header and a shared-memory copy per row on the worker's side,
+    #: one array per row to unpack on the loader's), which costs more than the read itself
+    #: (dali_pipes/bench/README.md, "Feature rows at memory speed").
     py_num_workers_by_default: ClassVar[int] = 0
 
     def __post_init__(self) -> None:

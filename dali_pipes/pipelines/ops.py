@@ -144,7 +144,8 @@ def resize_to(
     does): cheaper on the CPU, with aliasing on strong reductions.
     """
     if device == "cpu" and isinstance(size, int) and interpolation == "bilinear" and cpu_resize.available():
-        # The same filter, 3x cheaper (issue 38); images here come from the RGB decoders: 3 channels, as it needs.
+        # The same filter, cheaper than DALI's on the CPU; images here come from the RGB decoders: 3 channels, as it
+        # needs.
         resized = cpu_resize.resize(images, size, antialias=antialias)
         if resized is not None:  # None: Numba failed to compile (warned once), DALI's resize below
             return resized
@@ -223,15 +224,12 @@ def color_jitter(images: DataNode, jitter: ColorJitter, *, device: str, output_d
     if not kwargs:
         return images
     if device == "cpu" and output_dtype != "uint8":
-        # DALI's CPU twist is about 30% cheaper writing float than uint8 (rounding and
-        # saturating each value is the slow part); the explicit clamp keeps uint8's
-        # 0..255 range. Measured on 2 cores, 224x224, batch 64: the whole training
-        # graph went from 578 to 659 images/s. On the GPU uint8 is as fast and half
-        # the memory traffic, so it stays.
+        # DALI's CPU twist is cheaper writing float than uint8 (rounding and saturating
+        # each value is the slow part); the explicit clamp keeps uint8's 0..255 range.
+        # On the GPU uint8 is as fast and half the memory traffic, so it stays.
         twisted = fn.color_twist(images, device=device, dtype=types.FLOAT, **kwargs)
-        # max then min, not math.clamp: the same values, but DALI's CPU clamp took 0.45 ms per
-        # 224x224 image against 0.10 ms for the pair (one core, batch 64, measured side by side:
-        # the whole training graph from 2.69 to 2.34 CPU ms per image).
+        # max then min, not math.clamp: the same values, but DALI's CPU clamp costs several
+        # times the pair (the bench README's CPU section).
         return dali_math.min(dali_math.max(twisted, 0.0), 255.0)
     return fn.color_twist(images, device=device, **kwargs)
 

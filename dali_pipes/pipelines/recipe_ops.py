@@ -39,8 +39,8 @@ def erase(
     by box, so that a later box covers an earlier one where they overlap, as in
     timm. A ``"pixel"`` box's noise is drawn at the box's size and padded out to
     the image with zeros, then added where the box was erased: noise for every
-    pixel of every image cost 3.3 ms per 224 px image on a CPU core, most of the
-    recipe's time, while boxes cover about a sixth of the erased images.
+    pixel of every image would be most of the recipe's time on the CPU, while boxes
+    cover about a sixth of the erased images.
     """
     anchor, shape = inputs["erase_anchor"], inputs["erase_shape"]
     if erasing.mode == "const":

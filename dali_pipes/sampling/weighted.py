@@ -63,7 +63,7 @@ def weighted_order(
     rng = epoch_rng(seed, epoch)
     if replacement:
         # How often each sample comes (one multinomial draw), in a random order: the same distribution as n
-        # independent draws, without n binary searches that miss the cache (27 s for 10M against 10M).
+        # independent draws, without n binary searches that miss the cache (slow for millions of samples).
         counts = rng.multinomial(n, w / w.sum())
         return rng.permutation(np.repeat(np.arange(len(w), dtype=np.int64), counts))
     positive = int(np.count_nonzero(w))
