@@ -268,7 +268,7 @@ time.sleep(600)
 def test_a_killed_benchs_staging_folder_is_removed_by_the_next(tmp_path):
     import signal
 
-    from dali_pipes.bench.storage import STAGE_PREFIX
+    from dali_pipes.bench.suites.storage import STAGE_PREFIX
     from dali_pipes.staging.tmpfs import OwnedFolder
 
     proc = subprocess.Popen([sys.executable, "-c", HOLD_A_FOLDER, STAGE_PREFIX], stdout=subprocess.PIPE, text=True)
