@@ -37,15 +37,10 @@ TMP_SUFFIX = ".tmp"
 
 
 @dataclass(frozen=True)
-class ShardRecord:
-    """One finished shard, as recorded in the job folder and assembled into the manifest."""
+class ShardRecord(Shard):
+    """One finished shard, as recorded in the job folder: its manifest entry (:meth:`shard`) and the inputs left
+    out of it."""
 
-    path: str
-    num_samples: int
-    bytes: int
-    sha256: str
-    index_path: str | None = None
-    index_sha256: str | None = None
     #: The inputs left out of this shard (``--on-error skip``): ``input``, ``reason``, ``shard``.
     errors: list[dict[str, str]] = field(default_factory=list)
 
@@ -71,15 +66,8 @@ class ShardRecord:
         )
 
     def shard(self) -> Shard:
-        """The manifest's entry for this shard."""
-        return Shard(
-            path=self.path,
-            num_samples=self.num_samples,
-            bytes=self.bytes,
-            sha256=self.sha256,
-            index_path=self.index_path,
-            index_sha256=self.index_sha256,
-        )
+        """The manifest's entry for this shard: the record without its errors."""
+        return Shard(**{entry.name: getattr(self, entry.name) for entry in dataclasses.fields(Shard)})
 
 
 def shard_name(number: int, suffix: str) -> str:

@@ -50,21 +50,9 @@ from converters.writers._h5file import GuardedFile
 from dali_pipes.dataset.fileio import fsync_dir
 from dali_pipes.dataset.manifest import Field, Manifest, load_manifest, resolve_inside
 from dali_pipes.dataset.progress import bar_disabled, tqdm
+from dali_pipes.stores import hdf5_layout
 from dali_pipes.stores.checksum import RECORD_CRC32C
 from dali_pipes.stores.hdf5 import open_file
-from dali_pipes.stores.hdf5_layout import (
-    CRC_DATASET,
-    CRC_DTYPE,
-    LIBVER,
-    MANIFEST_ATTR,
-    chunk_rows,
-    data_dtype,
-    data_path,
-    is_ragged,
-    layout_attrs,
-    offsets_path,
-    row_shape,
-)
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +125,7 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
     # Ctrl-C is held while HDF5 may call the guarded file (see converters.ctrl_c), and raised between blocks.
     with held() as ctrl_c:
         try:
-            with h5py.File(guarded, "w", libver=LIBVER) as f:
+            with h5py.File(guarded, "w", libver=hdf5_layout.LIBVER) as f:
                 if virtual:
                     _write_virtual(f, manifest, shards, out.parent.resolve())
                 else:
@@ -145,10 +133,15 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
                 if RECORD_CRC32C in manifest.checksums:
                     # Small (4 bytes per field per sample): always physical, the shards' tables end to end.
                     tables = [_crc_table(shard.path) for shard in shards]
-                    f.create_dataset(CRC_DATASET, data=np.concatenate(tables), dtype=CRC_DTYPE, track_times=False)
-                for key, value in layout_attrs(manifest.fields, manifest.num_samples).items():
+                    f.create_dataset(
+                        hdf5_layout.CRC_DATASET,
+                        data=np.concatenate(tables),
+                        dtype=hdf5_layout.CRC_DTYPE,
+                        track_times=False,
+                    )
+                for key, value in hdf5_layout.layout_attrs(manifest.fields, manifest.num_samples).items():
                     f.attrs[key] = value
-                f.attrs[MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
+                f.attrs[hdf5_layout.MANIFEST_ATTR] = json.dumps(manifest.to_json(), sort_keys=True)
                 f.attrs["virtual"] = virtual
             guarded.check()  # the metadata went out when the file closed
             guarded.fsync()  # h5py's close flushes HDF5's buffers but does not fsync
@@ -164,9 +157,11 @@ def _write_merged(tmp: Path, manifest: Manifest, shards: list[_ShardInfo], out: 
 def _crc_table(path: Path) -> np.ndarray:
     """A shard's record CRCs (see :mod:`dali_pipes.stores.checksum`)."""
     with open_file(path) as f:
-        if CRC_DATASET not in f:
-            raise ConversionError(f"{path}: has no record CRCs ({CRC_DATASET!r}), though the manifest says it has")
-        return np.asarray(f[CRC_DATASET][()], dtype=CRC_DTYPE)
+        if hdf5_layout.CRC_DATASET not in f:
+            raise ConversionError(
+                f"{path}: has no record CRCs ({hdf5_layout.CRC_DATASET!r}), though the manifest says it has"
+            )
+        return np.asarray(f[hdf5_layout.CRC_DATASET][()], dtype=hdf5_layout.CRC_DTYPE)
 
 
 def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:
@@ -178,12 +173,12 @@ def _shard_info(path: Path, num_samples: int, manifest: Manifest) -> _ShardInfo:
                 f"{path}: holds {f.attrs.get('num_samples')} samples, the manifest says {num_samples}"
             )
         for name, field in manifest.fields.items():
-            key = data_path(name, field)
+            key = hdf5_layout.data_path(name, field)
             if key not in f:
                 raise ConversionError(f"{path}: field {name!r} has no dataset {key!r}")
             rows[name] = f[key].shape[0]
-            if is_ragged(field):
-                offsets[name] = np.asarray(f[offsets_path(name)][()], dtype=np.int64)
+            if hdf5_layout.is_ragged(field):
+                offsets[name] = np.asarray(f[hdf5_layout.offsets_path(name)][()], dtype=np.int64)
     return _ShardInfo(path=path, num_samples=num_samples, rows=rows, offsets=offsets)
 
 
@@ -198,16 +193,19 @@ def _merged_offsets(name: str, shards: list[_ShardInfo]) -> np.ndarray:
 
 
 def _create_target(f: h5py.File, name: str, field: Field, total_rows: int) -> h5py.Dataset:
-    rest = row_shape(field)
-    if is_ragged(field):
+    rest = hdf5_layout.row_shape(field)
+    if hdf5_layout.is_ragged(field):
         return f.create_dataset(
-            data_path(name, field), shape=(total_rows, *rest), dtype=data_dtype(field), track_times=False
+            hdf5_layout.data_path(name, field),
+            shape=(total_rows, *rest),
+            dtype=hdf5_layout.data_dtype(field),
+            track_times=False,
         )
     return f.create_dataset(
         name,
         shape=(total_rows, *rest),
-        chunks=(min(chunk_rows(field), max(total_rows, 1)), *rest),
-        dtype=data_dtype(field),
+        chunks=(min(hdf5_layout.chunk_rows(field), max(total_rows, 1)), *rest),
+        dtype=hdf5_layout.data_dtype(field),
         track_times=False,
     )
 
@@ -215,7 +213,10 @@ def _create_target(f: h5py.File, name: str, field: Field, total_rows: int) -> h5
 def _write_physical(
     f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], label: str, guarded: GuardedFile, ctrl_c: CtrlC
 ) -> None:
-    row_bytes = {n: data_dtype(fl).itemsize * math.prod(row_shape(fl)) for n, fl in manifest.fields.items()}
+    row_bytes = {
+        n: hdf5_layout.data_dtype(fl).itemsize * math.prod(hdf5_layout.row_shape(fl))
+        for n, fl in manifest.fields.items()
+    }
     total_bytes = sum(s.rows[n] * row_bytes[n] for s in shards for n in manifest.fields)
     targets = {
         name: _create_target(f, name, field, sum(s.rows[name] for s in shards))
@@ -226,11 +227,11 @@ def _write_physical(
         for shard in shards:
             with open_file(shard.path) as src:
                 for name, field in manifest.fields.items():
-                    source = src[data_path(name, field)]
+                    source = src[hdf5_layout.data_path(name, field)]
                     # Blocks of about COPY_BYTES, in whole chunks of fixed arrays (a chunk is read whole anyway).
                     step = max(1, COPY_BYTES // max(row_bytes[name], 1))
-                    if not is_ragged(field):
-                        rows = chunk_rows(field)
+                    if not hdf5_layout.is_ragged(field):
+                        rows = hdf5_layout.chunk_rows(field)
                         step = max(rows, step // rows * rows)
                     for start in range(0, shard.rows[name], step):
                         stop = min(start + step, shard.rows[name])
@@ -240,23 +241,25 @@ def _write_physical(
                         bar.update((stop - start) * row_bytes[name])
                     base[name] += shard.rows[name]
     for name, field in manifest.fields.items():
-        if is_ragged(field):
-            f.create_dataset(offsets_path(name), data=_merged_offsets(name, shards), track_times=False)
+        if hdf5_layout.is_ragged(field):
+            f.create_dataset(hdf5_layout.offsets_path(name), data=_merged_offsets(name, shards), track_times=False)
 
 
 def _write_virtual(f: h5py.File, manifest: Manifest, shards: list[_ShardInfo], out_dir: Path) -> None:
     for name, field in manifest.fields.items():
-        rest = row_shape(field)
-        key = data_path(name, field)
+        rest = hdf5_layout.row_shape(field)
+        key = hdf5_layout.data_path(name, field)
         total = sum(s.rows[name] for s in shards)
-        layout = h5py.VirtualLayout(shape=(total, *rest), dtype=data_dtype(field))
+        layout = h5py.VirtualLayout(shape=(total, *rest), dtype=hdf5_layout.data_dtype(field))
         base = 0
         for shard in shards:
             n = shard.rows[name]
             if n:  # an empty selection cannot be mapped
                 rel = os.path.relpath(shard.path, out_dir)
-                layout[base : base + n] = h5py.VirtualSource(rel, key, shape=(n, *rest), dtype=data_dtype(field))
+                layout[base : base + n] = h5py.VirtualSource(
+                    rel, key, shape=(n, *rest), dtype=hdf5_layout.data_dtype(field)
+                )
             base += n
         f.create_virtual_dataset(key, layout)
-        if is_ragged(field):
-            f.create_dataset(offsets_path(name), data=_merged_offsets(name, shards), track_times=False)
+        if hdf5_layout.is_ragged(field):
+            f.create_dataset(hdf5_layout.offsets_path(name), data=_merged_offsets(name, shards), track_times=False)

@@ -3,7 +3,9 @@
 The packed sources (WebDataset tars, TFRecord files, Parquet files, an LMDB) stream
 their samples in the main process and read them back in a worker by position. A
 worker keeps its input file open between samples (:class:`OpenFiles`); nothing
-open travels when a source is pickled into a task.
+open travels when a source is pickled into a task. What they have in common
+(image options, a classes file, the fields and manifest entry these give, input
+files named by patterns) is :class:`PackedSource` and :class:`InputFilesSource`.
 """
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ import glob
 import os
 import re
 from pathlib import Path
-from typing import IO, Any, Iterator, Sequence
+from typing import IO, Any, ClassVar, Iterator, Sequence, TypeVar
 
-from converters.base import ConversionError, SampleError, absolute_path, process_wide_error
+from converters.base import (
+    ConversionError,
+    ImageOptions,
+    SampleError,
+    StreamingSource,
+    absolute_path,
+    optional_absolute_path,
+    process_wide_error,
+)
 from converters.remote_inputs import expand_url, is_url, read_range
+from dali_pipes.dataset.manifest import Field
 from dali_pipes.remote.fs import RemoteError
 
 #: An integer written as text (a label in a list file, a key list or a ``.cls`` member).
@@ -117,6 +128,97 @@ class PlannedInputs:
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, **dict.fromkeys(self._not_pickled)}
+
+
+_Source = TypeVar("_Source", bound="InputFilesSource")
+
+
+class PackedSource(StreamingSource):
+    """A packed source: encoded images, an integer label where the input has one, a key; class names from an
+    optional classes file. A subclass sets :attr:`image_options` and :attr:`classes_file` in its ``__init__``.
+    """
+
+    image_options: ImageOptions
+    classes_file: str | None
+
+    def classes(self) -> list[str] | None:
+        return read_classes_file(self.classes_file)
+
+    @staticmethod
+    def _image_fields(labelled: bool) -> dict[str, Field]:
+        """The fields every packed sample starts with: ``image``, and an int64 ``label`` when ``labelled``."""
+        fields = {"image": Field.image()}
+        if labelled:
+            fields["label"] = Field.array("int64", ())
+        return fields
+
+    def _described(self, **options: Any) -> dict[str, Any]:
+        """The manifest's ``source`` entry: the kind, ``options`` in their order (the inputs first), then the
+        classes file and the image options."""
+        return {
+            "kind": self.kind,
+            **options,
+            "classes_file": self.classes_file,
+            "image_options": self.image_options.to_json(),
+        }
+
+
+class InputFilesSource(PackedSource):
+    """A packed source read from input files named by patterns (paths, globs, brace ranges, URLs), one file after
+    another: the patterns are kept as given (absolute), the files they name are listed once."""
+
+    #: What one input file is called in messages (``"TFRecord file"``).
+    file_kind: ClassVar[str]
+
+    def __init__(
+        self,
+        files: Sequence[str | os.PathLike] | str,
+        image_options: ImageOptions,
+        classes_file: str | os.PathLike | None,
+    ) -> None:
+        self.patterns = input_patterns(files)
+        self.image_options = image_options
+        self.classes_file = optional_absolute_path(classes_file)
+        self._paths: list[str] | None = None  # kept when pickled: a shard task reads by file number
+
+    def _file_paths(self) -> list[str]:
+        """The input files the patterns name, listed on first use (:func:`expand_inputs`)."""
+        if self._paths is None:
+            self._paths = expand_inputs(self.patterns, self.file_kind)
+        return self._paths
+
+    def _files_from(self, anchor: Sequence[int]) -> Iterator[tuple[int, str, tuple[int, ...]]]:
+        """``(file number, path, position)`` of each input file from the one ``anchor`` names on.
+
+        An anchor here is a file's number and then a position in that file (all zeros: its start), so that a task
+        reads its first file from the anchor's position and each later file from its start.
+        """
+        first, position = anchor[0], tuple(anchor[1:])
+        for number, path in enumerate(self._file_paths()[first:], start=first):
+            yield number, path, position if number == first else (0,) * len(position)
+
+    def _no_samples(self, what: str) -> ConversionError:
+        """The refusal of inputs in which a whole pass found ``what`` (``"no rows"``)."""
+        return ConversionError(f"{self.kind}: {', '.join(self.patterns)} hold {what}")
+
+    @classmethod
+    def from_command_line(
+        cls: type[_Source],
+        args: Any,
+        positional: Sequence[str],
+        what: str,
+        image_options: ImageOptions,
+        *same_names: str,
+        **options: Any,
+    ) -> tuple[_Source, str]:
+        """The source the parsed command line ``args`` describes, and the output folder.
+
+        ``positional``: the input patterns, then the output folder (``what`` names the inputs in an error). The
+        source gets ``--classes``, the arguments named in ``same_names`` under the same names, and ``options``.
+        """
+        files, out = inputs_and_output(positional, what)
+        given = {name: getattr(args, name) for name in same_names}
+        return cls(files, image_options, classes_file=args.classes, **given, **options), out
 
 
 class OpenFiles:

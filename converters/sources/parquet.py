@@ -14,26 +14,10 @@ from typing import Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import (
-    ConversionError,
-    ImageOptions,
-    Item,
-    Sample,
-    SampleError,
-    StreamingSource,
-    optional_absolute_path,
-    process_wide_error,
-)
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError, process_wide_error
 from converters.images import load_image_file, prepare_image
 from converters.remote_inputs import beside, is_url, open_input
-from converters.sources._inputs import (
-    PlannedInputs,
-    add_common_arguments,
-    expand_inputs,
-    input_patterns,
-    inputs_and_output,
-    read_classes_file,
-)
+from converters.sources._inputs import InputFilesSource, PlannedInputs, add_common_arguments, read_classes_file
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -50,7 +34,7 @@ class _Row:
     row: int  # row within the file
 
 
-class ParquetSource(PlannedInputs, StreamingSource):
+class ParquetSource(PlannedInputs, InputFilesSource):
     """One sample per row of Parquet files, file by file, in row order.
 
     ``image_column`` holds the encoded image: binary, or a struct with a
@@ -65,6 +49,7 @@ class ParquetSource(PlannedInputs, StreamingSource):
     """
 
     kind: ClassVar[str] = KIND
+    file_kind: ClassVar[str] = "Parquet file"
     _not_pickled = ("_class_names", "_group")
 
     def __init__(
@@ -76,19 +61,11 @@ class ParquetSource(PlannedInputs, StreamingSource):
         label_column: str | None = "label",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = input_patterns(files)
-        self.image_options = image_options
+        super().__init__(files, image_options, classes_file)
         self.image_column = image_column
         self.label_column = label_column or None
-        self.classes_file = optional_absolute_path(classes_file)
-        self._paths: list[str] | None = None  # kept when pickled: a task reads by file number
         self._class_names: list[str] | None = None
         self._group: tuple[int, str, int, dict[str, list] | str] | None = None  # (pid, path, group, columns or why not)
-
-    def _file_paths(self) -> list[str]:
-        if self._paths is None:
-            self._paths = expand_inputs(self.patterns, "Parquet file")
-        return self._paths
 
     def iter_items(self) -> Iterator[Item]:
         """One item per row, file by file, from the files' footers alone; ``Item.size`` is the row group's bytes
@@ -97,13 +74,11 @@ class ParquetSource(PlannedInputs, StreamingSource):
         for count, item in enumerate(self.items_from((0, 0, 0)), start=1):
             yield item
         if not count:
-            raise ConversionError(f"parquet: {', '.join(self.patterns)} hold no rows")
+            raise self._no_samples("no rows")
 
     def items_from(self, anchor: tuple[int, int, int]) -> Iterator[Item]:
-        first, first_group, first_index = anchor
-        for number, path in enumerate(self._file_paths()[first:], start=first):
-            start = (first_group, first_index) if number == first else (0, 0)
-            yield from self._rows(path, number, *start)
+        for number, path, (group, index) in self._files_from(anchor):
+            yield from self._rows(path, number, group, index)
 
     def _rows(self, path: str, number: int, first_group: int, first_index: int) -> Iterator[Item]:
         meta = _open(path).metadata
@@ -147,11 +122,7 @@ class ParquetSource(PlannedInputs, StreamingSource):
                 raise ConversionError(f"{path}: label column {self.label_column!r} is {label}, not integers")
 
     def fields(self) -> dict[str, Field]:
-        fields = {"image": Field.image()}
-        if self.label_column:
-            fields["label"] = Field.array("int64", ())
-        fields["key"] = Field.text()
-        return fields
+        return {**self._image_fields(self.label_column is not None), "key": Field.text()}
 
     def classes(self) -> list[str] | None:
         if self.classes_file is not None:
@@ -202,14 +173,7 @@ class ParquetSource(PlannedInputs, StreamingSource):
         return sample
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "files": self.patterns,
-            "image_column": self.image_column,
-            "label_column": self.label_column,
-            "classes_file": self.classes_file,
-            "image_options": self.image_options.to_json(),
-        }
+        return self._described(files=self.patterns, image_column=self.image_column, label_column=self.label_column)
 
 
 def _open(path: str):
@@ -258,12 +222,5 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[ParquetSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    files, out = inputs_and_output(args.files, "Parquet files")
-    source = ParquetSource(
-        files,
-        image_options,
-        image_column=args.image_column,
-        label_column=args.label_column,
-        classes_file=args.classes,
-    )
-    return source, out
+    columns = ("image_column", "label_column")
+    return ParquetSource.from_command_line(args, args.files, "Parquet files", image_options, *columns)

@@ -24,14 +24,13 @@ from converters.base import (
     Item,
     Sample,
     SampleError,
-    StreamingSource,
     absolute_path,
     optional_absolute_path,
 )
 from converters.images import prepare_image
 from converters.remote_inputs import is_url
 from converters.sources import lmdb_download
-from converters.sources._inputs import INTEGER, add_common_arguments, read_classes_file, text_lines
+from converters.sources._inputs import INTEGER, PackedSource, add_common_arguments, text_lines
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -49,7 +48,7 @@ class _Entry:
     label: int | None
 
 
-class LmdbSource(StreamingSource):
+class LmdbSource(PackedSource):
     """The values of a plain LMDB, each an encoded image; keys in byte order, or those of a key list.
 
     ``path`` is the LMDB folder (holding ``data.mdb``) or its data file. With
@@ -154,14 +153,7 @@ class LmdbSource(StreamingSource):
     def fields(self) -> dict[str, Field]:
         if self._labelled is None:
             self._labelled = self.keys_file is not None and _first_key(Path(self.keys_file)).label is not None
-        fields = {"image": Field.image()}
-        if self._labelled:
-            fields["label"] = Field.array("int64", ())
-        fields["key"] = Field.text()
-        return fields
-
-    def classes(self) -> list[str] | None:
-        return read_classes_file(self.classes_file)
+        return {**self._image_fields(self._labelled), "key": Field.text()}
 
     def load(self, item: Item) -> Sample:
         entry: _Entry = item.data
@@ -177,13 +169,7 @@ class LmdbSource(StreamingSource):
         return sample
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "path": self.path,
-            "keys_file": self.keys_file,
-            "classes_file": self.classes_file,
-            "image_options": self.image_options.to_json(),
-        }
+        return self._described(path=self.path, keys_file=self.keys_file)
 
 
 # py-lmdb refuses to open one environment twice in a process, and a worker process runs many

@@ -10,25 +10,10 @@ from typing import Any, Callable, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import (
-    ConversionError,
-    ImageOptions,
-    Item,
-    Sample,
-    SampleError,
-    StreamingSource,
-    optional_absolute_path,
-)
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError
 from converters.images import prepare_image
 from converters.remote_inputs import is_url, open_input
-from converters.sources._inputs import (
-    OpenFiles,
-    add_common_arguments,
-    expand_inputs,
-    input_patterns,
-    inputs_and_output,
-    read_classes_file,
-)
+from converters.sources._inputs import InputFilesSource, OpenFiles, add_common_arguments
 from dali_pipes.dataset.manifest import Field
 from dali_pipes.stores.base import StoreError
 from dali_pipes.stores.tfexample import BYTES_LIST, FLOAT_LIST, INT64_LIST, decode_example, unframe
@@ -52,7 +37,7 @@ class _Record:
     damage: str | None = None
 
 
-class TFRecordSource(StreamingSource):
+class TFRecordSource(InputFilesSource):
     """Samples of TFRecord files of ``tf.train.Example`` records, one per record, in file order.
 
     Features by name (the defaults are the TF/TPU ImageNet layout of
@@ -70,6 +55,7 @@ class TFRecordSource(StreamingSource):
     """
 
     kind: ClassVar[str] = KIND
+    file_kind: ClassVar[str] = "TFRecord file"
 
     def __init__(
         self,
@@ -82,22 +68,13 @@ class TFRecordSource(StreamingSource):
         bbox_prefix: str | None = "image/object/bbox/",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = input_patterns(files)
-        self.image_options = image_options
+        super().__init__(files, image_options, classes_file)
         self.image_feature = image_feature
         self.label_feature = label_feature or None
         self.key_feature = key_feature or None
         self.bbox_prefix = bbox_prefix or None
-        self.classes_file = optional_absolute_path(classes_file)
-        # Kept when pickled (every shard task asks fields() and reads by file number).
-        self._paths: list[str] | None = None
-        self._has_boxes: bool | None = None
+        self._has_boxes: bool | None = None  # kept when pickled: every shard task asks fields()
         self._files = OpenFiles()
-
-    def _file_paths(self) -> list[str]:
-        if self._paths is None:
-            self._paths = expand_inputs(self.patterns, "TFRecord file")
-        return self._paths
 
     def iter_items(self) -> Iterator[Item]:
         """One item per record, file by file; ``Item.size`` is the record's size, ``Item.anchor``
@@ -109,13 +86,11 @@ class TFRecordSource(StreamingSource):
                 readable = True
             yield item
         if not readable:
-            raise ConversionError(f"tfrecord: {', '.join(self.patterns)} hold no readable record")
+            raise self._no_samples("no readable record")
 
     def items_from(self, anchor: tuple[int, int, int]) -> Iterator[Item]:
-        first, start, number = anchor
-        for index, path in enumerate(self._file_paths()[first:], start=first):
-            at = (start, number) if index == first else (0, 0)
-            for r in _records(path, *at):
+        for index, path, (start, number) in self._files_from(anchor):
+            for r in _records(path, start, number):
                 yield Item(name=f"{r.path}:{r.number}", size=r.size, data=r, anchor=(index, r.offset, r.number))
 
     def _learn_fields(self, first: Item) -> None:
@@ -132,16 +107,11 @@ class TFRecordSource(StreamingSource):
             for _ in self.iter_items():  # up to the first readable record
                 if self._has_boxes is not None:
                     break
-        fields = {"image": Field.image()}
-        if self.label_feature:
-            fields["label"] = Field.array("int64", ())
+        fields = self._image_fields(self.label_feature is not None)
         if self._has_boxes:
             fields["bbox"] = Field.array("float32", (-1, 4))
         fields["key"] = Field.text()
         return fields
-
-    def classes(self) -> list[str] | None:
-        return read_classes_file(self.classes_file)
 
     def _features(self, item: Item) -> dict[str, tuple[str, Any]]:
         record: _Record = item.data
@@ -173,16 +143,13 @@ class TFRecordSource(StreamingSource):
         return {"bbox": f"xmin ymin xmax ymax rows from {self.bbox_prefix}{{xmin,ymin,xmax,ymax}}, as stored"}
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "files": self.patterns,
-            "image_feature": self.image_feature,
-            "label_feature": self.label_feature,
-            "key_feature": self.key_feature,
-            "bbox_prefix": self.bbox_prefix,
-            "classes_file": self.classes_file,
-            "image_options": self.image_options.to_json(),
-        }
+        return self._described(
+            files=self.patterns,
+            image_feature=self.image_feature,
+            label_feature=self.label_feature,
+            key_feature=self.key_feature,
+            bbox_prefix=self.bbox_prefix,
+        )
 
 
 def _records(path: str, start: int = 0, number: int = 0) -> Iterator[_Record]:
@@ -289,14 +256,5 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[TFRecordSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    files, out = inputs_and_output(args.files, "TFRecord files")
-    source = TFRecordSource(
-        files,
-        image_options,
-        image_feature=args.image_feature,
-        label_feature=args.label_feature,
-        key_feature=args.key_feature,
-        bbox_prefix=args.bbox_prefix,
-        classes_file=args.classes,
-    )
-    return source, out
+    features = ("image_feature", "label_feature", "key_feature", "bbox_prefix")
+    return TFRecordSource.from_command_line(args, args.files, "TFRecord files", image_options, *features)

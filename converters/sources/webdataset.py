@@ -11,26 +11,10 @@ from typing import IO, Any, ClassVar, Iterator, Sequence
 
 import numpy as np
 
-from converters.base import (
-    ConversionError,
-    ImageOptions,
-    Item,
-    Sample,
-    SampleError,
-    StreamingSource,
-    optional_absolute_path,
-)
+from converters.base import ConversionError, ImageOptions, Item, Sample, SampleError
 from converters.images import prepare_image
 from converters.remote_inputs import is_url, open_input
-from converters.sources._inputs import (
-    OpenFiles,
-    add_common_arguments,
-    expand_inputs,
-    input_patterns,
-    inputs_and_output,
-    parse_label,
-    read_classes_file,
-)
+from converters.sources._inputs import InputFilesSource, OpenFiles, add_common_arguments, parse_label
 from dali_pipes.dataset.manifest import Field
 
 log = logging.getLogger(__name__)
@@ -58,7 +42,7 @@ class _Members:
     damage: str | None = None  # where the tar cannot be read on from here: why
 
 
-class WebDatasetSource(StreamingSource):
+class WebDatasetSource(InputFilesSource):
     """Samples of WebDataset tar shards: members sharing a key (``KEY.jpg``, ``KEY.cls``, ...) are one sample.
 
     Members are grouped as WebDataset groups them: consecutive members with the
@@ -79,6 +63,7 @@ class WebDatasetSource(StreamingSource):
     """
 
     kind: ClassVar[str] = KIND
+    file_kind: ClassVar[str] = "tar shard"
 
     def __init__(
         self,
@@ -90,23 +75,15 @@ class WebDatasetSource(StreamingSource):
         json_ext: str | None = "json",
         classes_file: str | os.PathLike | None = None,
     ) -> None:
-        self.patterns = input_patterns(shards)
-        self.image_options = image_options
+        super().__init__(shards, image_options, classes_file)
         self.image_exts = tuple(e.lower().lstrip(".") for e in image_exts)
         self.label_ext = label_ext.lower().lstrip(".") if label_ext else None
         self.json_ext = json_ext.lower().lstrip(".") if json_ext else None
-        self.classes_file = optional_absolute_path(classes_file)
         if not self.image_exts:
             raise ConversionError("webdataset: give at least one image extension")
-        # Kept when pickled (every shard task asks fields() and reads by tar number): decided by a whole pass.
-        self._tars: list[str] | None = None
+        # Kept when pickled (every shard task asks fields()): decided by a whole pass.
         self._has_json: bool | None = None
         self._files = OpenFiles()
-
-    def _tar_paths(self) -> list[str]:
-        if self._tars is None:
-            self._tars = expand_inputs(self.patterns, "tar shard")
-        return self._tars
 
     def iter_items(self) -> Iterator[Item]:
         """One item per key, tar by tar, in member order; ``Item.size`` is the sample's bytes in the tar and
@@ -117,29 +94,23 @@ class WebDatasetSource(StreamingSource):
             with_json += item.data.json is not None
             yield item
         if not count:
-            raise ConversionError(f"webdataset: {', '.join(self.patterns)} hold no samples")
+            raise self._no_samples("no samples")
         self._has_json = self.json_ext is not None and with_json > 0
 
     def items_from(self, anchor: tuple[int, int]) -> Iterator[Item]:
-        first, start = anchor
-        for number, path in enumerate(self._tar_paths()[first:], start=first):
-            for offset, members in _read_tar(path, self, start if number == first else 0):
+        for number, path, (start,) in self._files_from(anchor):
+            for offset, members in _read_tar(path, self, start):
                 yield _item(members, (number, offset))
 
     def fields(self) -> dict[str, Field]:
         if self._has_json is None:
             for _ in self.iter_items():  # a whole pass decides whether any sample has a .json member
                 pass
-        fields = {"image": Field.image()}
-        if self.label_ext:
-            fields["label"] = Field.array("int64", ())
+        fields = self._image_fields(self.label_ext is not None)
         fields["key"] = Field.text()
         if self._has_json:
             fields["json"] = Field.text()
         return fields
-
-    def classes(self) -> list[str] | None:
-        return read_classes_file(self.classes_file)
 
     def load(self, item: Item) -> Sample:
         members: _Members = item.data
@@ -160,15 +131,9 @@ class WebDatasetSource(StreamingSource):
         return sample
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "shards": self.patterns,
-            "image_exts": list(self.image_exts),
-            "label_ext": self.label_ext,
-            "json_ext": self.json_ext,
-            "classes_file": self.classes_file,
-            "image_options": self.image_options.to_json(),
-        }
+        return self._described(
+            shards=self.patterns, image_exts=list(self.image_exts), label_ext=self.label_ext, json_ext=self.json_ext
+        )
 
 
 def _item(members: _Members, anchor: tuple[int, int]) -> Item:
@@ -275,13 +240,12 @@ def add_arguments(parser) -> None:
 
 def from_args(args, image_options: ImageOptions) -> tuple[WebDatasetSource, str]:
     """The source the parsed command line describes, and the output folder (the last positional argument)."""
-    shards, out = inputs_and_output(args.shards, "tar shards")
-    source = WebDatasetSource(
-        shards,
+    return WebDatasetSource.from_command_line(
+        args,
+        args.shards,
+        "tar shards",
         image_options,
         image_exts=[e for e in args.image_ext.split(",") if e.strip()],
         label_ext=args.label_ext or None,
         json_ext=args.json_ext or None,
-        classes_file=args.classes,
     )
-    return source, out

@@ -40,19 +40,7 @@ from converters.ctrl_c import holds_ctrl_c
 from converters.writers._h5file import GuardedFile
 from converters.writers._sample import check_fields, normalize_sample
 from dali_pipes.dataset.manifest import Field
-from dali_pipes.stores.hdf5_layout import (
-    CRC_DATASET,
-    CRC_DTYPE,
-    LIBVER,
-    chunk_rows,
-    data_dtype,
-    data_path,
-    is_ragged,
-    layout_attrs,
-    offsets_path,
-    row_shape,
-    sample_crcs,
-)
+from dali_pipes.stores import hdf5_layout
 
 #: Ragged values stay in memory up to this many bytes per field, then spill to the temporary file.
 SPOOL_MEMORY = 32 << 20
@@ -88,25 +76,25 @@ class Hdf5ShardWriter(ShardWriter):
 
     @holds_ctrl_c
     def _create_file(self) -> None:
-        self._file = h5py.File(self._io, "w", libver=LIBVER)
+        self._file = h5py.File(self._io, "w", libver=hdf5_layout.LIBVER)
         for name, field in self.fields.items():
-            if is_ragged(field):
+            if hdf5_layout.is_ragged(field):
                 self._spools[name] = tempfile.SpooledTemporaryFile(max_size=SPOOL_MEMORY, dir=self.path.parent)
                 self._offsets[name] = array("q", [0])
             else:
-                rows = chunk_rows(field)
+                rows = hdf5_layout.chunk_rows(field)
                 shape = tuple(field.shape or ())
                 self._file.create_dataset(
                     name,
                     shape=(0, *shape),
                     maxshape=(None, *shape),
                     chunks=(rows, *shape),
-                    dtype=data_dtype(field),
+                    dtype=hdf5_layout.data_dtype(field),
                     track_times=False,
                 )
                 self._buffers[name] = []
                 # Flush whole chunks only, so no chunk is written twice.
-                row_bytes = data_dtype(field).itemsize * math.prod(shape)
+                row_bytes = hdf5_layout.data_dtype(field).itemsize * math.prod(shape)
                 self._flush_rows[name] = rows * max(1, FLUSH_BYTES // (rows * row_bytes))
         self._io.check()
 
@@ -114,10 +102,10 @@ class Hdf5ShardWriter(ShardWriter):
         """Append one sample."""
         where = f"{self.path}: sample {self.num_samples}"
         values = normalize_sample(self.fields, sample, where)
-        self._crcs.frombytes(np.asarray(sample_crcs(values), dtype=np.uint32).tobytes())
+        self._crcs.frombytes(np.asarray(hdf5_layout.sample_crcs(values), dtype=np.uint32).tobytes())
         for name, field in self.fields.items():
             value = values[name]
-            if is_ragged(field):
+            if hdf5_layout.is_ragged(field):
                 data = value if isinstance(value, bytes) else value.tobytes()
                 self._spools[name].write(data)
                 rows = len(data) if field.kind == "bytes" else value.shape[0]
@@ -143,11 +131,11 @@ class Hdf5ShardWriter(ShardWriter):
     def _write_ragged(self, name: str, field: Field) -> None:
         spool = self._spools.pop(name)
         offsets = np.frombuffer(self._offsets[name], dtype=np.int64)
-        dtype = data_dtype(field)
-        rest = row_shape(field)
+        dtype = hdf5_layout.data_dtype(field)
+        rest = hdf5_layout.row_shape(field)
         row_bytes = dtype.itemsize * math.prod(rest)
         ds = self._file.create_dataset(
-            data_path(name, field), shape=(int(offsets[-1]), *rest), dtype=dtype, track_times=False
+            hdf5_layout.data_path(name, field), shape=(int(offsets[-1]), *rest), dtype=dtype, track_times=False
         )
         spool.seek(0)
         block_rows = max(1, COPY_BYTES // row_bytes)
@@ -161,7 +149,7 @@ class Hdf5ShardWriter(ShardWriter):
             self._io.check()
             done += n
         spool.close()
-        self._file.create_dataset(offsets_path(name), data=offsets, track_times=False)
+        self._file.create_dataset(hdf5_layout.offsets_path(name), data=offsets, track_times=False)
 
     @holds_ctrl_c
     def close(self) -> None:
@@ -169,13 +157,13 @@ class Hdf5ShardWriter(ShardWriter):
         if self._file is None:
             return
         for name, field in self.fields.items():
-            if is_ragged(field):
+            if hdf5_layout.is_ragged(field):
                 self._write_ragged(name, field)
             else:
                 self._flush(name)
-        crcs = np.frombuffer(self._crcs, dtype=np.uint32).astype(CRC_DTYPE).reshape(-1, len(self.fields))
-        self._file.create_dataset(CRC_DATASET, data=crcs, dtype=CRC_DTYPE, track_times=False)
-        for key, value in layout_attrs(self.fields, self.num_samples).items():
+        crcs = np.frombuffer(self._crcs, dtype=np.uint32).astype(hdf5_layout.CRC_DTYPE).reshape(-1, len(self.fields))
+        self._file.create_dataset(hdf5_layout.CRC_DATASET, data=crcs, dtype=hdf5_layout.CRC_DTYPE, track_times=False)
+        for key, value in hdf5_layout.layout_attrs(self.fields, self.num_samples).items():
             self._file.attrs[key] = value
         self._file.close()
         self._file = None
