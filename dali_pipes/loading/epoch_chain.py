@@ -25,13 +25,10 @@ each time.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.sources import EpochControl
-
-if TYPE_CHECKING:
-    from dali_pipes.loading.passes import Pass
 
 __all__ = ["EpochChain", "read_ahead"]
 
@@ -83,10 +80,10 @@ class EpochChain:
         """Whether the open stream epoch reads on past the current pass."""
         return self._next is not None
 
-    def continues(self, epoch: int, start: int, after: "Pass | None") -> bool:
-        """Whether the open stream epoch reads on into the pass ``(epoch, start)`` after the pass ``after``."""
-        done = after is not None and after.reading and after.handed == after.batches  # all handed out
-        return done and self._next is not None and start == 0 and self._next[1] == epoch
+    def continues(self, epoch: int, start: int, *, handed_out: bool) -> bool:
+        """Whether the open stream epoch reads on into the pass ``(epoch, start)``; ``handed_out``: the pass
+        before it gave every batch and its stream epoch has not ended."""
+        return handed_out and self._next is not None and start == 0 and self._next[1] == epoch
 
     def advance(self) -> None:
         """The pass of the chained epoch begins: publish the epoch after it and drop the plan before it."""

@@ -137,7 +137,9 @@ class EpochState:
         """Start the next pass (:meth:`next_pass`), reading on in the open stream epoch or refilling."""
         epoch, start = self.next_pass()
         self._pending = None
-        continues = self._chain.continues(epoch, start, after=self.current)
+        before = self.current
+        handed_out = before is not None and before.reading and not before.under_way
+        continues = self._chain.continues(epoch, start, handed_out=handed_out)
         if not continues:
             self._finish_stream_epoch()
         current = self.current = Pass(epoch, start, self.steps.batches(start), self.steps.per_rank(start))
