@@ -79,13 +79,13 @@ def two(tmp_path_factory):
 
 
 def _open(mixture):
+    from dali_pipes import DataOptions
     from dali_pipes.loading.store_setup import prepare_store
     from dali_pipes.sampling import World
 
     store, _, _ = prepare_store(
-        mixture, stage_to=None, cache=None, cache_bytes=None, storage_options=None, world=World(0, 1),
-        batch_size=4, seed=0, shuffle=True, last_batch="pad",
-    )  # fmt: skip
+        mixture, DataOptions(), world=World(0, 1), batch_size=4, seed=0, shuffle=True, last_batch="pad"
+    )
     return store
 
 

@@ -132,13 +132,9 @@ class DALILoader(DataLoaderSurface):
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
-        data = data or DataOptions()
         self.store, self.staged, self.cache = prepare_store(
             path,
-            stage_to=data.stage_to,
-            cache=data.cache,
-            cache_bytes=data.cache_bytes,
-            storage_options=data.storage_options,
+            data or DataOptions(),
             world=self.world,
             batch_size=self.batch_size,
             seed=self.seed,
@@ -162,13 +158,8 @@ class DALILoader(DataLoaderSurface):
             raise
         logger.info(
             "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
-            self.store.root,
-            self.world.rank,
-            self.world.world_size,
-            device_description(run.device, device_id),
-            len(self.store),
-            self.batch_size,
-            self.batches_per_epoch,
+            *(self.store.root, self.world.rank, self.world.world_size, device_description(run.device, device_id)),
+            *(len(self.store), self.batch_size, self.batches_per_epoch),
         )
 
     def _make_source(self, batch_reads: bool) -> StoreSource:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from dali_pipes.loading.config import DataOptions
 from dali_pipes.loading.mixture import Mixture, MixtureStore
 from dali_pipes.remote.urls import is_url
 from dali_pipes.sampling import World
@@ -15,18 +16,16 @@ __all__ = ["epoch_sampling", "prepare_store"]
 
 def prepare_store(
     path: str | os.PathLike | Mixture,
+    data: DataOptions,
     *,
-    stage_to: str | os.PathLike | None,
-    cache: str | None,
-    cache_bytes: int | None,
-    storage_options: Mapping[str, Any] | None,
     world: World,
     batch_size: int,
     seed: int,
     shuffle: bool,
     last_batch: str,
 ) -> tuple[Store | MixtureStore, Any, Any]:
-    """``(store, staged, ram_cache)``: the dataset staged (``stage_to``, or a URL), opened, and cached (``cache="ram"``).
+    """``(store, staged, ram_cache)``: the dataset staged (``data.stage_to``, or a URL), opened, and cached
+    (``data.cache="ram"``); ``world`` and the epoch's rules say which shards this rank reads, for the cache.
 
     A :class:`~dali_pipes.loading.mixture.Mixture` opens each of its datasets (staged into
     ``stage_to/NAME`` when given) and joins them into a :class:`MixtureStore`.
@@ -37,14 +36,20 @@ def prepare_store(
     the node wait and reuse its copy. The RAM cache is made before the workers start.
     """
     if isinstance(path, Mixture):
-        return _prepare_mixture(path, stage_to=stage_to, cache=cache, storage_options=storage_options)
-    store, staged = _stage_and_open(path, stage_to, storage_options)
+        return _prepare_mixture(path, stage_to=data.stage_to, cache=data.cache, storage_options=data.storage_options)
+    store, staged = _stage_and_open(path, data.stage_to, data.storage_options)
     ram_cache = None
-    if cache == "ram":
+    if data.cache == "ram":
         from dali_pipes.staging.ramcache import cache_for_loader
 
         store, ram_cache = cache_for_loader(
-            store, cache_bytes, world=world, batch_size=batch_size, seed=seed, shuffle=shuffle, last_batch=last_batch
+            store,
+            data.cache_bytes,
+            world=world,
+            batch_size=batch_size,
+            seed=seed,
+            shuffle=shuffle,
+            last_batch=last_batch,
         )
     return store, staged, ram_cache
 
