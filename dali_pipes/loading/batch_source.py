@@ -8,8 +8,8 @@ samples sorted and read together) and returns every output as a batch: a fixed
 array field as one ``(B, *shape)`` array, bytes fields as lists of ``uint8``
 arrays, then ``is_pad`` and ``index`` as ``(B,)`` arrays.
 
-Each encoded image is copied once on its way to DALI (issue 35: the feed made
-two copies and a Python object per sample, half of its CPU cost). The store
+Each encoded image is copied once on its way to DALI, and no Python object is
+made per sample: per-sample copies and objects were most of the feed's CPU cost. The store
 copies a shard's records of the batch out of its memory map in one pass, into
 one buffer (``read_batch(arrays=True)``, :func:`~dali_pipes.stores.base.packed`),
 after checking them against their CRCs. Read in the loader's process, the

@@ -3,7 +3,7 @@
 Scripts such as torchvision's reference ``train.py`` and timm's ``train.py`` unpack
 ``(image, target)`` tuples, call ``loader.sampler.set_epoch(epoch)``, read
 ``len(loader.dataset)``, ``loader.dataset.classes``, ``loader.batch_size`` and
-``loader.drop_last``. The loader answers all of these (issue 37):
+``loader.drop_last``. The loader answers all of these:
 
 - :class:`BatchFormat` (``DALILoader(..., batch_format=...)``) says what a batch is:
   the loader's dict (the default), or a tuple of named outputs as a ``DataLoader``

@@ -1,8 +1,8 @@
 """This rank's epoch order, computed once by the loader and shared with DALI's workers through a file.
 
 :func:`~dali_pipes.sampling.rank_indices` draws a permutation of the whole
-dataset: 1.2 s at 10M samples. Computed in every DALI worker of every rank at
-each epoch start, that was a stall growing with the dataset. Instead the loader
+dataset, which takes seconds on datasets of millions of samples. Computed in every
+DALI worker of every rank at each epoch start, it would stall each epoch's start. Instead the loader
 computes it once per epoch and writes it beside the epoch control block (a tmpfs
 file in ``/dev/shm``), *before* it publishes the epoch; each worker maps the file
 read-only, so the order is held once in memory whatever the worker count.

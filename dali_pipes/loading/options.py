@@ -135,20 +135,16 @@ def default_py_num_workers(
     map (LMDB, HDF5: ``ShardReader.cheap_batch_reads``) cost a few microseconds a
     sample, so on the CPU they run in the loader's process: a worker would add a
     copy into shared memory and the same per-sample work in this process to take
-    it back (``dali-pipes bench --suite feed`` measured the feed at 0.6x of
-    ``fn.readers.file``'s rate with one worker on 2 cores). Where images are
-    decoded on the GPU (``gpu_images``) with at least :data:`GPU_FEED_MIN_CORES`
-    cores per rank (``cpus``, default :func:`cores_per_rank`), the loader's one thread is the limit instead:
-    DALI calls the source in the training loop's thread, which fed at most 25,500
-    images/s on an H200's 16 cores where ``fn.readers.file`` fed 47,600, so the
-    training graph ran at 17,700-19,700 images/s in-process and 21,900-24,100 with
-    4 workers (8: 23,200); issue 35. So one process per :data:`GPU_FEED_CORES_PER_WORKER`
-    cores of the rank (:func:`gpu_feed_workers`: 4 on 16 cores, 8 on 32 or more). Those figures were
-    taken while DALI handed out only ``prefetch`` (2) batches at once, so two of
-    the processes idled; the source now keeps one batch in flight per process
-    (``pipeline_build.source_options``): on an H200 the feed alone with 4 workers then
-    went from 0.66x to 0.90x ``fn.readers.file`` (41,152 images/s). Other formats and
-    per-sample reads get a few workers, leaving cores for the training process.
+    it back. Where images are decoded on the GPU (``gpu_images``) with at least
+    :data:`GPU_FEED_MIN_CORES` cores per rank (``cpus``, default :func:`cores_per_rank`),
+    the loader's one thread is the limit instead: DALI calls the source in the
+    training loop's thread, which cannot feed the GPU decoders as fast as
+    ``fn.readers.file`` does. So one process per :data:`GPU_FEED_CORES_PER_WORKER`
+    cores of the rank (:func:`gpu_feed_workers`: 4 on 16 cores, 8 on 32 or more),
+    each kept busy with a batch in flight (``pipeline_build.source_options``). Other
+    formats and per-sample reads get a few workers, leaving cores for the training
+    process. The bench README's GPU sections have the measurements behind these counts
+    (``dali-pipes bench --suite feed`` and ``--suite gpu-decoder``).
     """
     from dali_pipes.stores import reader_class
 
