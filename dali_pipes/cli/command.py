@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from dali_pipes.cli.exit_codes import EXIT_ERROR, EXIT_FAILED
-from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune
+from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune, named
 from dali_pipes.cli.remote_args import (
     add_output_url_options,
     add_storage_options,
@@ -433,14 +433,7 @@ def _demo(args) -> int:
             raise ValueError(f"--{name.replace('_', '-')} must be at least 1")
     if not args.seconds > 0:
         raise ValueError(f"--seconds must be above 0, got {args.seconds}")
-    report = run_demo(
-        args.data,
-        workdir=args.workdir,
-        num_images=args.num_images,
-        seconds=args.seconds,
-        batch_size=args.batch_size,
-        device=args.device,
-    )
+    report = run_demo(args.data, **named(args, "workdir", "num_images", "seconds", "batch_size", "device"))
     print(format_report(report))
     return 0
 

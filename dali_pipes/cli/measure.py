@@ -10,13 +10,14 @@ import argparse
 import contextlib
 import logging
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 from dali_pipes.cli.exit_codes import EXIT_FAILED
 from dali_pipes.dataset.fileio import atomic_write_json
 from dali_pipes.dataset.manifest import FORMATS
 
 log = logging.getLogger("dali_pipes.cli")
+_T = TypeVar("_T")
 
 
 def add_bench_convert(commands) -> None:
@@ -37,13 +38,9 @@ def add_bench_convert(commands) -> None:
 def _bench_convert(args) -> int:
     from converters.bench import format_report, run_conversion_benchmark
 
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
     report = run_conversion_benchmark(
-        images=args.images,
-        num=args.num,
-        workers=args.workers,
-        formats=[f.strip() for f in args.formats.split(",") if f.strip()],
-        repeats=args.repeats,
-        json_out=args.json,
+        **named(args, "images", "num", "workers", "repeats"), formats=formats, json_out=args.json
     )
     print(format_report(report))
     return 0
@@ -90,12 +87,7 @@ def add_bench(commands) -> None:
         metavar="FILE",
         help="loader settings saved by 'dali-pipes tune' for the dali-pipes rows",
     )
-    p.add_argument(
-        "--dtype",
-        choices=("float32", "float16"),
-        default="float32",
-        help="output dtype of the DALI rows (default: float32, as the baselines)",
-    )
+    _add_dtype(p, "output dtype of the DALI rows (default: float32, as the baselines)")
     p.add_argument(
         "--rows",
         type=_row_names,
@@ -112,6 +104,11 @@ def add_bench(commands) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
+
+
+def _add_dtype(p: argparse.ArgumentParser, text: str) -> None:
+    """``--dtype``, the output dtype of the measured pipelines (bench and tune), with its help ``text``."""
+    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help=text)
 
 
 def _positive_int(text: str) -> int:
@@ -148,6 +145,19 @@ def _bench_scale(args) -> int:
     return 0
 
 
+def _measure(function: Callable[..., _T], args: argparse.Namespace, *names: str) -> _T:
+    """How bench, tune and doctor call their library function: ``function(args.dataset, progress=...)`` with the
+    parsed arguments ``names`` under the same names, the loaders' INFO lines kept out of the table."""
+    with _quiet_loaders(args):
+        return function(args.dataset, progress=not args.no_progress, **named(args, *names))
+
+
+def named(args: argparse.Namespace, *names: str) -> dict[str, Any]:
+    """The parsed arguments ``names``, as keyword arguments of the same names (a library function's parameters are
+    named as the command line's options)."""
+    return {name: getattr(args, name) for name in names}
+
+
 @contextlib.contextmanager
 def _quiet_loaders(args) -> Iterator[None]:
     # The benchmarks build dozens of loaders; one log line each would bury the table.
@@ -169,19 +179,7 @@ def _bench(args) -> int:
         return _bench_scale(args)
     if args.dataset is None:
         raise SystemExit("dali-pipes bench: give the dataset folder to benchmark")
-    with _quiet_loaders(args):
-        report = run_bench(
-            args.dataset,
-            suite=args.suite,
-            batch_size=args.batch_size,
-            images=args.images,
-            quick=args.quick,
-            settings=args.settings,
-            dtype=args.dtype,
-            progress=not args.no_progress,
-            rows=args.rows,
-            repeats=args.repeats,
-        )
+    report = _measure(run_bench, args, "suite", "batch_size", "images", "quick", "settings", "dtype", "rows", "repeats")
     print(format_table(report))
     if args.json is not None:
         print(f"figures: {write_json(report, args.json)}")
@@ -210,7 +208,7 @@ def add_tune(commands) -> None:
         "--batch-size", type=int, default=64, metavar="B", help="the batch size you train with (default: 64)"
     )
     p.add_argument("--device", default="auto", choices=("auto", "gpu", "cpu"))
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="output dtype of the pipeline")
+    _add_dtype(p, "output dtype of the pipeline")
     p.add_argument(
         "--decoder-only",
         action="store_true",
@@ -223,16 +221,7 @@ def add_tune(commands) -> None:
 def _tune(args) -> int:
     from dali_pipes.bench.tune import format_tune, save_settings, tune
 
-    with _quiet_loaders(args):
-        result = tune(
-            args.dataset,
-            batch_size=args.batch_size,
-            quick=args.quick,
-            device=args.device,
-            dtype=args.dtype,
-            progress=not args.no_progress,
-            decoder_only=args.decoder_only,
-        )
+    result = _measure(tune, args, "batch_size", "quick", "device", "dtype", "decoder_only")
     print(format_tune(result, save_settings(result, args.out)))
     return 0
 
@@ -265,18 +254,7 @@ def add_doctor(commands) -> None:
 def _doctor(args) -> int:
     from dali_pipes.bench.doctor import format_doctor, run_doctor
 
-    with _quiet_loaders(args):
-        report = run_doctor(
-            args.dataset,
-            model=args.model,
-            batch_size=args.batch_size,
-            steps=args.steps,
-            quick=args.quick,
-            device=args.device,
-            settings=args.settings,
-            progress=not args.no_progress,
-            max_minutes=args.max_minutes,
-        )
+    report = _measure(run_doctor, args, "model", "batch_size", "steps", "quick", "device", "settings", "max_minutes")
     print(format_doctor(report))
     if args.json is not None:
         print(f"figures: {atomic_write_json(args.json, report.to_json())}")

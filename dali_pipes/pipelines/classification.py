@@ -25,9 +25,9 @@ from dali_pipes.pipelines.config import (
     OutputLayout,
     check_channels,
     check_choice,
-    check_probability,
-    check_range,
+    check_flip_and_jitter,
     check_size,
+    check_window,
 )
 from dali_pipes.pipelines.erasing import RandomErasing
 from dali_pipes.pipelines.mixing import Mix
@@ -79,6 +79,11 @@ class _ImageOutput:
     def required_fields(self) -> tuple[str, ...]:
         """The dataset fields read: the encoded image and its integer label."""
         return _FIELDS
+
+    @property
+    def needs_conditionals(self) -> bool:
+        """False: the graph has no data-dependent branches (a spec whose graph has some says True)."""
+        return False
 
     @property
     def output_casts(self) -> dict[str, str]:
@@ -138,11 +143,8 @@ class ClassificationTrain(_ImageOutput):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "size", check_size_spec("ClassificationTrain.size", self.size))
-        object.__setattr__(self, "scale", check_range("ClassificationTrain.scale", self.scale, upper=1.0))
-        object.__setattr__(self, "ratio", check_range("ClassificationTrain.ratio", self.ratio))
-        object.__setattr__(self, "flip", check_probability("ClassificationTrain.flip", self.flip))
-        if self.jitter is not None and not isinstance(self.jitter, ColorJitter):
-            raise ValueError(f"ClassificationTrain.jitter must be a ColorJitter or None, got {self.jitter!r}")
+        check_window(self, "ClassificationTrain", max_scale=1.0)
+        check_flip_and_jitter(self, "ClassificationTrain")
         if self.auto_augment is not None:
             check_choice("ClassificationTrain.auto_augment", self.auto_augment, AUTO_AUGMENT_POLICIES)
         _check_recipe(self)
@@ -322,11 +324,6 @@ class ClassificationVal(_ImageOutput):
                 f"ClassificationVal.resize ({self.resize}) must be >= size ({self.size}): "
                 "the centre crop is taken from the resized image"
             )
-
-    @property
-    def needs_conditionals(self) -> bool:
-        """Always False: the graph has no data-dependent branches."""
-        return False
 
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the evaluation graph; return ``{"image": ..., "label": ...}`` (see :class:`PipelineSpec`)."""

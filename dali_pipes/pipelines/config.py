@@ -237,6 +237,21 @@ def check_probability(name: str, value: Any) -> float:
     return p
 
 
+def check_window(spec: Any, name: str, *, max_scale: float) -> None:
+    """Check a random window's ``scale`` (its share of the image's area, at most ``max_scale``) and ``ratio`` (its
+    width/height), each a ``(low, high)`` range stored as floats; ``name``, the spec's class, begins the errors."""
+    object.__setattr__(spec, "scale", check_range(f"{name}.scale", spec.scale, upper=max_scale))
+    object.__setattr__(spec, "ratio", check_range(f"{name}.ratio", spec.ratio))
+
+
+def check_flip_and_jitter(spec: Any, name: str) -> None:
+    """Check a training spec's ``flip`` (a probability, stored as a float) and ``jitter`` (a :class:`ColorJitter`
+    or None); ``name``, the spec's class, begins the errors."""
+    object.__setattr__(spec, "flip", check_probability(f"{name}.flip", spec.flip))
+    if spec.jitter is not None and not isinstance(spec.jitter, ColorJitter):
+        raise ValueError(f"{name}.jitter must be a ColorJitter or None, got {spec.jitter!r}")
+
+
 def check_choice(name: str, value: Any, choices: Sequence[Any]) -> Any:
     """``value`` if it is one of ``choices``."""
     if value not in choices:

@@ -62,7 +62,7 @@ from dali_pipes.pipelines.classification import _ImageOutput
 from dali_pipes.pipelines.config import (
     ColorJitter,
     check_choice,
-    check_probability,
+    check_flip_and_jitter,
     check_size,
 )
 
@@ -128,11 +128,6 @@ class _DetectionOutput(_ImageOutput):
     def required_fields(self) -> tuple[str, ...]:
         """The dataset fields read: the encoded image, its boxes, their category ids and crowd flags."""
         return _FIELDS
-
-    @property
-    def needs_conditionals(self) -> bool:
-        """Always False: the graph has no data-dependent branches."""
-        return False
 
     @property
     def num_classes(self) -> Optional[int]:
@@ -306,9 +301,7 @@ class Detection(_DetectionOutput):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_choice("Detection.crop", self.crop, CROP_POLICIES)
-        object.__setattr__(self, "flip", check_probability("Detection.flip", self.flip))
-        if self.jitter is not None and not isinstance(self.jitter, ColorJitter):
-            raise ValueError(f"Detection.jitter must be a ColorJitter or None, got {self.jitter!r}")
+        check_flip_and_jitter(self, "Detection")
 
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the training graph; return the outputs of the module docstring (see :class:`PipelineSpec`)."""

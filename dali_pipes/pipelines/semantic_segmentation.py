@@ -31,7 +31,7 @@ from nvidia.dali.data_node import DataNode
 from dali_pipes.pipelines import ops
 from dali_pipes.pipelines.base import check_build_call
 from dali_pipes.pipelines.classification import _ImageOutput
-from dali_pipes.pipelines.config import ColorJitter, check_probability, check_range, check_size
+from dali_pipes.pipelines.config import ColorJitter, check_flip_and_jitter, check_size, check_window
 
 _FIELDS = ("image", "mask")
 # Both slices cut the same pixels: a relative anchor and shape, padding where the window leaves the image.
@@ -69,11 +69,6 @@ class _SemanticOutput(_ImageOutput):
         """The encoded image and its label map."""
         return _FIELDS
 
-    @property
-    def needs_conditionals(self) -> bool:
-        """Always False."""
-        return False
-
     def _decode_map(self, encoded: DataNode, device: str) -> tuple[DataNode, DataNode]:
         """The decoded map (on ``device``) and its float ``(height, width)`` (on the CPU)."""
         maps = fn.decoders.image(encoded, device="cpu", output_type=types.ANY_DATA, dtype=types.UINT16)
@@ -107,11 +102,8 @@ class SemanticSegmentation(_SemanticOutput):
     def __post_init__(self) -> None:
         super().__post_init__()
         object.__setattr__(self, "size", _check_size("SemanticSegmentation.size", self.size))
-        object.__setattr__(self, "scale", check_range("SemanticSegmentation.scale", self.scale, upper=16.0))
-        object.__setattr__(self, "ratio", check_range("SemanticSegmentation.ratio", self.ratio))
-        object.__setattr__(self, "flip", check_probability("SemanticSegmentation.flip", self.flip))
-        if self.jitter is not None and not isinstance(self.jitter, ColorJitter):
-            raise ValueError(f"SemanticSegmentation.jitter must be a ColorJitter or None, got {self.jitter!r}")
+        check_window(self, "SemanticSegmentation", max_scale=16.0)
+        check_flip_and_jitter(self, "SemanticSegmentation")
 
     def build(self, inputs: Mapping[str, DataNode], *, device: str) -> dict[str, DataNode]:
         """Add the training graph; return ``image`` and ``mask`` (see :class:`PipelineSpec`)."""
