@@ -8,15 +8,8 @@ import os
 import numpy as np
 import pytest
 
-from dali_pipes.dataset.manifest import (
-    Field,
-    Manifest,
-    ManifestError,
-    Shard,
-    load_manifest,
-    parse_manifest,
-    write_manifest,
-)
+from dali_pipes import Manifest, ManifestError
+from dali_pipes.dataset.manifest import Field, Shard, load_manifest, parse_manifest, write_manifest
 
 SHA = "ab" * 32
 

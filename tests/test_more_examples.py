@@ -11,12 +11,13 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
-from converters.runner import convert
-from converters.sources import ImageFolderSource
-from converters.synth import make_imagefolder
+from test_show import converted_imagefolder
 
 CLI = (sys.executable, "-m", "dali_pipes")  # the CLI wherever the package imports, no script needed
+LIGHTNING = (sys.executable, "-m", "dali_pipes.examples.lightning_module")
+#: One epoch on the CPU, images of 32 px, the training process reading (no reader process).
+LIGHTNING_FLAGS = ("--max-epochs", "1", "--size", "32", "--device", "cpu", "--workers", "0")
+NEEDS_LIGHTNING = 'Lightning is an optional extra: pip install "dali-pipes[lightning]"'
 ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
 
 
@@ -80,14 +81,11 @@ def test_feature_recipe_through_the_cli_and_a_virtual_merge(tmp_path):
 
 @pytest.fixture(scope="module")
 def images(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("lightning")
-    images = make_imagefolder(root / "images", 50, size=(96, 72), classes=3, seed=3)
-    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False)
-    return root / "shards"
+    pytest.importorskip("lightning", reason=NEEDS_LIGHTNING)
+    return converted_imagefolder(tmp_path_factory.mktemp("lightning"), 50, seed=3)
 
 
 def test_lightning_example_trains_one_step_per_loader_batch(images, tmp_path):
-    pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
     from dali_pipes import ClassificationTrain, DALILoader, RunOptions
 
     batch = 8
@@ -97,23 +95,7 @@ def test_lightning_example_trains_one_step_per_loader_batch(images, tmp_path):
         expected = len(loader)
     assert expected == 7  # 50 samples, the last batch padded
 
-    out = _run(
-        sys.executable,
-        "-m",
-        "dali_pipes.examples.lightning_module",
-        images,
-        "--max-epochs",
-        "1",
-        "--batch-size",
-        str(batch),
-        "--size",
-        "32",
-        "--device",
-        "cpu",
-        "--workers",
-        "0",
-        cwd=tmp_path,
-    )
+    out = _run(*LIGHTNING, images, *LIGHTNING_FLAGS, "--batch-size", str(batch), cwd=tmp_path)
     found = re.search(r"^trained (\d+) steps over (\d+) epoch\(s\); metrics (.*)$", out, re.M)
     assert found, out
     assert (int(found[1]), int(found[2])) == (expected, 1), out
@@ -121,33 +103,13 @@ def test_lightning_example_trains_one_step_per_loader_batch(images, tmp_path):
 
 
 def test_lightning_ddp_splits_each_epoch_between_the_processes(images, tmp_path):
-    pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
     # Two CPU processes (gloo), started by Lightning itself: each reads its half of every global batch of 16.
-    out = _run(
-        sys.executable,
-        "-m",
-        "dali_pipes.examples.lightning_module",
-        images,
-        "--max-epochs",
-        "1",
-        "--devices",
-        "2",
-        "--batch-size",
-        "8",
-        "--size",
-        "32",
-        "--device",
-        "cpu",
-        "--workers",
-        "0",
-        cwd=tmp_path,
-    )
+    out = _run(*LIGHTNING, images, *LIGHTNING_FLAGS, "--devices", "2", "--batch-size", "8", cwd=tmp_path)
     found = re.search(r"^trained (\d+) steps over (\d+) epoch", out, re.M)
     assert found and (int(found[1]), int(found[2])) == (4, 1), out  # ceil(50 / (8 * 2)), not the 7 of one process
 
 
 def test_epoch_loader_forwards_a_new_epoch_only(images):
-    pytest.importorskip("lightning", reason='Lightning is an optional extra: pip install "dali-pipes[lightning]"')
     from dali_pipes import BatchFormat, ClassificationVal, DALILoader, RunOptions
     from dali_pipes.examples.lightning_module import EpochLoader
 

@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from packed_helpers import assert_converted, error_inputs, photos
-from test_resume import _kill_after_shards, _records
+from packed_helpers import assert_converted, assert_killed_conversion_resumes, error_inputs, photos
 
 from converters.base import ConversionError
 from converters.runner import convert
@@ -15,7 +14,7 @@ from converters.sources import ParquetSource
 from converters.synth import make_imagefolder
 from dali_pipes.dataset.manifest import load_manifest
 
-from test_convert import run_cli, shard_digests
+from test_convert import run_cli
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -87,15 +86,8 @@ def test_killed_conversion_resumes_to_identical_output(tmp_path):
     rows = [(f.name, f.read_bytes(), i % 4) for i, f in enumerate(files)]
     write_hf_parquet(tmp_path / "a.parquet", rows[:80], group=20)
     write_hf_parquet(tmp_path / "b.parquet", rows[80:], group=20)
-    pattern = str(tmp_path / "*.parquet")
-    common = ["--format", "lmdb", "--samples-per-shard", "10", "--no-progress"]
-    run_cli("convert", "parquet", pattern, tmp_path / "reference", "--workers", "2", *common)
-    out = tmp_path / "killed"
-    _kill_after_shards(["convert", "parquet", pattern, out, "--workers", "2", *common], out, shards=3)
-    assert 3 <= _records(out) < 16 and not (out / "index.json").exists()
-    proc = run_cli("convert", "parquet", pattern, out, "--workers", "1", *common)
-    assert "kept from an earlier run" in proc.stdout
-    assert shard_digests(out) == shard_digests(tmp_path / "reference")
+    options = ("--format", "lmdb", "--samples-per-shard", "10", "--no-progress")
+    assert_killed_conversion_resumes("parquet", str(tmp_path / "*.parquet"), tmp_path, *options, shards=16)
 
 
 def test_a_damaged_row_group_lists_its_rows_and_keeps_the_others(imagenet_mini, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import uuid
+from importlib.metadata import metadata
 
 import numpy as np
 import pytest
@@ -16,20 +17,30 @@ from converters.runner import convert
 from converters.sources import ArraysSource, LmdbSource
 from dali_pipes import RemoteError
 from dali_pipes.remote.fs import filesystem
+from dali_pipes.remote.urls import SCHEMES
+
+#: The URL kinds whose backend is an optional extra; s3fs comes with the test extra.
+OPTIONAL_KINDS = sorted(kind for kind, extra in SCHEMES.items() if extra and extra != "s3")
+#: fsspec has no entry of its own for abfss:// (adlfs adds it once installed), so without adlfs the URL fails in
+#: fsspec as an unknown protocol before dali-pipes can name the extra.
+UNKNOWN_TO_FSSPEC = pytest.mark.xfail(reason="fsspec: 'Protocol not known: abfss' without adlfs", strict=True)
+
+
+def _backend_module(kind: str) -> str | None:
+    """The package fsspec imports for ``kind://`` URLs; None where fsspec has no entry for the kind."""
+    from fsspec.registry import known_implementations
+
+    entry = known_implementations.get(kind)
+    return entry["class"].split(".")[0] if entry else None
 
 
 @pytest.mark.parametrize(
-    "url, module, extra",
-    [
-        ("gs://bucket/ds", "gcsfs", "gcs"),
-        ("gcs://bucket/ds", "gcsfs", "gcs"),
-        ("az://container/ds", "adlfs", "azure"),
-        ("abfs://container/ds", "adlfs", "azure"),
-        ("hf://datasets/org/name/ds", "huggingface_hub", "hf"),
-    ],
+    "kind", [pytest.param(k, marks=UNKNOWN_TO_FSSPEC) if k == "abfss" else k for k in OPTIONAL_KINDS]
 )
-def test_a_missing_backend_names_the_extra_to_install(url, module, extra):
-    if importlib.util.find_spec(module) is not None:
+def test_a_missing_backend_names_the_extra_to_install(kind):
+    url, extra, module = f"{kind}://bucket/ds", SCHEMES[kind], _backend_module(kind)
+    assert extra in metadata("dali-pipes").get_all("Provides-Extra"), f"{kind}:// names an extra pip does not know"
+    if module is not None and importlib.util.find_spec(module) is not None:
         pytest.skip(f"{module} is installed here")
     with pytest.raises(RemoteError) as raised:
         filesystem(url)

@@ -16,12 +16,16 @@ from dali_pipes.cli.show import BOX_WIDTH, CAPTION, box_color, write_grid
 from test_convert import run_cli  # noqa: E402 - shared helper
 
 
-@pytest.fixture(scope="module")
-def classification(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("show-cls")
-    images = make_imagefolder(root / "images", 12, size=(96, 72), classes=3, seed=2)
+def converted_imagefolder(root: Path, count: int, seed: int) -> Path:
+    """``count`` synthetic 96 x 72 images of 3 classes, converted to LMDB shards in ``root / "shards"``: that folder."""
+    images = make_imagefolder(root / "images", count, size=(96, 72), classes=3, seed=seed)
     convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False)
     return root / "shards"
+
+
+@pytest.fixture(scope="module")
+def classification(tmp_path_factory) -> Path:
+    return converted_imagefolder(tmp_path_factory.mktemp("show-cls"), 12, seed=2)
 
 
 @pytest.fixture(scope="module")

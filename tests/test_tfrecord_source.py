@@ -9,17 +9,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from packed_helpers import assert_converted, error_inputs, photos
-from test_resume import _kill_after_shards, _records
+from packed_helpers import assert_converted, assert_killed_conversion_resumes, error_inputs, photos
+from test_webdataset_source import photo_parts
 
 from converters.base import ConversionError
 from converters.runner import convert
 from converters.sources import TFRecordSource
-from converters.synth import make_imagefolder
 from dali_pipes import open_store
 from dali_pipes.dataset.manifest import load_manifest
 
-from test_convert import run_cli, shard_digests
+from test_convert import run_cli
 
 tfrecord = pytest.importorskip("tfrecord")
 
@@ -120,18 +119,8 @@ def test_a_compressed_file_is_refused_before_converting(imagenet_records, tmp_pa
 
 @pytest.mark.timeout(300)
 def test_killed_conversion_resumes_to_identical_output(tmp_path):
-    images = make_imagefolder(tmp_path / "images", 160, size=(96, 64), classes=4, seed=6)
-    files = sorted(p for p in images.glob("*/*") if p.is_file())
-    for n in range(16):
-        part = files[n * 10 : (n + 1) * 10]
+    for n, part in enumerate(photo_parts(tmp_path, seed=6)):
         write_records(tmp_path / f"r-{n:02d}", [imagenet_example(f.name, f.read_bytes(), n, []) for f in part])
-    pattern = str(tmp_path / "r-*")
     # 7 records a shard: most shards span two files of 10, read one after the other by their task.
-    common = ["--format", "lmdb", "--samples-per-shard", "7", "--no-progress"]
-    run_cli("convert", "tfrecord", pattern, tmp_path / "reference", "--workers", "2", *common)
-    out = tmp_path / "killed"
-    _kill_after_shards(["convert", "tfrecord", pattern, out, "--workers", "2", *common], out, shards=3)
-    assert 3 <= _records(out) < 23 and not (out / "index.json").exists()
-    proc = run_cli("convert", "tfrecord", pattern, out, "--workers", "1", *common)
-    assert "kept from an earlier run" in proc.stdout
-    assert shard_digests(out) == shard_digests(tmp_path / "reference")
+    options = ("--format", "lmdb", "--samples-per-shard", "7", "--no-progress")
+    assert_killed_conversion_resumes("tfrecord", str(tmp_path / "r-*"), tmp_path, *options, shards=23)

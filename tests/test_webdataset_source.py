@@ -9,8 +9,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from packed_helpers import assert_converted, error_inputs, photos
-from test_resume import _kill_after_shards, _records
+from packed_helpers import assert_converted, assert_killed_conversion_resumes, error_inputs, photos
 
 from converters.base import ConversionError
 from converters.runner import convert
@@ -19,7 +18,7 @@ from converters.synth import make_imagefolder
 from dali_pipes import open_store
 from dali_pipes.dataset.manifest import load_manifest
 
-from test_convert import run_cli, shard_digests
+from test_convert import run_cli
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]]) -> Path:
@@ -115,25 +114,21 @@ def test_source_pickles_without_the_plan_of_every_tar(tars):
     assert pickle.loads(pickle.dumps(source)).fields() == source.fields()
 
 
+def photo_parts(root: Path, seed: int) -> list[list[Path]]:
+    """160 synthetic photos of 4 classes in 16 runs of 10, one packed file each: the input of a killed conversion."""
+    images = make_imagefolder(root / "images", 160, size=(96, 64), classes=4, seed=seed)
+    files = sorted(p for p in images.glob("*/*") if p.is_file())
+    return [files[n * 10 : (n + 1) * 10] for n in range(16)]
+
+
 @pytest.mark.timeout(300)
 def test_killed_conversion_resumes_to_identical_output(tmp_path):
-    images = make_imagefolder(tmp_path / "images", 160, size=(96, 64), classes=4, seed=5)
-    files = sorted(p for p in images.glob("*/*") if p.is_file())
-    for n in range(16):
-        part = files[n * 10 : (n + 1) * 10]
+    for n, part in enumerate(photo_parts(tmp_path, seed=5)):
         write_tar(tmp_path / f"s-{n:02d}.tar", [(f"{f.stem}.jpg", f.read_bytes()) for f in part])
-    pattern = str(tmp_path / "s-{00..15}.tar")
     # 7 samples a shard: most shards span two tars of 10, and each task reads them one after the other.
-    common = ["--label-ext", "", "--format", "tfrecord", "--samples-per-shard", "7", "--no-progress"]
-    run_cli("convert", "webdataset", pattern, tmp_path / "reference", "--workers", "2", *common)
-
-    out = tmp_path / "killed"
-    _kill_after_shards(["convert", "webdataset", pattern, out, "--workers", "2", *common], out, shards=3)
-    assert 3 <= _records(out) < 23 and not (out / "index.json").exists()
-    proc = run_cli("convert", "webdataset", pattern, out, "--workers", "1", *common)
-    assert "kept from an earlier run" in proc.stdout
-    assert shard_digests(out) == shard_digests(tmp_path / "reference")
-    assert (out / "index.json").read_bytes() == (tmp_path / "reference" / "index.json").read_bytes()
+    options = ("--label-ext", "", "--format", "tfrecord", "--samples-per-shard", "7", "--no-progress")
+    assert_killed_conversion_resumes("webdataset", str(tmp_path / "s-{00..15}.tar"), tmp_path, *options, shards=23)
+    assert (tmp_path / "killed" / "index.json").read_bytes() == (tmp_path / "reference" / "index.json").read_bytes()
 
 
 def test_on_error_fail_names_the_member_and_keeps_nothing(imagenet_mini, tmp_path):
