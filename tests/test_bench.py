@@ -260,7 +260,7 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
 
 def _check_train_report(report) -> None:
     """Each model alone and fed by each loader; ratios to the model's own rate; which side bounds each run."""
-    from dali_pipes.bench.train import CPU_MODELS, GPU_MODELS
+    from dali_pipes.bench.suites.train import CPU_MODELS, GPU_MODELS
 
     models = GPU_MODELS if _cuda() else CPU_MODELS
     names = ["model alone", "dali-pipes", "DALI readers.file", "DataLoader+PIL"]
@@ -288,7 +288,7 @@ def _check_train_report(report) -> None:
 
 def test_gpu_busy_averages_the_samples_inside_a_rows_windows_only():
     from dali_pipes.bench.runner import Row, Timing
-    from dali_pipes.bench.train import GpuBusy
+    from dali_pipes.bench.suites.train import GpuBusy
 
     busy = GpuBusy(Target("cpu"))
     with busy:  # no GPU here: nothing is sampled, and a row gets no figure
@@ -327,9 +327,10 @@ def test_albumentations_holds_opencv_to_one_thread_before_its_first_use(dataset)
 
 
 def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
-    from dali_pipes import DALILoader
-    from dali_pipes.bench.tune import apply_settings, format_tune, load_settings, save_settings, tune
+    from dali_pipes import DALILoader, RunOptions
+    from dali_pipes.bench.tune import format_tune, save_settings, tune
     from dali_pipes.pipelines import ClassificationTrain
+    from dali_pipes.settings import apply_settings, load_settings
 
     result = tune(dataset, batch_size=BATCH, quick=True, progress=False)
     assert result.best.images_per_s > 0 and len(result.trials) >= 3
@@ -341,11 +342,12 @@ def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
     settings = load_settings(path)
     assert settings == result.best.settings and set(settings) == {"num_threads", "py_num_workers", "prefetch"}
     spec = apply_settings(ClassificationTrain(size=224), path)
-    with DALILoader(dataset, spec, batch_size=BATCH, device="cpu", **settings) as loader:
+    with DALILoader(dataset, spec, batch_size=BATCH, run=RunOptions(device="cpu", **settings)) as loader:
         seen = sum(len(batch["image"]) for batch in loader)
     assert seen == 48
     # The same file given to the loader directly; explicit arguments win over it.
-    with DALILoader(dataset, ClassificationTrain(size=224), batch_size=BATCH, device="cpu", settings=path) as loader:
+    run = RunOptions(device="cpu", settings=path)
+    with DALILoader(dataset, ClassificationTrain(size=224), batch_size=BATCH, run=run) as loader:
         assert sum(len(batch["image"]) for batch in loader) == 48
     # `dali-pipes bench --settings` runs the dali-pipes rows with them.
     from dali_pipes.bench.inputs import bench_inputs
@@ -353,12 +355,12 @@ def test_tune_saves_settings_that_the_loader_accepts(dataset, tmp_path):
     assert bench_inputs(dataset, batch_size=BATCH, settings=path).loader_settings == settings
     path.write_text(path.read_text().replace(f'"num_threads": {settings["num_threads"]}', '"num_threads": 0'))
     with pytest.raises(ValueError, match="num_threads"):
-        DALILoader(dataset, ClassificationTrain(size=224), batch_size=BATCH, device="cpu", settings=path)
+        DALILoader(dataset, ClassificationTrain(size=224), batch_size=BATCH, run=run)
 
 
 def test_load_settings_refuses_what_it_cannot_use(tmp_path):
-    from dali_pipes.bench.tune import SETTINGS_KIND, apply_settings, load_settings
     from dali_pipes.pipelines import ClassificationTrain
+    from dali_pipes.settings import SETTINGS_KIND, apply_settings, load_settings
 
     def write(data) -> Path:
         path = tmp_path / "s.json"
@@ -501,7 +503,7 @@ def test_bench_errors_are_one_line(dataset, tmp_path, capsys):
 
 
 def test_step_costs_are_differences_of_time_per_image():
-    from dali_pipes.bench.stages import step_costs, step_differences
+    from dali_pipes.bench.suites.stages import step_costs, step_differences
 
     assert step_costs([1000.0, 500.0, 250.0]) == [1.0, 1.0, 2.0]
     # A row next to an unmeasured one has no cost.
@@ -511,21 +513,22 @@ def test_step_costs_are_differences_of_time_per_image():
 
 def test_graph_prefixes_run_the_training_steps_in_order(dataset):
     """The last prefix is the whole spec; earlier ones hand out 1x1 crops of their images."""
-    from dali_pipes import ClassificationTrain, DALILoader
-    from dali_pipes.bench.stages import GraphPrefix
+    from dali_pipes import ClassificationTrain, DALILoader, RunOptions
+    from dali_pipes.bench.suites.stages import GraphPrefix
 
     spec = ClassificationTrain(size=32)
+    cpu = RunOptions(device="cpu")
     steps = len(spec.image_stages(device="cpu"))
     shapes = []
     for k in range(steps + 1):
-        loader = DALILoader(dataset, GraphPrefix(spec, k), batch_size=BATCH, device="cpu", seed=3, shuffle=False)
+        loader = DALILoader(dataset, GraphPrefix(spec, k), batch_size=BATCH, run=cpu, seed=3, shuffle=False)
         shapes.append(tuple(next(iter(loader))["image"].shape))
         loader.close()
     assert shapes[0] == (BATCH, 1)  # the encoded lengths
     assert all(shape == (BATCH, 1, 1, 3) for shape in shapes[1:-1])
     assert shapes[-1] == (BATCH, 3, 32, 32)
-    whole = DALILoader(dataset, spec, batch_size=BATCH, device="cpu", seed=3, shuffle=False)
-    last = DALILoader(dataset, GraphPrefix(spec, steps), batch_size=BATCH, device="cpu", seed=3, shuffle=False)
+    whole = DALILoader(dataset, spec, batch_size=BATCH, run=cpu, seed=3, shuffle=False)
+    last = DALILoader(dataset, GraphPrefix(spec, steps), batch_size=BATCH, run=cpu, seed=3, shuffle=False)
     # Same seed, same operators in the same order: the whole prefix is the spec itself.
     assert (next(iter(whole))["image"] == next(iter(last))["image"]).all()
     whole.close()

@@ -15,8 +15,8 @@ import time
 
 import pytest
 
-from dali_pipes.bench.cputime import tree_cpu_seconds
 from dali_pipes.bench.interleave import run_interleaved, run_jobs
+from dali_pipes.bench.procfs import tree_cpu_seconds
 from dali_pipes.bench.runner import Job, Skipped, Target, Timing, TimingPlan
 
 pytestmark = pytest.mark.skipif(tree_cpu_seconds() is None, reason="CPU time of a process tree is read from /proc")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from dali_pipes.bench.peaks import in_child
+from dali_pipes.bench.procfs import in_child
 from dali_pipes.bench.scale import _convert, make_inputs
 from dali_pipes.cli import main
 

@@ -1,17 +1,25 @@
 """Benchmarks and their baselines: what a user would otherwise run, measured side by side.
 
-- ``suites``: which rows ``dali-pipes bench DATASET [--suite ...]`` measures;
-- ``runner``: steady-state timing (warm-up left out, median of windows, GPU
-  synchronised, host-to-device copies counted); ``report``: table, JSON, plot;
-- ``inputs``: the dataset, its original files, the spec and settings every row shares;
-- ``streams``, ``anchor``, ``decode``, ``formats``: the rows' data paths (this
-  package's loader, ``DataLoader`` baselines, DALI's file reader, decode-only,
-  equal-content copies in every format);
-- ``baselines``, ``backends``: the PIL ``DataLoader`` baseline, and the optional
-  torchvision and Albumentations transforms;
-- ``tune``: ``dali-pipes tune`` and the settings file ``DALILoader`` takes
-  (``DALILoader(path, spec, batch_size=..., **load_settings("settings.json"))``);
-- ``doctor``, ``models``: ``dali-pipes doctor``, is training data-bound.
+How a row is measured, the same for every suite:
+
+- ``runner``: a row (:class:`~dali_pipes.bench.runner.Job` in, ``Row`` out) timed in
+  steady state (warm-up left out, median of windows, GPU synchronised,
+  host-to-device copies counted); ``interleave``: a table's rows measured side by
+  side; ``procfs``: what the process tree costs (CPU seconds, peak memory);
+- ``report``: the table, JSON and plot, and each suite's ratios to its reference;
+- ``inputs``: the dataset, its original files, the spec and settings every row shares.
+
+The kinds of row: ``streams`` (this package's loader, a ``DataLoader``, DALI's
+``fn.readers.file`` of ``anchor``), ``baselines`` and ``backends`` (the PIL
+``DataLoader`` baseline; torchvision and Albumentations), ``decode`` (the
+decode-only ceiling), ``torchvision_gpu``, ``object_storage`` (staging from a local
+S3 server behind ``latency_proxy``), ``models`` (what trains in ``doctor`` and the
+``train`` suite).
+
+The suites, one module each in ``suites`` (``dali-pipes bench DATASET --suite
+NAME``), and ``scale`` (``--suite scale``). The tools: ``tune`` (``dali-pipes tune``
+and the settings file ``DALILoader`` takes as ``RunOptions(settings=...)``) and
+``doctor`` (``dali-pipes doctor``: is training data-bound).
 
 Nothing here is imported by ``import dali_pipes``; the modules import torch and
 DALI only when a benchmark runs.

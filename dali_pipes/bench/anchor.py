@@ -17,27 +17,17 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
-from dali_pipes.bench.runner import Skipped, Target, delivered
-from dali_pipes.bench.streams import require_cuda
+from dali_pipes.bench.runner import Skipped, Target, delivered, require_cuda
 from dali_pipes.pipelines import cpu_resize
 from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
 
 
 @contextlib.contextmanager
 def file_reader_stream(
-    files: Sequence[tuple[Path, int]],
-    spec: Any,
-    *,
-    batch_size: int,
-    device: str,
-    num_threads: int,
-    target: Target,
-    seed: int = 0,
+    files: Sequence[tuple[Path, int]], spec: Any, *, target: Target, **options: Any
 ) -> Iterator[Iterator[int]]:
-    """A stream of delivered image counts from ``fn.readers.file`` + ``spec``'s graph, shuffled, epoch after epoch."""
-    with file_reader_batches(
-        files, spec, batch_size=batch_size, device=device, num_threads=num_threads, seed=seed
-    ) as pairs:
+    """:func:`file_reader_batches` (its keyword ``options``), delivered to ``target``."""
+    with file_reader_batches(files, spec, **options) as pairs:
         yield delivered(pairs, target)
 
 

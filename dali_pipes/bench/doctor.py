@@ -13,21 +13,27 @@ Training is data-bound when the loader alone is slower than the model alone:
 then the combined rate is held near the loader's, and the report says how much
 faster the model could go. When both are fast alone but slow together, they
 compete for the same CPU cores.
+
+A large model on a CPU can need many seconds a training step, and ``doctor`` runs
+dozens of steps: one step is timed first, the whole run is estimated from it
+(:func:`check_budget`), and a run longer than the user's limit is refused up front,
+naming smaller models; a progress bar counts the steps (:func:`counted`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
+import time
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
-from dali_pipes.bench.budget import MAX_MINUTES, check_budget, counted, time_one_step
 from dali_pipes.bench.model_names import MODELS
 from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle, measure
-from dali_pipes.bench.streams import dali_in_flight, targets
+from dali_pipes.bench.streams import dali_in_flight, dali_loader_stream, open_loader, targets
 from dali_pipes.dataset.progress import bar_disabled
 
 log = logging.getLogger(__name__)
@@ -36,6 +42,8 @@ log = logging.getLogger(__name__)
 DATA_BOUND = 0.95
 #: Combined below this fraction of the slower of the two alone means they contend for resources.
 CONTENTION = 0.8
+#: ``doctor``'s default limit on its own running time, in minutes.
+MAX_MINUTES = 10.0
 
 
 @dataclass
@@ -67,36 +75,6 @@ class DoctorReport:
         }
 
 
-def train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
-    """One SGD step; on a GPU in bfloat16 mixed precision (as GPU training runs), which needs no loss scaling."""
-    import torch
-    import torch.nn.functional as F
-
-    optimizer.zero_grad(set_to_none=True)
-    with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=images.is_cuda):
-        loss = F.cross_entropy(model(images), labels)
-    loss.backward()
-    optimizer.step()
-
-
-@contextlib.contextmanager
-def model_stream(
-    model: Any, optimizer: Any, *, batch_size: int, size: int, num_classes: int, device: str
-) -> Iterator[Iterator[int]]:
-    """Training steps on one synthetic batch already on ``device``: the model's own speed."""
-    import torch
-
-    images = torch.randn(batch_size, 3, size, size, device=device)
-    labels = torch.randint(0, num_classes, (batch_size,), device=device)
-
-    def steps() -> Iterator[int]:
-        while True:
-            train_step(model, optimizer, images, labels)
-            yield batch_size
-
-    yield steps()
-
-
 @contextlib.contextmanager
 def combined_stream(loader_factory: Any, model: Any, optimizer: Any, target: Target) -> Iterator[Iterator[int]]:
     """The loader feeding training steps: the real loop."""
@@ -104,6 +82,8 @@ def combined_stream(loader_factory: Any, model: Any, optimizer: Any, target: Tar
 
         def steps() -> Iterator[int]:
             import torch
+
+            from dali_pipes.bench.models import train_step
 
             for batch in cycle(loader):
                 images = target.put(batch["image"]).float()
@@ -206,8 +186,6 @@ def segmentation_inputs(inputs: Any) -> Any:
     stays the ``--model`` classifier on the same images (it learns class 0): the doctor measures whether
     the loader keeps up with a model of that cost, masks and all delivered; it trains no mask head.
     """
-    import dataclasses
-
     from dali_pipes.pipelines import InstanceSegmentation, SemanticSegmentation
 
     fields, size = inputs.manifest.fields, inputs.spec.size
@@ -260,57 +238,37 @@ def _doctor_jobs(
     target: Target,
 ) -> list[Job]:
     """The three rows of ``doctor``: the loader alone, the model alone, and the loader feeding the model."""
-    from dali_pipes.bench.streams import dali_loader_stream
-    from dali_pipes.loading.loader import DALILoader
+    from dali_pipes.bench.models import model_stream
 
     settings = inputs.settings_for(loader_device)
     in_flight = dali_in_flight(settings)
-
-    @contextlib.contextmanager
-    def loader_factory():
-        loader = DALILoader(
-            inputs.dataset,
-            inputs.spec,
-            batch_size=batch_size,
-            shuffle=True,
-            seed=0,
-            device=loader_device,
-            **settings,
-        )
-        try:
-            yield loader
-        finally:
-            loader.close()
-
+    loader = functools.partial(
+        open_loader, inputs.dataset, inputs.spec, batch_size=batch_size, device=loader_device, settings=settings
+    )
+    alone = functools.partial(
+        dali_loader_stream,
+        inputs.dataset,
+        inputs.spec,
+        batch_size=batch_size,
+        device=loader_device,
+        target=target,
+        settings=settings,
+    )
+    size, device = inputs.spec.size, target.device
     return [
         Job(
-            "loader",
-            lambda: dali_loader_stream(
-                inputs.dataset,
-                inputs.spec,
-                batch_size=batch_size,
-                device=loader_device,
-                target=target,
-                settings=settings,
-            ),
-            f"DALILoader alone on {loader_device}, batches delivered to {target.device}",
-            in_flight=in_flight,
+            "loader", alone, f"DALILoader alone on {loader_device}, batches delivered to {device}", in_flight=in_flight
         ),
         Job(
             "model",
             lambda: model_stream(
-                net,
-                optimizer,
-                batch_size=batch_size,
-                size=inputs.spec.size,
-                num_classes=num_classes,
-                device=target.device,
+                net, optimizer, batch_size=batch_size, size=size, num_classes=num_classes, device=device
             ),
-            f"{model} forward + backward + SGD step on a synthetic batch already on {target.device}",
+            f"{model} forward + backward + SGD step on a synthetic batch already on {device}",
         ),
         Job(
             "combined",
-            lambda: combined_stream(loader_factory, net, optimizer, target),
+            lambda: combined_stream(loader, net, optimizer, target),
             f"DALILoader feeding {model} training steps",
             in_flight=in_flight,
         ),
@@ -323,6 +281,8 @@ def _time_training_step(
     """Seconds of one training step of ``model`` (called ``name``) on a synthetic batch on the training device."""
     import torch
 
+    from dali_pipes.bench.models import train_step
+
     images = torch.randn(batch_size, 3, size, size, device=target.device)
     labels = torch.randint(0, num_classes, (batch_size,), device=target.device)
     log.info("doctor: timing one %s training step of batch %d to estimate the run", name, batch_size)
@@ -332,6 +292,57 @@ def _time_training_step(
         target.sync()
 
     return time_one_step(step)
+
+
+def time_one_step(step: Callable[[], None]) -> float:
+    """Seconds of one call of ``step`` after a first, untimed one (allocation, kernel choice)."""
+    step()
+    start = time.perf_counter()
+    step()
+    return time.perf_counter() - start
+
+
+def check_budget(
+    *, model: str, smaller: tuple[str, ...], device: str, batch_size: int, step_s: float, steps: int, max_minutes: float
+) -> float:
+    """Estimated seconds of ``steps`` training steps of ``step_s`` each; ValueError when over ``max_minutes``.
+
+    The estimate leaves out the loader's own time, so it is a lower bound on the CPU.
+    """
+    estimate = steps * step_s
+    if estimate > max_minutes * 60:
+        others = f"a smaller model (--model {' or '.join(smaller)}), " if smaller else ""
+        raise ValueError(
+            f"doctor would take about {estimate / 60:.0f} minutes: one {model} training step of batch {batch_size} "
+            f"takes {step_s:.1f} s on the {device}, and it needs about {steps} of them; choose {others}a smaller "
+            f"--batch-size or fewer --steps, or allow it with --max-minutes {estimate / 60 + 1:.0f}"
+        )
+    log.info(
+        "doctor: about %s (%d training steps of %s at %.2f s each on the %s, plus the loader)",
+        _minutes(estimate),
+        steps,
+        model,
+        step_s,
+        device,
+    )
+    return estimate
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
+
+
+@contextlib.contextmanager
+def counted(factory: Callable[[], Any], tick: Callable[[int], Any]) -> Iterator[Iterator[int]]:
+    """``factory()``'s stream of batch sizes, calling ``tick(1)`` for every batch (a progress bar's update)."""
+    with factory() as stream:
+
+        def steps() -> Iterator[int]:
+            for images in stream:
+                tick(1)
+                yield images
+
+        yield steps()
 
 
 def diagnose(

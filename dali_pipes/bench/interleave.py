@@ -1,21 +1,20 @@
 """Measuring a table of rows: side by side (every stream open at once, windows taken in turn) or one by one.
 
 On a machine whose load moves (other jobs, a shared CI runner, a laptop's
-clock), rows measured one after another see different machines: swings of 20%
-between the first row and the last are common on two shared cores, and a ratio
-of two rows then says more about the moment than about the rows. Here each
-round times one window of every row in turn, so each row's median comes from
-the same stretches of time as the others', and their ratios hold when the
-absolute figures move.
+clock), rows measured one after another see different machines, and a ratio of
+two rows then says more about the moment than about the rows. Here each round
+times one window of every row in turn, so each row's median comes from the same
+stretches of time as the others', and their ratios hold when the absolute
+figures move.
 
 A stream that sat idle while the others ran has its queues full: the first
 batches of its next window would come for free. So each window starts by
 drawing the row's ``in_flight`` batches untimed, once the row before has
-finished refilling its own queues (:func:`wait_until_quiet`). Streams are opened (and warmed,
-which starts their worker processes) rows without a DALI pipeline first, then
-DALI's, so that no worker is forked from a process already running DALI's threads.
-Rows timed cold (``Job.cold_images``: start-up is their point) are measured
-alone, before the others open.
+finished refilling its own queues (:func:`wait_until_quiet`). Streams are opened
+(and warmed, which starts their worker processes) rows without a DALI pipeline
+first, then DALI's, so that no worker is forked from a process already running
+DALI's threads. Rows timed cold (``Job.cold_images``: start-up is their point)
+are measured alone, before the others open.
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ import logging
 import time
 from typing import Iterator, Sequence
 
-from dali_pipes.bench.cputime import tree_cpu_seconds
+from dali_pipes.bench.procfs import tree_cpu_seconds
 from dali_pipes.bench.runner import (
     Job,
     Row,
@@ -170,13 +169,12 @@ def wait_until_quiet(*, busy: float = 0.25, interval: float = 0.05, limit: float
 
     After its timed window a row's workers go on filling their queues (a
     ``DataLoader``'s ``prefetch_factor`` batches per worker, a pool's chunks in
-    flight, DALI's prefetch): on two cores that took up to a second of CPU from the
-    next row's window, and rows measured after a heavy one came out slower and
-    noisier than alone (issue 38: the Albumentations row at 200 images/s, +-50%,
-    in the full table, 575 in a table of four). Waiting for that work to end first
-    gives every row the machine as it would have it alone. Gives up after
-    ``limit`` seconds: a row that is never idle costs the wait, not the figures, and
-    a GPU bench of a few rows must still fit a short lease (issue 35).
+    flight, DALI's prefetch), taking CPU from the next row's window: rows measured
+    after a heavy one would come out slower and noisier than alone (the bench
+    README says by how much). Waiting for that work to end first gives every row
+    the machine as it would have it alone. Gives up after ``limit`` seconds: a row
+    that is never idle costs the wait, not the figures, and a GPU bench of a few
+    rows must still fit a short lease.
     """
     started = time.perf_counter()
     while time.perf_counter() - started < limit:

@@ -1,13 +1,17 @@
-"""Image classifiers for ``dali-pipes doctor``, in plain ``torch.nn`` (torchvision is optional).
+"""The models ``doctor`` and the ``train`` and ``recipe`` suites train, and their training step.
 
-The ResNets and MobileNetV2 follow torchvision's architectures layer for layer
-(so their compute per image is the real one); ``tiny`` is two convolutions for
-tests and for measuring the loader with an almost free model.
+Image classifiers in plain ``torch.nn`` (torchvision is optional): the ResNets and
+MobileNetV2 follow torchvision's architectures layer for layer (so their compute
+per image is the real one); ``tiny`` is two convolutions for tests and for
+measuring the loader with an almost free model. :func:`training_model` takes
+torchvision's where it imports; :func:`train_step` is the one training step every
+row runs, :func:`model_stream` the model's own rate on a synthetic batch.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 from torch import Tensor, nn
 
@@ -60,6 +64,36 @@ def training_model(name: str, num_classes: int, device: str) -> tuple[nn.Module,
         net = net.to(memory_format=torch.channels_last)
     net.train()
     return net, torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+
+
+def train_step(model: Any, optimizer: Any, images: Any, labels: Any) -> None:
+    """One SGD step; on a GPU in bfloat16 mixed precision (as GPU training runs), which needs no loss scaling."""
+    import torch
+    import torch.nn.functional as F
+
+    optimizer.zero_grad(set_to_none=True)
+    with torch.autocast(device_type=images.device.type, dtype=torch.bfloat16, enabled=images.is_cuda):
+        loss = F.cross_entropy(model(images), labels)
+    loss.backward()
+    optimizer.step()
+
+
+@contextlib.contextmanager
+def model_stream(
+    model: Any, optimizer: Any, *, batch_size: int, size: int, num_classes: int, device: str
+) -> Iterator[Iterator[int]]:
+    """Training steps on one synthetic batch already on ``device``: the model's own speed."""
+    import torch
+
+    images = torch.randn(batch_size, 3, size, size, device=device)
+    labels = torch.randint(0, num_classes, (batch_size,), device=device)
+
+    def steps() -> Iterator[int]:
+        while True:
+            train_step(model, optimizer, images, labels)
+            yield batch_size
+
+    yield steps()
 
 
 def _conv_bn(

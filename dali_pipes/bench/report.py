@@ -99,10 +99,7 @@ class BenchReport:
         """``row``'s images/s over the reference row's, when both were measured."""
         if self.reference is None:
             return None
-        ref = self.row(self.reference, **{k: row.params.get(k) for k in self.reference_match})
-        if ref is None or ref.images_per_s is None or row.images_per_s is None:
-            return None
-        return row.images_per_s / ref.images_per_s
+        return ratio(row, self.row(self.reference, **{k: row.params.get(k) for k in self.reference_match}))
 
     def to_json(self) -> dict[str, Any]:
         rows = []
@@ -122,6 +119,31 @@ class BenchReport:
             "summary": self.summary,
             "notes": list(self.notes),
         }
+
+
+def ratio(a: Row | None, b: Row | None) -> float | None:
+    """``a``'s images/s over ``b``'s; ``None`` unless both rows are there and were measured."""
+    if a is None or b is None or not a.images_per_s or not b.images_per_s:
+        return None
+    return a.images_per_s / b.images_per_s
+
+
+def figure(value: float | None, target: str | None = None, unit: str = "x") -> dict[str, Any]:
+    """One entry of a report's ``summary``: its value (``None``: not measured), unit and, where one is set, the
+    project's target for it (kept in the JSON, not shown in the table)."""
+    entry: dict[str, Any] = {"value": value, "unit": unit}
+    if target is not None:
+        entry["target"] = target
+    return entry
+
+
+def suite_report(
+    suite: str, title: str, inputs: Any, rows: list[Row], context: dict[str, Any] | None = None, **kwargs: Any
+) -> BenchReport:
+    """A suite's report: its rows, with the context (default: the inputs' description) and the machine they were
+    measured on; ``kwargs`` are :class:`BenchReport`'s options."""
+    context = inputs.describe() if context is None else context
+    return BenchReport(suite, title, rows, context, machine_description(), **kwargs)
 
 
 def write_json(report: BenchReport, path: str | os.PathLike) -> Path:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ContextManager, Iterable, Iterator, Sequence
 
-from dali_pipes.bench.cputime import tree_cpu_seconds
+from dali_pipes.bench.procfs import tree_cpu_seconds
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +39,21 @@ class Skipped(Exception):
     """Raised by a stream factory when its row cannot run here; the message is the reason shown."""
 
 
+def require_cuda() -> None:
+    """Raise :class:`Skipped` when there is no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        raise Skipped("no CUDA device here (torch.cuda.is_available() is False)")
+
+
 @dataclass(frozen=True)
 class TimingPlan:
     """How long to warm up and how many windows to time."""
 
     warmup_batches: int = 5
     repeats: int = 5
-    # Few: a DataLoader row on a GPU machine delivers a batch of 256 in about half a second (issue 49).
+    # Few, and at least min_seconds: the slowest rows take a large part of a second for a large batch.
     min_batches: int = 4
     min_seconds: float = 2.0
     warmup_seconds: float = 1.0
@@ -73,7 +81,7 @@ class Timing:
     """Images/s of each timed window, and what they add up to.
 
     ``cpu_seconds`` is the CPU time the whole process tree spent in the windows
-    (see :mod:`dali_pipes.bench.cputime`), ``None`` where it cannot be read.
+    (see :mod:`dali_pipes.bench.procfs`), ``None`` where it cannot be read.
     """
 
     values: tuple[float, ...]
@@ -379,3 +387,18 @@ def warm_page_cache(paths: Iterable[Path]) -> int:
                 while chunk := f.read(1 << 22):
                     total += len(chunk)
     return total
+
+
+@contextlib.contextmanager
+def quiet(*names: str) -> Iterator[None]:
+    """Hold these loggers at WARNING: a row that converts, stages or caches again each run would otherwise bury
+    the table under the same INFO lines."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)

@@ -18,8 +18,8 @@ from typing import Any, Iterator
 import torch
 
 from dali_pipes.bench.backends import require
-from dali_pipes.bench.runner import Target, cycle, delivered
-from dali_pipes.bench.streams import BATCH_TIMEOUT, require_cuda, shutdown_workers
+from dali_pipes.bench.runner import Target, cycle, delivered, require_cuda
+from dali_pipes.bench.streams import BATCH_TIMEOUT, shutdown_workers
 from dali_pipes.stores import open_store
 
 

@@ -27,13 +27,7 @@ from typing import Any
 
 from dali_pipes.bench.streams import dali_in_flight
 from dali_pipes.dataset.fileio import atomic_write_json
-
-# Reading the file lives below the loader, in dali_pipes.settings; these names stay importable from here.
-from dali_pipes.settings import HW_DECODER_GPUS as HW_DECODER_GPUS
 from dali_pipes.settings import LOADER_KEYS, SETTINGS_KIND, SETTINGS_VERSION, has_hw_decoder
-from dali_pipes.settings import apply_settings as apply_settings
-from dali_pipes.settings import decoder_settings as decoder_settings
-from dali_pipes.settings import load_settings as load_settings
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +125,7 @@ def tune(
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
     from dali_pipes.bench.runner import Target, TimingPlan
-    from dali_pipes.loading.loader import resolve_device
+    from dali_pipes.loading.world import resolve_device
 
     device, _ = resolve_device(device, int(os.environ.get("LOCAL_RANK") or 0))
     if decoder_only and device != "gpu":
@@ -239,7 +233,7 @@ def _better(candidate: Trial, incumbent: Trial) -> bool:
 
 
 def save_settings(result: TuneResult, path: str | os.PathLike) -> Path:
-    """Write the tuned settings file that :func:`load_settings` reads."""
+    """Write the tuned settings file that :func:`dali_pipes.settings.load_settings` reads."""
     return atomic_write_json(path, result.to_json())
 
 
@@ -265,6 +259,6 @@ def format_tune(result: TuneResult, saved: Path | None = None) -> str:
     lines.extend(result.notes)
     if saved is not None:
         lines.append(
-            f"saved to {saved}; use it with DALILoader(path, spec, batch_size=..., **load_settings({str(saved)!r}))"
+            f"saved to {saved}; use it with DALILoader(path, spec, batch_size=..., run=RunOptions(settings={str(saved)!r}))"
         )
     return "\n".join(lines)

@@ -22,74 +22,45 @@ The summary gives our defaults against the plain pipeline at DALI's default and 
 
 from __future__ import annotations
 
-from typing import Any
-
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.interleave import run_jobs
-from dali_pipes.bench.jobs import anchor_job, dali_job, suite_report
-from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.report import BenchReport, figure, ratio
 from dali_pipes.bench.runner import Target, TimingPlan
+from dali_pipes.bench.streams import anchor_job, dali_job
+from dali_pipes.bench.suites import measure
 from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
 
 OURS, ANCHOR = "dali-pipes gpu", "DALI readers.file gpu"
 #: A decoder split between DALI's default (0.65) and all-hardware (1.0): both decoders busy at once.
 SPLIT_LOAD = 0.85
-#: DALI threads by default before they followed the rank's cores (issue 49): what that change is worth.
+#: A fixed DALI thread count, the loader's default before its threads followed the rank's cores: what following
+#: them is worth.
 FORMER_THREADS = 4
 
 
-def gpu_decoder_suite(
-    inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool
-) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Our loader's defaults against plain DALI at both decoder loads, and what each default is worth."""
-    dali_default = DALI_HW_DECODER_LOAD
-    jobs = [
-        anchor_job(ANCHOR, inputs.with_decoder_load(dali_default), "gpu", target, hw_decoder_load=dali_default),
-        anchor_job(ANCHOR, inputs.with_decoder_load(1.0), "gpu", target, hw_decoder_load=1.0),
-        dali_job(OURS, inputs, "gpu", target),
-        dali_job(OURS, inputs.with_decoder_load(dali_default), "gpu", target, hw_decoder_load=dali_default),
-        dali_job(OURS, inputs.with_decoder_load(SPLIT_LOAD), "gpu", target, hw_decoder_load=SPLIT_LOAD),
-    ]
+    loads = (DALI_HW_DECODER_LOAD, 1.0)
+    jobs = [anchor_job(ANCHOR, inputs.with_decoder_load(load), "gpu", target, hw_decoder_load=load) for load in loads]
+    jobs.append(dali_job(OURS, inputs, "gpu", target))
+    for load in (DALI_HW_DECODER_LOAD, SPLIT_LOAD):
+        jobs.append(dali_job(OURS, inputs.with_decoder_load(load), "gpu", target, hw_decoder_load=load))
     defaults = inputs.settings_for("gpu")
     if defaults.get("num_threads") != FORMER_THREADS:
         jobs.append(dali_job(OURS, inputs, "gpu", target, settings={**defaults, "num_threads": FORMER_THREADS}))
     for workers in (0, 8):
         if defaults.get("py_num_workers") != workers:
             jobs.append(dali_job(OURS, inputs, "gpu", target, settings={**defaults, "py_num_workers": workers}))
-    report = suite_report(
-        "gpu-decoder",
-        "the GPU decoder split and the feed: random-resized crop 224, flip, colour jitter, normalise on the GPU",
-        inputs,
-        run_jobs(jobs, plan, target, progress=progress, title="bench gpu-decoder"),
-        reference=f"{ANCHOR}",
-        columns=("gpu_mb",),
-    )
-    report.summary = _summary(report, defaults)
+    title = "the GPU decoder split and the feed: random-resized crop 224, flip, colour jitter, normalise on the GPU"
+    report = measure("gpu-decoder", title, inputs, jobs, plan, target, progress, reference=ANCHOR, columns=("gpu_mb",))
+    ours = report.row(OURS, **defaults)
+    report.summary = {
+        f"{OURS} defaults / {ANCHOR} at {where}": figure(
+            ratio(ours, report.row(ANCHOR, hw_decoder_load=load)), "at least 1.0x"
+        )
+        for where, load in (("DALI's default load", DALI_HW_DECODER_LOAD), ("hw_decoder_load=1", 1.0))
+    }
     report.notes.append(
         "hw_decoder_load: the share of JPEGs for the hardware decoder; a dali-pipes row without it chose its own "
         "(logged once by dali_pipes.pipelines.ops); py_num_workers: reader processes (0: the loader's own thread)"
     )
     return report
-
-
-def _summary(report: BenchReport, settings: dict[str, Any]) -> dict[str, Any]:
-    ours = report.row(OURS, **settings)
-
-    def against(load: float) -> float | None:
-        anchor = report.row(ANCHOR, hw_decoder_load=load)
-        if ours is None or anchor is None or ours.images_per_s is None or anchor.images_per_s is None:
-            return None
-        return ours.images_per_s / anchor.images_per_s
-
-    return {
-        f"{OURS} defaults / {ANCHOR} at DALI's default load": {
-            "value": against(DALI_HW_DECODER_LOAD),
-            "unit": "x",
-            "target": "at least 1.0x",
-        },
-        f"{OURS} defaults / {ANCHOR} at hw_decoder_load=1": {
-            "value": against(1.0),
-            "unit": "x",
-            "target": "at least 1.0x",
-        },
-    }

@@ -15,54 +15,54 @@ import functools
 from typing import Any
 
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.interleave import run_jobs
-from dali_pipes.bench.jobs import (
+from dali_pipes.bench.report import BenchReport, figure, ratio
+from dali_pipes.bench.runner import Job, Target, TimingPlan
+from dali_pipes.bench.streams import (
     anchor_job,
     dali_job,
+    dataloader_in_flight,
     dataloader_job,
     file_dataset,
-    original_files,
-    pil_transform,
     store_dataset,
-    suite_report,
 )
-from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Target, TimingPlan
+from dali_pipes.bench.suites import measure
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
 #: Plain DALI with every JPEG on the GPU's hardware decoder (DALI's default sends 0.65 of them).
 HW_ANCHOR = "DALI readers.file gpu hw_decoder_load=1"
+#: The decode-only rows: PIL on every pixel, or at the smallest DCT scale each crop allows.
+DECODE_CEILING = {
+    "full": "PIL decode only of the same JPEGs, one process per core",
+    "reduced": "PIL decode only, with draft() to the smallest DCT scale the crop allows",
+}
 
 
-def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Every way to feed the same training augmentation, side by side (see the module docstring)."""
     from dali_pipes.bench.backends import TorchvisionTrainTransform
     from dali_pipes.bench.decode import decode_stream, reducible_fraction
 
     spec, cores = inputs.spec, inputs.cores
-    files = functools.partial(original_files, inputs)
     decode = functools.partial(decode_stream, str(inputs.dataset), workers=cores, chunk=inputs.batch_size, spec=spec)
     # The same comparison at the other resize quality: OpenCV (Albumentations) does not
     # antialias by default, DALI, torchvision and PIL do; both ways, each side alike.
     other = dataclasses.replace(inputs, spec=dataclasses.replace(spec, antialias=not spec.antialias))
     jobs = [
         dali_job("dali-pipes gpu", inputs, "gpu", target),
-        dali_job("dali-pipes cpu", inputs, "cpu", target, antialias=spec.antialias),
-        dali_job("dali-pipes cpu", other, "cpu", target, antialias=other.spec.antialias),
+        *(
+            dali_job("dali-pipes cpu", these, "cpu", target, antialias=these.spec.antialias)
+            for these in (inputs, other)
+        ),
         dataloader_job(
             BASELINE,
-            store_dataset(inputs, lambda: pil_transform(inputs)),
+            store_dataset(inputs),
             inputs,
             target,
             "DataLoader, PIL decode + torchvision-style PIL/numpy transforms, over the shards",
         ),
         dataloader_job(
-            "DataLoader+PIL files",
-            file_dataset(files, lambda: pil_transform(inputs)),
-            inputs,
-            target,
-            "the same, over the original image files",
+            "DataLoader+PIL files", file_dataset(inputs), inputs, target, "the same, over the original image files"
         ),
         dataloader_job(
             "DataLoader+torchvision shards",
@@ -76,26 +76,25 @@ def main_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: boo
         anchor_job("DALI readers.file gpu", inputs, "gpu", target),
         anchor_job(HW_ANCHOR, inputs.with_decoder_load(1.0), "gpu", target, hw_decoder_load=1.0),
         anchor_job("DALI readers.file cpu", inputs, "cpu", target),
-        Job(
-            "decode-ceiling (full)",
-            functools.partial(decode, mode="full"),
-            "PIL decode only of the same JPEGs, one process per core",
-            {"processes": cores},
-            in_flight=2 * cores,
-        ),
-        Job(
-            "decode-ceiling (reduced)",
-            functools.partial(decode, mode="reduced"),
-            "PIL decode only, with draft() to the smallest DCT scale the crop allows",
-            {"processes": cores},
-            in_flight=2 * cores,
+        *(
+            Job(
+                f"decode-ceiling ({mode})",
+                functools.partial(decode, mode=mode),
+                what,
+                {"processes": cores},
+                in_flight=2 * cores,
+            )
+            for mode, what in DECODE_CEILING.items()
         ),
     ]
-    report = suite_report(
+    report = measure(
         "main",
         "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
         inputs,
-        run_jobs(inputs.selected(jobs), plan, target, progress=progress, title="bench"),
+        inputs.selected(jobs),
+        plan,
+        target,
+        progress,
         reference=BASELINE,
         columns=("gpu_mb",) if target.is_cuda else (),
     )
@@ -136,7 +135,7 @@ def _torchvision_gpu_job(inputs: BenchInputs, target: Target) -> Job:
         "transforms.v2 crop, resize, flip and jitter one image at a time on the GPU (a few small kernels per image: "
         "that is its cost; a batched crop-and-resize, such as DALI's, avoids it)",
         {"num_workers": inputs.cores},
-        in_flight=2 * inputs.cores + 1,
+        in_flight=dataloader_in_flight(inputs.cores),
     )
 
 
@@ -156,54 +155,37 @@ def _albumentations_job(inputs: BenchInputs, target: Target) -> Job:
 
 
 def _main_summary(report: BenchReport) -> dict[str, Any]:
-    """The issue's targets, as ratios of the measured rows (``None`` where a row was not measured)."""
+    """The project's targets, as ratios of the measured rows (``None`` where a row was not measured)."""
 
-    def ratio(a: str, b: str, **params: Any) -> float | None:
-        ra, rb = report.row(a, **params), report.row(b, **params)
-        if ra is None or rb is None or ra.images_per_s is None or rb.images_per_s is None:
-            return None
-        return ra.images_per_s / rb.images_per_s
+    def over(a: str, b: str, target: str, **params: Any) -> dict[str, Any]:
+        return figure(ratio(report.row(a, **params), report.row(b, **params)), target)
 
     summary: dict[str, Any] = {
-        "dali-pipes gpu / DALI readers.file gpu": {
-            "value": ratio("dali-pipes gpu", "DALI readers.file gpu"),
-            "unit": "x",
-            "target": "at least 1.0x: DALI's own reader over the files, same graph, same GPU, each with its defaults",
-        },
-        f"dali-pipes gpu / {HW_ANCHOR}": {
-            "value": ratio("dali-pipes gpu", HW_ANCHOR),
-            "unit": "x",
-            "target": "at least 1.0x: the same, DALI sending every JPEG to the hardware decoder as well",
-        },
-        "dali-pipes cpu / DALI readers.file cpu": {
-            "value": ratio("dali-pipes cpu", "DALI readers.file cpu"),
-            "unit": "x",
-            "target": "at least 1.0x: feeding from the shards costs nothing visible",
-        },
+        "dali-pipes gpu / DALI readers.file gpu": over(
+            "dali-pipes gpu",
+            "DALI readers.file gpu",
+            "at least 1.0x: DALI's own reader over the files, same graph, same GPU, each with its defaults",
+        ),
+        f"dali-pipes gpu / {HW_ANCHOR}": over(
+            "dali-pipes gpu",
+            HW_ANCHOR,
+            "at least 1.0x: the same, DALI sending every JPEG to the hardware decoder as well",
+        ),
+        "dali-pipes cpu / DALI readers.file cpu": over(
+            "dali-pipes cpu", "DALI readers.file cpu", "at least 1.0x: feeding from the shards costs nothing visible"
+        ),
         **{
-            f"dali-pipes cpu / DataLoader+Albumentations shards, antialias={aa} both": {
-                "value": ratio("dali-pipes cpu", "DataLoader+Albumentations shards", antialias=aa),
-                "unit": "x",
-                "target": "at least 1.0x at equal quality",
-            }
+            f"dali-pipes cpu / DataLoader+Albumentations shards, antialias={aa} both": over(
+                "dali-pipes cpu", "DataLoader+Albumentations shards", "at least 1.0x at equal quality", antialias=aa
+            )
             for aa in (True, False)
         },
-        "dali-pipes cpu / DataLoader+PIL shards": {
-            "value": ratio("dali-pipes cpu", BASELINE),
-            "unit": "x",
-            "target": "at least 1.5x, aiming at 2.5x",
-        },
-        "dali-pipes cpu / decode-ceiling (full)": {
-            "value": ratio("dali-pipes cpu", "decode-ceiling (full)"),
-            "unit": "x",
-            "target": "aiming at 1.0x",
-        },
+        "dali-pipes cpu / DataLoader+PIL shards": over("dali-pipes cpu", BASELINE, "at least 1.5x, aiming at 2.5x"),
+        "dali-pipes cpu / decode-ceiling (full)": over("dali-pipes cpu", "decode-ceiling (full)", "aiming at 1.0x"),
     }
     gpu = report.row("dali-pipes gpu")
     if gpu is not None and gpu.images_per_s is not None:
-        summary["dali-pipes gpu"] = {
-            "value": gpu.images_per_s,
-            "unit": " images/s",
-            "target": "one H200, 16 cores, float16: at least 22,000, aiming at 25,000",
-        }
+        summary["dali-pipes gpu"] = figure(
+            gpu.images_per_s, "one H200, 16 cores, float16: at least 22,000, aiming at 25,000", unit=" images/s"
+        )
     return summary

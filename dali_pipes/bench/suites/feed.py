@@ -4,7 +4,7 @@ On a GPU the decoder needs the CPU threads that feed it (nvJPEG's CUDA path
 decodes Huffman on the CPU), so what the feed costs the cores is taken from the
 decoder. This suite measures that cost on any machine, GPU or not: both sides run
 the same graph, which only takes the shapes of the encoded bytes
-(:class:`~dali_pipes.bench.stages.GraphPrefix` with no step), on the CPU with the
+(:class:`~dali_pipes.bench.suites.stages.GraphPrefix` with no step), on the CPU with the
 same DALI thread count and batch size:
 
 - ``DALI readers.file feed``: DALI's C++ file reader over the original JPEG files
@@ -22,54 +22,44 @@ reader: the goal is at least 1.0x its rate at no more CPU per image.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.interleave import run_jobs
-from dali_pipes.bench.jobs import anchor_job, dali_job, suite_report
-from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.report import BenchReport, figure, ratio
 from dali_pipes.bench.runner import Target, TimingPlan
-from dali_pipes.bench.stages import GraphPrefix
+from dali_pipes.bench.streams import anchor_job, dali_job
+from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites.stages import GraphPrefix
 from dali_pipes.loading.options import default_py_num_workers
 
 #: The rows' names.
 OURS, ANCHOR = "dali-pipes feed", "DALI readers.file feed"
 
 
-def feed_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Our feed against ``fn.readers.file``'s, read-only graphs on the CPU (see the module docstring)."""
     feed = dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, 0))
     default_workers = inputs.loader_settings.get("py_num_workers", 0)
-    jobs = [anchor_job(ANCHOR, feed, "cpu", target), dali_job(OURS, feed, "cpu", target)]
     # The other way of reading: worker processes where the default reads in the loader's thread (LMDB, HDF5), the
     # loader's thread where it has workers (another format, or a tuned file's workers).
     other = default_py_num_workers(inputs.manifest.format, False, inputs.cores) if default_workers == 0 else 0
-    settings = {**inputs.loader_settings, "py_num_workers": other}
-    jobs.append(dali_job(OURS, feed, "cpu", target, settings=settings))
-    report = suite_report(
-        "feed",
-        "the feed alone: samples read and handed to DALI, nothing decoded (shapes of the encoded bytes)",
-        inputs,
-        run_jobs(jobs, plan, target, progress=progress, title="bench feed"),
-        reference=ANCHOR,
-    )
-    report.summary = _feed_summary(report, inputs.loader_settings)
+    jobs = [
+        anchor_job(ANCHOR, feed, "cpu", target),
+        dali_job(OURS, feed, "cpu", target),
+        dali_job(OURS, feed, "cpu", target, settings={**inputs.loader_settings, "py_num_workers": other}),
+    ]
+    title = "the feed alone: samples read and handed to DALI, nothing decoded (shapes of the encoded bytes)"
+    report = measure("feed", title, inputs, jobs, plan, target, progress, reference=ANCHOR)
+    ours, anchor = report.row(OURS, **inputs.loader_settings), report.row(ANCHOR)
+    cpu = None
+    if ratio(ours, anchor) is not None:
+        ours_cpu, anchor_cpu = ours.timing.cpu_seconds_per_1k, anchor.timing.cpu_seconds_per_1k
+        cpu = ours_cpu / anchor_cpu if ours_cpu is not None and anchor_cpu else None
+    report.summary = {
+        f"{OURS} / {ANCHOR}, images/s": figure(ratio(ours, anchor), "at least 1.0x"),
+        f"{OURS} / {ANCHOR}, CPU s per 1,000 images": figure(cpu, "at most 1.0x"),
+    }
     report.notes.append(
         "both sides: the same DALI thread count and batch size, graph on the CPU; CPU s/1k is the whole "
         "process tree's (DALI's threads, the loader's thread, any worker processes)"
     )
     return report
-
-
-def _feed_summary(report: BenchReport, settings: dict[str, Any]) -> dict[str, Any]:
-    ours = report.row(OURS, **settings)
-    anchor = report.row(ANCHOR)
-    rate = cpu = None
-    if ours is not None and anchor is not None and ours.timing is not None and anchor.timing is not None:
-        rate = ours.timing.median / anchor.timing.median
-        ours_cpu, anchor_cpu = ours.timing.cpu_seconds_per_1k, anchor.timing.cpu_seconds_per_1k
-        cpu = ours_cpu / anchor_cpu if ours_cpu is not None and anchor_cpu else None
-    return {
-        f"{OURS} / {ANCHOR}, images/s": {"value": rate, "unit": "x", "target": "at least 1.0x"},
-        f"{OURS} / {ANCHOR}, CPU s per 1,000 images": {"value": cpu, "unit": "x", "target": "at most 1.0x"},
-    }

@@ -5,7 +5,7 @@ Three ways to read the same dataset with the same loader settings:
 - ``original``: the dataset where it is;
 - ``staged /dev/shm``: staged into a tmpfs first (:mod:`dali_pipes.staging.stage`); the
   copy is part of epoch 1, as it is for a training job;
-- ``cache=ram``: ``DALILoader(cache="ram")`` (:mod:`dali_pipes.staging.ramcache`); the
+- ``cache=ram``: ``DataOptions(cache="ram")`` (:mod:`dali_pipes.staging.ramcache`); the
   copy into memory is part of epoch 1 too;
 
 and, from a local S3 server, the copy alone: ``s3fs get`` against ``s3 stage workers=1/4/16``
@@ -26,16 +26,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import statistics
 import time
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.object_storage import CONNECTION_MB_S, LATENCY_MS, s3_stage_rows
-from dali_pipes.bench.report import BenchReport, machine_description
-from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan
+from dali_pipes.bench.procfs import drop_page_cache, pss_bytes
+from dali_pipes.bench.report import BenchReport, suite_report
+from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan, quiet
+from dali_pipes.bench.streams import open_loader
+from dali_pipes.bench.suites.stages import GraphPrefix
 from dali_pipes.dataset.progress import bar_disabled
 from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder
 
@@ -45,7 +47,7 @@ ORIGINAL, STAGED, CACHED = "original", f"staged {TMPFS}", "cache=ram"
 MODES = {
     ORIGINAL: "read where it is (epoch 1 from the disk, epoch 2 from the page cache)",
     STAGED: f"dali-pipes stage into {TMPFS} first (the copy counts in epoch 1)",
-    CACHED: "DALILoader(cache='ram') (the copy into memory counts in epoch 1)",
+    CACHED: "DALILoader(data=DataOptions(cache='ram')) (the copy into memory counts in epoch 1)",
 }
 #: Prefix of the staged row's folder in the tmpfs; one left by a killed bench is removed by the next.
 STAGE_PREFIX = "dali-pipes-bench-stage-"
@@ -53,16 +55,15 @@ STAGE_PREFIX = "dali-pipes-bench-stage-"
 LATER_EPOCHS = 3
 
 
-def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Epoch 1 and epoch 2 images/s of the read-only graph for each way to store the shards."""
-    from dali_pipes.bench.stages import GraphPrefix
     from dali_pipes.dataset.progress import tqdm
 
     spec = GraphPrefix(inputs.spec, 0)
     repeats = 1 if quick else plan.repeats
     rows = []
     with (
-        _quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
+        quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
         tqdm(list(MODES), desc="bench storage", unit="row", disable=bar_disabled(progress), leave=False) as bar,
     ):
         for mode in bar:
@@ -70,12 +71,11 @@ def storage_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: 
             rows.extend(_measure_mode(mode, inputs, spec, repeats))
         bar.set_postfix_str("object storage")
         rows.extend(s3_stage_rows(Path(inputs.dataset), inputs.num_samples, repeats=1 if quick else 2))
-    report = BenchReport(
+    report = suite_report(
         "storage",
         "where the shards are read from: epoch 1 (cold, copy included) and epoch 2, read-only graph",
+        inputs,
         rows,
-        inputs.describe(),
-        machine_description(),
         reference=ORIGINAL,
         reference_match=("epoch",),
         columns=("shm_MB", "workers_pss_MB", "MB_s"),
@@ -123,12 +123,12 @@ def _measure_mode(mode: str, inputs: BenchInputs, spec: Any, repeats: int) -> li
 
 def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
     """Time a loader's epoch 1 (from a dropped page cache) and later epochs; the memory it held at the end."""
-    from dali_pipes.loading.loader import DALILoader
+    from dali_pipes.loading.config import DataOptions
 
     drop_page_cache(p for p in Path(inputs.dataset).rglob("*") if p.is_file())
     with contextlib.ExitStack() as stack:
         start = time.perf_counter()
-        path, kwargs, shm = inputs.dataset, {}, 0
+        path, shm = inputs.dataset, 0
         if mode == STAGED:
             from dali_pipes.staging.stage import stage_dataset
 
@@ -136,19 +136,9 @@ def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
             stack.callback(folder.close)
             staged = stage_dataset(inputs.dataset, folder.path, progress=False)
             path, shm = staged.path, staged.bytes_copied
-        elif mode == CACHED:
-            kwargs = {"cache": "ram"}
-        loader = DALILoader(
-            path,
-            spec,
-            batch_size=inputs.batch_size,
-            shuffle=True,
-            seed=0,
-            device="cpu",
-            **inputs.loader_settings,
-            **kwargs,
-        )
-        stack.callback(loader.close)
+        data = DataOptions(cache="ram") if mode == CACHED else None
+        options = dict(batch_size=inputs.batch_size, device="cpu", settings=inputs.loader_settings, data=data)
+        loader = stack.enter_context(open_loader(path, spec, **options))
         first = _epoch(loader)
         epochs = [(first, time.perf_counter() - start)]
         for _ in range(LATER_EPOCHS):
@@ -156,45 +146,9 @@ def _epochs(mode: str, inputs: BenchInputs, spec: Any) -> dict[str, Any]:
             epochs.append((_epoch(loader), time.perf_counter() - start))
         if loader.cache is not None:
             shm = loader.cache.bytes
-        pss = sum(_pss(pid) for pid in loader.worker_pids)
+        pss = sum(pss_bytes(pid) for pid in loader.worker_pids)
     return {"epochs": epochs, "shm_MB": shm / 1e6, "workers_pss_MB": pss / 1e6}
-
-
-@contextlib.contextmanager
-def _quiet(*names: str) -> Iterator[None]:
-    # Every run stages or caches again; a log line each would bury the table (as the loader's are).
-    loggers = [logging.getLogger(name) for name in names]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.WARNING)
-    try:
-        yield
-    finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
 
 
 def _epoch(loader: Any) -> int:
     return sum(int(batch["label"].shape[0]) for batch in loader)
-
-
-def drop_page_cache(paths: Iterable[Path]) -> None:
-    """Ask the kernel to drop these files' clean pages from the page cache (a no-op on a tmpfs)."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            fd = os.open(path, os.O_RDONLY)
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def _pss(pid: int) -> int:
-    """Proportional set size of a process in bytes (0 if it cannot be read)."""
-    try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0

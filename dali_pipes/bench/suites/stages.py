@@ -22,6 +22,11 @@ from typing import Any
 from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
 
+from dali_pipes.bench.inputs import BenchInputs
+from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.runner import Target, TimingPlan
+from dali_pipes.bench.streams import DEVICES, per_device
+from dali_pipes.bench.suites import measure
 from dali_pipes.pipelines.base import check_build_call, label_output
 
 #: Name of the row that reads the shards and decodes nothing.
@@ -57,6 +62,46 @@ class GraphPrefix:
             # Every operator before it still runs on the whole image; only the copy out is small.
             images = fn.crop(images, device=device, crop=[1, 1])
         return {"image": images, "label": label_output(inputs["label"], device)}
+
+
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+    """The loader with the first k steps of the training graph, for every k, on the GPU and the CPU."""
+    if not hasattr(inputs.spec, "image_stages"):
+        raise ValueError(f"the stages suite needs a spec with image_stages(); {type(inputs.spec).__name__} has none")
+    names = stage_names(inputs.spec)
+    jobs = per_device(inputs, target, {name: GraphPrefix(inputs.spec, steps) for steps, name in enumerate(names)})
+    title = "what each step of the training graph costs: the loader with its first k steps"
+    report = measure(
+        "stages",
+        title,
+        inputs,
+        jobs,
+        plan,
+        target,
+        progress,
+        reference=names[-1],
+        reference_match=("device",),
+        reference_label="whole graph",
+        columns=("ms_per_image_added", "cpu_ms_added"),
+    )
+    for device in DEVICES:
+        mine = [row for row in report.rows if row.params.get("device") == device]
+        wall = step_costs([row.images_per_s for row in mine])
+        cpu = step_differences([row.timing.cpu_seconds_per_1k if row.timing else None for row in mine])
+        for row, wall_ms, cpu_ms in zip(mine, wall, cpu):
+            if wall_ms is not None:
+                row.extra["ms_per_image_added"] = round(wall_ms, 3)
+            if cpu_ms is not None:
+                row.extra["cpu_ms_added"] = round(cpu_ms, 3)
+    report.notes.append(
+        "ms_per_image_added: wall time per image this row adds to the row above it (same device). "
+        "Rows before the last hand out 1x1 crops; the last also pays for copying whole images out. "
+        "Work that overlaps the slowest step (Python reads, DALI threads, the GPU) shows as about 0, "
+        "or below 0 within the spread: these are marginal costs, not each step's time alone. "
+        "cpu_ms_added: the same in CPU milliseconds of the whole process tree (every core, workers included): "
+        "what the step costs the cores, which a change of the machine's load moves far less"
+    )
+    return report
 
 
 def stage_names(spec: Any, device: str = "cpu") -> list[str]:

@@ -12,16 +12,14 @@ same device, so its inverse is the cost per image of the masks.
 
 from __future__ import annotations
 
-import contextlib
-import functools
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.interleave import run_jobs
-from dali_pipes.bench.report import BenchReport, machine_description
-from dali_pipes.bench.runner import Job, Target, TimingPlan, cycle, delivered
-from dali_pipes.bench.streams import dali_in_flight, require_cuda
+from dali_pipes.bench.report import BenchReport
+from dali_pipes.bench.runner import Target, TimingPlan
+from dali_pipes.bench.streams import per_device
+from dali_pipes.bench.suites import measure
 
 #: The row every masked row is compared with (same device).
 WITHOUT = "without masks"
@@ -65,55 +63,26 @@ def mask_specs(fields: Mapping[str, Any]) -> tuple[Any, Any, str]:
     )
 
 
-@contextlib.contextmanager
-def spec_stream(dataset: Any, spec: Any, *, batch_size: int, device: str, target: Target, settings) -> Iterator:
-    """:class:`~dali_pipes.DALILoader` over ``dataset`` with ``spec``; every output is delivered to ``target``."""
-    from dali_pipes.loading.loader import DALILoader
-
-    if device == "gpu":
-        require_cuda()
-    loader = DALILoader(dataset, spec, batch_size=batch_size, shuffle=True, seed=0, device=device, **dict(settings))
-    try:
-        yield delivered(((b["image"], *(v for k, v in b.items() if k != "image")) for b in cycle(loader)), target)
-    finally:
-        loader.close()
-
-
-def masks_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Rows with and without masks, on the GPU and the CPU."""
     without, with_masks, what = mask_specs(inputs.manifest.fields)
-    jobs = []
-    for device in ("gpu", "cpu"):
-        settings = inputs.settings_for(device)
-        for name, spec in ((WITHOUT, without), (WITH, with_masks)):
-            factory = functools.partial(
-                spec_stream,
-                inputs.dataset,
-                spec,
-                batch_size=inputs.batch_size,
-                device=device,
-                target=target,
-                settings=settings,
-            )
-            params = {**settings, "device": device}
-            description = f"DALILoader, {type(spec).__name__} on the {device.upper()}"
-            jobs.append(Job(name, factory, description, params, in_flight=dali_in_flight(settings)))
-    rows = run_jobs(jobs, plan, target, progress=progress, title="bench masks")
-    context = {
-        "dataset": str(inputs.dataset),
-        "format": inputs.manifest.format,
-        "num_samples": inputs.num_samples,
-        "batch_size": inputs.batch_size,
-        "cores": inputs.cores,
-        "compared": what,
-        "loader_settings": dict(inputs.loader_settings),
-    }
-    report = BenchReport(
+    specs = {WITHOUT: without, WITH: with_masks}
+    jobs = per_device(inputs, target, specs)
+    for job in jobs:
+        job.description = f"DALILoader, {type(specs[job.name]).__name__} on the {job.params['device'].upper()}"
+    # Not the inputs' description: their spec (the classification bench's) is not what these rows run.
+    described = inputs.describe()
+    context = {key: described[key] for key in ("dataset", "format", "num_samples", "batch_size", "cores")}
+    context.update(compared=what, loader_settings=dict(inputs.loader_settings))
+    report = measure(
         "masks",
         f"what masks cost: {what}",
-        rows,
-        context,
-        machine_description(),
+        inputs,
+        jobs,
+        plan,
+        target,
+        progress,
+        context=context,
         reference=WITHOUT,
         reference_match=("device",),
         reference_label="without masks",

@@ -33,19 +33,27 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import statistics
 import threading
 import time
 from typing import Any, Callable, ContextManager, Iterator
 
-from dali_pipes.bench.doctor import DATA_BOUND, train_step
+from dali_pipes.bench.doctor import DATA_BOUND
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.interleave import run_jobs
-from dali_pipes.bench.jobs import suite_report
-from dali_pipes.bench.models import model_source, training_model
-from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, cycle
+from dali_pipes.bench.models import model_source, train_step, training_model
+from dali_pipes.bench.report import BenchReport, figure, ratio, suite_report
+from dali_pipes.bench.runner import Job, Row, Target, TimingPlan
+from dali_pipes.bench.streams import (
+    ANCHOR_IN_FLIGHT,
+    dali_batches,
+    dali_in_flight,
+    dataloader_batches,
+    dataloader_in_flight,
+    original_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +70,7 @@ DATALOADER = "DataLoader+PIL"
 Batches = Callable[[], ContextManager[Iterator[tuple[Any, Any]]]]
 
 
-def train_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Training images/s of each model fed by each loader, side by side per model (see the module docstring)."""
     import torch
 
@@ -70,14 +78,15 @@ def train_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bo
         torch.backends.cudnn.benchmark = True  # what a training script sets for fixed-size batches
     models = GPU_MODELS if target.is_cuda else CPU_MODELS
     num_classes = len(inputs.manifest.classes or ()) or 1000
-    # Few batches a window: the DataLoader row delivers a batch of 256 in about half a second on 16 cores.
+    # Few batches a window: a DataLoader row's large batches come slowly; the windows' seconds still hold.
     plan = dataclasses.replace(plan, min_batches=min(plan.min_batches, 3))
     rows: list[Row] = []
     for model, size in models:
         these = dataclasses.replace(inputs, spec=dataclasses.replace(inputs.spec, size=size))
-        jobs = _jobs(these, model, num_classes, target)
         with GpuBusy(target) as busy:
-            measured = run_jobs(jobs, plan, target, progress=progress, title=f"bench train {model}")
+            measured = run_jobs(
+                _jobs(these, model, num_classes, target), plan, target, progress=progress, title=f"bench train {model}"
+            )
         for row in measured:
             row.extra["gpu_busy"] = busy.share(row)
         rows += measured
@@ -108,38 +117,49 @@ def train_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bo
 
 def _jobs(inputs: BenchInputs, model: str, num_classes: int, target: Target) -> list[Job]:
     """The four rows of one model: alone, and fed by each loader."""
-    from dali_pipes.bench.streams import dali_in_flight
+    from dali_pipes.bench.anchor import file_reader_batches
+    from dali_pipes.bench.baselines import FileImageDataset, PilTrainTransform, StoreImageDataset
 
-    params = {"model": model, "size": inputs.spec.size}
-    ours = inputs.settings_for("gpu" if target.is_cuda else "cpu") if inputs.tuned else {}
     device = "gpu" if target.is_cuda else "cpu"
+    ours = inputs.settings_for(device) if inputs.tuned else {}
+    batch, workers = inputs.batch_size, inputs.cores
+    transform = PilTrainTransform.from_spec(inputs.spec)
+    files = inputs.files
 
     def row(name: str, batches: Batches | None, description: str, in_flight: int, runs_dali: bool) -> Job:
-        factory = lambda: training_stream(batches, model, num_classes, inputs, target)  # noqa: E731
-        return Job(name, factory, description, dict(params), in_flight=in_flight, runs_dali=runs_dali)
+        factory = functools.partial(training_stream, batches, model, num_classes, inputs, target)
+        params = {"model": model, "size": inputs.spec.size}
+        return Job(name, factory, description, params, in_flight=in_flight, runs_dali=runs_dali)
 
-    workers = inputs.cores
     return [
         row(MODEL_ALONE, None, f"{model} training steps on one synthetic batch already on the device", 0, False),
         row(
             OURS,
-            lambda: _ours(inputs, device, ours),
+            functools.partial(
+                dali_batches, inputs.dataset, inputs.spec, batch_size=batch, device=device, settings=ours
+            ),
             "DALILoader over the shards, " + ("its tuned settings" if ours else "its defaults"),
             dali_in_flight(ours),
             True,
         ),
         row(
             PLAIN_DALI,
-            lambda: _plain_dali(inputs, device),
-            f"fn.readers.file over the original files, the same graph, DALI's defaults, {inputs.cores} threads",
-            2 + 1,  # DALI's default prefetch_queue_depth, and the batch handed over
+            lambda: file_reader_batches(
+                original_files(inputs), inputs.spec, batch_size=batch, device=device, num_threads=workers
+            ),
+            f"fn.readers.file over the original files, the same graph, DALI's defaults, {workers} threads",
+            ANCHOR_IN_FLIGHT,
             True,
         ),
         row(
             DATALOADER,
-            lambda: _dataloader(inputs, workers),
+            lambda: dataloader_batches(
+                FileImageDataset(files, transform) if files else StoreImageDataset(inputs.dataset, transform),
+                batch_size=batch,
+                num_workers=workers,
+            ),
             f"DataLoader + PIL, num_workers={workers}, pin_memory, persistent_workers",
-            2 * workers + 1,  # torch's prefetch_factor of 2 per worker
+            dataloader_in_flight(workers),
             False,
         ),
     ]
@@ -156,14 +176,10 @@ def training_stream(
     size, batch_size = inputs.spec.size, inputs.batch_size
     memory_format = torch.channels_last if target.is_cuda else torch.contiguous_format
 
-    def on_device(images: Any, labels: Any) -> tuple[Any, Any]:
-        images = target.put(images).contiguous(memory_format=memory_format)
-        return images, target.put(labels).reshape(-1).long()
-
     def steps(source: Iterator[tuple[Any, Any]]) -> Iterator[int]:
         for images, labels in source:
-            images, labels = on_device(images, labels)
-            train_step(net, optimizer, images, labels)
+            images = target.put(images).contiguous(memory_format=memory_format)
+            train_step(net, optimizer, images, target.put(labels).reshape(-1).long())
             yield int(images.shape[0])
 
     if batches is None:
@@ -173,54 +189,6 @@ def training_stream(
         return
     with batches() as source:
         yield steps(source)
-
-
-# --- the loaders, as (image, label) batches ---------------------------------------------------
-
-
-@contextlib.contextmanager
-def _ours(inputs: BenchInputs, device: str, settings: dict[str, int]) -> Iterator[Iterator[tuple[Any, Any]]]:
-    from dali_pipes.bench.streams import require_cuda
-    from dali_pipes.loading.loader import DALILoader
-
-    if device == "gpu":
-        require_cuda()
-    loader = DALILoader(
-        inputs.dataset, inputs.spec, batch_size=inputs.batch_size, shuffle=True, seed=0, device=device, **settings
-    )
-    try:
-        yield ((batch["image"], batch["label"]) for batch in cycle(loader))
-    finally:
-        loader.close()
-
-
-@contextlib.contextmanager
-def _plain_dali(inputs: BenchInputs, device: str) -> Iterator[Iterator[tuple[Any, Any]]]:
-    from dali_pipes.bench.anchor import file_reader_batches
-    from dali_pipes.bench.jobs import original_files
-
-    with file_reader_batches(
-        original_files(inputs), inputs.spec, batch_size=inputs.batch_size, device=device, num_threads=inputs.cores
-    ) as pairs:
-        yield pairs
-
-
-@contextlib.contextmanager
-def _dataloader(inputs: BenchInputs, workers: int) -> Iterator[Iterator[tuple[Any, Any]]]:
-    from dali_pipes.bench.baselines import FileImageDataset, PilTrainTransform, StoreImageDataset, pil_dataloader
-    from dali_pipes.bench.streams import BATCH_TIMEOUT, shutdown_workers
-
-    transform = PilTrainTransform.from_spec(inputs.spec)
-    dataset = (
-        FileImageDataset(inputs.files, transform) if inputs.files else StoreImageDataset(inputs.dataset, transform)
-    )
-    loader = pil_dataloader(dataset, batch_size=inputs.batch_size, num_workers=workers, timeout=BATCH_TIMEOUT)
-    batches = cycle(loader)
-    try:
-        yield batches
-    finally:
-        batches.close()
-        shutdown_workers(loader)
 
 
 # --- the GPU's utilisation ----------------------------------------------------------------------
@@ -277,29 +245,12 @@ def _summary(report: BenchReport, models: tuple[tuple[str, int], ...]) -> dict[s
     """Each loader's training rate over the model's own, and ours over the DataLoader's, per model."""
     summary: dict[str, Any] = {}
     for model, size in models:
-
-        def rate(name: str) -> float | None:
-            row = report.row(name, model=model, size=size)
-            return None if row is None else row.images_per_s
-
-        def over(a: float | None, b: float | None) -> float | None:
-            return a / b if a and b else None
-
-        alone = rate(MODEL_ALONE)
+        ours, alone, dataloader, plain = (
+            report.row(name, model=model, size=size) for name in (OURS, MODEL_ALONE, DATALOADER, PLAIN_DALI)
+        )
         key = f"{model} {size}px"
-        summary[f"{key}: {OURS} / {MODEL_ALONE}"] = {
-            "value": over(rate(OURS), alone),
-            "unit": "x",
-            "target": "at least 0.95x (resnet50)",
-        }
-        summary[f"{key}: {DATALOADER} / {MODEL_ALONE}"] = {"value": over(rate(DATALOADER), alone), "unit": "x"}
-        summary[f"{key}: {OURS} / {DATALOADER}"] = {
-            "value": over(rate(OURS), rate(DATALOADER)),
-            "unit": "x",
-            "target": "at least 3x (resnet18 160px)",
-        }
-        summary[f"{key}: {OURS} / {PLAIN_DALI}"] = {"value": over(rate(OURS), rate(PLAIN_DALI)), "unit": "x"}
+        summary[f"{key}: {OURS} / {MODEL_ALONE}"] = figure(ratio(ours, alone), "at least 0.95x (resnet50)")
+        summary[f"{key}: {DATALOADER} / {MODEL_ALONE}"] = figure(ratio(dataloader, alone))
+        summary[f"{key}: {OURS} / {DATALOADER}"] = figure(ratio(ours, dataloader), "at least 3x (resnet18 160px)")
+        summary[f"{key}: {OURS} / {PLAIN_DALI}"] = figure(ratio(ours, plain))
     return summary
-
-
-__all__ = ["CPU_MODELS", "GPU_MODELS", "GpuBusy", "train_suite", "training_stream"]

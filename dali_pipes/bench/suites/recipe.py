@@ -20,12 +20,10 @@ import functools
 from typing import Any, Iterator
 
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.interleave import run_jobs
-from dali_pipes.bench.jobs import dali_job, suite_report
 from dali_pipes.bench.report import BenchReport
 from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan
-
-__all__ = ["SIZES", "recipe_specs", "recipe_suite"]
+from dali_pipes.bench.streams import per_device
+from dali_pipes.bench.suites import measure
 
 #: FFCV's low training resolution, and the usual one.
 SIZES = (160, 224)
@@ -46,34 +44,31 @@ def recipe_specs(spec: Any, num_classes: int) -> dict[str, Any]:
     return specs
 
 
-def recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
     """Images/s and seconds per epoch at 160 and 224 px, plain and with MixUp/CutMix and RandomErasing."""
     # Soft targets need a class count; a dataset without class names is taken as ImageNet's 1000.
     num_classes = max(2, len(inputs.manifest.classes or ())) if inputs.manifest.classes else 1000
-    jobs = []
-    for device in ("gpu", "cpu"):
-        for name, spec in recipe_specs(inputs.spec, num_classes).items():
-            job = dali_job(name, dataclasses.replace(inputs, spec=spec), device, target)
-            job.params["device"] = device
-            jobs.append(job)
+    jobs = per_device(inputs, target, recipe_specs(inputs.spec, num_classes))
+    description = "ResNet-50 training steps on one synthetic batch (bfloat16 autocast): the model's own speed"
     for size in SIZES:
         factory = functools.partial(_model_steps, size=size, batch_size=inputs.batch_size, target=target)
-        description = "ResNet-50 training steps on one synthetic batch (bfloat16 autocast): the model's own speed"
         jobs.append(Job(f"resnet50 step {size}px", factory, description, {"device": "gpu"}))
-    rows = run_jobs(jobs, plan, target, progress=progress, title="bench recipe")
-    for row in rows:
-        if row.images_per_s:
-            row.extra["epoch_s"] = round(inputs.num_samples / row.images_per_s, 2)
-    report = suite_report(
+    report = measure(
         "recipe",
         "one epoch at 160 and 224 px, plain and with the recipe (RandomErasing, MixUp/CutMix)",
         inputs,
-        rows,
+        jobs,
+        plan,
+        target,
+        progress,
         reference=REFERENCE,
         reference_match=("device",),
         reference_label="plain 224px (loader rows)",
         columns=("epoch_s",),
     )
+    for row in report.rows:
+        if row.images_per_s:
+            row.extra["epoch_s"] = round(inputs.num_samples / row.images_per_s, 2)
     report.notes.append(
         f"epoch_s: {inputs.num_samples} samples / images_per_s. Recipe: Mix(mixup_alpha=0.8, cutmix_alpha=1.0, "
         "label_smoothing=0.1, mode='batch'), RandomErasing(prob=0.25, mode='pixel'); the rest of the graph is the "
@@ -84,17 +79,13 @@ def recipe_suite(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: b
 
 @contextlib.contextmanager
 def _model_steps(*, size: int, batch_size: int, target: Target) -> Iterator[Iterator[int]]:
-    """ResNet-50 steps at ``size`` px on the GPU; skipped on a CPU, where one step of batch 64 takes about 40 s."""
+    """ResNet-50 steps at ``size`` px on the GPU; skipped on a CPU, where they would take most of the run."""
     if not target.is_cuda:
         raise Skipped("ResNet-50 steps are timed on a GPU only (about 40 s per batch of 64 on a 2-core CPU)")
-    import torch
+    from dali_pipes.bench.models import model_stream, training_model
 
-    from dali_pipes.bench.doctor import model_stream
-    from dali_pipes.bench.models import build_model
-
-    net = build_model("resnet50", 1000).to(target.device).to(memory_format=torch.channels_last).train()
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.01, momentum=0.9)
+    net, optimizer = training_model("resnet50", 1000, target.device)
     with model_stream(
-        net, optimizer, batch_size=batch_size, size=size, num_classes=1000, device=str(target.device)
+        net, optimizer, batch_size=batch_size, size=size, num_classes=1000, device=target.device
     ) as steps:
         yield steps
