@@ -110,7 +110,7 @@ class AlbumentationsTrainTransform(_LazyCompose):
         # workers are the parallelism (OpenCV's pool would oversubscribe the cores), the
         # in-process row (num_workers=0) is then per-core like PIL, and no pool threads
         # exist when workers are forked (a worker forked while that pool runs can deadlock
-        # in its first resize: seen with 500x375 images).
+        # in its first resize).
         cv2.setNumThreads(1)
         spec = self.spec
         steps = [

@@ -120,42 +120,19 @@ def run_doctor(
     ``max_minutes`` raises ValueError naming smaller models, before the long part.
     """
     from dali_pipes.bench.inputs import bench_inputs
+    from dali_pipes.bench.models import training_model  # torch: imported when a doctor runs, not with the CLI
     from dali_pipes.bench.report import machine_description
-    from dali_pipes.dataset.progress import tqdm
 
     if steps < 3:
         raise ValueError(f"--steps must be at least 3 (three timed windows), got {steps}")
     inputs = segmentation_inputs(bench_inputs(dataset, batch_size=batch_size, settings=settings))
     loader_device, target = _devices(device)
-    classes = inputs.manifest.classes
-    num_classes = len(classes) if classes else 1000
-    from dali_pipes.bench.models import training_model  # torch: imported when a doctor runs, not with the CLI
-
+    num_classes = len(inputs.manifest.classes or ()) or 1000
     net, optimizer = training_model(model, num_classes, target.device)
     plan = _doctor_plan(steps, quick)
-    in_flight = dali_in_flight(inputs.settings_for(loader_device))
-    per_job = plan.warmup_batches + plan.repeats * plan.min_batches
-    step_s = _time_training_step(model, net, optimizer, batch_size, inputs.spec.size, num_classes, target)
-    check_budget(
-        model=model,
-        smaller=MODELS[MODELS.index(model) + 1 :],
-        device=target.device,
-        batch_size=batch_size,
-        step_s=step_s,
-        steps=2 * per_job + in_flight,  # the model alone, then fed by the loader
-        max_minutes=max_minutes,
-    )
-
+    _check_time(model, net, optimizer, inputs, num_classes, plan, loader_device, target, max_minutes)
     jobs = _doctor_jobs(inputs, model, net, optimizer, batch_size, num_classes, loader_device, target)
-    rows = []
-    # No total: the warm-ups run for a time, not a step count, so any total would be wrong.
-    with tqdm(desc="doctor", unit="step", disable=bar_disabled(progress)) as bar:
-        for job in jobs:
-            bar.set_postfix_str(job.name)
-            job.params = {"batch_size": batch_size}
-            job.factory = functools.partial(counted, job.factory, bar.update)
-            rows.append(measure(job, plan, target))
-    loader_row, model_row, combined_row = rows
+    loader_row, model_row, combined_row = _measure(jobs, plan, target, progress)
     data_bound, verdict, advice, figures = diagnose(
         loader_row.images_per_s,
         model_row.images_per_s,
@@ -176,6 +153,47 @@ def run_doctor(
     return DoctorReport(
         model, loader_row, model_row, combined_row, data_bound, verdict, advice, context, machine_description(), figures
     )
+
+
+def _check_time(
+    model: str,
+    net: Any,
+    optimizer: Any,
+    inputs: Any,
+    num_classes: int,
+    plan: TimingPlan,
+    loader_device: str,
+    target: Target,
+    max_minutes: float,
+) -> None:
+    """Time one training step, log how long the run will take, and refuse it over ``max_minutes``."""
+    batch_size = inputs.batch_size
+    in_flight = dali_in_flight(inputs.settings_for(loader_device))
+    per_job = plan.warmup_batches + plan.repeats * plan.min_batches
+    step_s = _time_training_step(model, net, optimizer, batch_size, inputs.spec.size, num_classes, target)
+    check_budget(
+        model=model,
+        smaller=MODELS[MODELS.index(model) + 1 :],
+        device=target.device,
+        batch_size=batch_size,
+        step_s=step_s,
+        steps=2 * per_job + in_flight,  # the model alone, then fed by the loader
+        max_minutes=max_minutes,
+    )
+
+
+def _measure(jobs: list[Job], plan: TimingPlan, target: Target, progress: bool) -> list[Row]:
+    """The rows measured one after another, a progress bar counting their steps."""
+    from dali_pipes.dataset.progress import tqdm
+
+    rows = []
+    # No total: the warm-ups run for a time, not a step count, so any total would be wrong.
+    with tqdm(desc="doctor", unit="step", disable=bar_disabled(progress)) as bar:
+        for job in jobs:
+            bar.set_postfix_str(job.name)
+            job.factory = functools.partial(counted, job.factory, bar.update)
+            rows.append(measure(job, plan, target))
+    return rows
 
 
 def segmentation_inputs(inputs: Any) -> Any:
@@ -255,9 +273,14 @@ def _doctor_jobs(
         settings=settings,
     )
     size, device = inputs.spec.size, target.device
+    params = {"batch_size": batch_size}
     return [
         Job(
-            "loader", alone, f"DALILoader alone on {loader_device}, batches delivered to {device}", in_flight=in_flight
+            "loader",
+            alone,
+            f"DALILoader alone on {loader_device}, batches delivered to {device}",
+            params,
+            in_flight=in_flight,
         ),
         Job(
             "model",
@@ -265,11 +288,13 @@ def _doctor_jobs(
                 net, optimizer, batch_size=batch_size, size=size, num_classes=num_classes, device=device
             ),
             f"{model} forward + backward + SGD step on a synthetic batch already on {device}",
+            dict(params),
         ),
         Job(
             "combined",
             lambda: combined_stream(loader, net, optimizer, target),
             f"DALILoader feeding {model} training steps",
+            dict(params),
             in_flight=in_flight,
         ),
     ]

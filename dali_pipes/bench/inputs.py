@@ -156,24 +156,7 @@ def bench_inputs(
         loader_settings.update(tuned)
         gpu_settings.update(tuned)
         spec = apply_settings(spec, settings)
-    root, reason = find_image_folder(dataset, manifest, images)
-    files: tuple[tuple[Path, int], ...] = ()
-    if root is not None:
-        from converters.base import ConversionError
-        from dali_pipes.bench.baselines import imagefolder_files
-
-        try:
-            files = tuple(imagefolder_files(root))
-        except (OSError, ConversionError) as exc:  # not a ROOT/CLASS/IMAGE tree, or empty: the file rows skip
-            root, reason = None, str(exc)
-        else:
-            if len(files) != manifest.num_samples:
-                log.warning(
-                    "%s holds %d images but the dataset %d samples; the file rows read the folder as it is now",
-                    root,
-                    len(files),
-                    manifest.num_samples,
-                )
+    root, reason, files = _original_files(dataset, manifest, images)
     return BenchInputs(
         dataset,
         manifest,
@@ -188,6 +171,30 @@ def bench_inputs(
         gpu_settings,
         tuned=settings is not None,
     )
+
+
+def _original_files(
+    dataset: Path, manifest: Manifest, images: str | os.PathLike | None
+) -> tuple[Path | None, str | None, tuple[tuple[Path, int], ...]]:
+    """The original image folder, the reason there is none, and its images as ``(path, label)``."""
+    root, reason = find_image_folder(dataset, manifest, images)
+    if root is None:
+        return root, reason, ()
+    from converters.base import ConversionError
+    from dali_pipes.bench.baselines import imagefolder_files
+
+    try:
+        files = tuple(imagefolder_files(root))
+    except (OSError, ConversionError) as exc:  # not a ROOT/CLASS/IMAGE tree, or empty: the file rows skip
+        return None, str(exc), ()
+    if len(files) != manifest.num_samples:
+        log.warning(
+            "%s holds %d images but the dataset %d samples; the file rows read the folder as it is now",
+            root,
+            len(files),
+            manifest.num_samples,
+        )
+    return root, reason, files
 
 
 def fitting_batch_size(dataset: Path, num_samples: int, given: int | None = None) -> int:
@@ -234,7 +241,7 @@ def find_image_folder(
     if kind != "imagefolder":
         return None, f"the dataset came from a {kind!r} source, not an image folder; pass --images DIR"
     root = Path(str(source.get("root", "")))
-    # The converter records the root absolute; one recorded relative (by versions before 0.1.0's fix) is tried
+    # The converter records the root absolute; a root recorded relative (by an older converter) is tried
     # from here and from beside the dataset (where `convert` is usually run).
     candidates = [root] if root.is_absolute() else [Path.cwd() / root, dataset.parent / root]
     for candidate in candidates:

@@ -5,8 +5,9 @@ endless iterator of delivered image counts, see :mod:`dali_pipes.bench.runner`,
 and shuts its pipeline or workers down on exit) and as a :class:`Job` that a
 suite puts in its table: :func:`dali_job`, :func:`dataloader_job`,
 :func:`anchor_job`. The ``*_batches`` factories yield the batches themselves, for
-rows that train on them (``--suite train``, ``doctor``). Rows of a kind that one
-suite alone uses live in that suite's module.
+rows that train on them (``--suite train``, ``doctor``). A kind of row that one
+suite alone uses lives in that suite's module, or in a module of its own when it is
+large (:mod:`~dali_pipes.bench.decode`, :mod:`~dali_pipes.bench.torchvision_gpu`).
 """
 
 from __future__ import annotations

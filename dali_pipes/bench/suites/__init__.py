@@ -2,7 +2,7 @@
 
 Every suite declares its rows (:class:`~dali_pipes.bench.runner.Job`, mostly made by
 :mod:`dali_pipes.bench.streams`) on the same shards, augmentation, batch and cores,
-measures them side by side (:func:`measure`) and returns a
+measures them side by side (:meth:`SuiteRun.measure`) and returns a
 :class:`~dali_pipes.bench.report.BenchReport`:
 
 - ``main``: every way to feed the same training augmentation (this package's loader,
@@ -29,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 from dali_pipes.bench.inputs import BenchInputs, bench_inputs
 from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.report import BenchReport, suite_report
-from dali_pipes.bench.runner import Job, Target, TimingPlan, warm_page_cache
+from dali_pipes.bench.runner import Job, Row, Target, TimingPlan, warm_page_cache
 
 SUITES: tuple[str, ...] = (
     "main",
@@ -91,7 +92,7 @@ def run_bench(
     warm_page_cache(sorted(p for p in Path(dataset).rglob("*") if p.is_file()))
     warm_page_cache(path for path, _ in inputs.files)
     module = importlib.import_module(f"{__name__}.{suite.replace('-', '_')}")
-    report: BenchReport = module.run(inputs, plan, target, quick, progress)
+    report: BenchReport = module.run(SuiteRun(suite, inputs, plan, target, quick, progress))
     report.context.update({"target_device": target.device, "quick": quick, "timing": _timing(plan)})
     if suite != "storage":  # which drops the page cache before each epoch 1 on purpose
         report.notes.append("files and shards were read once before timing: every row reads from the page cache alike")
@@ -112,17 +113,27 @@ def _timing(plan: TimingPlan) -> dict[str, Any]:
     }
 
 
-def measure(
-    suite: str,
-    title: str,
-    inputs: BenchInputs,
-    jobs: Sequence[Job],
-    plan: TimingPlan,
-    target: Target,
-    progress: bool,
-    **report: Any,
-) -> BenchReport:
-    """Measure ``jobs`` side by side and report them as ``suite``'s table called ``title``; ``report`` takes
-    :class:`~dali_pipes.bench.report.BenchReport`'s options (``reference``, ``reference_match``, ``columns``...)."""
-    rows = run_jobs(jobs, plan, target, progress=progress, title="bench" if suite == "main" else f"bench {suite}")
-    return suite_report(suite, title, inputs, rows, **report)
+@dataclass(frozen=True)
+class SuiteRun:
+    """One run of a suite: its name, the inputs its rows share, how each row is timed and where batches go.
+
+    A suite's module is a function ``run(bench: SuiteRun) -> BenchReport`` that declares its rows and measures
+    them with :meth:`measure`.
+    """
+
+    name: str
+    inputs: BenchInputs
+    plan: TimingPlan
+    target: Target
+    quick: bool = False
+    progress: bool = True
+
+    def rows(self, jobs: Sequence[Job], plan: TimingPlan | None = None, title: str | None = None) -> list[Row]:
+        """``jobs`` measured side by side with ``plan`` (default: the run's), under a progress bar called ``title``."""
+        title = title or ("bench" if self.name == "main" else f"bench {self.name}")
+        return run_jobs(jobs, plan or self.plan, self.target, progress=self.progress, title=title)
+
+    def measure(self, title: str, jobs: Sequence[Job], *, plan: TimingPlan | None = None, **report: Any) -> BenchReport:
+        """:meth:`rows` reported as this suite's table called ``title``; ``report`` takes
+        :func:`~dali_pipes.bench.report.suite_report`'s options (``context``, ``reference``, ``columns``...)."""
+        return suite_report(self.name, title, self.inputs, self.rows(jobs, plan), **report)

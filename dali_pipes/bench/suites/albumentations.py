@@ -8,19 +8,18 @@ the PIL row with the same ``num_workers``.
 
 from __future__ import annotations
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.bench.streams import dataloader_job, store_dataset
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 
 REFERENCE = "PIL (torchvision-style)"
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Albumentations against torchvision-style PIL transforms (and torchvision), in one process and on every core."""
     from dali_pipes.bench.backends import AlbumentationsTrainTransform, TorchvisionTrainTransform
 
+    inputs, target = bench.inputs, bench.target
     spec = inputs.spec
     backends = [
         (REFERENCE, None, "PIL decode + PIL/numpy transforms"),
@@ -33,14 +32,9 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
         for name, make, description in backends
     ]
     title = "augmentation libraries in a DataLoader over the shards"
-    return measure(
-        "albumentations",
+    return bench.measure(
         title,
-        inputs,
         jobs,
-        plan,
-        target,
-        progress,
         reference=REFERENCE,
         reference_match=("num_workers",),
     )

@@ -9,20 +9,20 @@ of N images.
 
 from __future__ import annotations
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Target, TimingPlan
+from dali_pipes.bench.runner import TimingPlan
 from dali_pipes.bench.streams import dali_job, dataloader_job, store_dataset
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 
 REFERENCE = "DataLoader+PIL cpu"
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Augmentation on the CPU and on the GPU for growing image counts, start-up included."""
+    inputs, target = bench.inputs, bench.target
     b = inputs.batch_size
-    counts = [b, 4 * b] if quick else [b, 4 * b, 16 * b, 64 * b]
-    repeats = min(plan.repeats, 3)
+    counts = [b, 4 * b] if bench.quick else [b, 4 * b, 16 * b, 64 * b]
+    repeats = min(bench.plan.repeats, 3)
     jobs = []
     for count in counts:
         for job in (
@@ -41,14 +41,10 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
             jobs.append(job)
     cold = TimingPlan(warmup_batches=0, repeats=repeats, min_batches=1, min_seconds=0.0)
     title = "CPU against GPU augmentation: N images from a cold start (build + workers included)"
-    report = measure(
-        "cpu-vs-gpu",
+    report = bench.measure(
         title,
-        inputs,
         jobs,
-        cold,
-        target,
-        progress,
+        plan=cold,
         reference=REFERENCE,
         reference_match=("images",),
         columns=("seconds",),

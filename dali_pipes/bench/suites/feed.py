@@ -23,11 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, figure, ratio
-from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.bench.streams import anchor_job, dali_job
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 from dali_pipes.bench.suites.stages import GraphPrefix
 from dali_pipes.loading.options import default_py_num_workers
 
@@ -35,8 +33,9 @@ from dali_pipes.loading.options import default_py_num_workers
 OURS, ANCHOR = "dali-pipes feed", "DALI readers.file feed"
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Our feed against ``fn.readers.file``'s, read-only graphs on the CPU (see the module docstring)."""
+    inputs, target = bench.inputs, bench.target
     feed = dataclasses.replace(inputs, spec=GraphPrefix(inputs.spec, 0))
     default_workers = inputs.loader_settings.get("py_num_workers", 0)
     # The other way of reading: worker processes where the default reads in the loader's thread (LMDB, HDF5), the
@@ -48,7 +47,7 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
         dali_job(OURS, feed, "cpu", target, settings={**inputs.loader_settings, "py_num_workers": other}),
     ]
     title = "the feed alone: samples read and handed to DALI, nothing decoded (shapes of the encoded bytes)"
-    report = measure("feed", title, inputs, jobs, plan, target, progress, reference=ANCHOR)
+    report = bench.measure(title, jobs, reference=ANCHOR)
     ours, anchor = report.row(OURS, **inputs.loader_settings), report.row(ANCHOR)
     cpu = None
     if ratio(ours, anchor) is not None:

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan, quiet, warm_page_cache
+from dali_pipes.bench.runner import Job, Skipped, quiet, warm_page_cache
 from dali_pipes.bench.streams import anchor_job, dali_job, dataloader_job, file_dataset, store_dataset
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 
 log = logging.getLogger(__name__)
 
@@ -41,16 +40,17 @@ _SUFFIXES = (
 READ_ONLY = "read the encoded bytes only, one process"
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """The same images as files, LMDB, HDF5 and TFRecord: raw reads, DALI, and the DataLoader baseline."""
     import torch
 
+    inputs, target = bench.inputs, bench.target
     # Enough images for steady windows, few enough to copy four times into a temporary folder.
-    limit = max(inputs.batch_size * 4, 64) if quick else 1000
+    limit = max(inputs.batch_size * 4, 64) if bench.quick else 1000
     device = "gpu" if torch.cuda.is_available() else "cpu"
     b = inputs.batch_size
     with tempfile.TemporaryDirectory(prefix="dali-pipes-formats-") as tmp:
-        copies = equal_content(inputs.dataset, Path(tmp), limit=limit, workers=inputs.cores, progress=progress)
+        copies = equal_content(inputs.dataset, Path(tmp), limit=limit, workers=inputs.cores, progress=bench.progress)
         warm_page_cache(p for d in copies.datasets.values() for p in d.iterdir() if p.is_file())
         warm_page_cache(path for path, _ in copies.files)
         files = lambda: copies.files  # noqa: E731 - a factory, as the row helpers take
@@ -69,9 +69,7 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
         for job, reader in zip(jobs, itertools.cycle(("read-only", f"dali {device}", "DataLoader+PIL"))):
             job.params = {"reader": reader}
         title = f"storage formats at equal content ({copies.count} images, {copies.bytes / 1e6:.1f} MB)"
-        report = measure(
-            "formats", title, inputs, jobs, plan, target, progress, reference="files", reference_match=("reader",)
-        )
+        report = bench.measure(title, jobs, reference="files", reference_match=("reader",))
     report.context["formats_images"] = copies.count
     report.notes.append("files through DALI: fn.readers.file (the dali-pipes loader reads shards only)")
     return report

@@ -22,11 +22,9 @@ The summary gives our defaults against the plain pipeline at DALI's default and 
 
 from __future__ import annotations
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, figure, ratio
-from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.bench.streams import anchor_job, dali_job
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 from dali_pipes.pipelines.config import DALI_HW_DECODER_LOAD
 
 OURS, ANCHOR = "dali-pipes gpu", "DALI readers.file gpu"
@@ -37,8 +35,9 @@ SPLIT_LOAD = 0.85
 FORMER_THREADS = 4
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Our loader's defaults against plain DALI at both decoder loads, and what each default is worth."""
+    inputs, target = bench.inputs, bench.target
     loads = (DALI_HW_DECODER_LOAD, 1.0)
     jobs = [anchor_job(ANCHOR, inputs.with_decoder_load(load), "gpu", target, hw_decoder_load=load) for load in loads]
     jobs.append(dali_job(OURS, inputs, "gpu", target))
@@ -51,7 +50,7 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
         if defaults.get("py_num_workers") != workers:
             jobs.append(dali_job(OURS, inputs, "gpu", target, settings={**defaults, "py_num_workers": workers}))
     title = "the GPU decoder split and the feed: random-resized crop 224, flip, colour jitter, normalise on the GPU"
-    report = measure("gpu-decoder", title, inputs, jobs, plan, target, progress, reference=ANCHOR, columns=("gpu_mb",))
+    report = bench.measure(title, jobs, reference=ANCHOR, columns=("gpu_mb",))
     ours = report.row(OURS, **defaults)
     report.summary = {
         f"{OURS} defaults / {ANCHOR} at {where}": figure(

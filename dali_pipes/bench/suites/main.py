@@ -16,7 +16,7 @@ from typing import Any
 
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport, figure, ratio
-from dali_pipes.bench.runner import Job, Target, TimingPlan
+from dali_pipes.bench.runner import Job, Target
 from dali_pipes.bench.streams import (
     anchor_job,
     dali_job,
@@ -25,7 +25,7 @@ from dali_pipes.bench.streams import (
     file_dataset,
     store_dataset,
 )
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 
 #: The row every other is compared with in the main table: what a user has today.
 BASELINE = "DataLoader+PIL shards"
@@ -38,17 +38,46 @@ DECODE_CEILING = {
 }
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Every way to feed the same training augmentation, side by side (see the module docstring)."""
+    from dali_pipes.bench.decode import reducible_fraction
+
+    inputs, target = bench.inputs, bench.target
+    report = bench.measure(
+        "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
+        inputs.selected(_jobs(inputs, target)),
+        reference=BASELINE,
+        columns=("gpu_mb",) if target.is_cuda else (),
+    )
+    report.summary = _main_summary(report)
+    if target.is_cuda:
+        report.notes.append(
+            "gpu_mb: GPU memory (MB, from the driver) the row took while it opened and warmed up; "
+            "every row stays open while the others run, so the first DALI row opened also holds DALI's and "
+            "nvJPEG's one-time allocations for the process (on an H200 the same anchor graph took 851 MB opened "
+            "first and 579 MB opened last)"
+        )
+    reduced = report.row("decode-ceiling (reduced)")
+    if reduced is not None and reduced.timing is not None:
+        fraction = reducible_fraction(str(inputs.dataset), inputs.spec)
+        reduced.extra["reducible_fraction"] = fraction
+        report.notes.append(
+            f"decode-ceiling (reduced): {fraction:.0%} of the crops allow a reduced-scale decode on these images"
+        )
+    return report
+
+
+def _jobs(inputs: BenchInputs, target: Target) -> list[Job]:
+    """The main table's rows, in its order."""
     from dali_pipes.bench.backends import TorchvisionTrainTransform
-    from dali_pipes.bench.decode import decode_stream, reducible_fraction
+    from dali_pipes.bench.decode import decode_stream
 
     spec, cores = inputs.spec, inputs.cores
     decode = functools.partial(decode_stream, str(inputs.dataset), workers=cores, chunk=inputs.batch_size, spec=spec)
     # The same comparison at the other resize quality: OpenCV (Albumentations) does not
     # antialias by default, DALI, torchvision and PIL do; both ways, each side alike.
     other = dataclasses.replace(inputs, spec=dataclasses.replace(spec, antialias=not spec.antialias))
-    jobs = [
+    return [
         dali_job("dali-pipes gpu", inputs, "gpu", target),
         *(
             dali_job("dali-pipes cpu", these, "cpu", target, antialias=these.spec.antialias)
@@ -87,33 +116,6 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
             for mode, what in DECODE_CEILING.items()
         ),
     ]
-    report = measure(
-        "main",
-        "input pipelines: random-resized crop 224, flip, colour jitter, normalise",
-        inputs,
-        inputs.selected(jobs),
-        plan,
-        target,
-        progress,
-        reference=BASELINE,
-        columns=("gpu_mb",) if target.is_cuda else (),
-    )
-    report.summary = _main_summary(report)
-    if target.is_cuda:
-        report.notes.append(
-            "gpu_mb: GPU memory (MB, from the driver) the row took while it opened and warmed up; "
-            "every row stays open while the others run, so the first DALI row opened also holds DALI's and "
-            "nvJPEG's one-time allocations for the process (on an H200 the same anchor graph took 851 MB opened "
-            "first and 579 MB opened last)"
-        )
-    reduced = report.row("decode-ceiling (reduced)")
-    if reduced is not None and reduced.timing is not None:
-        fraction = reducible_fraction(str(inputs.dataset), spec)
-        reduced.extra["reducible_fraction"] = fraction
-        report.notes.append(
-            f"decode-ceiling (reduced): {fraction:.0%} of the crops allow a reduced-scale decode on these images"
-        )
-    return report
 
 
 def _torchvision_gpu_job(inputs: BenchInputs, target: Target) -> Job:

@@ -15,11 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.bench.streams import per_device
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 
 #: The row every masked row is compared with (same device).
 WITHOUT = "without masks"
@@ -63,8 +61,9 @@ def mask_specs(fields: Mapping[str, Any]) -> tuple[Any, Any, str]:
     )
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Rows with and without masks, on the GPU and the CPU."""
+    inputs, target = bench.inputs, bench.target
     without, with_masks, what = mask_specs(inputs.manifest.fields)
     specs = {WITHOUT: without, WITH: with_masks}
     jobs = per_device(inputs, target, specs)
@@ -74,14 +73,9 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
     described = inputs.describe()
     context = {key: described[key] for key in ("dataset", "format", "num_samples", "batch_size", "cores")}
     context.update(compared=what, loader_settings=dict(inputs.loader_settings))
-    report = measure(
-        "masks",
+    report = bench.measure(
         f"what masks cost: {what}",
-        inputs,
         jobs,
-        plan,
-        target,
-        progress,
         context=context,
         reference=WITHOUT,
         reference_match=("device",),

@@ -19,11 +19,10 @@ import dataclasses
 import functools
 from typing import Any, Iterator
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Job, Skipped, Target, TimingPlan
+from dali_pipes.bench.runner import Job, Skipped, Target
 from dali_pipes.bench.streams import per_device
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 
 #: FFCV's low training resolution, and the usual one.
 SIZES = (160, 224)
@@ -44,8 +43,9 @@ def recipe_specs(spec: Any, num_classes: int) -> dict[str, Any]:
     return specs
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Images/s and seconds per epoch at 160 and 224 px, plain and with MixUp/CutMix and RandomErasing."""
+    inputs, target = bench.inputs, bench.target
     # Soft targets need a class count; a dataset without class names is taken as ImageNet's 1000.
     num_classes = max(2, len(inputs.manifest.classes or ())) if inputs.manifest.classes else 1000
     jobs = per_device(inputs, target, recipe_specs(inputs.spec, num_classes))
@@ -53,14 +53,9 @@ def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, prog
     for size in SIZES:
         factory = functools.partial(_model_steps, size=size, batch_size=inputs.batch_size, target=target)
         jobs.append(Job(f"resnet50 step {size}px", factory, description, {"device": "gpu"}))
-    report = measure(
-        "recipe",
+    report = bench.measure(
         "one epoch at 160 and 224 px, plain and with the recipe (RandomErasing, MixUp/CutMix)",
-        inputs,
         jobs,
-        plan,
-        target,
-        progress,
         reference=REFERENCE,
         reference_match=("device",),
         reference_label="plain 224px (loader rows)",

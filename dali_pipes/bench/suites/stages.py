@@ -22,11 +22,9 @@ from typing import Any
 from nvidia.dali import fn
 from nvidia.dali.data_node import DataNode
 
-from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.report import BenchReport
-from dali_pipes.bench.runner import Target, TimingPlan
 from dali_pipes.bench.streams import DEVICES, per_device
-from dali_pipes.bench.suites import measure
+from dali_pipes.bench.suites import SuiteRun
 from dali_pipes.pipelines.base import check_build_call, label_output
 
 #: Name of the row that reads the shards and decodes nothing.
@@ -64,21 +62,17 @@ class GraphPrefix:
         return {"image": images, "label": label_output(inputs["label"], device)}
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """The loader with the first k steps of the training graph, for every k, on the GPU and the CPU."""
+    inputs, target = bench.inputs, bench.target
     if not hasattr(inputs.spec, "image_stages"):
         raise ValueError(f"the stages suite needs a spec with image_stages(); {type(inputs.spec).__name__} has none")
     names = stage_names(inputs.spec)
     jobs = per_device(inputs, target, {name: GraphPrefix(inputs.spec, steps) for steps, name in enumerate(names)})
     title = "what each step of the training graph costs: the loader with its first k steps"
-    report = measure(
-        "stages",
+    report = bench.measure(
         title,
-        inputs,
         jobs,
-        plan,
-        target,
-        progress,
         reference=names[-1],
         reference_match=("device",),
         reference_label="whole graph",

@@ -35,8 +35,9 @@ from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.object_storage import CONNECTION_MB_S, LATENCY_MS, s3_stage_rows
 from dali_pipes.bench.procfs import drop_page_cache, pss_bytes
 from dali_pipes.bench.report import BenchReport, suite_report
-from dali_pipes.bench.runner import Row, Target, Timing, TimingPlan, quiet
+from dali_pipes.bench.runner import Row, Timing, quiet
 from dali_pipes.bench.streams import open_loader
+from dali_pipes.bench.suites import SuiteRun
 from dali_pipes.bench.suites.stages import GraphPrefix
 from dali_pipes.dataset.progress import bar_disabled
 from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder
@@ -55,16 +56,17 @@ STAGE_PREFIX = "dali-pipes-bench-stage-"
 LATER_EPOCHS = 3
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Epoch 1 and epoch 2 images/s of the read-only graph for each way to store the shards."""
     from dali_pipes.dataset.progress import tqdm
 
+    inputs, quick = bench.inputs, bench.quick
     spec = GraphPrefix(inputs.spec, 0)
-    repeats = 1 if quick else plan.repeats
+    repeats = 1 if quick else bench.plan.repeats
     rows = []
     with (
         quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
-        tqdm(list(MODES), desc="bench storage", unit="row", disable=bar_disabled(progress), leave=False) as bar,
+        tqdm(list(MODES), desc="bench storage", unit="row", disable=bar_disabled(bench.progress), leave=False) as bar,
     ):
         for mode in bar:
             bar.set_postfix_str(mode)

@@ -42,10 +42,9 @@ from typing import Any, Callable, ContextManager, Iterator
 
 from dali_pipes.bench.doctor import DATA_BOUND
 from dali_pipes.bench.inputs import BenchInputs
-from dali_pipes.bench.interleave import run_jobs
 from dali_pipes.bench.models import model_source, train_step, training_model
 from dali_pipes.bench.report import BenchReport, figure, ratio, suite_report
-from dali_pipes.bench.runner import Job, Row, Target, TimingPlan
+from dali_pipes.bench.runner import Job, Row, Target
 from dali_pipes.bench.streams import (
     ANCHOR_IN_FLIGHT,
     dali_batches,
@@ -54,6 +53,7 @@ from dali_pipes.bench.streams import (
     dataloader_in_flight,
     original_files,
 )
+from dali_pipes.bench.suites import SuiteRun
 
 log = logging.getLogger(__name__)
 
@@ -70,23 +70,22 @@ DATALOADER = "DataLoader+PIL"
 Batches = Callable[[], ContextManager[Iterator[tuple[Any, Any]]]]
 
 
-def run(inputs: BenchInputs, plan: TimingPlan, target: Target, quick: bool, progress: bool) -> BenchReport:
+def run(bench: SuiteRun) -> BenchReport:
     """Training images/s of each model fed by each loader, side by side per model (see the module docstring)."""
     import torch
 
+    inputs, target = bench.inputs, bench.target
     if target.is_cuda:
         torch.backends.cudnn.benchmark = True  # what a training script sets for fixed-size batches
     models = GPU_MODELS if target.is_cuda else CPU_MODELS
     num_classes = len(inputs.manifest.classes or ()) or 1000
     # Few batches a window: a DataLoader row's large batches come slowly; the windows' seconds still hold.
-    plan = dataclasses.replace(plan, min_batches=min(plan.min_batches, 3))
+    plan = dataclasses.replace(bench.plan, min_batches=min(bench.plan.min_batches, 3))
     rows: list[Row] = []
     for model, size in models:
         these = dataclasses.replace(inputs, spec=dataclasses.replace(inputs.spec, size=size))
         with GpuBusy(target) as busy:
-            measured = run_jobs(
-                _jobs(these, model, num_classes, target), plan, target, progress=progress, title=f"bench train {model}"
-            )
+            measured = bench.rows(_jobs(these, model, num_classes, target), plan, title=f"bench train {model}")
         for row in measured:
             row.extra["gpu_busy"] = busy.share(row)
         rows += measured
