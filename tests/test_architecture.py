@@ -264,3 +264,34 @@ def test_no_source_file_is_too_long():
 def test_no_function_is_too_long():
     long = {k: v for where, text in _texts().items() for k, v in _long_functions(where, text).items()}
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (cut them into steps): {long}"
+
+
+#: The loader's core stays small enough to change safely: its constructor's parameters (a DataLoader's
+#: own, then the option groups of loading/config.py) and the length of loader.py.
+MAX_LOADER_PARAMETERS = 10
+MAX_LOADER_LINES = 350
+
+
+def _parameters(text: str, class_name: str, method: str) -> list[str]:
+    """The parameter names of ``class_name.method`` in ``text``, ``self`` left out."""
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            for child in node.body:
+                if isinstance(child, ast.FunctionDef) and child.name == method:
+                    a = child.args
+                    names = [p.arg for p in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                    names += [p.arg for p in (a.vararg, a.kwarg) if p is not None]
+                    return names[1:]
+    raise AssertionError(f"{class_name}.{method} not found")
+
+
+def test_the_parameter_rule_counts_every_kind_of_parameter():
+    planted = "class A:\n    def __init__(self, a, /, b, *args, c, **kw):\n        pass\n"
+    assert _parameters(planted, "A", "__init__") == ["a", "b", "c", "args", "kw"]
+
+
+def test_the_loader_core_stays_small():
+    text = (ROOT / "dali_pipes" / "loading" / "loader.py").read_text(encoding="utf-8")
+    names = _parameters(text, "DALILoader", "__init__")
+    assert len(names) <= MAX_LOADER_PARAMETERS, f"DALILoader takes {len(names)} parameters: group options ({names})"
+    assert len(text.splitlines()) < MAX_LOADER_LINES, "loading/loader.py grew: move a job into its own module"
