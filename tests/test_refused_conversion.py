@@ -12,15 +12,13 @@ are real: a JPEG and a PNG written by Pillow and cut short, a GIF by Pillow, an 
 from __future__ import annotations
 
 import io
-import os
-import signal
 import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 from PIL import Image
+from test_resume import _kill_after_shards
 
 from converters.base import NothingConverted
 from converters.synth import make_imagefolder
@@ -62,23 +60,6 @@ def _write_broken(folder: Path) -> Path:
 
 def _cli(*args) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=300)
-
-
-def _kill_after_shards(args, out: Path, shards: int) -> None:
-    """Start a conversion and SIGKILL it (with its workers) once ``shards`` shards are recorded."""
-    records = out / ".dali-pipes-job"
-    proc = subprocess.Popen(
-        [*CLI, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
-    )
-    deadline = time.monotonic() + 120
-    try:
-        while len(list(records.glob("shard-*.json"))) < shards:
-            assert proc.poll() is None, "the conversion ended before it could be killed"
-            assert time.monotonic() < deadline, "the conversion made no progress"
-            time.sleep(0.01)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
 
 
 def _convert(root: Path, out: Path, *extra) -> subprocess.CompletedProcess:
