@@ -64,13 +64,7 @@ from converters.planner import ShardPlan
 from converters.writers import writer_class
 from dali_pipes._version import __version__
 from dali_pipes.dataset.fileio import atomic_write_bytes, fsync_dir, sha256_file
-from dali_pipes.dataset.manifest import (
-    ERRORS_NAME,
-    FORMATS,
-    JOB_DIR,
-    Manifest,
-    write_manifest,
-)
+from dali_pipes.dataset.manifest import ERRORS_NAME, FORMATS, JOB_DIR, Manifest, write_manifest
 from dali_pipes.dataset.progress import bar_disabled, tqdm
 from dali_pipes.remote.urls import redact_urls
 
@@ -149,13 +143,7 @@ def convert(
     job_dir = out / JOB_DIR
     with OutputLock(out):
         claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
-        suffix = writer_class(format).suffix
-        remove_temporaries(out)
-        remote = uploader.holds if uploader is not None else None
-        results = {p.number: r for p in plans if (r := done_record(out, p, suffix, remote)) is not None}
-        if results:
-            log.info("resuming: %d of %d shards were already written", len(results), len(plans))
-        todo = [p for p in plans if p.number not in results]
+        results, todo = _resume(out, format, plans, uploader)
         try:
             write = write_shard if uploader is None else uploader.after(write_shard)
             _run_shards(_Job(source, format, inputs, out, on_error, write), todo, runner, progress, results)
@@ -165,8 +153,26 @@ def convert(
             raise
         manifest = _assemble(out, source, format, plans, results, digest, created)
         shutil.rmtree(job_dir, ignore_errors=True)
+    return _written(out, manifest, plans, results, len(plans) - len(todo), started)
+
+
+def _resume(
+    out: Path, fmt: str, plans: Sequence[ShardPlan], uploader: Any
+) -> tuple[dict[int, ShardRecord], list[ShardPlan]]:
+    """Clear half-written files; the shards recorded as done (and, with ``uploader``, held there) and those to write."""
+    suffix = writer_class(fmt).suffix
+    remove_temporaries(out)
+    remote = uploader.holds if uploader is not None else None
+    results = {p.number: r for p in plans if (r := done_record(out, p, suffix, remote)) is not None}
+    if results:
+        log.info("resuming: %d of %d shards were already written", len(results), len(plans))
+    return results, [p for p in plans if p.number not in results]
+
+
+def _written(out: Path, manifest: Manifest, plans, results, resumed: int, started: float) -> ConvertResult:
+    """The result of a job that wrote ``manifest``, with the inputs left out in shard order."""
     errors = [e for p in plans for e in results[p.number].errors]
-    result = ConvertResult(out, manifest, errors, time.perf_counter() - started, resumed_shards=len(plans) - len(todo))
+    result = ConvertResult(out, manifest, errors, time.perf_counter() - started, resumed_shards=resumed)
     log.debug(  # the caller reports the result (the CLI's summary line); this is for debugging only
         "wrote %d samples in %d shards to %s (%d inputs left out) in %.1f s",
         manifest.num_samples,

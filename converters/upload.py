@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from converters.base import ConversionError, Source
 from converters.jobdir import ShardRecord
 from dali_pipes.dataset.folder import JOB_DIR
-from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME
+from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest
 from dali_pipes.remote.fs import filesystem, remote_errors
 from dali_pipes.remote.transfer import hash_remote, remote_size, upload_file
 from dali_pipes.remote.urls import join, redact
@@ -148,7 +148,20 @@ def convert_to_url(
         if not (out / JOB_DIR).exists():  # refused or failed for good: the job discarded its local work
             _remove_uploaded_shards(fs, root, uploader, storage_options)
         raise
-    for shard in result.manifest.shards:
+    _check_shards_uploaded(fs, root, uploader, out, result.manifest, storage_options)
+    if (out / ERRORS_NAME).exists():
+        uploader.upload(out, ERRORS_NAME)
+    uploader.upload(out, MANIFEST_NAME)  # last: the URL is a dataset from now on
+    log.info("%s: %d shard(s) and the manifest uploaded", uploader.shown(), len(result.manifest.shards))
+    return result
+
+
+def _check_shards_uploaded(
+    fs: Any, root: str, uploader: Uploader, out: Path, manifest: Manifest, storage_options: Mapping[str, Any] | None
+) -> None:
+    """Make sure each shard of the finished job is at the URL before the manifest vouches for it: upload one still
+    in ``out``, and refuse one there whose size is not the recorded one."""
+    for shard in manifest.shards:
         if (out / shard.path).exists():  # a run killed between a shard's record and its upload left it here
             uploader.publish(
                 out, ShardRecord(shard.path, shard.num_samples, shard.bytes, shard.sha256, shard.index_path)
@@ -158,11 +171,6 @@ def convert_to_url(
                 f"{uploader.shown(shard.path)}: not the shard this conversion uploaded (its size differs); delete "
                 f"the work folder {out} and convert again"
             )
-    if (out / ERRORS_NAME).exists():
-        uploader.upload(out, ERRORS_NAME)
-    uploader.upload(out, MANIFEST_NAME)  # last: the URL is a dataset from now on
-    log.info("%s: %d shard(s) and the manifest uploaded", uploader.shown(), len(result.manifest.shards))
-    return result
 
 
 def _remove_uploaded_shards(fs: Any, root: str, uploader: Uploader, storage_options: Mapping[str, Any] | None) -> None:

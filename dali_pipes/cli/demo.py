@@ -16,10 +16,14 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from dali_pipes.bench.runner import Timing
 from dali_pipes.cli.show import write_grid  # the grid moved to `dali-pipes show`; kept importable from here
 from dali_pipes.cli.words import counted
+
+if TYPE_CHECKING:
+    from dali_pipes.bench.runner import Job, Target
 
 log = logging.getLogger(__name__)
 
@@ -75,10 +79,8 @@ def run_demo(
     windows of at least ``seconds`` each (side by side: a change of the machine's load hits both alike). ``workdir`` defaults to :func:`default_workdir`, whose images and shards a later run
     reuses (the conversion finds its finished job).
     """
-    from dali_pipes.bench.baselines import StoreImageDataset
     from dali_pipes.bench.interleave import run_jobs
-    from dali_pipes.bench.runner import Job, Target, TimingPlan
-    from dali_pipes.bench.streams import dali_in_flight, dali_loader_stream, dataloader_stream
+    from dali_pipes.bench.runner import Target, TimingPlan
     from dali_pipes.loading.config import RunOptions
     from dali_pipes.loading.loader import DALILoader
     from dali_pipes.pipelines import ClassificationTrain
@@ -103,12 +105,27 @@ def run_demo(
         WINDOWS,
         seconds,
     )
-    jobs = [
+    jobs = _jobs(dataset, spec, batch_size, used_device, cores, target)
+    dali, base = run_jobs(jobs, plan, target, progress=False)
+    for row in (dali, base):
+        if row.timing is None:
+            raise RuntimeError(f"demo: the {row.name} row did not run: {row.error or row.skipped}")
+    return DemoReport(workdir, images, dataset, grid, used_device, cores, batch_size, dali.timing, base.timing)
+
+
+def _jobs(dataset: Path, spec: Any, batch_size: int, device: str, cores: int, target: Target) -> list[Job]:
+    """The two rows the demo times in turn: DALILoader with ``spec`` on ``device``, then DataLoader (PIL, ``cores`` workers).
+
+    Both deliver to the same ``target``, so the interleaved windows measure them alike.
+    """
+    from dali_pipes.bench.baselines import StoreImageDataset
+    from dali_pipes.bench.runner import Job
+    from dali_pipes.bench.streams import dali_in_flight, dali_loader_stream, dataloader_stream
+
+    return [
         Job(
             "DALILoader",
-            functools.partial(
-                dali_loader_stream, dataset, spec, batch_size=batch_size, device=used_device, target=target
-            ),
+            functools.partial(dali_loader_stream, dataset, spec, batch_size=batch_size, device=device, target=target),
             in_flight=dali_in_flight({}),
             runs_dali=True,
         ),
@@ -120,11 +137,6 @@ def run_demo(
             in_flight=2 * cores + 1,
         ),
     ]
-    dali, base = run_jobs(jobs, plan, target, progress=False)
-    for row in (dali, base):
-        if row.timing is None:
-            raise RuntimeError(f"demo: the {row.name} row did not run: {row.error or row.skipped}")
-    return DemoReport(workdir, images, dataset, grid, used_device, cores, batch_size, dali.timing, base.timing)
 
 
 def _converted(data: str | os.PathLike | None, workdir: Path, num_images: int, cores: int) -> tuple[Path, Path, Path]:

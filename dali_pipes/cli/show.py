@@ -202,6 +202,32 @@ def _caption(label: np.ndarray, classes: Sequence[str] | None) -> str:
     return " + ".join(f"{_class_name(int(k), classes)} {label[k]:.2f}" for k in top)[:60]
 
 
+def _draw_boxes(
+    draw: Any,
+    origin: tuple[int, int],
+    size: tuple[int, int],
+    boxes: np.ndarray,
+    labels: np.ndarray,
+    classes: Sequence[str] | None,
+) -> list[str]:
+    """Draw one tile's ``boxes`` (xyxy in the tile's pixels) at its top-left ``origin``; return their class names in order.
+
+    Each box is clipped to the tile of ``size`` (width, height), so that it never bleeds into its neighbour;
+    one left empty by the clipping is not drawn but still named.
+    """
+    x, y = origin
+    width, height = size
+    names = []
+    for (x1, y1, x2, y2), label in zip(boxes, labels):
+        label = int(label)
+        names.append(_class_name(label, classes))
+        left, right = x + max(0.0, min(x1, x2)), x + min(width - 1.0, max(x1, x2))
+        top, bottom = y + max(0.0, min(y1, y2)), y + min(height - 1.0, max(y1, y2))
+        if right > left and bottom > top:
+            draw.rectangle((left, top, right, bottom), outline=box_color(label), width=BOX_WIDTH)
+    return names
+
+
 def write_grid(
     images: Any,
     labels: Any,
@@ -249,15 +275,9 @@ def write_grid(
             draw.text((x + 2, y + 1), _caption(label_array[i], classes), fill="black")
             continue
         count = int(counts[i])
-        names = []
-        for (x1, y1, x2, y2), label in zip(box_array[i, :count], label_array[i, :count]):
-            label = int(label)
-            names.append(_class_name(label, classes))
-            # Clip to the tile so that a box never bleeds into its neighbour.
-            left, right = x + max(0.0, min(x1, x2)), x + min(width - 1.0, max(x1, x2))
-            top, bottom = y + CAPTION + max(0.0, min(y1, y2)), y + CAPTION + min(height - 1.0, max(y1, y2))
-            if right > left and bottom > top:
-                draw.rectangle((left, top, right, bottom), outline=box_color(label), width=BOX_WIDTH)
+        names = _draw_boxes(
+            draw, (x, y + CAPTION), (width, height), box_array[i, :count], label_array[i, :count], classes
+        )
         draw.text((x + 2, y + 1), f"{count} box(es): {', '.join(names)}"[:60], fill="black")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

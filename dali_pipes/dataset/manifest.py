@@ -320,15 +320,7 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         raise ManifestError(f"{where}: expected a JSON object, got {type(data).__name__}")
     if data.get("kind") != KIND:
         raise ManifestError(f"{where}: not a dali-pipes manifest (kind is {data.get('kind')!r})")
-    version = data.get("version")
-    if not isinstance(version, int) or isinstance(version, bool):
-        raise ManifestError(f"{where}: version must be an integer, got {version!r}")
-    if version > VERSION:
-        raise ManifestError(
-            f"{where}: manifest version {version} is newer than this dali-pipes reads ({VERSION}); upgrade dali-pipes"
-        )
-    if version < 1:
-        raise ManifestError(f"{where}: unknown manifest version {version}")
+    version = _parse_version(data, where)
     fmt = data.get("format")
     if fmt not in FORMATS:
         raise ManifestError(f"{where}: unknown format {fmt!r}; expected one of {FORMATS}")
@@ -347,21 +339,7 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
             raise ManifestError(f"{where}: 'classes' must be a list of strings or null")
         classes = tuple(classes)
 
-    raw_shards = data.get("shards")
-    if not isinstance(raw_shards, list) or not raw_shards:
-        raise ManifestError(f"{where}: 'shards' must be a non-empty list")
-    shards = tuple(_parse_shard(i, s, where) for i, s in enumerate(raw_shards))
-    total = sum(s.num_samples for s in shards)
-    declared = data.get("num_samples")
-    if not _is_count(declared):
-        raise ManifestError(f"{where}: num_samples is {declared!r}; expected a non-negative integer below 2**63")
-    if declared != total:
-        raise ManifestError(
-            f"{where}: num_samples is {declared!r} but the shards hold {total} samples; the manifest is inconsistent"
-        )
-    files = [s.path for s in shards] + [s.index_path for s in shards if s.index_path is not None]
-    if len(set(files)) != len(files):
-        raise ManifestError(f"{where}: two shards (or a shard and an index) name the same path")
+    shards = _parse_shards(data, where)
 
     source = _optional_object(data, "source", where)
     extra = _optional_object(data, "extra", where)
@@ -381,6 +359,40 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         version=version,
         checksums=_parse_checksums(data, fmt, where),
     )
+
+
+def _parse_version(data: dict[str, Any], where: str) -> int:
+    """The manifest's integer ``version``: one this dali-pipes reads (1 to :data:`VERSION`), else an error saying why."""
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ManifestError(f"{where}: version must be an integer, got {version!r}")
+    if version > VERSION:
+        raise ManifestError(
+            f"{where}: manifest version {version} is newer than this dali-pipes reads ({VERSION}); upgrade dali-pipes"
+        )
+    if version < 1:
+        raise ManifestError(f"{where}: unknown manifest version {version}")
+    return version
+
+
+def _parse_shards(data: dict[str, Any], where: str) -> tuple[Shard, ...]:
+    """The ``shards`` list, checked against ``num_samples`` (their total) and for two files named alike."""
+    raw_shards = data.get("shards")
+    if not isinstance(raw_shards, list) or not raw_shards:
+        raise ManifestError(f"{where}: 'shards' must be a non-empty list")
+    shards = tuple(_parse_shard(i, s, where) for i, s in enumerate(raw_shards))
+    total = sum(s.num_samples for s in shards)
+    declared = data.get("num_samples")
+    if not _is_count(declared):
+        raise ManifestError(f"{where}: num_samples is {declared!r}; expected a non-negative integer below 2**63")
+    if declared != total:
+        raise ManifestError(
+            f"{where}: num_samples is {declared!r} but the shards hold {total} samples; the manifest is inconsistent"
+        )
+    files = [s.path for s in shards] + [s.index_path for s in shards if s.index_path is not None]
+    if len(set(files)) != len(files):
+        raise ManifestError(f"{where}: two shards (or a shard and an index) name the same path")
+    return shards
 
 
 def _parse_checksums(data: dict[str, Any], fmt: str, where: str) -> tuple[str, ...]:

@@ -91,17 +91,7 @@ def stage_dataset(
     dest = Path(dest)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    if is_url(dataset):
-        from dali_pipes.staging.download import plan_remote
-
-        items, marker, target, origin, copy = plan_remote(str(dataset), dest, storage_options)
-        source: Path | str = origin
-    else:
-        source = Path(dataset)
-        items, marker, target = _plan(source, dest)
-        origin, copy = str(source.resolve()), copy_checked
-        if dest.resolve() in {source.resolve(), source.resolve().parent}:
-            raise StageError(f"{dest}: is where {source} already is; stage into another folder")
+    source, items, marker, target, origin, copy = _plan_source(dataset, dest, storage_options)
     if dest.exists() and not dest.is_dir():
         raise StageError(f"{dest}: is a file; stage into a folder (it is made if missing)")
     dest.mkdir(parents=True, exist_ok=True)
@@ -134,6 +124,27 @@ def stage_dataset(
 
 
 # --- what to copy --------------------------------------------------------------------------------
+
+
+def _plan_source(
+    dataset: str | os.PathLike, dest: Path, storage_options: Mapping[str, Any] | None
+) -> tuple[Path | str, list[StageItem], tuple[Path, bytes], Path, str, Copier]:
+    """``(source, items, (marker path, marker bytes), path to open, origin, copier)`` for staging ``dataset`` into ``dest``.
+
+    A URL is planned by :func:`~dali_pipes.staging.download.plan_remote` (its files downloaded); a local dataset
+    by :func:`_plan` (its files copied by :func:`copy_checked`), refused when ``dest`` is where it already is.
+    """
+    if is_url(dataset):
+        from dali_pipes.staging.download import plan_remote
+
+        items, marker, target, origin, copy = plan_remote(str(dataset), dest, storage_options)
+        return origin, items, marker, target, origin, copy
+    source = Path(dataset)
+    items, marker, target = _plan(source, dest)
+    origin = str(source.resolve())
+    if dest.resolve() in {source.resolve(), source.resolve().parent}:
+        raise StageError(f"{dest}: is where {source} already is; stage into another folder")
+    return source, items, marker, target, origin, copy_checked
 
 
 def _plan(source: Path, dest: Path) -> tuple[list[StageItem], tuple[Path, bytes], Path]:
