@@ -29,7 +29,8 @@ SECRET = "CANARY-not-a-real-key"
         (lambda: RunOptions(batch_reads="yes"), TypeError, "RunOptions.batch_reads"),
         (lambda: DataOptions(cache="disk"), ValueError, "DataOptions.cache"),
         (lambda: DataOptions(cache_bytes=5), ValueError, "DataOptions.cache_bytes"),
-        (lambda: DataOptions(cache="ram", cache_bytes=0), ValueError, "DataOptions.cache_bytes"),
+        (lambda: DataOptions(cache="ram", cache_bytes=-1), ValueError, "DataOptions.cache_bytes"),
+        (lambda: DataOptions(cache="ram", cache_bytes="1G"), ValueError, "DataOptions.cache_bytes"),
         (lambda: DataOptions(storage_options="key=abc"), TypeError, "DataOptions.storage_options"),
     ],
     ids=lambda value: value if isinstance(value, str) else None,
@@ -45,6 +46,12 @@ def test_counts_are_kept_as_plain_ints():
     assert (run.num_threads, run.py_num_workers, run.rank) == (3, 0, 1)
     assert all(type(value) is int for value in (run.num_threads, run.py_num_workers, run.rank))
     assert type(DataOptions(cache="ram", cache_bytes=np.int64(1 << 20)).cache_bytes) is int
+    # As the RAM cache takes them: 0 caches nothing, a float such as 16e9 is a number of bytes.
+    assert DataOptions(cache="ram", cache_bytes=0).cache_bytes == 0
+    assert DataOptions(cache="ram", cache_bytes=16e9).cache_bytes == 16e9
+    assert (
+        RunOptions(batch_reads=np.bool_(False)).batch_reads is False and RunOptions(batch_reads=1).batch_reads is True
+    )
 
 
 @pytest.mark.parametrize(

@@ -8,13 +8,14 @@ of the processes it forks, and threads or processes left behind in it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from dali_pipes import DALILoader, LoaderError, RunOptions
+from dali_pipes import DALILoader, LoaderError, RunOptions, WorkerDiedError
 
 from loader_helpers import TinySpec, damage_shard, wait_until_dead, write_dataset
 
@@ -102,12 +103,14 @@ def _wait(condition, message: str, timeout: float = 30) -> None:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("how", ["part-way", "failed"])
+@pytest.mark.parametrize("how", ["part-way", "failed", "worker-died"])
 def test_a_loader_left_part_way_or_failed_is_freed_when_dropped_without_the_garbage_collector(tmp_path, how):
     import gc
+    import signal
     import weakref
 
-    path = write_dataset(tmp_path / "ds", 24, samples_per_shard=8)
+    # Enough batches that the reader processes cannot have read the rest ahead before one is killed.
+    path = write_dataset(tmp_path / "ds", 240 if how == "worker-died" else 24, samples_per_shard=8)
     if how == "failed":
         damage_shard(path, "lmdb", "scribble", shard=1, sample=9)
 
@@ -116,8 +119,13 @@ def test_a_loader_left_part_way_or_failed_is_freed_when_dropped_without_the_garb
         iterator = iter(loader)
         if how == "part-way":
             next(iterator)
-        else:
+        elif how == "failed":
             with pytest.raises(LoaderError, match="record CRC32C"):
+                list(iterator)
+        else:
+            next(iterator)
+            os.kill(loader.worker_pids[0], signal.SIGKILL)
+            with pytest.raises(WorkerDiedError):
                 list(iterator)
         return weakref.ref(loader)
 
@@ -149,3 +157,15 @@ def test_forks_from_two_threads_at_once_leave_the_collector_as_it_was():
             assert gc.isenabled() == user_enabled
     finally:
         (gc.enable if was_enabled else gc.disable)()
+
+
+@pytest.mark.timeout(120)
+def test_an_iterator_kept_past_close_says_the_loader_was_closed(tmp_path):
+    loader = DALILoader(write_dataset(tmp_path / "ds", 40), TinySpec(), batch_size=4, run=TWO_WORKERS)
+    iterator = iter(loader)
+    next(iterator)
+    loader.close()
+    with pytest.raises(LoaderError, match="this loader was closed"):
+        next(iterator)
+    with pytest.raises(LoaderError, match="this loader was closed"):
+        iter(loader)

@@ -16,9 +16,12 @@ Both are frozen: one value can be shared by every loader of a script.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
+
+import numpy as np
 
 from dali_pipes.sampling import check_int
 from dali_pipes.staging.ramcache import CACHE_KINDS
@@ -75,8 +78,9 @@ class RunOptions:
         for name, least in (("num_threads", 1), ("py_num_workers", 0), ("prefetch", 1), ("rank", 0), ("world_size", 1)):
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(check_int(f"RunOptions.{name}", getattr(self, name), least)))
-        if not isinstance(self.batch_reads, bool):
+        if not isinstance(self.batch_reads, (numbers.Integral, np.bool_)) or self.batch_reads not in (0, 1):
             raise TypeError(f"RunOptions.batch_reads must be True or False, got {self.batch_reads!r}")
+        object.__setattr__(self, "batch_reads", bool(self.batch_reads))  # numpy's bool_ and 0/1 too
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,13 @@ class DataOptions:
         if self.cache_bytes is not None:
             if self.cache != "ram":
                 raise ValueError("DataOptions.cache_bytes is the budget of cache='ram'; pass cache='ram' too")
-            object.__setattr__(self, "cache_bytes", int(check_int("DataOptions.cache_bytes", self.cache_bytes, 1)))
+            bad = isinstance(self.cache_bytes, bool) or not isinstance(self.cache_bytes, numbers.Real)
+            if bad or self.cache_bytes < 0:  # 0 caches nothing; 16e9 is a number of bytes too
+                raise ValueError(
+                    f"DataOptions.cache_bytes must be a non-negative number of bytes, got {self.cache_bytes!r}"
+                )
+            if isinstance(self.cache_bytes, numbers.Integral):
+                object.__setattr__(self, "cache_bytes", int(self.cache_bytes))
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise TypeError(
                 "DataOptions.storage_options must be a dict of fsspec options such as {'endpoint_url': ...}, "

@@ -72,7 +72,9 @@ class Diagnosis:
         if died is not None:
             return died
         epochs = self.epochs
-        current = epochs.current
+        current = None if epochs is None else epochs.current
+        if current is None:  # nothing started: no sample to look for
+            return LoaderError(f"{self.store.root}: the DALI pipeline failed (rank {self.world.rank}): {exc}")
 
         def candidates() -> list[int]:
             # The failed batch is the next one or one the pipeline was preparing ahead of it.
@@ -118,11 +120,16 @@ class GuardedStream:
 
     def start_epoch(self) -> None:
         """The stream's next epoch (DALI schedules its first tasks on the workers: a call like a batch's)."""
-        self._guarded(self._stream.start_epoch)
+        self._guarded(self._open_stream().start_epoch)
 
     def next_batch(self) -> dict[str, Any] | None:
         """The stream's next batch, or ``None`` at the end of its epoch."""
-        return self._guarded(self._stream.next_batch)
+        return self._guarded(self._open_stream().next_batch)
+
+    def _open_stream(self) -> BatchStream:
+        if self._stream is None:  # an iterator of the loader kept past close()
+            raise LoaderError(f"{self.diagnosis.store.root}: this loader was closed")
+        return self._stream
 
     def _guarded(self, call: Callable[[], _T]) -> _T:
         try:
@@ -136,9 +143,10 @@ class GuardedStream:
             return call()
 
         def check() -> None:
-            died = self.diagnosis.worker_died()
-            if died is not None:
-                raise died
+            if self.diagnosis.workers.dead() is not None:
+                # Raised where it is made: an error kept in a local would put this frame, and through the
+                # caller's the loader and its pipeline, in a cycle with its traceback.
+                raise self.diagnosis.worker_died()
 
         check()
         if self._device_id is not None:

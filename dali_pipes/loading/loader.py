@@ -37,7 +37,7 @@ from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.guard import Diagnosis, GuardedStream
 from dali_pipes.loading.options import check_options, choose_counts, device_description, resolve_counts
-from dali_pipes.loading.passes import EpochState, EpochSteps
+from dali_pipes.loading.passes import EpochState, EpochSteps, Pass
 from dali_pipes.loading.pipeline_build import (
     bind_spec,
     build_pipeline,
@@ -152,6 +152,7 @@ class DALILoader(DataLoaderSurface):
             with main_hidden_from_spawn(self.py_start_method):  # spawned workers never re-run the user's script
                 self._start(run, device_id)
         except BaseException:
+            getattr(self, "_stop_workers", lambda: None)()  # a pipeline built before the failure: its processes
             self.store.close()  # and the RAM cache's copies: nothing outlives a loader that failed to start
             if self.cache is not None:
                 self.cache.close()
@@ -237,8 +238,8 @@ class DALILoader(DataLoaderSurface):
 
     @property
     def refills(self) -> int:
-        """How many times the pipeline has started an epoch from empty (1 after the first pass); consecutive
-        training epochs read on without one (:mod:`dali_pipes.loading.epoch_chain`)."""
+        """How many times the pipeline has started an epoch from empty (1 from the first ``iter(loader)``);
+        consecutive training epochs read on without one (:mod:`dali_pipes.loading.epoch_chain`)."""
         return self._epochs.refills
 
     # --- epochs and state ---------------------------------------------------------------------
@@ -254,13 +255,13 @@ class DALILoader(DataLoaderSurface):
         A whole epoch's count, except after :meth:`load_state_dict` restored a
         position part-way through an epoch: then the batches left in it.
         """
-        current = self._epochs.under_way()
+        current = self._epochs.pass_under_way()
         return current.batches if current is not None else self._epochs.steps.batches(self._epochs.next_pass()[1])
 
     @property
     def epoch(self) -> int:
         """The epoch of the pass under way, or of the next pass."""
-        current = self._epochs.under_way()
+        current = self._epochs.pass_under_way()
         return current.epoch if current is not None else self._epochs.next_pass()[0]
 
     def set_epoch(self, epoch: int) -> None:
@@ -312,7 +313,7 @@ class DALILoader(DataLoaderSurface):
         current = self._epochs.begin()
         return self._batches(current) if current.batches else iter(())
 
-    def _batches(self, current: Any) -> Iterator[Any]:
+    def _batches(self, current: Pass) -> Iterator[Any]:
         layout = getattr(self.pipeline, "layout", "NCHW")
         while (batch := self._epochs.next_batch(current)) is not None:
             for name, dtype in self._casts.items():  # a dtype DALI lacks (bfloat16): cast on the output's device

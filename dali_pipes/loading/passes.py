@@ -63,26 +63,38 @@ class Pass:
 class EpochState:
     """The loader's position, the pass it will make next, the pass under way and the stream epoch under it.
 
-    States and what moves between them::
+    The pass (``current``) is in one of these states; ``position`` is ``(epoch, global
+    samples consumed)`` after the batches handed so far:
 
-        no pass ──begin()──> pass under way ──last batch──> pass done ──begin()──┐
-           ▲                    │   ▲                           │                │
-           │          begin() / set_epoch / restore             │ chained?       │
-           │          (left part-way: cancel and drain)         ▼                │
-           │                                      the stream reads on into the next
-           └────────────── stream epoch ended <────── epoch (no refill) ─────────┘
+    ==================  ======================================  ==========================================
+    pass state          what :meth:`next_pass` gives            how it got there
+    ==================  ======================================  ==========================================
+    none yet            the position, ``(0, 0)``                a new loader
+    begun, none taken   the same pass again                     :meth:`begin`
+    part-way            the next epoch, from 0                  :meth:`next_batch`, not to the end
+    handed out          the position: the next epoch, from 0    :meth:`next_batch` gave the last batch
+    ==================  ======================================  ==========================================
 
-    - :meth:`set_epoch` and :meth:`restore` set a *pending* pass; :meth:`next_pass` is
-      the pending one, else the epoch after a pass left part-way, else the position.
-    - :meth:`begin` starts a pass. If the stream epoch already reads into it (the previous
-      pass was handed out in full and its next epoch was published, :meth:`EpochChain.continues`),
-      it goes on without a refill. Otherwise what is left of the previous stream epoch is
-      cancelled and drained, and a new one is published and started: a *refill*.
-    - :meth:`next_batch` hands the pass's batches and moves the position (the epoch and the
-      global samples consumed, which :meth:`saved_position` reports); :meth:`end_pass` collects the
-      stream's end of epoch after the last one, unless the stream reads on.
+    :meth:`set_epoch` and :meth:`restore` set a *pending* pass in any state, and
+    :meth:`next_pass` gives it first; nothing else changes until :meth:`begin`.
 
-    ``where`` names the loader in the errors that mean a bug here.
+    What :meth:`begin` does with the stream:
+
+    =======================================================  ===============================================
+    when                                                     then
+    =======================================================  ===============================================
+    the pass before was handed out, the stream epoch reads   read on (no refill): publish the epoch after
+    on into exactly this epoch (:meth:`EpochChain.continues  this one (:meth:`EpochChain.advance`)
+    <dali_pipes.loading.epoch_chain.EpochChain.continues>`)
+    and the pass starts at 0
+    anything else                                            cancel what is left of the stream epoch, drain
+                                                             it, publish a new one and start it: a refill
+    the pass has no batches (a resumed, finished epoch)      the stream epoch ends as above, none is opened;
+                                                             the position moves to the next epoch
+    =======================================================  ===============================================
+
+    After the last batch, :meth:`end_pass` collects the stream's end of epoch unless it
+    reads on. ``where`` names the loader in the errors that mean a bug here.
     """
 
     def __init__(
@@ -122,7 +134,7 @@ class EpochState:
             return current.epoch + 1, 0  # a pass left part-way: the next one starts the next epoch
         return self.position
 
-    def under_way(self) -> Pass | None:
+    def pass_under_way(self) -> Pass | None:
         """The pass under way, if batches of one are still to come."""
         return self.current if self.current is not None and self.current.under_way else None
 
