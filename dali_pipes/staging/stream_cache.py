@@ -1,0 +1,471 @@
+"""A bounded cache of a dataset's shards on a node's disk, shared by its processes, that survives crashes.
+
+Training from object storage (or a slow network filesystem) without a full copy: the shards a run
+needs soon are brought into a local folder whose size never passes a limit, and the ones not needed
+are evicted. :class:`ShardCache` does that for one dataset and one folder:
+
+- :meth:`~ShardCache.fetch` makes shards present, downloading the missing ones a few at a time with
+  staging's copier (ranged reads, retried, into a temporary name renamed only when its size and
+  SHA-256 match the manifest). Room is made first by evicting the least recently used shards that no
+  process pins; the bytes of a download are reserved against the limit before its first byte is
+  written, so the folder's shards and temporaries together never pass the limit.
+- :meth:`~ShardCache.pin` / :meth:`~ShardCache.unpin` (or :meth:`~ShardCache.hold`) keep shards from
+  eviction while a reader needs them. Pins belong to the process that made them and end with it,
+  however it ends. Pins that together need more than the limit are refused at once, with what they need.
+- The processes of a node (DDP ranks, reader processes) share the folder: each shard is downloaded
+  once per node, by whichever process asks first; the others wait for it (:mod:`.cache_folder` has the
+  locks and the shared bookkeeping).
+- After a crash, ``kill -9`` or Ctrl-C, the next cache opened on the folder removes what was half
+  written and keeps the complete shards (their sizes checked, and their hashes with ``verify=True``),
+  counted against its limit. The folder records which dataset it caches and refuses another.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import shutil
+import threading
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+from dali_pipes.dataset.fileio import atomic_write_bytes
+from dali_pipes.dataset.manifest import human_bytes
+from dali_pipes.dataset.progress import bar_disabled, tqdm
+from dali_pipes.staging.cache_folder import (
+    MANIFEST_COPY,
+    SOURCE_NAME,
+    CacheError,
+    CacheFolder,
+    CacheState,
+    full_disk,
+    remove_leftovers,
+)
+from dali_pipes.staging.cache_plan import (
+    CacheEntry,
+    full_error,
+    kept_entries,
+    plan_entries,
+    read_manifest,
+    refuse_oversized,
+    whole,
+)
+from dali_pipes.staging.stage import SOURCE_RECORD
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class CacheTuning:
+    """How a :class:`ShardCache` checks, downloads and waits; the defaults suit training."""
+
+    #: Re-hash the complete shards found when the folder is opened (once per run of the node), not only size them.
+    verify: bool = False
+    #: Shards one :meth:`ShardCache.fetch` downloads at once.
+    workers: int = 4
+    #: Seconds to wait for a shard another process downloads before giving up, counted from its last progress.
+    wait_s: float = 600.0
+    #: A progress bar in bytes while a fetch downloads (shown on a terminal only).
+    progress: bool = False
+
+
+class ShardCache:
+    """The shards of the dataset at ``source`` (a URL, or a dataset folder on a slow filesystem) in ``folder``,
+    never more than ``limit_bytes`` of them (a shard's index counts with it).
+
+    ``storage_options`` go to the fsspec backend (credentials, endpoint) and are never written or shown.
+    Shards are named by their number in the manifest or by their path. See the module docstring.
+    """
+
+    def __init__(
+        self,
+        source: str | os.PathLike,
+        folder: str | os.PathLike,
+        limit_bytes: int,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        tuning: CacheTuning = CacheTuning(),
+    ) -> None:
+        if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1:
+            raise ValueError(f"limit_bytes must be a positive number of bytes, got {limit_bytes!r}")
+        if tuning.workers < 1:
+            raise ValueError(f"workers must be >= 1, got {tuning.workers}")
+        self.folder = Path(folder)
+        self.limit_bytes = limit_bytes
+        self.tuning = tuning
+        self.source, self.manifest, manifest_bytes, entries, self._copy = plan_entries(
+            source, self.folder, storage_options
+        )
+        self._entries = {entry.key: entry for entry in entries}
+        self._order = [entry.key for entry in entries]
+        refuse_oversized(self.folder, entries, limit_bytes)
+        if self.folder.exists() and not self.folder.is_dir():
+            raise CacheError(f"{self.folder}: is a file; give a folder for the cache (it is made if missing)")
+        if (self.folder / SOURCE_RECORD).exists():
+            raise CacheError(
+                f"{self.folder}: holds a staged copy (dali-pipes stage); give the streaming cache a folder of its own"
+            )
+        self._state = CacheFolder(self.folder)
+        self._finalizer = weakref.finalize(self, self._state.close_descriptors)
+        self._open(manifest_bytes)
+
+    # --- what the cache holds ----------------------------------------------------------------------
+
+    @property
+    def shard_bytes(self) -> tuple[int, ...]:
+        """The bytes each shard takes in the cache (with its index), in manifest order."""
+        return tuple(self._entries[key].bytes for key in self._order)
+
+    def path(self, shard: int | str) -> Path:
+        """Where ``shard`` is (or will be) in the folder."""
+        return self.folder / self._select([shard])[0].key
+
+    def present(self, shard: int | str) -> bool:
+        """True when ``shard`` is complete in the folder now (another process may evict it unless pinned)."""
+        entry = self._select([shard])[0]
+        with self._state.locked():
+            return entry.key in self._load().present and all(p.exists() for p in self._files(entry))
+
+    @property
+    def bytes_held(self) -> int:
+        """Bytes of the complete shards in the folder plus those reserved for downloads under way, node-wide."""
+        with self._state.locked():
+            return self._load().held
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most :attr:`bytes_held` has been since the first process of this run opened the folder."""
+        with self._state.locked():
+            return self._load().peak
+
+    # --- pins ------------------------------------------------------------------------------------
+
+    def pin(self, shards: Iterable[int | str]) -> None:
+        """Keep ``shards`` from eviction until :meth:`unpin` (counted: pin twice, unpin twice) or this process ends.
+
+        Raises :class:`CacheError` when the shards pinned on the node, these included, would need more than the
+        limit: nothing is pinned then. Pinning downloads nothing (:meth:`fetch` does)."""
+        entries = self._select(shards)
+        with self._state.locked():
+            state = self._load()
+            self._state.reap(state, self._files_of)
+            union = state.pinned() | {entry.key for entry in entries}
+            need = sum(self._entries[key].bytes for key in union if key in self._entries)
+            if need > self.limit_bytes:
+                raise CacheError(self._over_limit(need, union, entries))
+            mine = state.pins.setdefault(self._state.register(), {})
+            for entry in entries:
+                mine[entry.key] = mine.get(entry.key, 0) + 1
+            self._save(state)
+
+    def unpin(self, shards: Iterable[int | str]) -> None:
+        """Let ``shards`` be evicted again (once no other pin holds them); ``ValueError`` for one not pinned here."""
+        entries = self._select(shards)
+        with self._state.locked():
+            state = self._load()
+            mine = state.pins.get(self._state.holder or "", {})
+            counts = {entry.key: mine.get(entry.key, 0) - sum(e.key == entry.key for e in entries) for entry in entries}
+            unpinned = sorted(key for key, count in counts.items() if count < 0)
+            if unpinned:
+                raise ValueError(f"{self.folder}: {', '.join(unpinned)}: not pinned by this cache, so not unpinned")
+            for key, count in counts.items():
+                if count:
+                    mine[key] = count
+                else:
+                    mine.pop(key, None)
+            if not mine:
+                state.pins.pop(self._state.holder or "", None)
+            self._save(state)
+
+    @contextlib.contextmanager
+    def hold(self, shards: Iterable[int | str]) -> Iterator[list[Path]]:
+        """Pin ``shards``, fetch them, and give their paths; unpinned when the block ends."""
+        entries = self._select(shards)
+        self.pin([entry.key for entry in entries])
+        try:
+            yield self.fetch([entry.key for entry in entries])
+        finally:
+            self.unpin([entry.key for entry in entries])
+
+    def _over_limit(self, need: int, union: set[str], asked: list[CacheEntry]) -> str:
+        names = ", ".join(entry.key for entry in asked[:4]) + (", ..." if len(asked) > 4 else "")
+        return (
+            f"{self.folder}: the shards pinned on this node would need {human_bytes(need)} ({need} bytes, "
+            f"{len(union)} shard(s), these among them: {names}), more than the cache's limit of "
+            f"{human_bytes(self.limit_bytes)} ({self.limit_bytes} bytes); raise the limit to at least {need} bytes, "
+            "or pin fewer shards at once (a smaller window, fewer batches ahead)"
+        )
+
+    # --- fetching --------------------------------------------------------------------------------
+
+    def fetch(self, shards: Iterable[int | str]) -> list[Path]:
+        """Make ``shards`` present (downloading the missing ones, evicting others as needed); their paths.
+
+        They are pinned while the call runs, so one does not evict another; afterwards they may be evicted by
+        later fetches unless pinned (:meth:`hold`). A download that fails is retried as staging's are, then
+        raised naming the object; nothing half-written stays."""
+        entries = self._select(shards)
+        keys = [entry.key for entry in entries]
+        self.pin(keys)
+        try:
+            missing = self._use(entries)
+            if missing:
+                self._download_all(missing)
+        finally:
+            self.unpin(keys)
+        return [self.folder / key for key in keys]
+
+    def _use(self, entries: list[CacheEntry]) -> list[CacheEntry]:
+        """Mark the present ones used now; return the others."""
+        missing = []
+        with self._state.locked():
+            state = self._load()
+            for entry in entries:
+                if entry.key in state.present and not all(p.exists() for p in self._files(entry)):
+                    log.warning(
+                        "cache %s: %s was removed from the folder; downloading it again", self.folder, entry.key
+                    )
+                    del state.present[entry.key]
+                if entry.key in state.present:
+                    state.touch(entry.key)
+                else:
+                    missing.append(entry)
+            self._save(state)
+        return missing
+
+    def _download_all(self, missing: list[CacheEntry]) -> None:
+        lock = threading.Lock()
+        total = sum(entry.bytes for entry in missing)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"cache {self.folder}", disable=_quiet(self)) as bar:
+
+            def advance(count: int) -> None:
+                with lock:
+                    bar.update(count)
+
+            with ThreadPoolExecutor(max_workers=min(self.tuning.workers, len(missing))) as pool:
+                futures = [pool.submit(self._obtain, entry, advance) for entry in missing]
+                try:
+                    for future in futures:
+                        future.result()
+                except BaseException:
+                    pool.shutdown(wait=True, cancel_futures=True)  # those under way finish or fail first
+                    raise
+
+    def _obtain(self, entry: CacheEntry, advance: Callable[[int], None]) -> None:
+        """Download ``entry`` unless another process of the node does (then wait for it)."""
+        with self._state.shard_lock(entry.key, self.tuning.wait_s, self._files(entry)):
+            if not self._use([entry]):
+                return  # another process brought it while this one waited
+            self._reserve(entry)
+            try:
+                for item in entry.items:
+                    self._copy(item, self.folder / item.rel, advance)
+            except BaseException as exc:
+                self._release(entry)
+                full = full_error(exc)
+                if full is not None:
+                    raise CacheError(
+                        full_disk(self.folder, self.limit_bytes, f"downloading {entry.key}", full)
+                    ) from exc
+                raise
+            self._commit(entry)
+        log.info("cache %s: downloaded %s (%s)", self.folder, entry.key, human_bytes(entry.bytes))
+
+    def _reserve(self, entry: CacheEntry) -> None:
+        """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes."""
+        with self._state.locked():
+            state = self._load()
+            self._state.reap(state, self._files_of)
+            remove_leftovers(self._files(entry), keep_final=False)  # this process holds its lock: all of it is stale
+            short = self._make_room(state, entry)
+            if short > 0 or _free(self.folder) < entry.bytes:
+                self._save(state)  # what was evicted is gone
+                raise CacheError(
+                    self._no_room(state, entry)
+                    if short > 0
+                    else full_disk(self.folder, self.limit_bytes, f"making room for {entry.key}")
+                )
+            state.reserved[entry.key] = [self._state.register(), entry.bytes]
+            state.peak = max(state.peak, state.held)
+            self._save(state)
+
+    def _make_room(self, state: CacheState, entry: CacheEntry) -> int:
+        """Evict the least recently used unpinned shards until ``entry`` fits; the bytes still missing then."""
+        short = state.held + entry.bytes - self.limit_bytes
+        kept = state.pinned() | set(state.reserved)
+        for key in sorted((k for k in state.present if k not in kept), key=lambda k: state.used.get(k, 0)):
+            if short <= 0:
+                break
+            short -= state.present[key]
+            self._evict(state, key)
+        return short
+
+    def _no_room(self, state: CacheState, entry: CacheEntry) -> str:
+        need = state.held + entry.bytes
+        return (
+            f"{self.folder}: no room for shard {entry.key} ({human_bytes(entry.bytes)}): the shards pinned or being "
+            f"downloaded on this node hold {human_bytes(state.held)} of the cache's limit of "
+            f"{human_bytes(self.limit_bytes)} ({self.limit_bytes} bytes); raise the limit to at least {need} bytes, "
+            "or pin fewer shards at once"
+        )
+
+    def _evict(self, state: CacheState, key: str) -> None:
+        for path in self._files_of(key):
+            path.unlink(missing_ok=True)
+        log.debug("cache %s: evicted %s (%s)", self.folder, key, human_bytes(state.present[key]))
+        del state.present[key]
+        state.used.pop(key, None)
+
+    def _commit(self, entry: CacheEntry) -> None:
+        with self._state.locked():
+            state = self._load()
+            state.reserved.pop(entry.key, None)
+            state.present[entry.key] = entry.bytes
+            state.touch(entry.key)
+            self._save(state)
+
+    def _release(self, entry: CacheEntry) -> None:
+        """After a failed download: its reservation dropped, nothing of it left on disk."""
+        try:
+            with self._state.locked():
+                remove_leftovers(self._files(entry), keep_final=False)
+                state = self._load()
+                state.reserved.pop(entry.key, None)
+                self._save(state)
+        except Exception:  # noqa: BLE001 - the download's own error is the one to raise
+            log.exception("cache %s: could not release the reservation of %s", self.folder, entry.key)
+
+    # --- opening a folder ------------------------------------------------------------------------
+
+    def _open(self, manifest_bytes: bytes) -> None:
+        """Claim the folder and join the node's processes using it (the first of a run checks what it holds)."""
+        with self._state.locked():
+            self._claim()
+            state = self._state.load()
+            if not self._state.live_holders():
+                state = self._fresh(state, manifest_bytes)
+            else:
+                self._join(self._load(), manifest_bytes)
+            self._state.register()
+            self._save(state)
+
+    def _claim(self) -> None:
+        record = self._state.meta / SOURCE_NAME
+        try:
+            recorded = record.read_text(encoding="utf-8").strip()
+        except FileNotFoundError:
+            atomic_write_bytes(record, (self.source + "\n").encode())
+            return
+        if recorded != self.source:
+            raise CacheError(
+                f"{self.folder}: already caches {recorded}, not {self.source}; give {self.source} another folder "
+                f"(or delete {self.folder} if the cache of {recorded} is no longer used)"
+            )
+
+    def _fresh(self, old: CacheState | None, manifest_bytes: bytes) -> CacheState:
+        """The state of a folder no live process uses: what is half-written removed, the complete shards kept."""
+        previous = read_manifest(self._state.meta / MANIFEST_COPY)
+        entries = [self._entries[key] for key in self._order]
+        state = CacheState(limit=self.limit_bytes, clock=old.clock if old else 0, verified=self.tuning.verify)
+        for entry in kept_entries(self.folder, entries, previous, self.tuning.verify):
+            state.present[entry.key] = entry.bytes
+            state.used[entry.key] = old.used.get(entry.key, 0) if old else 0
+        for key in sorted(state.present, key=lambda k: state.used[k]):  # a smaller limit than the last run's
+            if state.held <= self.limit_bytes:
+                break
+            self._evict(state, key)
+        state.peak = state.held
+        atomic_write_bytes(self._state.meta / MANIFEST_COPY, manifest_bytes)
+        log.info(
+            "cache %s: %d shard(s) kept from an earlier run (%s)",
+            self.folder,
+            len(state.present),
+            human_bytes(state.held),
+        )
+        return state
+
+    def _join(self, state: CacheState, manifest_bytes: bytes) -> None:
+        """Join the live processes using the folder: same limit, same manifest; hashes checked once if asked."""
+        if state.limit != self.limit_bytes:
+            raise CacheError(
+                f"{self.folder}: other processes of this node use it with a limit of {state.limit} bytes, not "
+                f"{self.limit_bytes}; give every process of the node the same limit"
+            )
+        if (self._state.meta / MANIFEST_COPY).read_bytes() != manifest_bytes:
+            raise CacheError(
+                f"{self.folder}: other processes of this node cache another version of {self.source} (its index.json "
+                "changed since they started); let them finish, then start again"
+            )
+        self._state.reap(state, self._files_of)
+        if self.tuning.verify and not state.verified:
+            for key in [k for k in state.present if k in self._entries]:
+                if not whole(self.folder, self._entries[key], hashed=True):
+                    self._evict(state, key)
+            state.verified = True
+
+    # --- helpers ---------------------------------------------------------------------------------
+
+    def _select(self, shards: Iterable[int | str]) -> list[CacheEntry]:
+        """The entries of ``shards`` (numbers or paths), each once, in the order given."""
+        out: dict[str, CacheEntry] = {}
+        for shard in [shards] if isinstance(shards, (int, str)) else shards:
+            if isinstance(shard, str) and shard in self._entries:
+                key = shard
+            elif isinstance(shard, int) and not isinstance(shard, bool) and 0 <= shard < len(self._order):
+                key = self._order[shard]
+            else:
+                raise ValueError(
+                    f"{self.source}: no shard {shard!r} (shards are 0..{len(self._order) - 1} or their paths)"
+                )
+            out.setdefault(key, self._entries[key])
+        return list(out.values())
+
+    def _files(self, entry: CacheEntry) -> list[Path]:
+        return entry.files(self.folder)
+
+    def _files_of(self, key: str) -> list[Path]:
+        return self._files(self._entries[key]) if key in self._entries else []
+
+    def _load(self) -> CacheState:
+        state = self._state.load()
+        if state is None:
+            raise CacheError(
+                f"{self.folder}: the cache's state ({self._state.meta}/state.json) is missing or damaged; stop the "
+                "processes using the folder and open it again (complete shards are kept)"
+            )
+        return state
+
+    def _save(self, state: CacheState) -> None:
+        self._state.save(state, self.limit_bytes)
+
+    def close(self) -> None:
+        """Drop this cache's pins and stop using the folder (the shards stay for the next run)."""
+        if self._state.holder is not None:
+            with self._state.locked():
+                state = self._state.load()
+                if state is not None:
+                    state.pins.pop(self._state.holder, None)
+                    self._save(state)
+                self._state.unregister()
+        self._finalizer()
+
+    def __enter__(self) -> "ShardCache":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def _free(folder: Path) -> int:
+    return shutil.disk_usage(folder).free
+
+
+def _quiet(cache: ShardCache) -> bool:
+    return bar_disabled(cache.tuning.progress)
+
+
+__all__ = ["CacheError", "CacheTuning", "ShardCache"]
