@@ -112,6 +112,14 @@ def whole(root: Path, entry: CacheEntry, *, hashed: bool) -> bool:
     return True
 
 
+def read_bytes(path: Path) -> bytes | None:
+    """The bytes of the file at ``path``, or ``None`` when it cannot be read."""
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
+
+
 def read_manifest(path: Path) -> Manifest | None:
     """The manifest stored at ``path``, or ``None`` when there is none or it is unreadable."""
     try:
@@ -129,4 +137,13 @@ def full_error(exc: BaseException | None) -> OSError | None:
     return None
 
 
-__all__ = ["CacheEntry", "full_error", "kept_entries", "plan_entries", "read_manifest", "refuse_oversized", "whole"]
+__all__ = [
+    "CacheEntry",
+    "full_error",
+    "kept_entries",
+    "plan_entries",
+    "read_bytes",
+    "read_manifest",
+    "refuse_oversized",
+    "whole",
+]

@@ -50,6 +50,7 @@ from dali_pipes.staging.cache_plan import (
     full_error,
     kept_entries,
     plan_entries,
+    read_bytes,
     read_manifest,
     refuse_oversized,
     whole,
@@ -273,7 +274,7 @@ class ShardCache:
                     ) from exc
                 raise
             self._commit(entry)
-        log.info("cache %s: downloaded %s (%s)", self.folder, entry.key, human_bytes(entry.bytes))
+        log.debug("cache %s: downloaded %s (%s)", self.folder, entry.key, human_bytes(entry.bytes))
 
     def _reserve(self, entry: CacheEntry) -> None:
         """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes."""
@@ -380,12 +381,13 @@ class ShardCache:
             self._evict(state, key)
         state.peak = state.held
         atomic_write_bytes(self._state.meta / MANIFEST_COPY, manifest_bytes)
-        log.info(
-            "cache %s: %d shard(s) kept from an earlier run (%s)",
-            self.folder,
-            len(state.present),
-            human_bytes(state.held),
-        )
+        if state.present:
+            log.info(
+                "cache %s: %d shard(s) kept from an earlier run (%s)",
+                self.folder,
+                len(state.present),
+                human_bytes(state.held),
+            )
         return state
 
     def _join(self, state: CacheState, manifest_bytes: bytes) -> None:
@@ -395,7 +397,7 @@ class ShardCache:
                 f"{self.folder}: other processes of this node use it with a limit of {state.limit} bytes, not "
                 f"{self.limit_bytes}; give every process of the node the same limit"
             )
-        if (self._state.meta / MANIFEST_COPY).read_bytes() != manifest_bytes:
+        if read_bytes(self._state.meta / MANIFEST_COPY) != manifest_bytes:
             raise CacheError(
                 f"{self.folder}: other processes of this node cache another version of {self.source} (its index.json "
                 "changed since they started); let them finish, then start again"

@@ -1,0 +1,350 @@
+"""The streaming shard cache against a real S3-protocol server on 127.0.0.1 (moto) and the real s3fs client.
+
+Faults are injected at the server side (tests/s3_helpers.py): throttling, connections dropped mid-object,
+an object corrupted or truncated in the bucket, a download stalled while its process is killed. The bound
+checked throughout: the folder's complete shards and temporaries together never pass the limit (a
+download's bytes are reserved before its first byte is written), so ``peak_bytes <= limit`` with no
+extra shard. Other processes of the node are real ``spawn`` processes (tests/stream_cache_helpers.py).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from s3_helpers import SECRET_KEY
+from stream_cache_helpers import fetch_in_process
+from test_remote_stage import upload
+
+from dali_pipes.staging.cache_folder import META
+from dali_pipes.staging.checked import TMP_PREFIX, StageError
+from dali_pipes.staging.stream_cache import CacheError, CacheTuning, ShardCache
+
+from loader_helpers import shard_name, write_dataset
+
+SHARD = 12288  # every LMDB shard of 4 samples here: 3 pages
+
+
+@pytest.fixture
+def dataset(tmp_path, s3) -> tuple[Path, str]:
+    """An 8-shard LMDB dataset of 32 samples in the bucket: ``(local source, URL)``."""
+    source = write_dataset(tmp_path / "src", 32, fmt="lmdb", samples_per_shard=4)
+    assert {p.stat().st_size for p in source.glob("shard-*")} == {SHARD}
+    return source, upload(s3, source)
+
+
+def shard_gets(s3) -> list[str]:
+    """The shard files the server was asked for (GET), one name per request."""
+    return sorted(path.rsplit("/", 1)[1] for method, path in s3.proxy.requests if method == "GET" and "/shard-" in path)
+
+
+def on_disk(folder: Path) -> int:
+    """Bytes of every file in the folder but the bookkeeping: complete shards and temporaries."""
+    total = 0
+    for path in folder.rglob("*"):
+        if META not in path.parts:
+            try:
+                total += path.stat().st_size if path.is_file() else 0
+            except FileNotFoundError:
+                pass
+    return total
+
+
+def temporaries(folder: Path) -> list[Path]:
+    return list(folder.rglob(f"{TMP_PREFIX}*"))
+
+
+def assert_no_secret(folder: Path, *texts: str) -> None:
+    files = [p.read_bytes().decode("latin-1") for p in folder.rglob("*") if p.is_file()]
+    assert not [text for text in [*texts, *files] if SECRET_KEY in text]
+
+
+def in_process(tmp_path: Path, name: str, *args, **kwargs) -> tuple[multiprocessing.Process, Path]:
+    out = tmp_path / f"{name}.json"
+    proc = multiprocessing.get_context("spawn").Process(target=fetch_in_process, args=(*args, str(out)), kwargs=kwargs)
+    proc.start()
+    return proc, out
+
+
+@pytest.mark.parametrize("fmt", ["lmdb", "tfrecord"])
+def test_fetch_brings_whole_shards_and_a_second_fetch_downloads_nothing(tmp_path, s3, fmt):
+    source = write_dataset(tmp_path / "src", 24, fmt=fmt, samples_per_shard=4)
+    url = upload(s3, source)
+    with ShardCache(url, tmp_path / "cache", 10**6, storage_options=s3.options) as cache:
+        paths = cache.fetch([0, shard_name(fmt, 1)])
+        assert [p.name for p in paths] == [shard_name(fmt, 0), shard_name(fmt, 1)]
+        local = sorted(p.name for p in (tmp_path / "cache").iterdir() if p.name != META)
+        assert local == sorted(p.name for p in source.iterdir() if p.name.startswith(("shard-00000", "shard-00001")))
+        for name in local:  # a TFRecord shard comes with its index
+            assert (tmp_path / "cache" / name).read_bytes() == (source / name).read_bytes()
+        assert cache.present(0) and cache.present(1) and not cache.present(2)
+        assert cache.bytes_held == on_disk(tmp_path / "cache") == sum(cache.shard_bytes[:2])
+        s3.proxy.clear()
+        cache.fetch([1, 0])
+        assert shard_gets(s3) == []
+    assert_no_secret(tmp_path / "cache")
+
+
+def test_eviction_is_least_recently_used_and_never_of_a_pinned_shard(tmp_path, s3, dataset):
+    _, url = dataset
+    cache = ShardCache(url, tmp_path / "cache", 3 * SHARD, storage_options=s3.options)
+    cache.pin([0])
+    for k in (
+        0,
+        1,
+        2,
+        1,
+    ):  # full: 0 (pinned), 1, 2; then 2 is the least recently used unpinned (0 is older, but pinned)
+        cache.fetch([k])
+    cache.fetch([3])
+    assert [cache.present(k) for k in range(4)] == [True, True, False, True]
+    cache.unpin([0])
+    cache.fetch([4])  # 0 is the least recently used, and no longer pinned
+    assert [cache.present(k) for k in range(5)] == [False, True, False, True, True]
+    with cache.hold([1, 3]) as paths:
+        assert all(p.exists() for p in paths)
+        cache.fetch([5])  # 4 goes: 1 and 3 are held
+        assert [cache.present(k) for k in (1, 3, 4, 5)] == [True, True, False, True]
+    assert cache.bytes_held == on_disk(tmp_path / "cache") == 3 * SHARD
+    assert cache.peak_bytes == 3 * SHARD
+    with pytest.raises(ValueError, match="shard-00001.lmdb: not pinned by this cache"):
+        cache.unpin([1])
+    cache.close()
+
+
+def test_the_folder_never_holds_more_than_the_limit(tmp_path, s3):
+    source = write_dataset(tmp_path / "src", 48, fmt="tfrecord", samples_per_shard=4)  # 12 shards with indexes
+    url = upload(s3, source)
+    folder = tmp_path / "cache"
+    probe = ShardCache(url, folder, 10**6, storage_options=s3.options)
+    limit = 4 * max(probe.shard_bytes)
+    probe.close()
+    cache = ShardCache(url, folder, limit, storage_options=s3.options, tuning=CacheTuning(workers=4))
+    seen, done = [], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            seen.append(on_disk(folder))
+            time.sleep(0.001)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        for start in range(0, 12, 2):  # a window of two shards read, the next two fetched ahead
+            with cache.hold([start, start + 1]):
+                cache.fetch([(start + 2) % 12, (start + 3) % 12])
+    finally:
+        done.set()
+        sampler.join()
+    assert len(seen) > 10 and max(seen) <= limit
+    assert 3 * min(cache.shard_bytes) < cache.peak_bytes <= limit
+    cache.close()
+
+
+def test_two_processes_asking_for_the_same_shards_download_each_once(tmp_path, s3, dataset):
+    source, url = dataset
+    s3.proxy.stall = 1.0  # every shard download takes a second: the second process asks while the first downloads
+    s3.proxy.add("stall", path=r"shard-0000[0-3]\.lmdb$", times=None)
+    start = multiprocessing.get_context("spawn").Barrier(3)
+    args = (url, str(tmp_path / "cache"), 8 * SHARD, s3.options, [0, 1, 2, 3])
+    procs = [in_process(tmp_path, f"rank-{r}", *args, start=start) for r in range(2)]
+    start.wait(60)
+    for proc, _ in procs:
+        proc.join(60)
+        assert proc.exitcode == 0
+    results = [json.loads(out.read_text()) for _, out in procs]
+    assert [r["error"] for r in results] == [None, None]
+    assert any(r["waited"] for r in results), results  # one waited for the other's downloads
+    assert shard_gets(s3) == [shard_name("lmdb", k) for k in range(4)]  # each shard once on the node
+    for k in range(4):
+        assert (tmp_path / "cache" / shard_name("lmdb", k)).read_bytes() == (
+            source / shard_name("lmdb", k)
+        ).read_bytes()
+
+
+def test_throttling_and_dropped_connections_are_retried(tmp_path, s3, dataset, monkeypatch):
+    import dali_pipes.remote.transfer as transfer
+
+    monkeypatch.setattr(transfer, "BACKOFF", 0.01)
+    source, url = dataset
+    slow = s3.proxy.add("slowdown", path=r"shard-00001\.lmdb$", times=3)
+    drop = s3.proxy.add("drop", path=r"shard-00002\.lmdb$", times=2)
+    with ShardCache(url, tmp_path / "cache", 4 * SHARD, storage_options=s3.options) as cache:
+        paths = cache.fetch([0, 1, 2])
+        assert slow.seen == 3 and drop.seen == 2  # the faults happened, and were got over
+        assert [p.read_bytes() for p in paths] == [(source / p.name).read_bytes() for p in paths]
+        assert cache.bytes_held == 3 * SHARD and not temporaries(tmp_path / "cache")
+
+
+def test_a_corrupted_or_truncated_object_is_named_and_nothing_of_it_is_kept(tmp_path, s3, dataset, caplog):
+    source, url = dataset
+    bad, short = shard_name("lmdb", 1), shard_name("lmdb", 2)
+    whole = (source / bad).read_bytes()
+    s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{bad}", whole[:100] + bytes([whole[100] ^ 1]) + whole[101:])
+    s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{short}", (source / short).read_bytes()[: SHARD // 2])
+    folder = tmp_path / "cache"
+    with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options) as cache:
+        with pytest.raises(StageError, match=rf"{url}/{bad}: SHA-256 does not match the manifest") as corrupted:
+            cache.fetch([0, 1])
+        with pytest.raises(
+            StageError, match=rf"{url}/{short}: is {SHARD // 2} bytes, the manifest says {SHARD}"
+        ) as cut:
+            cache.fetch([2])
+        assert [cache.present(k) for k in range(3)] == [True, False, False]
+        assert not temporaries(folder) and cache.bytes_held == on_disk(folder) == SHARD  # reservations released
+        s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{bad}", whole)  # repaired: fetched now
+        assert cache.fetch([1])[0].read_bytes() == whole
+    assert_no_secret(folder, str(corrupted.value), str(cut.value), caplog.text)
+
+
+def test_ctrl_c_mid_download_leaves_nothing_half_written(tmp_path, s3, dataset, monkeypatch):
+    import dali_pipes.staging.download as download
+
+    real = download.download_to
+
+    def interrupted(fs, path, url, out, expected, advance, options):
+        out.write(b"x" * 1000)
+        raise KeyboardInterrupt
+
+    _, url = dataset
+    folder = tmp_path / "cache"
+    with ShardCache(url, folder, 2 * SHARD, storage_options=s3.options) as cache:
+        monkeypatch.setattr(download, "download_to", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            cache.fetch([0])
+        assert not temporaries(folder) and cache.bytes_held == on_disk(folder) == 0 and not cache.present(0)
+        monkeypatch.setattr(download, "download_to", real)
+        cache.fetch([0, 1])  # nothing pinned or reserved was left behind: both fit
+        assert cache.bytes_held == 2 * SHARD
+
+
+@pytest.mark.timeout(120)
+def test_a_cache_killed_mid_download_is_reused(tmp_path, s3, dataset):
+    _, url = dataset
+    folder = tmp_path / "cache"
+    limit = 4 * SHARD
+    alive = ShardCache(url, folder, limit, storage_options=s3.options)  # another process of the node, still running
+    s3.proxy.stall = 60.0  # shard 3 hangs: the kill lands while it is being downloaded
+    s3.proxy.add("stall", path=r"shard-00003\.lmdb$", times=None)
+    proc, _ = in_process(tmp_path, "killed", url, str(folder), limit, s3.options, [0, 1, 2, 3], pin=True, workers=1)
+    try:
+        deadline = time.monotonic() + 60
+        while not (all(alive.present(k) for k in range(3)) and temporaries(folder)):
+            assert proc.is_alive() and time.monotonic() < deadline, "the fetch never reached shard 3"
+            time.sleep(0.05)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(30)
+    finally:
+        proc.kill()
+    assert proc.exitcode == -signal.SIGKILL
+    s3.proxy.clear()
+    # The dead process's pins (0-3) and its reservation of shard 3 are dropped, and its temporary removed.
+    alive.pin([4, 5, 6, 7])
+    alive.unpin([4, 5, 6, 7])
+    assert not temporaries(folder) and alive.bytes_held == on_disk(folder) == 3 * SHARD
+    alive.fetch([0, 1, 2, 3])
+    assert shard_gets(s3) == [shard_name("lmdb", 3)]  # 0-2 kept
+    assert not temporaries(folder) and alive.bytes_held == on_disk(folder) == limit
+    alive.close()
+    (folder / f"{TMP_PREFIX}{shard_name('lmdb', 5)}-999-1").write_bytes(b"half")  # as a kill would leave it
+    with ShardCache(url, folder, limit, storage_options=s3.options) as again:  # the first process of a new run
+        assert [again.present(k) for k in range(5)] == [True, True, True, True, False]
+        assert not temporaries(folder) and again.bytes_held == limit
+    assert_no_secret(folder)
+
+
+def test_pins_over_the_limit_and_a_shard_over_it_are_refused_with_what_they_need(tmp_path, s3, dataset):
+    _, url = dataset
+    folder = tmp_path / "cache"
+    limit = 2 * SHARD
+    need = rf"would need 36.9 KB \({3 * SHARD} bytes, 3 shard\(s\), these among them: shard-00002.lmdb\)"
+    message = (
+        rf"{folder}: the shards pinned on this node {need}, more than the cache's limit of 24.6 KB \({limit} bytes\)"
+    )
+    cache = ShardCache(url, folder, limit, storage_options=s3.options)
+    other = ShardCache(url, folder, limit, storage_options=s3.options)  # another process's pins count too
+    cache.pin([0])
+    other.pin([1])
+    with pytest.raises(CacheError, match=message):
+        cache.pin([2])
+    with pytest.raises(CacheError, match=message):
+        other.fetch([2])
+    other.close()  # its pins go with it
+    cache.fetch([2])
+    with pytest.raises(CacheError, match=rf"other processes of this node use it with a limit of {limit} bytes, not"):
+        ShardCache(url, folder, 3 * SHARD, storage_options=s3.options)
+    cache.close()
+    with pytest.raises(
+        CacheError,
+        match=rf"shard shard-00000.lmdb takes 12.3 KB \({SHARD} bytes, .*limit of 12.3 KB \({SHARD - 1} bytes\)",
+    ):
+        ShardCache(url, tmp_path / "small", SHARD - 1, storage_options=s3.options)
+
+
+def test_a_folder_of_another_dataset_or_a_staged_copy_is_refused(tmp_path, s3, dataset):
+    from dali_pipes.staging.stage import stage_dataset
+
+    _, url = dataset
+    other = upload(s3, write_dataset(tmp_path / "other", 8, fmt="lmdb", samples_per_shard=4))
+    ShardCache(url, tmp_path / "cache", 4 * SHARD, storage_options=s3.options).close()
+    with pytest.raises(CacheError, match=rf"{tmp_path / 'cache'}: already caches {url}, not {other}"):
+        ShardCache(other, tmp_path / "cache", 4 * SHARD, storage_options=s3.options)
+    stage_dataset(other, tmp_path / "staged", storage_options=s3.options, progress=False)
+    with pytest.raises(CacheError, match=rf"{tmp_path / 'staged'}: holds a staged copy"):
+        ShardCache(other, tmp_path / "staged", 4 * SHARD, storage_options=s3.options)
+
+
+def test_a_damaged_shard_is_kept_on_size_and_dropped_with_verify(tmp_path, s3, dataset):
+    _, url = dataset
+    folder = tmp_path / "cache"
+    with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options) as cache:
+        cache.fetch([0, 1])
+    damaged = bytearray((folder / shard_name("lmdb", 0)).read_bytes())
+    damaged[5000] ^= 0xFF
+    (folder / shard_name("lmdb", 0)).write_bytes(bytes(damaged))
+    with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options) as cache:
+        assert cache.present(0) and cache.present(1)  # sizes only
+    with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options, tuning=CacheTuning(verify=True)) as cache:
+        assert not cache.present(0) and cache.present(1) and cache.bytes_held == SHARD
+        assert not (folder / shard_name("lmdb", 0)).exists()
+
+
+@pytest.mark.timeout(120)
+def test_a_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, s3, dataset):
+    _, url = dataset
+    folder = tmp_path / "cache"
+    limit = 4 * SHARD
+    proc, out = in_process(tmp_path, "full", url, str(folder), limit, s3.options, [0], fsize=SHARD // 2)
+    proc.join(60)
+    assert proc.exitcode == 0
+    error = json.loads(out.read_text())["error"]
+    assert error.startswith(f"{folder}: the disk is full (File too large) while downloading shard-00000.lmdb: ")
+    assert f"the cache's limit is 49.2 KB ({limit} bytes); free space there, lower the limit" in error
+    assert not temporaries(folder) and not (folder / shard_name("lmdb", 0)).exists()
+    with ShardCache(url, folder, limit, storage_options=s3.options) as cache:
+        assert cache.bytes_held == 0  # nothing reserved was left behind
+    assert_no_secret(folder, error)
+
+
+def test_a_download_another_process_never_finishes_ends_in_an_error_naming_the_shard(tmp_path, s3, dataset):
+    from dali_pipes.staging.cache_folder import CacheFolder
+
+    _, url = dataset
+    folder = tmp_path / "cache"
+    with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options, tuning=CacheTuning(wait_s=0.3)) as cache:
+        stuck = CacheFolder(folder).try_shard_lock(shard_name("lmdb", 0))  # as a process hung mid-download holds it
+        start = time.monotonic()
+        with pytest.raises(
+            CacheError,
+            match=rf"{folder}: shard shard-00000.lmdb: another process of this node has been downloading it for 0.3 s without progress",
+        ):
+            cache.fetch([0])
+        assert time.monotonic() - start < 10 and cache.bytes_held == 0
+        os.close(stuck)
+        cache.fetch([0])
