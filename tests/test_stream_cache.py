@@ -348,3 +348,16 @@ def test_a_download_another_process_never_finishes_ends_in_an_error_naming_the_s
         assert time.monotonic() - start < 10 and cache.bytes_held == 0
         os.close(stuck)
         cache.fetch([0])
+
+
+def test_a_local_dataset_on_a_slow_filesystem_is_cached_alike(tmp_path):
+    source = write_dataset(tmp_path / "nfs" / "train", 16, fmt="tfrecord", samples_per_shard=4)
+    with ShardCache(source, tmp_path / "cache", 10**6) as cache:
+        limit = 2 * max(cache.shard_bytes)
+    with ShardCache(source, tmp_path / "cache", limit) as cache:
+        paths = [cache.fetch([k])[0] for k in (0, 1)]  # one at a time: 0 is the least recently used
+        assert [p.read_bytes() for p in paths] == [(source / shard_name("tfrecord", k)).read_bytes() for k in (0, 1)]
+        cache.fetch([2])
+        assert [cache.present(k) for k in range(3)] == [False, True, True] and cache.peak_bytes <= limit
+    with pytest.raises(StageError, match="is where .* already is"):
+        ShardCache(source, source, limit)

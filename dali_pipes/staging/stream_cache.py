@@ -169,7 +169,7 @@ class ShardCache:
         with self._state.locked():
             state = self._load()
             mine = state.pins.get(self._state.holder or "", {})
-            counts = {entry.key: mine.get(entry.key, 0) - sum(e.key == entry.key for e in entries) for entry in entries}
+            counts = {entry.key: mine.get(entry.key, 0) - 1 for entry in entries}
             unpinned = sorted(key for key, count in counts.items() if count < 0)
             if unpinned:
                 raise ValueError(f"{self.folder}: {', '.join(unpinned)}: not pinned by this cache, so not unpinned")
