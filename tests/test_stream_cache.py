@@ -361,3 +361,14 @@ def test_a_local_dataset_on_a_slow_filesystem_is_cached_alike(tmp_path):
         assert [cache.present(k) for k in range(3)] == [False, True, True] and cache.peak_bytes <= limit
     with pytest.raises(StageError, match="is where .* already is"):
         ShardCache(source, source, limit)
+
+
+def test_a_run_with_a_smaller_limit_keeps_the_most_recently_used_shards(tmp_path, s3, dataset):
+    _, url = dataset
+    folder = tmp_path / "cache"
+    with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options) as cache:
+        for k in (0, 1, 2, 3, 1):
+            cache.fetch([k])
+    with ShardCache(url, folder, 2 * SHARD, storage_options=s3.options) as cache:
+        assert [cache.present(k) for k in range(4)] == [False, True, False, True]
+        assert cache.bytes_held == on_disk(folder) == cache.peak_bytes == 2 * SHARD
