@@ -1,4 +1,4 @@
-"""Drop-in replacements for the data functions of the scripts people train with (issue 37).
+"""Drop-in replacements for the data functions of the scripts people train with.
 
 A training script written for a ``DataLoader`` keeps its own code: only the
 functions that make its datasets and loaders come from here, with the same

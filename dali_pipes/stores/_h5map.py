@@ -1,16 +1,14 @@
 """Rows of an unfiltered HDF5 dataset read straight from the memory-mapped file, for batch reads.
 
-A batch of random rows of a small fixed field (16 floats) costs h5py about
-2.7 us a row as a point selection, or a read of every chunk the rows touch, and
+A batch of random rows of a small fixed field (16 floats) costs h5py either a
+point selection, slow per row, or a read of every chunk the rows touch, and
 random rows touch nearly all of them. An uncompressed dataset's chunks are plain
 row-major bytes in the file, so once HDF5 has said where each chunk lies
 (``get_chunk_info``), numpy can gather the rows from a read-only map of the
 file. Chunks that follow each other in the file (nearly all: the writer appends
 them in order) are joined into one view, so a batch is one fancy index per run
-of adjacent chunks, not one per chunk: a random batch of 1,024 rows touches
-nearly every 1,024-row chunk, and a batch read of 1M rows in two shards (~1,000
-chunks, a dozen runs) took 2.9 ms looping over the chunks, 1.0 ms over the runs
-(the CRC check included).
+of adjacent chunks, not one per chunk: a random batch touches nearly every
+chunk, and looping over a dozen runs costs a fraction of looping over a thousand chunks.
 
 Only used when that is exactly what HDF5 would return: a native-order dataset
 with no filters, not virtual, chunked along the sample axis only (or contiguous),

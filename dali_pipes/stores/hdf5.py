@@ -35,9 +35,9 @@ from dali_pipes.stores.hdf5_layout import (
 )
 
 #: A batch read of a fixed field reads the whole span of its rows as one hyperslab when the
-#: span holds at most this many bytes per row asked for, else only those rows (a point selection).
-#: Measured on 64-byte rows: a point selection costs about 2.7 us a row, a hyperslab about
-#: 0.1 ms a MB, and random rows of small fields touch most chunks of the span anyway.
+#: span holds at most this many bytes per row asked for, else only those rows (a point selection):
+#: a point selection costs far more per row than a hyperslab per byte, and random rows of small
+#: fields touch most chunks of the span anyway (the bench README has the figures).
 SPAN_BYTES_PER_ROW = 16 << 10
 
 

@@ -148,7 +148,7 @@ class MixedStore:
             store.close()
 
     def __repr__(self) -> str:
-        return f"MixedStore({self.root}, samples={len(self)})"
+        return f"{type(self).__name__}({self.root}, samples={len(self)})"
 
 
 def _common_fields(stores: Mapping[str, Store]) -> dict[str, Field]:
