@@ -43,6 +43,9 @@ class BatchStoreSource(StoreSource):
         segment = self._locate(batch_info.epoch_idx, lo)  # StopIteration past the end
         j = lo - segment.first  # a segment holds whole batches
         indices = np.array(segment.plan.indices[j : j + self.batch_size], dtype=np.int64)
+        before = getattr(self.store, "before_read", None)
+        if before is not None:  # a streamed store pins the windows the batch reads (loading/streaming.py)
+            before(segment.plan.epoch, indices, segment.plan.is_pad[j : j + self.batch_size])
         batch = self._read(indices)
         out: list[Any] = []
         in_process = os.getpid() == self._owner_pid

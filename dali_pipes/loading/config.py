@@ -98,14 +98,23 @@ class DataOptions:
     (default: half the free memory, split between the node's ranks), the rest read from disk
     (:mod:`dali_pipes.staging.ramcache`). ``storage_options``: for the fsspec backend of a URL
     (credentials, ``endpoint_url``); never logged nor shown in this object's ``repr``.
+
+    ``stream=True`` with ``cache_limit=BYTES``: read the dataset (a URL, or a folder on a slow
+    filesystem) without a full copy, through a cache folder of the node that never holds more than
+    ``cache_limit`` bytes of its shards (under ``$DALI_PIPES_CACHE``, else ``~/.cache/dali-pipes``, in
+    ``stream/``), in a shard-windowed epoch order (:mod:`dali_pipes.loading.streaming`). Not with
+    ``stage_to`` nor ``cache="ram"``; a prototype: the loader's own process reads (``py_num_workers=0``).
     """
 
     stage_to: str | os.PathLike | None = None
     cache: str | None = None
     cache_bytes: int | None = None
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
+    stream: bool = False
+    cache_limit: int | None = None
 
     def __post_init__(self) -> None:
+        self._check_stream()
         if self.cache not in CACHE_KINDS:
             raise ValueError(f"DataOptions.cache must be None or 'ram', got {self.cache!r}")
         if self.cache_bytes is not None:
@@ -122,4 +131,36 @@ class DataOptions:
             raise TypeError(
                 "DataOptions.storage_options must be a dict of fsspec options such as {'endpoint_url': ...}, "
                 f"got {type(self.storage_options).__name__}"
+            )
+
+    def _check_stream(self) -> None:
+        """``stream`` and ``cache_limit``: a boolean, a positive number of bytes, and neither staging nor a RAM cache."""
+        if not isinstance(self.stream, (bool, np.bool_)):
+            raise TypeError(f"DataOptions.stream must be True or False, got {self.stream!r}")
+        object.__setattr__(self, "stream", bool(self.stream))
+        if self.cache_limit is not None:
+            if not self.stream:
+                raise ValueError("DataOptions.cache_limit is the byte limit of stream=True; pass stream=True too")
+            bad = isinstance(self.cache_limit, bool) or not isinstance(self.cache_limit, numbers.Real)
+            if bad or self.cache_limit < 1 or int(self.cache_limit) != self.cache_limit:
+                raise ValueError(
+                    f"DataOptions.cache_limit must be a positive whole number of bytes, got {self.cache_limit!r}"
+                )
+            object.__setattr__(self, "cache_limit", int(self.cache_limit))
+        if not self.stream:
+            return
+        if self.cache_limit is None:
+            raise ValueError(
+                "DataOptions(stream=True) needs cache_limit=BYTES, the most the node's cache folder may hold "
+                "(for example a tenth of the dataset, and at least a few shards)"
+            )
+        if self.stage_to is not None:
+            raise ValueError(
+                "DataOptions(stream=True) reads through a bounded cache instead of a full copy: leave out stage_to "
+                "(or leave out stream=True to stage the whole dataset)"
+            )
+        if self.cache is not None:
+            raise ValueError(
+                "DataOptions(stream=True) does not take cache='ram': the streamed shards are in the cache folder; "
+                "leave out cache='ram' (or stage the dataset, stage_to=..., to cache it in RAM)"
             )

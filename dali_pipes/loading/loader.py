@@ -50,6 +50,7 @@ from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes.loading.state import loader_state, restored_position
 from dali_pipes.loading.store_setup import epoch_sampling, prepare_store
+from dali_pipes.loading.streaming import streaming_run
 from dali_pipes.loading.streams import DaliStream
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool
 from dali_pipes.loading.world import detect_world, resolve_device
@@ -120,6 +121,7 @@ class DALILoader(DataLoaderSurface):
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         pipeline, run = resolve_counts(pipeline, run or RunOptions())
+        run = streaming_run(run, data or DataOptions())  # streaming reads in this process (loading/streaming.py)
         check_options(batch_size, seed, last_batch)
         self.world, local_rank = detect_world(run.rank, run.world_size)
         self.device, device_id = resolve_device(run.device, local_rank)

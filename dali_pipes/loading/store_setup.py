@@ -35,6 +35,8 @@ def prepare_store(
     ``None`` when not asked for. One process per destination copies; the others on
     the node wait and reuse its copy. The RAM cache is made before the workers start.
     """
+    if data.stream:
+        return _open_streamed(path, data, seed=seed, shuffle=shuffle)
     if isinstance(path, Mixture):
         return _prepare_mixture(path, stage_to=data.stage_to, cache=data.cache, storage_options=data.storage_options)
     store, staged = _stage_and_open(path, data.stage_to, data.storage_options)
@@ -52,6 +54,19 @@ def prepare_store(
             last_batch=last_batch,
         )
     return store, staged, ram_cache
+
+
+def _open_streamed(path: Any, data: DataOptions, *, seed: int, shuffle: bool) -> tuple[Store, None, Any]:
+    """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
+    if isinstance(path, Mixture):
+        raise ValueError(
+            "DataOptions(stream=True) streams one dataset, a URL or a path: a Mixture is not streamed; stage its "
+            "datasets (leave out stream=True, or give stage_to=...) or read each with its own loader"
+        )
+    from dali_pipes.loading.streaming import open_streaming  # the cache machinery only when streaming
+
+    store = open_streaming(path, data, seed=seed, shuffle=shuffle)
+    return store, None, store.streamer
 
 
 def _stage_and_open(
@@ -100,6 +115,14 @@ def epoch_sampling(store: Store | MixtureStore, sampling: Any, *, shuffle: bool 
     So does ``sampling`` (a weighted draw is random). ``spec``: the pipeline spec when ``shuffle`` is its default
     (``shuffle_by_default``), named in the refusal.
     """
+    if getattr(store, "streamer", None) is not None:  # loading/streaming.py: the windowed order
+        if sampling is not None:
+            raise ValueError(
+                f"sampling={type(sampling).__name__}(...) is not streamed: a weighted draw reads any shard at any "
+                "time, which a bounded cache cannot follow. Leave out sampling= (a streamed epoch reads every sample "
+                "once, shard window by window), or stage the dataset (leave out stream=True) to draw with weights"
+            )
+        return store.sampling
     if not isinstance(store, MixtureStore):
         if sampling is not None and not shuffle:
             given = f"(the default of {type(spec).__name__}, which reads in order)" if spec is not None else "was given"

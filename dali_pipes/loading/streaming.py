@@ -1,0 +1,293 @@
+"""Streaming mode of :class:`~dali_pipes.DALILoader`: shards read through a bounded cache, window by window.
+
+With ``DataOptions(stream=True, cache_limit=BYTES)`` the dataset (a URL, or a folder on a slow
+filesystem) is never copied whole. A :class:`~dali_pipes.staging.stream_cache.ShardCache` holds at
+most ``cache_limit`` bytes of its shards in a folder of the node, and the epoch order is the
+shard-windowed one (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
+within windows of ``W`` shards, ``W`` chosen so that two windows (the one being read and the next)
+fit in the cache with room for one more shard.
+
+How the pieces meet (this prototype: one reading thread, the loader's own process, ``py_num_workers=0``):
+
+- :class:`Streamer` keeps the shards of the window being read and of the next one pinned, and a
+  background thread downloads them in reading order: the current window first, then the next.
+  The window being read is told by the external source before each batch
+  (:meth:`StreamStore.before_read`: the batch's epoch and samples); when it moves on, the shards
+  of the windows behind it are unpinned (the cache may then evict them) and their readers closed.
+- :class:`StreamStore` is a :class:`~dali_pipes.stores.Store` over the cache folder whose every shard
+  read is guarded: a shard not yet downloaded (or outside the pinned windows, such as the padding of
+  an epoch's last batch, wrapped around from its start) is pinned, fetched and read on the spot, its
+  reader closed afterwards. So a read never finds an evicted shard, and the store never holds open a
+  shard the cache may evict.
+
+Refused for now, by name: reader processes (``py_num_workers > 0``), per-sample reads
+(``batch_reads=False``), a :class:`~dali_pipes.Mixture`, weighted ``sampling=``, ``cache="ram"`` and
+``stage_to``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
+
+import numpy as np
+
+from dali_pipes.remote.urls import redact
+from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, choose_window, window_spans
+from dali_pipes.stores import Store
+
+if TYPE_CHECKING:
+    from dali_pipes.loading.config import DataOptions, RunOptions
+    from dali_pipes.staging.stream_cache import ShardCache
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["STREAM_FOLDER", "StreamStore", "Streamer", "open_streaming", "stream_folder", "streaming_run"]
+
+#: The sub-folder of the cache base (``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``) that holds streamed datasets.
+STREAM_FOLDER = "stream"
+
+
+def stream_folder(source: str | os.PathLike) -> Path:
+    """The cache folder of the dataset at ``source``: beside staging's copies, under :data:`STREAM_FOLDER`.
+
+    Named as staging names its folders (readable, with a hash of the URL, credentials left out), but in a
+    folder of its own: a streaming cache refuses a folder that holds a staged copy.
+    """
+    from dali_pipes.staging.download import default_cache_dir
+
+    staged = default_cache_dir(str(source))
+    return staged.parent / STREAM_FOLDER / staged.name
+
+
+def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
+    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads refused."""
+    if not data.stream:
+        return run
+    if run.py_num_workers not in (None, 0):
+        raise ValueError(
+            f"DataOptions(stream=True) reads in the loader's own process for now: pass RunOptions(py_num_workers=0) "
+            f"(got py_num_workers={run.py_num_workers}), or stage the dataset (stage_to=...) to read it with reader "
+            "processes"
+        )
+    if not run.batch_reads:
+        raise ValueError("DataOptions(stream=True) reads whole batches: leave RunOptions(batch_reads=True)")
+    return dataclasses.replace(run, py_num_workers=0)
+
+
+class Streamer:
+    """Keeps the windows being read pinned and downloaded ahead, in a background thread (see the module docstring).
+
+    ``window``: shards per window of the epoch order; ``budget``: the bytes the pinned windows may take (the
+    cache's limit less one shard, the room a read outside them needs).
+    """
+
+    def __init__(self, cache: "ShardCache", window: int, *, shuffle: bool, seed: int, budget: int) -> None:
+        self.cache = cache
+        self.seed = seed
+        self.budget = budget
+        sizes = [shard.num_samples for shard in cache.manifest.shards]
+        self.sampling = WindowedSampling(sizes, window, shuffle)
+        self._sizes = np.cumsum(sizes)
+        self._bytes = cache.shard_bytes
+        self._spans: dict[int, tuple[WindowSpan, ...]] = {}
+        self._cond = threading.Condition(threading.RLock())
+        self._urgent = threading.Event()  # the reading thread waits for the lock: the fetcher steps aside
+        self._at: tuple[int, int] | None = None  # (epoch, window) the pins were set for
+        self._pinned: set[int] = set()
+        self._ready: set[int] = set()  # pinned and downloaded: read without the lock
+        self._queue: list[int] = []
+        self._closed = False
+        self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
+        self._thread = threading.Thread(target=self._fetch_ahead, name="dali-pipes-stream-fetch", daemon=True)
+        self._thread.start()
+
+    # --- what the source tells --------------------------------------------------------------
+
+    def before_read(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
+        """A batch of ``epoch`` is about to read ``indices``: pin its window and the next, unpin those behind."""
+        real = np.asarray(indices)[~np.asarray(is_pad, dtype=bool)]
+        if len(real) == 0:
+            return  # all padding: the guarded reads bring its shards
+        spans = self._epoch_spans(epoch)
+        windows = self._window_of(epoch)[self._shard_of(real)]
+        at = (epoch, int(windows.max()))
+        if at == self._at:
+            return
+        current = spans[at[1]]
+        following = spans[at[1] + 1] if at[1] + 1 < len(spans) else self._epoch_spans(epoch + 1)[0]
+        want: list[int] = []
+        for shards in (current.shards, following.shards):
+            if sum(self._bytes[k] for k in (*want, *shards)) <= self.budget:
+                want.extend(k for k in shards if k not in want)
+        with self._locked():
+            self._repin(want)
+            self._at = at
+
+    def _repin(self, want: list[int]) -> None:
+        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order."""
+        drop = self._pinned - set(want)
+        add = [k for k in want if k not in self._pinned]
+        if drop:
+            for k in drop:
+                self.close_reader(k)
+            self.cache.unpin(sorted(drop))
+        if add:
+            self.cache.pin(add)
+        self._pinned = set(want)
+        self._ready &= self._pinned
+        self._queue = [k for k in want if k not in self._ready]
+        logger.debug("stream %s: %d shard(s) pinned, %d to fetch", self.cache.folder, len(want), len(self._queue))
+        self._cond.notify_all()
+
+    # --- reads ------------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def reading(self, shard: int) -> Iterator[None]:
+        """Around a read of ``shard``: present and pinned while the block runs."""
+        if shard in self._ready:
+            yield
+            return
+        with self._locked():
+            self.cache.pin([shard])
+            try:
+                self.cache.fetch([shard])
+                if shard in self._pinned:
+                    self._ready.add(shard)
+                yield
+            finally:
+                if shard not in self._pinned:
+                    self.close_reader(shard)
+                self.cache.unpin([shard])
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        self._urgent.set()
+        try:
+            with self._cond:
+                self._urgent.clear()
+                yield
+                self._cond.notify_all()
+        finally:
+            self._urgent.clear()
+
+    def _fetch_ahead(self) -> None:
+        """The background thread: download the queued shards one by one (each pinned already)."""
+        while True:
+            with self._cond:
+                while not self._closed and (not self._queue or self._urgent.is_set()):
+                    self._cond.wait(0.05)
+                if self._closed:
+                    return
+                shard = self._queue.pop(0)
+                try:
+                    self.cache.fetch([shard])
+                    self._ready.add(shard)
+                except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
+                    logger.warning("stream %s: fetching ahead failed, retried when read: %s", self.cache.folder, exc)
+
+    # --- the epoch's windows ----------------------------------------------------------------
+
+    def _epoch_spans(self, epoch: int) -> tuple[WindowSpan, ...]:
+        if epoch not in self._spans:
+            for old in [e for e in self._spans if e < epoch - 1]:
+                del self._spans[old]
+            sizes, window, shuffle = self.sampling.shard_sizes, self.sampling.window, self.sampling.shuffle
+            self._spans[epoch] = window_spans(sizes, epoch, self.seed, window, shuffle)
+        return self._spans[epoch]
+
+    def _window_of(self, epoch: int) -> np.ndarray:
+        spans = self._epoch_spans(epoch)
+        out = np.empty(len(self._bytes), dtype=np.int64)
+        for span in spans:
+            out[list(span.shards)] = span.window
+        return out
+
+    def _shard_of(self, indices: np.ndarray) -> np.ndarray:
+        return np.searchsorted(self._sizes, indices, side="right")
+
+    # --- the cache's numbers and the end ----------------------------------------------------
+
+    @property
+    def limit_bytes(self) -> int:
+        """The cache's limit."""
+        return self.cache.limit_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most the cache folder held in this run (node-wide)."""
+        return self.cache.peak_bytes
+
+    def close(self) -> None:
+        """Stop fetching ahead and release the cache (its shards stay for the next run)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join()
+        self.cache.close()
+
+
+class StreamStore(Store):
+    """A :class:`~dali_pipes.stores.Store` over a streaming cache folder: every shard read guarded by the
+    :class:`Streamer` (present and pinned while read; its reader closed once the shard may be evicted)."""
+
+    def __init__(self, streamer: Streamer) -> None:
+        super().__init__(streamer.cache.folder, streamer.cache.manifest)
+        self.streamer = streamer
+        self.sampling = streamer.sampling
+        streamer.close_reader = lambda shard: self._shards[shard].close()
+
+    def before_read(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
+        """Called by the external source before each batch (see :meth:`Streamer.before_read`)."""
+        self.streamer.before_read(epoch, indices, is_pad)
+
+    def read(self, index: int, fields: Iterable[str] | None = None) -> dict[str, Any]:
+        """:meth:`Store.read`, the sample's shard present and pinned meanwhile."""
+        index = int(index) + (len(self) if int(index) < 0 else 0)
+        shard_no = self.manifest.locate(index)[0] if 0 <= index < len(self) else None
+        guard = self.streamer.reading(shard_no) if shard_no is not None else contextlib.nullcontext()
+        with guard:
+            return super().read(index, fields)
+
+    def _read_shard_batch(self, shard_no: int, local: np.ndarray, names: tuple[str, ...], arrays: bool) -> Any:
+        with self.streamer.reading(shard_no):
+            return super()._read_shard_batch(shard_no, local, names, arrays)
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a streamed store is read in the loader's own process only (py_num_workers=0)")
+
+
+def open_streaming(path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool) -> StreamStore:
+    """The :class:`StreamStore` of the dataset at ``path``, its cache in :func:`stream_folder` and limited to
+    ``data.cache_limit``; the window chosen so that two windows and one more shard fit."""
+    from dali_pipes.staging.stream_cache import ShardCache
+
+    folder = stream_folder(path)
+    cache = ShardCache(path, folder, int(data.cache_limit), storage_options=data.storage_options)
+    try:
+        budget = max(1, cache.limit_bytes - max(cache.shard_bytes))
+        window = choose_window(budget, cache.shard_bytes)
+        if 2 * window * max(cache.shard_bytes) > budget:
+            logger.warning(
+                "stream %s: a cache of %d bytes cannot hold two windows of shards ahead; reads will wait for "
+                "downloads (raise cache_limit)",
+                folder,
+                cache.limit_bytes,
+            )
+        logger.info(
+            "stream %s: cache %s, limit %d bytes, %d shard(s) per window of %d",
+            redact(str(path), data.storage_options),
+            folder,
+            cache.limit_bytes,
+            window,
+            len(cache.shard_bytes),
+        )
+        return StreamStore(Streamer(cache, window, shuffle=shuffle, seed=seed, budget=budget))
+    except BaseException:
+        cache.close()
+        raise

@@ -1,0 +1,97 @@
+"""The loader streaming a dataset from the loopback S3-protocol server through a bounded cache (a prototype).
+
+A dataset ten times the cache's limit, in many small LMDB shards, read with ``DataOptions(stream=True,
+cache_limit=...)`` on the CPU by the loader's own process: every sample exactly once per epoch, the
+cache's peak within its limit, a second epoch, and a resume mid-epoch. See dali_pipes/loading/streaming.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_remote_stage import upload
+
+from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
+from dali_pipes.loading.streaming import STREAM_FOLDER
+
+from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
+
+SHARD = 12288  # every LMDB shard of 4 samples here: 3 pages
+SHARDS = 80
+N = SHARDS * 4 - 2  # the last shard shorter: the last batch pads
+LIMIT = SHARDS * SHARD // 10
+BATCH = 8
+RUN = RunOptions(device="cpu", py_num_workers=0)
+INDEXED = BatchFormat(with_index=True)
+
+
+@pytest.fixture
+def streamed(tmp_path, s3, monkeypatch) -> tuple[str, DataOptions]:
+    """The dataset's URL in the bucket and the options that stream it; the cache under tmp_path."""
+    quiet_dali_logs()
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    source = write_dataset(tmp_path / "src", N, fmt="lmdb", samples_per_shard=4)
+    assert sum(p.stat().st_size for p in source.glob("shard-*")) == SHARDS * SHARD
+    return upload(s3, source), DataOptions(stream=True, cache_limit=LIMIT, storage_options=s3.options)
+
+
+def stream_loader(url: str, data: DataOptions) -> DALILoader:
+    return DALILoader(url, TinySpec(), batch_size=BATCH, seed=3, batch_format=INDEXED, run=RUN, data=data)
+
+
+def real_indices(batches) -> list[int]:
+    return [row[0] for batch in batches for row in batch_rows(batch) if not row[2]]
+
+
+@pytest.mark.timeout(120)
+def test_one_epoch_reads_every_sample_once_within_the_limit_and_a_second_epoch_works(tmp_path, streamed):
+    url, data = streamed
+    with stream_loader(url, data) as loader:
+        assert loader.store.root.parent.name == STREAM_FOLDER
+        assert 1 <= loader.sampling.window < SHARDS
+        rows = [row for batch in loader for row in batch_rows(batch)]
+        assert sorted(row[0] for row in rows if not row[2]) == list(range(N))
+        assert all(label == index % 5 for index, label, _, _ in rows)
+        second = real_indices(loader)
+        assert sorted(second) == list(range(N)) and second != [row[0] for row in rows if not row[2]]
+        assert loader.cache.peak_bytes <= LIMIT
+    held = sum(p.stat().st_size for p in Path(loader.store.root).glob("shard-*"))
+    assert 0 < held <= LIMIT
+
+
+@pytest.mark.timeout(120)
+def test_a_state_saved_mid_epoch_resumes_the_rest_of_it(streamed):
+    url, data = streamed
+    with stream_loader(url, data) as loader:
+        first, stream = [], iter(loader)
+        for _ in range(7):
+            first.append(next(stream))
+        state = loader.state_dict()
+    with stream_loader(url, data) as resumed:
+        resumed.load_state_dict(state)
+        rest = list(resumed)
+        assert resumed.cache.peak_bytes <= LIMIT
+    seen = real_indices(first) + real_indices(rest)
+    assert sorted(seen) == list(range(N))
+
+
+def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
+    url, data = streamed
+    with pytest.raises(ValueError, match="cache_limit=BYTES"):
+        DataOptions(stream=True)
+    with pytest.raises(ValueError, match="stage_to"):
+        DataOptions(stream=True, cache_limit=LIMIT, stage_to=tmp_path / "x")
+    with pytest.raises(ValueError, match="cache='ram'"):
+        DataOptions(stream=True, cache_limit=LIMIT, cache="ram")
+    with pytest.raises(ValueError, match="pass stream=True"):
+        DataOptions(cache_limit=LIMIT)
+    with pytest.raises(ValueError, match="py_num_workers=0"):
+        DALILoader(url, TinySpec(), batch_size=BATCH, run=RunOptions(device="cpu", py_num_workers=2), data=data)
+    from dali_pipes import Mixture
+    from dali_pipes.sampling import WeightedSampling
+
+    with pytest.raises(ValueError, match="Mixture is not streamed"):
+        DALILoader(Mixture({"a": url, "b": url}), TinySpec(), batch_size=BATCH, run=RUN, data=data)
+    with pytest.raises(ValueError, match="WeightedSampling.*not streamed"):
+        DALILoader(url, TinySpec(), batch_size=BATCH, run=RUN, data=data, sampling=WeightedSampling([1.0] * N))
