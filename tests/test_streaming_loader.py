@@ -40,17 +40,35 @@ def stream_loader(url: str, data: DataOptions) -> DALILoader:
     return DALILoader(url, TinySpec(), batch_size=BATCH, seed=3, batch_format=INDEXED, run=RUN, data=data)
 
 
+def open_but_evicted(loader: DALILoader) -> list[str]:
+    """The shards whose reader is open though the cache no longer holds them (a reader opens on its first read)."""
+    return [r.path.name for r in loader.store.shard_readers if r._pid is not None and not Path(r.path).exists()]
+
+
+def shard_gets(s3) -> list[str]:
+    """The shard files the server was asked for (GET), one name per request."""
+    return sorted(path.rsplit("/", 1)[1] for method, path in s3.proxy.requests if method == "GET" and "/shard-" in path)
+
+
 def real_indices(batches) -> list[int]:
     return [row[0] for batch in batches for row in batch_rows(batch) if not row[2]]
 
 
 @pytest.mark.timeout(120)
-def test_one_epoch_reads_every_sample_once_within_the_limit_and_a_second_epoch_works(tmp_path, streamed):
+def test_one_epoch_reads_every_sample_once_within_the_limit_and_a_second_epoch_works(s3, streamed):
     url, data = streamed
     with stream_loader(url, data) as loader:
         assert loader.store.root.parent.name == STREAM_FOLDER
         assert 1 <= loader.sampling.window < SHARDS
-        rows = [row for batch in loader for row in batch_rows(batch)]
+        rows = []
+        for batch in loader:
+            rows.extend(batch_rows(batch))
+            assert not open_but_evicted(loader)
+        gets = shard_gets(s3)
+        # Each shard once, but those the last batch's padding reads again (evicted since the epoch's first window)
+        # and the next epoch's first windows, fetched and read ahead.
+        assert set(gets) == {f"shard-{k:05d}.lmdb" for k in range(SHARDS)}
+        assert len(gets) <= SHARDS + 2 + 2 * loader.sampling.window
         assert sorted(row[0] for row in rows if not row[2]) == list(range(N))
         assert all(label == index % 5 for index, label, _, _ in rows)
         second = real_indices(loader)

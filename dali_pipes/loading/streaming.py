@@ -110,13 +110,13 @@ class Streamer:
     # --- what the source tells --------------------------------------------------------------
 
     def before_read(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
-        """A batch of ``epoch`` is about to read ``indices``: pin its window and the next, unpin those behind."""
+        """A batch of ``epoch`` is about to read ``indices``: pin its (first) window and the next, unpin those behind."""
         real = np.asarray(indices)[~np.asarray(is_pad, dtype=bool)]
         if len(real) == 0:
             return  # all padding: the guarded reads bring its shards
         spans = self._epoch_spans(epoch)
         windows = self._window_of(epoch)[self._shard_of(real)]
-        at = (epoch, int(windows.max()))
+        at = (epoch, int(windows.min()))  # a batch across two windows: both pinned
         if at == self._at:
             return
         current = spans[at[1]]
