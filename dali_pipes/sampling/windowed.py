@@ -154,7 +154,7 @@ def spans_between(spans: Iterable[WindowSpan], start: int, stop: int) -> tuple[W
     """The windows that global positions ``[start, stop)`` read from, in order (windows without samples never)."""
     start = check_int("start", start, 0)
     stop = check_int("stop", stop, start)
-    return tuple(s for s in spans if s.start < stop and s.stop > start)
+    return tuple(s for s in spans if s.start < stop and s.stop > start and s.stop > s.start)
 
 
 def shards_needed(spans: Iterable[WindowSpan], start: int, stop: int) -> tuple[int, ...]:
