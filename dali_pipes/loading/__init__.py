@@ -3,7 +3,7 @@
 A batch's way through it: ``config`` holds the option groups (``RunOptions``,
 ``DataOptions``), ``options`` fills in what they left unset, ``world`` finds the
 rank and device, ``store_setup`` stages and opens the dataset (or the datasets of
-a ``mixture``), ``pipeline_build`` wraps the user's spec in a DALI graph fed by the
+a ``mixture``, or ``streaming`` through a bounded shard cache), ``pipeline_build`` wraps the user's spec in a DALI graph fed by the
 external source in ``sources`` (``batch_source`` for a batch a call), which reads
 this rank's order from ``epoch_plan`` and appends the spec's per-batch inputs (a
 scheduled size from ``epoch_size``, mix and erasing draws). ``loader`` asks a

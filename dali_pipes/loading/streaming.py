@@ -96,6 +96,7 @@ class Streamer:
         self._sizes = np.cumsum(sizes)
         self._bytes = cache.shard_bytes
         self._spans: dict[int, tuple[WindowSpan, ...]] = {}
+        self._windows: dict[int, np.ndarray] = {}
         self._cond = threading.Condition(threading.RLock())
         self._urgent = threading.Event()  # the reading thread waits for the lock: the fetcher steps aside
         self._at: tuple[int, int] | None = None  # (epoch, window) the pins were set for
@@ -194,19 +195,22 @@ class Streamer:
     # --- the epoch's windows ----------------------------------------------------------------
 
     def _epoch_spans(self, epoch: int) -> tuple[WindowSpan, ...]:
+        """The windows of ``epoch`` (kept for it and the epoch before: reads run on into the next one)."""
         if epoch not in self._spans:
             for old in [e for e in self._spans if e < epoch - 1]:
-                del self._spans[old]
+                del self._spans[old], self._windows[old]
             sizes, window, shuffle = self.sampling.shard_sizes, self.sampling.window, self.sampling.shuffle
-            self._spans[epoch] = window_spans(sizes, epoch, self.seed, window, shuffle)
+            spans = window_spans(sizes, epoch, self.seed, window, shuffle)
+            windows = np.empty(len(self._bytes), dtype=np.int64)
+            for span in spans:
+                windows[list(span.shards)] = span.window
+            self._spans[epoch], self._windows[epoch] = spans, windows
         return self._spans[epoch]
 
     def _window_of(self, epoch: int) -> np.ndarray:
-        spans = self._epoch_spans(epoch)
-        out = np.empty(len(self._bytes), dtype=np.int64)
-        for span in spans:
-            out[list(span.shards)] = span.window
-        return out
+        """Each shard's window in ``epoch``."""
+        self._epoch_spans(epoch)
+        return self._windows[epoch]
 
     def _shard_of(self, indices: np.ndarray) -> np.ndarray:
         return np.searchsorted(self._sizes, indices, side="right")
