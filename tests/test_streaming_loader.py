@@ -7,15 +7,18 @@ cache's peak within its limit, a second epoch, and a resume mid-epoch. See dali_
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch.multiprocessing as mp
 from test_remote_stage import upload
 
 from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
 from dali_pipes.loading.streaming import STREAM_FOLDER
+from dali_pipes.sampling import num_batches
 
-from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
+from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, stream_worker, write_dataset
 
 SHARD = 12288  # every LMDB shard of 4 samples here: 3 pages
 SHARDS = 80
@@ -113,3 +116,65 @@ def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
         DALILoader(Mixture({"a": url, "b": url}), TinySpec(), batch_size=BATCH, run=RUN, data=data)
     with pytest.raises(ValueError, match="WeightedSampling.*not streamed"):
         DALILoader(url, TinySpec(), batch_size=BATCH, run=RUN, data=data, sampling=WeightedSampling([1.0] * N))
+
+
+def run_ranks(world_size: int, url: str, out_dir: Path, **options) -> list[dict]:
+    """``world_size`` ranks as processes of their own reading ``url`` at once through the node's one cache folder."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    options.setdefault("batch_size", 4)
+    mp.start_processes(
+        stream_worker, args=(world_size, url, str(out_dir), options), nprocs=world_size, join=True, start_method="spawn"
+    )
+    return [json.loads((out_dir / f"rank-{r}.json").read_text()) for r in range(world_size)]
+
+
+def real_of(report: dict) -> list[int]:
+    return [i for indices, pads in report["batches"] for i, pad in zip(indices, pads) if not pad]
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_path, streamed, world_size):
+    # Processes without a process group: nothing keeps them in lockstep, yet the node's pins stay within the limit.
+    url, data = streamed
+    options = {"cache_limit": LIMIT, "storage_options": data.storage_options}
+    reports = run_ranks(world_size, url, tmp_path / "out", data=options)
+    assert sorted(sum((real_of(r) for r in reports), [])) == list(range(N))
+    expected = num_batches(N, 4, world_size)
+    assert [len(r["batches"]) for r in reports] == [expected] * world_size == [r["len"] for r in reports]
+    assert all(r["limit"] == LIMIT and 0 < r["peak"] <= LIMIT for r in reports)
+    assert len({r["window"] for r in reports}) == 1  # one order: every rank sized its window alike
+
+
+@pytest.mark.timeout(240)
+def test_a_state_saved_mid_epoch_on_two_ranks_resumes_on_three(tmp_path, streamed):
+    url, data = streamed
+    options = {"cache_limit": LIMIT, "storage_options": data.storage_options, "node_ranks": 3}  # one window for both
+    first = run_ranks(2, url, tmp_path / "two", data=options, stop=9)
+    assert first[0]["state"] == first[1]["state"] and first[0]["state"]["samples_consumed"] == 9 * 4 * 2
+    rest = run_ranks(3, url, tmp_path / "three", data=options, state=first[0]["state"])
+    seen = sum((real_of(r) for r in first + rest), [])
+    assert sorted(seen) == list(range(N))
+    assert len({len(r["batches"]) for r in rest}) == 1
+    assert all(r["peak"] <= LIMIT for r in first + rest)
+
+
+def test_the_ranks_of_a_node_share_the_limit(tmp_path, streamed, monkeypatch):
+    from dali_pipes.loading.streaming import node_ranks
+
+    url, data = streamed
+    assert node_ranks(data, 4) == 4
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert node_ranks(data, 4) == 2
+    with pytest.raises(ValueError, match="give node_ranks >= 2"):
+        node_ranks(DataOptions(stream=True, cache_limit=LIMIT, node_ranks=1), 4)
+    with pytest.raises(ValueError, match="node_ranks shares the cache of stream=True"):
+        DataOptions(node_ranks=2)
+    with pytest.raises(ValueError, match="raise cache_limit to at least"):
+        DALILoader(
+            url,
+            TinySpec(),
+            batch_size=BATCH,
+            run=RUN,
+            data=DataOptions(stream=True, cache_limit=LIMIT, storage_options=data.storage_options, node_ranks=5),
+        )

@@ -104,6 +104,10 @@ class DataOptions:
     ``cache_limit`` bytes of its shards (under ``$DALI_PIPES_CACHE``, else ``~/.cache/dali-pipes``, in
     ``stream/``), in a shard-windowed epoch order (:mod:`dali_pipes.loading.streaming`). Not with
     ``stage_to`` nor ``cache="ram"``; a prototype: the loader's own process reads (``py_num_workers=0``).
+    ``node_ranks``: how many ranks of the job share a node's cache (each may pin ``cache_limit // node_ranks``
+    bytes); default ``LOCAL_WORLD_SIZE`` (torchrun sets it), else the job's world size. The window size
+    follows from it, so give the same ``node_ranks`` (the most ranks a node will run) to resume a state on
+    another number of ranks per node.
     """
 
     stage_to: str | os.PathLike | None = None
@@ -112,6 +116,7 @@ class DataOptions:
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
     stream: bool = False
     cache_limit: int | None = None
+    node_ranks: int | None = None
 
     def __post_init__(self) -> None:
         self._check_stream()
@@ -147,6 +152,16 @@ class DataOptions:
                     f"DataOptions.cache_limit must be a positive whole number of bytes, got {self.cache_limit!r}"
                 )
             object.__setattr__(self, "cache_limit", int(self.cache_limit))
+        if self.node_ranks is not None:
+            if not self.stream:
+                raise ValueError("DataOptions.node_ranks shares the cache of stream=True; pass stream=True too")
+            if (
+                isinstance(self.node_ranks, bool)
+                or not isinstance(self.node_ranks, numbers.Integral)
+                or self.node_ranks < 1
+            ):
+                raise ValueError(f"DataOptions.node_ranks must be a whole number >= 1, got {self.node_ranks!r}")
+            object.__setattr__(self, "node_ranks", int(self.node_ranks))
         if not self.stream:
             return
         if self.cache_limit is None:

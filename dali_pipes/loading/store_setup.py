@@ -36,7 +36,7 @@ def prepare_store(
     the node wait and reuse its copy. The RAM cache is made before the workers start.
     """
     if data.stream:
-        return _open_streamed(path, data, seed=seed, shuffle=shuffle)
+        return _open_streamed(path, data, seed=seed, shuffle=shuffle, world=world)
     if isinstance(path, Mixture):
         return _prepare_mixture(path, stage_to=data.stage_to, cache=data.cache, storage_options=data.storage_options)
     store, staged = _stage_and_open(path, data.stage_to, data.storage_options)
@@ -56,7 +56,7 @@ def prepare_store(
     return store, staged, ram_cache
 
 
-def _open_streamed(path: Any, data: DataOptions, *, seed: int, shuffle: bool) -> tuple[Store, None, Any]:
+def _open_streamed(path: Any, data: DataOptions, *, seed: int, shuffle: bool, world: World) -> tuple[Store, None, Any]:
     """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
     if isinstance(path, Mixture):
         raise ValueError(
@@ -65,7 +65,7 @@ def _open_streamed(path: Any, data: DataOptions, *, seed: int, shuffle: bool) ->
         )
     from dali_pipes.loading.streaming import open_streaming  # the cache machinery only when streaming
 
-    store = open_streaming(path, data, seed=seed, shuffle=shuffle)
+    store = open_streaming(path, data, seed=seed, shuffle=shuffle, world_size=world.world_size)
     return store, None, store.streamer
 
 

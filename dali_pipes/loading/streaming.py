@@ -5,7 +5,23 @@ filesystem) is never copied whole. A :class:`~dali_pipes.staging.stream_cache.Sh
 most ``cache_limit`` bytes of its shards in a folder of the node, and the epoch order is the
 shard-windowed one (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
 within windows of ``W`` shards, ``W`` chosen so that two windows (the one being read and the next)
-fit in the cache with room for one more shard.
+fit in a rank's share of the cache with room for one more shard.
+
+Several ranks of a node share its cache folder (one download per shard per node). Each of the node's
+``R`` ranks (:func:`node_ranks`) may pin at most ``cache_limit // R`` bytes: its windows within
+``cache_limit // R - largest shard`` (the budget :func:`choose_window` sizes two windows by), plus the
+one shard a guarded read pins outside them. So the node's pins together stay within ``R *
+(cache_limit // R) <= cache_limit`` however far apart the ranks are: the ranks of a job read the same
+windowed order in slices of each global batch, but nothing keeps them in lockstep (a rank a window
+ahead of another near a boundary pins a third window; processes without a process group may be
+epochs apart), and a bound that counted on lockstep (three shared windows) could be passed and a
+pin refused (a CacheError). The price is a window ``R`` times smaller than one rank alone would get,
+the shuffle within it correspondingly narrower. Shards the ranks share count once, so the node
+usually holds less than the bound.
+
+``W`` is a pure function of ``(cache_limit, shard sizes, R)``: a state resumes on another world size
+when ``R`` is the same; pass ``DataOptions(node_ranks=...)``, the most ranks a node will run, to resume
+on fewer or more ranks per node (a rank that holds less than its share only leaves room unused).
 
 How the pieces meet (this prototype: one reading thread, the loader's own process, ``py_num_workers=0``):
 
@@ -47,7 +63,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STREAM_FOLDER", "StreamStore", "Streamer", "open_streaming", "stream_folder", "streaming_run"]
+__all__ = ["STREAM_FOLDER", "StreamStore", "Streamer", "node_ranks", "open_streaming", "stream_folder", "streaming_run"]
 
 #: The sub-folder of the cache base (``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``) that holds streamed datasets.
 STREAM_FOLDER = "stream"
@@ -83,8 +99,8 @@ def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
 class Streamer:
     """Keeps the windows being read pinned and downloaded ahead, in a background thread (see the module docstring).
 
-    ``window``: shards per window of the epoch order; ``budget``: the bytes the pinned windows may take (the
-    cache's limit less one shard, the room a read outside them needs).
+    ``window``: shards per window of the epoch order; ``budget``: the bytes the pinned windows may take (this
+    rank's share of the cache's limit less one shard, the room a read outside them needs).
     """
 
     def __init__(self, cache: "ShardCache", window: int, *, shuffle: bool, seed: int, budget: int) -> None:
@@ -266,28 +282,64 @@ class StreamStore(Store):
         raise TypeError("a streamed store is read in the loader's own process only (py_num_workers=0)")
 
 
-def open_streaming(path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool) -> StreamStore:
+def node_ranks(data: "DataOptions", world_size: int) -> int:
+    """The ranks that share this node's cache: ``data.node_ranks``, else ``LOCAL_WORLD_SIZE``, else ``world_size``.
+
+    Without either the whole job is taken to be on this node: never fewer ranks than share the folder
+    (a bound within the limit), perhaps more (a smaller window than needed on a job of several nodes).
+    ``LOCAL_WORLD_SIZE`` above ``data.node_ranks`` is refused: the ranks' shares would pass the limit.
+    """
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        local_ranks = int(local) if local else None
+    except ValueError:
+        raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local!r} is not an integer") from None
+    if data.node_ranks is not None:
+        if local_ranks is not None and local_ranks > data.node_ranks:
+            raise ValueError(
+                f"DataOptions(node_ranks={data.node_ranks}) but LOCAL_WORLD_SIZE={local_ranks} ranks share this "
+                f"node's cache: give node_ranks >= {local_ranks}"
+            )
+        return data.node_ranks
+    return max(1, local_ranks if local_ranks is not None else int(world_size))
+
+
+def open_streaming(
+    path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool, world_size: int = 1
+) -> StreamStore:
     """The :class:`StreamStore` of the dataset at ``path``, its cache in :func:`stream_folder` and limited to
-    ``data.cache_limit``; the window chosen so that two windows and one more shard fit."""
+    ``data.cache_limit``; this rank's pins within its share of the limit (the module docstring says why), the
+    window chosen so that two windows and one more shard fit in that share."""
     from dali_pipes.staging.stream_cache import ShardCache
 
     folder = stream_folder(path)
+    ranks = node_ranks(data, world_size)
     cache = ShardCache(path, folder, int(data.cache_limit), storage_options=data.storage_options)
     try:
-        budget = max(1, cache.limit_bytes - max(cache.shard_bytes))
+        share, largest = cache.limit_bytes // ranks, max(cache.shard_bytes)
+        if share < 2 * largest:
+            raise ValueError(
+                f"{folder}: a cache_limit of {cache.limit_bytes} bytes shared by {ranks} rank(s) of a node leaves "
+                f"{share} bytes a rank, less than two of the largest shard ({largest} bytes: one window of one "
+                f"shard and one read outside it); raise cache_limit to at least {2 * largest * ranks} bytes"
+            )
+        budget = share - largest
         window = choose_window(budget, cache.shard_bytes)
-        if 2 * window * max(cache.shard_bytes) > budget:
+        if 2 * window * largest > budget:
             logger.warning(
-                "stream %s: a cache of %d bytes cannot hold two windows of shards ahead; reads will wait for "
-                "downloads (raise cache_limit)",
+                "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) cannot hold two "
+                "windows of shards ahead; reads will wait for downloads (raise cache_limit)",
                 folder,
+                share,
                 cache.limit_bytes,
+                ranks,
             )
         logger.info(
-            "stream %s: cache %s, limit %d bytes, %d shard(s) per window of %d",
+            "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d",
             redact(str(path), data.storage_options),
             folder,
             cache.limit_bytes,
+            ranks,
             window,
             len(cache.shard_bytes),
         )
