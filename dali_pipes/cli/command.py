@@ -1,4 +1,4 @@
-"""The ``dali-pipes`` command: convert, inspect, verify, merge, synth and the benchmarks.
+"""The ``dali-pipes`` command: convert, inspect, verify, merge, stage, mixing, synth and the benchmarks.
 
 Each subcommand parses its arguments here (the measuring ones in :mod:`dali_pipes.cli.measure`)
 and calls one library function; the work lives in the library. Errors a user can fix are printed as one line
@@ -25,6 +25,7 @@ from dali_pipes.cli.remote_args import (
     shown,
     storage_options,
 )
+from dali_pipes.cli.mixing import add_mixing
 from dali_pipes.cli.synth import add_synth
 from dali_pipes.cli.words import counted
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_verify(commands)
     _add_merge(commands)
     _add_stage(commands)
+    add_mixing(commands)
     add_synth(commands)
     add_bench_convert(commands)
     _add_demo(commands)
