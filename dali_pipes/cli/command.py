@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from dali_pipes.cli.exit_codes import EXIT_ERROR, EXIT_FAILED
 from dali_pipes.cli.measure import add_bench, add_bench_convert, add_doctor, add_selftest, add_tune, named
+from dali_pipes.cli.mixing import add_mixing
 from dali_pipes.cli.remote_args import (
     add_output_url_options,
     add_storage_options,
@@ -25,7 +26,6 @@ from dali_pipes.cli.remote_args import (
     shown,
     storage_options,
 )
-from dali_pipes.cli.mixing import add_mixing
 from dali_pipes.cli.synth import add_synth
 from dali_pipes.cli.words import counted
 from dali_pipes.dataset.manifest import FORMATS, ManifestError
