@@ -53,7 +53,7 @@ from dali_pipes.loading.store_setup import epoch_sampling, prepare_store
 from dali_pipes.loading.streams import DaliStream
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool
 from dali_pipes.loading.world import detect_world, resolve_device
-from dali_pipes.sampling import WeightedSampling
+from dali_pipes.sampling import EpochRules, WeightedSampling
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.loading.mixture import Mixture
@@ -132,15 +132,8 @@ class DALILoader(DataLoaderSurface):
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
-        self.store, self.staged, self.cache = prepare_store(
-            path,
-            data or DataOptions(),
-            world=self.world,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            last_batch=self.last_batch,
-        )
+        self._rules = EpochRules(self.batch_size, self.world, self.seed, self.shuffle, self.last_batch)
+        self.store, self.staged, self.cache = prepare_store(path, data or DataOptions(), self._rules)
         try:
             self.pipeline = bind_spec(pipeline, self.store)
             self._fields = required_fields(self.pipeline, self.store)
@@ -172,11 +165,7 @@ class DALILoader(DataLoaderSurface):
         return (BatchStoreSource if batch_reads else StoreSource)(
             self.store,
             self._fields,
-            batch_size=self.batch_size,
-            world=self.world,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            last_batch=self.last_batch,
+            self._rules,
             control=self._control,
             with_index=self.with_index,
             batch_inputs=getattr(self.pipeline, "batch_inputs", None),
