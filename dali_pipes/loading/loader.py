@@ -213,7 +213,7 @@ class DALILoader(DataLoaderSurface):
             self.store, self._fields, self.world, self._workers, self._source, self.batch_size, run.prefetch
         )
         self._stream = GuardedStream(stream, diagnosis, caller, device_id, self._stop_workers)
-        steps = EpochSteps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch)
+        steps = EpochSteps(self.epoch_length, self._rules)
         # Training epochs read on in one stream epoch, without a refill between them (loading/epoch_chain.py).
         chain = EpochChain(self._control, self._source, self._sizes, steps.batches(0), ahead)
         where = f"{self.store.root} (rank {self.world.rank})"
