@@ -141,6 +141,7 @@ class DALILoader(DataLoaderSurface):
                 self.store, sampling, shuffle=self.shuffle, spec=pipeline if shuffle is None else None
             )
             self._source = self._make_source(run.batch_reads)
+            # epoch_length checks a weighted draw (one weight per sample) before anything starts.
             self.batch_format.check_steps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch)
             with main_hidden_from_spawn(self.py_start_method):  # spawned workers never re-run the user's script
                 self._start(run, device_id)
@@ -160,8 +161,6 @@ class DALILoader(DataLoaderSurface):
         """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
         self._control = EpochControl()
         self._sizes = EpochSizes(self.pipeline)
-        if self.sampling is not None:  # one weight per sample, checked before anything starts
-            self.sampling.epoch_length(len(self.store))
         return (BatchStoreSource if batch_reads else StoreSource)(
             self.store,
             self._fields,

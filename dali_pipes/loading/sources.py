@@ -214,7 +214,7 @@ class StoreSource:
         select_fields(store.fields, fields, str(store.root))  # the stores' one check: names a missing field
         self.store = store
         self.fields = tuple(fields)
-        # Copied out of the rules: read at every batch, and a worker's copy pickles them as plain values.
+        # Copied out of the rules as plain attributes: read at every sample or batch, in DALI's reader processes too.
         self.batch_size, self.world, self.seed = int(rules.batch_size), rules.world, int(rules.seed)
         self.shuffle, self.last_batch = bool(rules.shuffle), rules.last_batch
         self.control = control

@@ -25,6 +25,8 @@ import contextlib
 import sys
 from typing import Iterator
 
+from dali_pipes.loading.config import START_METHODS
+
 __all__ = ["choose_start_method", "driver_initialized", "main_hidden_from_spawn"]
 
 _UNSET = object()
@@ -44,7 +46,7 @@ def driver_initialized() -> bool:
 
 def choose_start_method(requested: str | None) -> str:
     """``requested``, or by default ``"spawn"`` when the CUDA driver is initialised and ``"fork"`` otherwise."""
-    if requested not in (None, "fork", "spawn"):
+    if requested not in START_METHODS:
         raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {requested!r}")
     if requested is not None:
         return requested
