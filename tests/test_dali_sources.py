@@ -16,7 +16,7 @@ import pytest
 from dali_pipes import StoreError, open_store
 from dali_pipes.dataset.manifest import Field
 from dali_pipes.loading.sources import EpochControl, StoreSource, dali_output_types
-from dali_pipes.sampling import World, rank_indices
+from dali_pipes.sampling import EpochRules, World, rank_indices
 from dali_pipes.stores import tfexample
 
 from loader_helpers import encode_jpeg, grey_level, write_dataset
@@ -35,9 +35,9 @@ def info(i, dali_epoch=0):
 
 def make(store, control, fields=("image", "label"), **kwargs):
     """A source of ``fields``: batches of 4 for rank 1 of 2, shuffled with seed 3, padded, unless ``kwargs`` say."""
-    args = dict(batch_size=4, world=World(1, 2), seed=3, shuffle=True, last_batch="pad", control=control)
-    args.update(kwargs)
-    return StoreSource(store, fields, **args)
+    rules = dict(batch_size=4, world=World(1, 2), seed=3, shuffle=True, last_batch="pad")
+    rules.update((name, kwargs.pop(name)) for name in list(kwargs) if name in rules)
+    return StoreSource(store, fields, EpochRules(**rules), control=control, **kwargs)
 
 
 def in_order(store, control, fields, batch_size, **kwargs):

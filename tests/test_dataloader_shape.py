@@ -102,10 +102,12 @@ def test_evaluation_without_padding_never_yields_an_empty_batch_on_any_rank(tmp_
 def test_evaluation_that_would_leave_a_rank_an_empty_last_batch_is_refused_naming_batch_sizes_that_work(tmp_path):
     # 10 samples, batch 3, 3 ranks: the last step holds 1 sample, so ranks 1 and 2 would get 0 rows.
     dataset = write_dataset(tmp_path / "ds", 10, samples_per_shard=5)
+    fmt = BatchFormat(keys=("label", "index"), drop_padding=True, with_index=True)
     for rank in range(3):  # every rank refuses alike: none is left waiting in a collective for the others
+        run = RunOptions(device="cpu", rank=rank, world_size=3)
         with pytest.raises(ValueError, match=r"drop_padding=True.*rank\(s\) 1, 2 would get an empty last batch.*"
                            r"batch_size=2 or 4.*is_pad"):  # fmt: skip
-            _evaluate(dataset, 3, 3)
+            DALILoader(dataset, TinySpec(), batch_size=3, shuffle=False, run=run, batch_format=fmt)
     with DALILoader(dataset, TinySpec(), batch_size=3, run=RunOptions(device="cpu", rank=2, world_size=3)) as padded:
         assert [len(batch["label"]) for batch in padded] == [3, 1]  # with the padding kept: one filler row
     tiny_set = write_dataset(tmp_path / "two", 2)

@@ -12,7 +12,7 @@ import pytest
 from dali_pipes import open_store
 from dali_pipes.loading.epoch_plan import plan_path, read_plan, write_plan
 from dali_pipes.loading.sources import EpochControl, StoreSource
-from dali_pipes.sampling import World, rank_indices
+from dali_pipes.sampling import EpochRules, World, rank_indices
 
 from loader_helpers import epoch_folders, write_dataset
 
@@ -25,9 +25,7 @@ def dataset(tmp_path_factory):
 
 
 def _source(store, control, world=World(0, 1)):
-    return StoreSource(
-        store, ("label",), batch_size=4, world=world, seed=7, shuffle=True, last_batch="pad", control=control
-    )
+    return StoreSource(store, ("label",), EpochRules(batch_size=4, world=world, seed=7), control=control)
 
 
 def _indices_in_child(source, queue):

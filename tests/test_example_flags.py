@@ -224,10 +224,7 @@ def test_a_wrong_flag_is_argparses_usage_error(data, example, args, words):
 
 
 def test_gpu_without_cuda_names_the_device_flag(data):
-    import torch
-
-    if torch.cuda.is_available():
-        pytest.skip("CUDA is available here: --device gpu is no mistake")
+    # The script runs with every GPU hidden (ENV), so this holds on a machine with CUDA too.
     line = refused("train_detection", "coco", "--device", "gpu", cwd=data)
     assert "--device gpu: CUDA is not available here; use --device auto" in line
 

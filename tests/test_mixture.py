@@ -81,11 +81,9 @@ def two(tmp_path_factory):
 def _open(mixture):
     from dali_pipes import DataOptions
     from dali_pipes.loading.store_setup import prepare_store
-    from dali_pipes.sampling import World
+    from dali_pipes.sampling import EpochRules
 
-    store, _, _ = prepare_store(
-        mixture, DataOptions(), world=World(0, 1), batch_size=4, seed=0, shuffle=True, last_batch="pad"
-    )
+    store, _, _ = prepare_store(mixture, DataOptions(), EpochRules(batch_size=4))
     return store
 
 

@@ -213,14 +213,14 @@ def test_the_source_sent_to_reader_processes_does_not_carry_the_weights(tiny):
     from dali_pipes import WeightedSampling, open_store
     from dali_pipes.loading.batch_source import BatchStoreSource
     from dali_pipes.loading.sources import EpochControl
-    from dali_pipes.sampling import World
+    from dali_pipes.sampling import EpochRules
 
     store, control = open_store(tiny), EpochControl()
     sizes = {}
     for weights in (None, np.ones(10), np.ones(1_000_000)):
         source = BatchStoreSource(
-            store, ("image", "label"), batch_size=4, world=World(0, 1), seed=0, shuffle=True, last_batch="pad",
-            control=control, sampling=None if weights is None else WeightedSampling(weights),
+            store, ("image", "label"), EpochRules(batch_size=4), control=control,
+            sampling=None if weights is None else WeightedSampling(weights),
         )  # fmt: skip
         sizes[0 if weights is None else len(weights)] = len(ForkingPickler.dumps(source))
     assert sizes[1_000_000] == sizes[10] < sizes[0] + 200  # the kind's name, not the weights
@@ -241,13 +241,12 @@ def test_a_stale_task_that_meets_the_next_epochs_plan_mid_publish_stops_quietly(
     from dali_pipes import WeightedSampling, open_store
     from dali_pipes.loading import sources
     from dali_pipes.loading.batch_source import BatchStoreSource
-    from dali_pipes.sampling import World
+    from dali_pipes.sampling import EpochRules
 
     store, control = open_store(tiny), sources.EpochControl()
     sampling = WeightedSampling(np.ones(len(store)))
     source = BatchStoreSource(
-        store, ("image", "label"), batch_size=4, world=World(0, 1), seed=0, shuffle=True, last_batch="pad",
-        control=control, sampling=sampling,
+        store, ("image", "label"), EpochRules(batch_size=4), control=control, sampling=sampling,
     )  # fmt: skip
     clone = ForkingPickler.loads(ForkingPickler.dumps(source))  # what a spawned reader process holds
     plan = (sampling.order(len(store), 0, 0), np.zeros(len(store), bool))

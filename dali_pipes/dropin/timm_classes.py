@@ -120,15 +120,24 @@ class Relabel:
     ``dataset``, instead of an IndexError, a device-side assert on a GPU, or a
     negative label silently wrapping around to the table's end.
 
+    ``check_range=False`` leaves the check out where every label is known to be in range.
+
     ``mixup_enabled`` is ``then``'s (timm's ``Mixup``), so that ``loader.mixup_enabled = False``
     still switches the mixing; without a ``then`` that has it, reading it raises AttributeError,
     as on a transform that does not mix.
     """
 
     def __init__(
-        self, label_map: Sequence[int], then: Callable[..., Any] | None = None, dataset: Any = "the dataset"
+        self,
+        label_map: Sequence[int],
+        then: Callable[..., Any] | None = None,
+        dataset: Any = "the dataset",
+        check_range: bool = True,
     ) -> None:
         self.label_map = tuple(int(index) for index in label_map)
+        # The check copies each batch's label range to the host (a wait on the GPU): skipped where the labels
+        # are in range by construction (an image folder's labels are its class folders' numbers).
+        self.check_range = bool(check_range)
         self.then = then
         self.dataset = dataset
         self._tables: dict[Any, Any] = {}  # the lookup table on each device it was used on
@@ -136,7 +145,8 @@ class Relabel:
     def __call__(self, image: Any, label: Any) -> Any:
         import torch
 
-        self._check_range(label)
+        if self.check_range:
+            self._check_range(label)
         table = self._tables.get(label.device)
         if table is None:
             table = self._tables[label.device] = torch.tensor(self.label_map, dtype=torch.int64, device=label.device)

@@ -259,7 +259,8 @@ def create_loader(
     last_batch = train_last_batch(len(dataset), batch_size, world.world_size) if is_training else "pad"
     transform = _mixer(options.get("collate_fn"))
     if dataset.label_map is not None:  # timm's class indices, before any mixing one-hots them
-        transform = Relabel(dataset.label_map, transform, dataset=dataset.root)
+        in_range = dataset.source_kind == _FOLDER_KIND  # an image folder's labels number its class folders
+        transform = Relabel(dataset.label_map, transform, dataset=dataset.root, check_range=not in_range)
     batch_format = BatchFormat(keys=("image", "label"), dtype=_dtype_name(options), transform=transform)
     return TimmLoader(
         dataset,

@@ -54,7 +54,7 @@ from dali_pipes.loading.streaming import streaming_run
 from dali_pipes.loading.streams import DaliStream
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool
 from dali_pipes.loading.world import detect_world, resolve_device
-from dali_pipes.sampling import WeightedSampling
+from dali_pipes.sampling import EpochRules, WeightedSampling
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
     from dali_pipes.loading.mixture import Mixture
@@ -134,15 +134,8 @@ class DALILoader(DataLoaderSurface):
         self.batch_format = batch_format or BatchFormat()  # the dict of outputs, or a tuple (loading/compat.py)
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
-        self.store, self.staged, self.cache = prepare_store(
-            path,
-            data or DataOptions(),
-            world=self.world,
-            batch_size=self.batch_size,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            last_batch=self.last_batch,
-        )
+        self._rules = EpochRules(self.batch_size, self.world, self.seed, self.shuffle, self.last_batch)
+        self.store, self.staged, self.cache = prepare_store(path, data or DataOptions(), self._rules)
         try:
             self.pipeline = bind_spec(pipeline, self.store)
             self._fields = required_fields(self.pipeline, self.store)
@@ -150,6 +143,7 @@ class DALILoader(DataLoaderSurface):
                 self.store, sampling, shuffle=self.shuffle, spec=pipeline if shuffle is None else None
             )
             self._source = self._make_source(run.batch_reads)
+            # epoch_length checks a weighted draw (one weight per sample) before anything starts.
             self.batch_format.check_steps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch)
             with main_hidden_from_spawn(self.py_start_method):  # spawned workers never re-run the user's script
                 self._start(run, device_id)
@@ -169,16 +163,10 @@ class DALILoader(DataLoaderSurface):
         """The external source of this rank: one Python call per batch (sorted, coalesced shard reads), or per sample."""
         self._control = EpochControl()
         self._sizes = EpochSizes(self.pipeline)
-        if self.sampling is not None:  # one weight per sample, checked before anything starts
-            self.sampling.epoch_length(len(self.store))
         return (BatchStoreSource if batch_reads else StoreSource)(
             self.store,
             self._fields,
-            batch_size=self.batch_size,
-            world=self.world,
-            seed=self.seed,
-            shuffle=self.shuffle,
-            last_batch=self.last_batch,
+            self._rules,
             control=self._control,
             with_index=self.with_index,
             batch_inputs=getattr(self.pipeline, "batch_inputs", None),
@@ -226,7 +214,7 @@ class DALILoader(DataLoaderSurface):
             self.store, self._fields, self.world, self._workers, self._source, self.batch_size, run.prefetch
         )
         self._stream = GuardedStream(stream, diagnosis, caller, device_id, self._stop_workers)
-        steps = EpochSteps(self.epoch_length, self.batch_size, self.world.world_size, self.last_batch)
+        steps = EpochSteps(self.epoch_length, self._rules)
         # Training epochs read on in one stream epoch, without a refill between them (loading/epoch_chain.py).
         chain = EpochChain(self._control, self._source, self._sizes, steps.batches(0), ahead)
         where = f"{self.store.root} (rank {self.world.rank})"

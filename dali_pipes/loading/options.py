@@ -92,23 +92,24 @@ def choose_counts(
 ) -> tuple[int, int]:
     """``(num_threads, py_num_workers)``: as given, else the defaults for the device, format and cores; one INFO
     line says what was chosen and why."""
-    chosen_workers = default_py_num_workers(fmt, batch_reads, workers=workers, gpu_images=gpu_images)
-    chosen_threads = default_num_threads(gpu_images=gpu_images) if threads is None else threads
+    cpus = cores_per_rank()  # read once: it reads the cgroup and cpuset files
+    chosen_workers = default_py_num_workers(fmt, batch_reads, cpus, workers=workers, gpu_images=gpu_images)
+    chosen_threads = default_num_threads(cpus, gpu_images=gpu_images) if threads is None else threads
     log.info(
         "DALILoader: %d DALI threads (%s) and %d reader processes (%s)",
         chosen_threads,
-        _counts_reason(threads, gpu_images),
+        _counts_reason(threads, gpu_images, cpus),
         chosen_workers,
-        _counts_reason(workers, gpu_images),
+        _counts_reason(workers, gpu_images, cpus),
     )
     return chosen_threads, chosen_workers
 
 
-def _counts_reason(given: int | None, gpu_images: bool) -> str:
+def _counts_reason(given: int | None, gpu_images: bool, cpus: int) -> str:
     if given is not None:
         return "set by the caller, a settings file or the pipeline spec"
     where = "the GPU decodes the images" if gpu_images else "the CPU decodes"
-    return f"the default for {cores_per_rank()} cores per rank where {where}"
+    return f"the default for {cpus} cores per rank where {where}"
 
 
 #: Reader processes for batch reads that feed the GPU decoder, on at least GPU_FEED_MIN_CORES cores per rank:

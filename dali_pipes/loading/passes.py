@@ -16,7 +16,7 @@ from dali_pipes.loading.epoch_chain import EpochChain
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.sources import EpochControl
 from dali_pipes.loading.streams import BatchStream
-from dali_pipes.sampling import check_int, num_batches, samples_consumed, samples_per_rank
+from dali_pipes.sampling import EpochRules, check_int, num_batches, samples_consumed, samples_per_rank
 
 __all__ = ["EpochState", "EpochSteps", "Pass"]
 
@@ -26,21 +26,27 @@ class EpochSteps:
     """How an epoch of ``samples`` (over all ranks) splits into this rank's batches: the sampling rules, bound."""
 
     samples: int
-    batch_size: int
-    world_size: int
-    last_batch: str
+    rules: EpochRules
+
+    @property
+    def batch_size(self) -> int:
+        """Samples in a batch of this rank (the last one may hold fewer real ones)."""
+        return self.rules.batch_size
 
     def batches(self, start: int) -> int:
         """Batches per rank in the epoch after ``start`` samples of it were consumed."""
-        return num_batches(self.samples, self.batch_size, self.world_size, self.last_batch, start)
+        r = self.rules
+        return num_batches(self.samples, r.batch_size, r.world.world_size, r.last_batch, start)
 
     def per_rank(self, start: int) -> int:
         """This rank's samples, padding included, in the epoch after ``start``."""
-        return samples_per_rank(self.samples, self.batch_size, self.world_size, self.last_batch, start)
+        r = self.rules
+        return samples_per_rank(self.samples, r.batch_size, r.world.world_size, r.last_batch, start)
 
     def consumed(self, handed: int, start: int) -> int:
         """The epoch's global samples consumed once every rank has taken ``handed`` batches from ``start``."""
-        return samples_consumed(self.samples, self.batch_size, self.world_size, handed, self.last_batch, start)
+        r = self.rules
+        return samples_consumed(self.samples, r.batch_size, r.world.world_size, handed, r.last_batch, start)
 
 
 @dataclass

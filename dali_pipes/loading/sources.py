@@ -48,7 +48,7 @@ import numpy as np
 
 from dali_pipes.dataset.outputs import DALI_TYPE_NAMES
 from dali_pipes.loading.epoch_plan import Plan, plan_path, read_plan, remove_file, remove_plan, segment_path, write_plan
-from dali_pipes.sampling import World, rank_indices, split_order
+from dali_pipes.sampling import EpochRules, rank_indices, split_order
 from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError, select_fields
 
@@ -186,7 +186,8 @@ class _Segment:
 class StoreSource:
     """A picklable per-sample ``fn.external_source`` callable over ``store`` for one rank.
 
-    Returns, for ``SampleInfo.idx_in_epoch = i``, the ``fields`` of this rank's
+    ``rules`` are the loader's batch size, rank and world, seed, shuffle and last-batch
+    policy. Returns, for ``SampleInfo.idx_in_epoch = i``, the ``fields`` of this rank's
     ``i``-th sample (bytes fields as 1-D ``uint8`` arrays, array fields as stored),
     read with :meth:`Store.read <dali_pipes.stores.Store.read>`, so the dataset's
     other fields are never read,
@@ -203,12 +204,8 @@ class StoreSource:
         self,
         store: Store,
         fields: Sequence[str],
+        rules: EpochRules,
         *,
-        batch_size: int,
-        world: World,
-        seed: int,
-        shuffle: bool,
-        last_batch: str,
         control: EpochControl,
         with_index: bool = True,
         batch_inputs: Any = None,
@@ -217,11 +214,9 @@ class StoreSource:
         select_fields(store.fields, fields, str(store.root))  # the stores' one check: names a missing field
         self.store = store
         self.fields = tuple(fields)
-        self.batch_size = int(batch_size)
-        self.world = world
-        self.seed = int(seed)
-        self.shuffle = bool(shuffle)
-        self.last_batch = last_batch
+        # Copied out of the rules as plain attributes: read at every sample or batch, in DALI's reader processes too.
+        self.batch_size, self.world, self.seed = int(rules.batch_size), rules.world, int(rules.seed)
+        self.shuffle, self.last_batch = bool(rules.shuffle), rules.last_batch
         self.control = control
         self.with_index = bool(with_index)
         self.batch_inputs = batch_inputs

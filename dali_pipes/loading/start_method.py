@@ -43,9 +43,8 @@ def driver_initialized() -> bool:
 
 
 def choose_start_method(requested: str | None) -> str:
-    """``requested``, or by default ``"spawn"`` when the CUDA driver is initialised and ``"fork"`` otherwise."""
-    if requested not in (None, "fork", "spawn"):
-        raise ValueError(f"py_start_method must be 'fork', 'spawn' or None, got {requested!r}")
+    """``requested`` (checked by :class:`~dali_pipes.RunOptions`), or by default ``"spawn"`` when the CUDA driver
+    is initialised and ``"fork"`` otherwise."""
     if requested is not None:
         return requested
     # Fork is cheaper to start, and needs no guard in the user's script; DALI refuses it after cuInit.

@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from dali_pipes.loading.config import DataOptions
 from dali_pipes.loading.mixture import Mixture, MixtureStore
 from dali_pipes.remote.urls import is_url
-from dali_pipes.sampling import World
+from dali_pipes.sampling import EpochRules
 from dali_pipes.stores import Store, open_store
 
 __all__ = ["epoch_sampling", "prepare_store"]
@@ -17,15 +17,10 @@ __all__ = ["epoch_sampling", "prepare_store"]
 def prepare_store(
     path: str | os.PathLike | Mixture,
     data: DataOptions,
-    *,
-    world: World,
-    batch_size: int,
-    seed: int,
-    shuffle: bool,
-    last_batch: str,
+    rules: EpochRules,
 ) -> tuple[Store | MixtureStore, Any, Any]:
     """``(store, staged, ram_cache)``: the dataset staged (``data.stage_to``, or a URL), opened, and cached
-    (``data.cache="ram"``); ``world`` and the epoch's rules say which shards this rank reads, for the cache.
+    (``data.cache="ram"``); the loader's epoch ``rules`` say which shards this rank reads, for the cache.
 
     A :class:`~dali_pipes.loading.mixture.Mixture` opens each of its datasets (staged into
     ``stage_to/NAME`` when given) and joins them into a :class:`MixtureStore`.
@@ -44,15 +39,7 @@ def prepare_store(
     if data.cache == "ram":
         from dali_pipes.staging.ramcache import cache_for_loader
 
-        store, ram_cache = cache_for_loader(
-            store,
-            data.cache_bytes,
-            world=world,
-            batch_size=batch_size,
-            seed=seed,
-            shuffle=shuffle,
-            last_batch=last_batch,
-        )
+        store, ram_cache = cache_for_loader(store, data.cache_bytes, rules)
     return store, staged, ram_cache
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 
+from dali_pipes.loading.config import DEVICES
 from dali_pipes.sampling import World
 from dali_pipes.sampling import check_int as _check_int
 
@@ -68,7 +69,7 @@ def resolve_device(device: str, local_rank: int) -> tuple[str, int | None]:
     """
     import torch
 
-    if device not in ("auto", "gpu", "cuda", "cpu"):
+    if device not in DEVICES:
         raise ValueError(f"device must be 'auto', 'gpu' or 'cpu', got {device!r}")
     cuda = torch.cuda.is_available()
     if device == "auto":

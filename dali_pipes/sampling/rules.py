@@ -40,6 +40,7 @@ LAST_BATCH_POLICIES: tuple[str, ...] = ("pad", "drop")
 
 __all__ = [
     "LAST_BATCH_POLICIES",
+    "EpochRules",
     "World",
     "check_int",
     "epoch_order",
@@ -87,6 +88,19 @@ class World:
             raise ValueError(f"rank must be < world_size ({world_size}), got {rank}")
         object.__setattr__(self, "rank", rank)
         object.__setattr__(self, "world_size", world_size)
+
+
+@dataclass(frozen=True)
+class EpochRules:
+    """What stays fixed, for one loader, of how each epoch is split into this rank's batches: the arguments of
+    :func:`rank_indices` other than the epoch and the resume offset. Values are checked by whoever takes them
+    from the user (``DALILoader``)."""
+
+    batch_size: int
+    world: World = World()
+    seed: int = 0
+    shuffle: bool = True
+    last_batch: str = "pad"
 
 
 def epoch_order(num_samples: int, epoch: int, seed: int, shuffle: bool = True) -> np.ndarray:

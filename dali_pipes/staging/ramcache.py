@@ -38,6 +38,7 @@ import numpy as np
 
 from dali_pipes.dataset.manifest import Manifest, human_bytes, resolve_inside
 from dali_pipes.dataset.progress import bar_disabled, tqdm
+from dali_pipes.sampling import EpochRules, rank_indices
 from dali_pipes.staging.stage import StageError, StageItem, copy_checked
 from dali_pipes.staging.tmpfs import TMPFS, OwnedFolder, writable_tmpfs
 from dali_pipes.stores import Store, StoreError
@@ -284,24 +285,14 @@ def _check_tmpfs() -> None:
         )
 
 
-def cache_for_loader(
-    store: Store,
-    cache_bytes: int | None,
-    *,
-    world,
-    batch_size: int,
-    seed: int,
-    shuffle: bool,
-    last_batch: str,
-) -> tuple[Store, RamCache]:
+def cache_for_loader(store: Store, cache_bytes: int | None, rules: EpochRules) -> tuple[Store, RamCache]:
     """:func:`cache_in_ram` of the shards this rank of a loader reads (all of them when shuffling)."""
-    from dali_pipes.sampling import rank_indices
-
-    indices = None
-    if not shuffle:  # the same samples every epoch: only their shards
+    world, indices = rules.world, None
+    if not rules.shuffle:  # the same samples every epoch: only their shards
         indices, _ = rank_indices(
-            len(store), batch_size, world.rank, world.world_size, 0, seed, shuffle=False, last_batch=last_batch
-        )
+            len(store), rules.batch_size, world.rank, world.world_size, 0, rules.seed, shuffle=False,
+            last_batch=rules.last_batch,
+        )  # fmt: skip
     return cache_in_ram(
         store, shards_for_rank(store.manifest, indices), cache_bytes=cache_bytes, sharers=local_world_size(world)
     )
