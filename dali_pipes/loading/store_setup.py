@@ -31,7 +31,7 @@ def prepare_store(
     the node wait and reuse its copy. The RAM cache is made before the workers start.
     """
     if data.stream:
-        return _open_streamed(path, data, seed=seed, shuffle=shuffle, world=world)
+        return _open_streamed(path, data, rules)
     if isinstance(path, Mixture):
         return _prepare_mixture(path, stage_to=data.stage_to, cache=data.cache, storage_options=data.storage_options)
     store, staged = _stage_and_open(path, data.stage_to, data.storage_options)
@@ -43,7 +43,7 @@ def prepare_store(
     return store, staged, ram_cache
 
 
-def _open_streamed(path: Any, data: DataOptions, *, seed: int, shuffle: bool, world: World) -> tuple[Store, None, Any]:
+def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Store, None, Any]:
     """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
     if isinstance(path, Mixture):
         raise ValueError(
@@ -52,7 +52,7 @@ def _open_streamed(path: Any, data: DataOptions, *, seed: int, shuffle: bool, wo
         )
     from dali_pipes.loading.streaming import open_streaming  # the cache machinery only when streaming
 
-    store = open_streaming(path, data, seed=seed, shuffle=shuffle, world_size=world.world_size)
+    store = open_streaming(path, data, seed=rules.seed, shuffle=rules.shuffle, world_size=rules.world.world_size)
     return store, None, store.streamer
 
 
