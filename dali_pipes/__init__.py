@@ -16,7 +16,7 @@ from typing import Any
 
 from dali_pipes._version import __version__
 from dali_pipes.dataset.manifest import Manifest, ManifestError
-from dali_pipes.loading.config import DataOptions, RunOptions
+from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.mixture import Mixture
 from dali_pipes.remote.dataset import load_manifest  # a folder or a URL
@@ -56,6 +56,7 @@ __all__ = [
     "ShardReadError",
     "Store",
     "StoreError",
+    "StreamOptions",
     "WeightedSampling",
     "WorkerDiedError",
     "World",

@@ -497,18 +497,18 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
 def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: dict) -> None:
     """One rank of a streaming job, a process of its own without a process group (``torch.multiprocessing``).
 
-    Reads ``url`` with ``DataOptions(stream=True, **options["data"])`` from the node's shared cache folder
+    Reads ``url`` with ``DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])`` from the node's shared cache folder
     (``DALI_PIPES_CACHE``, inherited): the rest of the epoch of ``options["state"]`` when given, else one
     epoch, stopping after ``options["stop"]`` batches when given (its ``state_dict()`` then reported).
     Writes ``out_dir/rank-R.json``: the batches (indices, is_pad) and the cache's peak bytes.
     """
     import json
 
-    from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
+    from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
 
     quiet_dali_logs()
     run = RunOptions(rank=rank, world_size=world_size, device="cpu", py_num_workers=0)
-    data = DataOptions(stream=True, **options["data"])
+    data = DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])
     kwargs = dict(batch_size=options["batch_size"], seed=options.get("seed", 0), run=run, data=data)
     with DALILoader(url, TinySpec(), batch_format=BatchFormat(with_index=True), **kwargs) as loader:
         if options.get("state"):

@@ -19,7 +19,7 @@ import dali_pipes.pipelines as pipelines
 #: What a training script imports from the top level: the loader, the configs it takes, and the names the README,
 #: the examples and users' scripts use beside it (its errors, the store, the sampling rules).
 LOADER_SURFACE = {
-    *("DALILoader", "BatchFormat", "RunOptions", "DataOptions", "WeightedSampling", "Mixture"),
+    *("DALILoader", "BatchFormat", "RunOptions", "DataOptions", "StreamOptions", "WeightedSampling", "Mixture"),
     *("LoaderError", "ShardReadError", "WorkerDiedError", "StoreError", "ManifestError", "RemoteError"),
     *("open_store", "load_manifest", "Manifest", "Store", "World", "class_balanced_weights", "__version__"),
     *("epoch_order", "num_batches", "rank_indices", "ClassificationTrain", "ClassificationVal", "Features"),

@@ -1,7 +1,7 @@
 """The loader streaming a dataset from the loopback S3-protocol server through a bounded cache (a prototype).
 
-A dataset ten times the cache's limit, in many small LMDB shards, read with ``DataOptions(stream=True,
-cache_limit=...)`` on the CPU by the loader's own process: every sample exactly once per epoch, the
+A dataset ten times the cache's limit, in many small LMDB shards, read with ``DataOptions(stream=StreamOptions(
+cache_limit=...))`` on the CPU by the loader's own process: every sample exactly once per epoch, the
 cache's peak within its limit, a second epoch, and a resume mid-epoch. See dali_pipes/loading/streaming.py.
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch.multiprocessing as mp
 from test_remote_stage import upload
 
-from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
+from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
 from dali_pipes.loading.streaming import STREAM_FOLDER
 from dali_pipes.sampling import num_batches
 
@@ -36,7 +36,7 @@ def streamed(tmp_path, s3, monkeypatch) -> tuple[str, DataOptions]:
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     source = write_dataset(tmp_path / "src", N, fmt="lmdb", samples_per_shard=4)
     assert sum(p.stat().st_size for p in source.glob("shard-*")) == SHARDS * SHARD
-    return upload(s3, source), DataOptions(stream=True, cache_limit=LIMIT, storage_options=s3.options)
+    return upload(s3, source), DataOptions(stream=StreamOptions(cache_limit=LIMIT), storage_options=s3.options)
 
 
 def stream_loader(url: str, data: DataOptions) -> DALILoader:
@@ -99,14 +99,20 @@ def test_a_state_saved_mid_epoch_resumes_the_rest_of_it(streamed):
 
 def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
     url, data = streamed
-    with pytest.raises(ValueError, match="cache_limit=BYTES"):
+    with pytest.raises(TypeError, match=r"StreamOptions\(cache_limit=BYTES\)"):
         DataOptions(stream=True)
+    with pytest.raises(TypeError, match="cache_limit"):
+        StreamOptions()
+    with pytest.raises(ValueError, match="StreamOptions.cache_limit must be a positive whole number"):
+        StreamOptions(cache_limit=1.5)
+    with pytest.raises(ValueError, match="StreamOptions.fetch_ahead"):
+        StreamOptions(cache_limit=LIMIT, fetch_ahead=-1)
+    with pytest.raises(ValueError, match="StreamOptions.downloads"):
+        StreamOptions(cache_limit=LIMIT, downloads=0)
     with pytest.raises(ValueError, match="stage_to"):
-        DataOptions(stream=True, cache_limit=LIMIT, stage_to=tmp_path / "x")
+        DataOptions(stream=StreamOptions(cache_limit=LIMIT), stage_to=tmp_path / "x")
     with pytest.raises(ValueError, match="cache='ram'"):
-        DataOptions(stream=True, cache_limit=LIMIT, cache="ram")
-    with pytest.raises(ValueError, match="pass stream=True"):
-        DataOptions(cache_limit=LIMIT)
+        DataOptions(stream=StreamOptions(cache_limit=LIMIT), cache="ram")
     with pytest.raises(ValueError, match="py_num_workers=0"):
         DALILoader(url, TinySpec(), batch_size=BATCH, run=RunOptions(device="cpu", py_num_workers=2), data=data)
     from dali_pipes import Mixture
@@ -116,6 +122,26 @@ def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
         DALILoader(Mixture({"a": url, "b": url}), TinySpec(), batch_size=BATCH, run=RUN, data=data)
     with pytest.raises(ValueError, match="WeightedSampling.*not streamed"):
         DALILoader(url, TinySpec(), batch_size=BATCH, run=RUN, data=data, sampling=WeightedSampling([1.0] * N))
+
+
+@pytest.mark.timeout(120)
+def test_the_cache_folder_the_shards_fetched_ahead_and_the_downloads_are_the_users_to_set(tmp_path, s3, streamed):
+    url, data = streamed
+    stream = StreamOptions(cache_limit=LIMIT, folder=tmp_path / "nvme", fetch_ahead=1, downloads=2)
+    wide = DataOptions(stream=stream, storage_options=data.storage_options)
+    with stream_loader(url, wide) as loader, stream_loader(url, data) as default:
+        assert Path(loader.store.root).parent == tmp_path / "nvme"
+        assert loader.store.streamer.ahead == 1 and default.store.streamer.ahead >= default.sampling.window
+        assert loader.sampling.window > default.sampling.window  # the room not fetched ahead widens the window
+        assert sorted(real_indices(loader)) == list(range(N))
+        assert loader.cache.peak_bytes <= LIMIT
+    with pytest.raises(ValueError, match="StreamOptions.fetch_ahead=.* leaves no room for a window"):
+        stream_loader(
+            url,
+            DataOptions(
+                stream=StreamOptions(cache_limit=LIMIT, fetch_ahead=SHARDS), storage_options=data.storage_options
+            ),
+        )
 
 
 def run_ranks(world_size: int, url: str, out_dir: Path, **options) -> list[dict]:
@@ -137,8 +163,8 @@ def real_of(report: dict) -> list[int]:
 def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_path, streamed, world_size):
     # Processes without a process group: nothing keeps them in lockstep, yet the node's pins stay within the limit.
     url, data = streamed
-    options = {"cache_limit": LIMIT, "storage_options": data.storage_options}
-    reports = run_ranks(world_size, url, tmp_path / "out", data=options)
+    options = {"stream": {"cache_limit": LIMIT}, "storage": data.storage_options}
+    reports = run_ranks(world_size, url, tmp_path / "out", **options)
     assert sorted(sum((real_of(r) for r in reports), [])) == list(range(N))
     expected = num_batches(N, 4, world_size)
     assert [len(r["batches"]) for r in reports] == [expected] * world_size == [r["len"] for r in reports]
@@ -149,10 +175,10 @@ def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_pa
 @pytest.mark.timeout(240)
 def test_a_state_saved_mid_epoch_on_two_ranks_resumes_on_three(tmp_path, streamed):
     url, data = streamed
-    options = {"cache_limit": LIMIT, "storage_options": data.storage_options, "node_ranks": 3}  # one window for both
-    first = run_ranks(2, url, tmp_path / "two", data=options, stop=9)
+    options = {"stream": {"cache_limit": LIMIT, "node_ranks": 3}, "storage": data.storage_options}  # one window
+    first = run_ranks(2, url, tmp_path / "two", **options, stop=9)
     assert first[0]["state"] == first[1]["state"] and first[0]["state"]["samples_consumed"] == 9 * 4 * 2
-    rest = run_ranks(3, url, tmp_path / "three", data=options, state=first[0]["state"])
+    rest = run_ranks(3, url, tmp_path / "three", **options, state=first[0]["state"])
     seen = sum((real_of(r) for r in first + rest), [])
     assert sorted(seen) == list(range(N))
     assert len({len(r["batches"]) for r in rest}) == 1
@@ -163,18 +189,18 @@ def test_the_ranks_of_a_node_share_the_limit(tmp_path, streamed, monkeypatch):
     from dali_pipes.loading.streaming import node_ranks
 
     url, data = streamed
-    assert node_ranks(data, 4) == 4
+    assert node_ranks(data.stream, 4) == 4
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert node_ranks(data, 4) == 2
+    assert node_ranks(data.stream, 4) == 2
     with pytest.raises(ValueError, match="give node_ranks >= 2"):
-        node_ranks(DataOptions(stream=True, cache_limit=LIMIT, node_ranks=1), 4)
-    with pytest.raises(ValueError, match="node_ranks shares the cache of stream=True"):
-        DataOptions(node_ranks=2)
+        node_ranks(StreamOptions(cache_limit=LIMIT, node_ranks=1), 4)
     with pytest.raises(ValueError, match="raise cache_limit to at least"):
         DALILoader(
             url,
             TinySpec(),
             batch_size=BATCH,
             run=RUN,
-            data=DataOptions(stream=True, cache_limit=LIMIT, storage_options=data.storage_options, node_ranks=5),
+            data=DataOptions(
+                stream=StreamOptions(cache_limit=LIMIT, node_ranks=5), storage_options=data.storage_options
+            ),
         )

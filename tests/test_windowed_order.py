@@ -20,6 +20,7 @@ from dali_pipes.sampling import (
     shards_needed,
     spans_between,
     split_order,
+    window_and_ahead,
     window_spans,
     windowed_order,
 )
@@ -179,6 +180,38 @@ def test_choose_window_examples():
     assert choose_window(5000, [100] * 50) == 50  # all of it fits: one window
     assert choose_window(10, [100] * 5) == 1  # never below one shard
     assert choose_window(1000, [500, 100, 100, 100, 100, 100, 100, 600]) == 1  # the largest shards decide
+
+
+def test_window_and_ahead_share_the_budget():
+    assert window_and_ahead(1000, [100] * 50) == (5, 5)  # by default a whole next window ahead
+    assert window_and_ahead(1150, [100] * 50) == (5, 6)  # the odd shard left over goes ahead
+    assert window_and_ahead(1000, [100] * 50, fetch_ahead=2) == (8, 2)  # fewer ahead: a wider window
+    assert window_and_ahead(1000, [100] * 50, fetch_ahead=0) == (10, 0)
+    assert window_and_ahead(5000, [100] * 50, fetch_ahead=3) == (50, 0)  # all of it fits: nothing to fetch
+    assert window_and_ahead(1000, [500, 100, 100, 100, 100, 100, 100, 600]) == (1, 0)  # the largest shards decide
+    with pytest.raises(ValueError, match="fetch_ahead=10 leaves no room for a window.*fetch at most 9 ahead"):
+        window_and_ahead(1000, [100] * 50, fetch_ahead=10)
+
+
+@given(
+    shard_bytes=st.lists(st.integers(1, 500), min_size=1, max_size=40),
+    budget=st.integers(1, 5000),
+    ahead=st.one_of(st.none(), st.integers(0, 10)),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_window_and_the_shards_ahead_always_fit_the_budget(shard_bytes, budget, ahead):
+    try:
+        window, fetched = window_and_ahead(budget, shard_bytes, ahead)
+    except ValueError:
+        assert ahead is not None and sum(sorted(shard_bytes)[::-1][: ahead + 1]) > budget
+        return
+    largest = sorted(shard_bytes, reverse=True)
+    assert 1 <= window <= len(shard_bytes)
+    if window == len(shard_bytes) and sum(shard_bytes) <= budget:
+        assert fetched == 0
+    else:
+        assert sum(largest[: window + fetched]) <= budget or (window == 1 and fetched == 0)
+        assert ahead is None or fetched == ahead
 
 
 @settings(max_examples=200, deadline=None)

@@ -1,6 +1,6 @@
 """``dali-pipes mixing``: how well streaming's windowed order mixes a dataset's labels in batches.
 
-Streaming (``DataOptions(stream=True, cache_limit=...)``) shuffles samples within windows of ``W``
+Streaming (``DataOptions(stream=StreamOptions(cache_limit=...))``) shuffles samples within windows of ``W``
 shards (:mod:`dali_pipes.sampling.windowed`); a dataset written class by class then puts few classes
 in a batch. This command reads the dataset's labels (one fixed-shape field, ``label`` unless told)
 and its shard sizes from the manifest, and prints, per window size, the classes per batch and the

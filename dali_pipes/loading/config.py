@@ -9,7 +9,7 @@ loader copies or starts anything:
   works (DALI's threads, reader processes, prefetch, how the processes start, batch
   reads, a ``dali-pipes tune`` settings file);
 - :class:`DataOptions`: where the data is read from (a staged copy, a RAM cache,
-  object storage's options).
+  object storage's options, a stream through a bounded cache: :class:`StreamOptions`).
 
 Both are frozen: one value can be shared by every loader of a script.
 """
@@ -26,7 +26,7 @@ import numpy as np
 from dali_pipes.sampling import check_int
 from dali_pipes.staging.ramcache import CACHE_KINDS
 
-__all__ = ["DEVICES", "START_METHODS", "DataOptions", "RunOptions"]
+__all__ = ["DEVICES", "START_METHODS", "DataOptions", "RunOptions", "StreamOptions"]
 
 #: What ``RunOptions.device`` takes: this rank's GPU when CUDA is there ("auto"), a GPU, or the CPU.
 DEVICES = ("auto", "gpu", "cuda", "cpu")
@@ -84,6 +84,47 @@ class RunOptions:
 
 
 @dataclass(frozen=True)
+class StreamOptions:
+    """How ``DataOptions(stream=...)`` reads a dataset through a bounded cache instead of a full copy.
+
+    ``cache_limit``: the most bytes of shards the node's cache folder holds (for example a tenth of the
+    dataset; at least two of its largest shards per rank of the node). The epoch order is then
+    shard-windowed (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
+    within windows of ``W`` shards, ``W`` the most that fit in a rank's share of the limit beside what
+    is fetched ahead (``dali-pipes mixing`` shows what a window size does to the classes of a batch).
+
+    ``folder``: the cache folder (default: ``stream/`` under ``$DALI_PIPES_CACHE``, else
+    ``~/.cache/dali-pipes``, a sub-folder per dataset); put it on a local disk, not a network one.
+    ``node_ranks``: the ranks of the job that share a node's cache, each pinning at most
+    ``cache_limit // node_ranks`` bytes (default ``LOCAL_WORLD_SIZE``, which torchrun sets, else the
+    job's world size); ``W`` follows from it, so give the same value (the most ranks a node will run)
+    to resume a state on another number of ranks per node. ``fetch_ahead``: the shards after the
+    window being read that are downloaded while it is read (default: a whole window, so that the next
+    window is there when the reads reach it; fewer leave room for a wider window, whose first batches
+    may then wait for downloads). ``downloads``: shards downloaded at once.
+    """
+
+    cache_limit: int
+    folder: str | os.PathLike | None = None
+    node_ranks: int | None = None
+    fetch_ahead: int | None = None
+    downloads: int = 4
+
+    def __post_init__(self) -> None:
+        bad = isinstance(self.cache_limit, bool) or not isinstance(self.cache_limit, numbers.Real)
+        if bad or self.cache_limit < 1 or int(self.cache_limit) != self.cache_limit:
+            raise ValueError(
+                f"StreamOptions.cache_limit must be a positive whole number of bytes, got {self.cache_limit!r}"
+            )
+        object.__setattr__(self, "cache_limit", int(self.cache_limit))
+        for name, least in (("node_ranks", 1), ("fetch_ahead", 0), ("downloads", 1)):
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, int(check_int(f"StreamOptions.{name}", getattr(self, name), least)))
+        if self.downloads is None:
+            raise ValueError("StreamOptions.downloads must be a whole number >= 1, got None")
+
+
+@dataclass(frozen=True)
 class DataOptions:
     """Where a :class:`~dali_pipes.DALILoader` reads its dataset from; every field has a default.
 
@@ -99,24 +140,17 @@ class DataOptions:
     (:mod:`dali_pipes.staging.ramcache`). ``storage_options``: for the fsspec backend of a URL
     (credentials, ``endpoint_url``); never logged nor shown in this object's ``repr``.
 
-    ``stream=True`` with ``cache_limit=BYTES``: read the dataset (a URL, or a folder on a slow
+    ``stream=StreamOptions(cache_limit=BYTES)``: read the dataset (a URL, or a folder on a slow
     filesystem) without a full copy, through a cache folder of the node that never holds more than
-    ``cache_limit`` bytes of its shards (under ``$DALI_PIPES_CACHE``, else ``~/.cache/dali-pipes``, in
-    ``stream/``), in a shard-windowed epoch order (:mod:`dali_pipes.loading.streaming`). Not with
-    ``stage_to`` nor ``cache="ram"``; a prototype: the loader's own process reads (``py_num_workers=0``).
-    ``node_ranks``: how many ranks of the job share a node's cache (each may pin ``cache_limit // node_ranks``
-    bytes); default ``LOCAL_WORLD_SIZE`` (torchrun sets it), else the job's world size. The window size
-    follows from it, so give the same ``node_ranks`` (the most ranks a node will run) to resume a state on
-    another number of ranks per node.
+    ``cache_limit`` bytes of its shards, in a shard-windowed epoch order (:class:`StreamOptions`,
+    :mod:`dali_pipes.loading.streaming`). Not with ``stage_to`` nor ``cache="ram"``.
     """
 
     stage_to: str | os.PathLike | None = None
     cache: str | None = None
     cache_bytes: int | None = None
     storage_options: Mapping[str, Any] | None = field(default=None, repr=False)
-    stream: bool = False
-    cache_limit: int | None = None
-    node_ranks: int | None = None
+    stream: StreamOptions | None = None
 
     def __post_init__(self) -> None:
         self._check_stream()
@@ -139,43 +173,21 @@ class DataOptions:
             )
 
     def _check_stream(self) -> None:
-        """``stream`` and ``cache_limit``: a boolean, a positive number of bytes, and neither staging nor a RAM cache."""
-        if not isinstance(self.stream, (bool, np.bool_)):
-            raise TypeError(f"DataOptions.stream must be True or False, got {self.stream!r}")
-        object.__setattr__(self, "stream", bool(self.stream))
-        if self.cache_limit is not None:
-            if not self.stream:
-                raise ValueError("DataOptions.cache_limit is the byte limit of stream=True; pass stream=True too")
-            bad = isinstance(self.cache_limit, bool) or not isinstance(self.cache_limit, numbers.Real)
-            if bad or self.cache_limit < 1 or int(self.cache_limit) != self.cache_limit:
-                raise ValueError(
-                    f"DataOptions.cache_limit must be a positive whole number of bytes, got {self.cache_limit!r}"
-                )
-            object.__setattr__(self, "cache_limit", int(self.cache_limit))
-        if self.node_ranks is not None:
-            if not self.stream:
-                raise ValueError("DataOptions.node_ranks shares the cache of stream=True; pass stream=True too")
-            if (
-                isinstance(self.node_ranks, bool)
-                or not isinstance(self.node_ranks, numbers.Integral)
-                or self.node_ranks < 1
-            ):
-                raise ValueError(f"DataOptions.node_ranks must be a whole number >= 1, got {self.node_ranks!r}")
-            object.__setattr__(self, "node_ranks", int(self.node_ranks))
-        if not self.stream:
+        """``stream``: a :class:`StreamOptions`, with neither staging nor a RAM cache."""
+        if self.stream is None:
             return
-        if self.cache_limit is None:
-            raise ValueError(
-                "DataOptions(stream=True) needs cache_limit=BYTES, the most the node's cache folder may hold "
-                "(for example a tenth of the dataset, and at least a few shards)"
+        if not isinstance(self.stream, StreamOptions):
+            raise TypeError(
+                "DataOptions.stream takes StreamOptions(cache_limit=BYTES), the most the node's cache folder may "
+                f"hold (for example a tenth of the dataset, and at least a few shards), got {self.stream!r}"
             )
         if self.stage_to is not None:
             raise ValueError(
-                "DataOptions(stream=True) reads through a bounded cache instead of a full copy: leave out stage_to "
-                "(or leave out stream=True to stage the whole dataset)"
+                "DataOptions(stream=...) reads through a bounded cache instead of a full copy: leave out stage_to "
+                "(or leave out stream= to stage the whole dataset)"
             )
         if self.cache is not None:
             raise ValueError(
-                "DataOptions(stream=True) does not take cache='ram': the streamed shards are in the cache folder; "
+                "DataOptions(stream=...) does not take cache='ram': the streamed shards are in the cache folder; "
                 "leave out cache='ram' (or stage the dataset, stage_to=..., to cache it in RAM)"
             )

@@ -1,15 +1,15 @@
 """Streaming mode of :class:`~dali_pipes.DALILoader`: shards read through a bounded cache, window by window.
 
-With ``DataOptions(stream=True, cache_limit=BYTES)`` the dataset (a URL, or a folder on a slow
+With ``DataOptions(stream=StreamOptions(cache_limit=BYTES))`` the dataset (a URL, or a folder on a slow
 filesystem) is never copied whole. A :class:`~dali_pipes.staging.stream_cache.ShardCache` holds at
 most ``cache_limit`` bytes of its shards in a folder of the node, and the epoch order is the
 shard-windowed one (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
-within windows of ``W`` shards, ``W`` chosen so that two windows (the one being read and the next)
-fit in a rank's share of the cache with room for one more shard.
+within windows of ``W`` shards, ``W`` chosen so that the window being read and the shards fetched
+ahead of it (by default the next window) fit in a rank's share of the cache with room for one more shard.
 
 Several ranks of a node share its cache folder (one download per shard per node). Each of the node's
 ``R`` ranks (:func:`node_ranks`) may pin at most ``cache_limit // R`` bytes: its windows within
-``cache_limit // R - largest shard`` (the budget :func:`choose_window` sizes two windows by), plus the
+``cache_limit // R - largest shard`` (the budget :func:`window_and_ahead` sizes them by), plus the
 one shard a guarded read pins outside them. So the node's pins together stay within ``R *
 (cache_limit // R) <= cache_limit`` however far apart the ranks are: the ranks of a job read the same
 windowed order in slices of each global batch, but nothing keeps them in lockstep (a rank a window
@@ -20,13 +20,14 @@ the shuffle within it correspondingly narrower. Shards the ranks share count onc
 usually holds less than the bound.
 
 ``W`` is a pure function of ``(cache_limit, shard sizes, R)``: a state resumes on another world size
-when ``R`` is the same; pass ``DataOptions(node_ranks=...)``, the most ranks a node will run, to resume
+when ``R`` is the same; pass ``StreamOptions(node_ranks=...)``, the most ranks a node will run, to resume
 on fewer or more ranks per node (a rank that holds less than its share only leaves room unused).
 
-How the pieces meet (this prototype: one reading thread, the loader's own process, ``py_num_workers=0``):
+How the pieces meet (one reading thread, in the loader's own process: ``py_num_workers=0``):
 
-- :class:`Streamer` keeps the shards of the window being read and of the next one pinned, and a
-  background thread downloads them in reading order: the current window first, then the next.
+- :class:`Streamer` keeps the shards of the window being read and those read after it (``fetch_ahead``
+  of them, by default the next window) pinned, and a background thread downloads them in reading
+  order, ``downloads`` at a time: the current window first, then the ones ahead.
   The window being read is told by the external source before each batch
   (:meth:`StreamStore.before_read`: the batch's epoch and samples); when it moves on, the shards
   of the windows behind it are unpinned (the cache may then evict them) and their readers closed.
@@ -54,11 +55,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import numpy as np
 
 from dali_pipes.remote.urls import redact
-from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, choose_window, window_spans
+from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, window_and_ahead, window_spans
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
-    from dali_pipes.loading.config import DataOptions, RunOptions
+    from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
     from dali_pipes.staging.stream_cache import ShardCache
 
 logger = logging.getLogger(__name__)
@@ -83,30 +84,36 @@ def stream_folder(source: str | os.PathLike) -> Path:
 
 def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
     """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads refused."""
-    if not data.stream:
+    if data.stream is None:
         return run
     if run.py_num_workers not in (None, 0):
         raise ValueError(
-            f"DataOptions(stream=True) reads in the loader's own process for now: pass RunOptions(py_num_workers=0) "
+            f"DataOptions(stream=...) reads in the loader's own process: pass RunOptions(py_num_workers=0) "
             f"(got py_num_workers={run.py_num_workers}), or stage the dataset (stage_to=...) to read it with reader "
             "processes"
         )
     if not run.batch_reads:
-        raise ValueError("DataOptions(stream=True) reads whole batches: leave RunOptions(batch_reads=True)")
+        raise ValueError("DataOptions(stream=...) reads whole batches: leave RunOptions(batch_reads=True)")
     return dataclasses.replace(run, py_num_workers=0)
 
 
 class Streamer:
     """Keeps the windows being read pinned and downloaded ahead, in a background thread (see the module docstring).
 
-    ``window``: shards per window of the epoch order; ``budget``: the bytes the pinned windows may take (this
-    rank's share of the cache's limit less one shard, the room a read outside them needs).
+    ``window``: shards per window of the epoch order; ``ahead``: the shards read after the window being read
+    that are pinned and downloaded meanwhile; ``budget``: the bytes the pinned shards may take (this rank's
+    share of the cache's limit less one shard, the room a read outside them needs); ``downloads``: shards
+    the background thread downloads at once.
     """
 
-    def __init__(self, cache: "ShardCache", window: int, *, shuffle: bool, seed: int, budget: int) -> None:
+    def __init__(
+        self, cache: "ShardCache", window: int, *, ahead: int, budget: int, seed: int, shuffle: bool, downloads: int
+    ) -> None:
         self.cache = cache
         self.seed = seed
+        self.ahead = ahead
         self.budget = budget
+        self.downloads = downloads
         sizes = [shard.num_samples for shard in cache.manifest.shards]
         self.sampling = WindowedSampling(sizes, window, shuffle)
         self._sizes = np.cumsum(sizes)
@@ -136,15 +143,21 @@ class Streamer:
         at = (epoch, int(windows.min()))  # a batch across two windows: both pinned
         if at == self._at:
             return
-        current = spans[at[1]]
-        following = spans[at[1] + 1] if at[1] + 1 < len(spans) else self._epoch_spans(epoch + 1)[0]
-        want: list[int] = []
-        for shards in (current.shards, following.shards):
-            if sum(self._bytes[k] for k in (*want, *shards)) <= self.budget:
-                want.extend(k for k in shards if k not in want)
+        want = list(spans[at[1]].shards)
+        held = sum(self._bytes[k] for k in want)
+        for k in self._shards_after(epoch, at[1])[: self.ahead]:
+            if k not in want and held + self._bytes[k] <= self.budget:
+                want.append(k)
+                held += self._bytes[k]
         with self._locked():
             self._repin(want)
             self._at = at
+
+    def _shards_after(self, epoch: int, window: int) -> list[int]:
+        """The shards read after ``window`` of ``epoch``, in reading order: the epoch's later windows, then the next epoch's."""
+        later = [span.shards for span in self._epoch_spans(epoch)[window + 1 :]]
+        later += [span.shards for span in self._epoch_spans(epoch + 1)]
+        return [k for shards in later for k in shards]
 
     def _repin(self, want: list[int]) -> None:
         """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order."""
@@ -194,17 +207,22 @@ class Streamer:
             self._urgent.clear()
 
     def _fetch_ahead(self) -> None:
-        """The background thread: download the queued shards one by one (each pinned already)."""
+        """The background thread: download the queued shards, ``downloads`` at a time (each pinned already).
+
+        The lock is held while downloading, so that no shard is unpinned mid-download: an unpinned
+        download would take room beyond the pins that the rank's share was sized for. The reading thread
+        waits for at most one such group, and only when it repins or reads a shard not yet ready.
+        """
         while True:
             with self._cond:
                 while not self._closed and (not self._queue or self._urgent.is_set()):
                     self._cond.wait(0.05)
                 if self._closed:
                     return
-                shard = self._queue.pop(0)
+                chunk, self._queue = self._queue[: self.downloads], self._queue[self.downloads :]
                 try:
-                    self.cache.fetch([shard])
-                    self._ready.add(shard)
+                    self.cache.fetch(chunk)
+                    self._ready.update(chunk)
                 except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
                     logger.warning("stream %s: fetching ahead failed, retried when read: %s", self.cache.folder, exc)
 
@@ -282,39 +300,42 @@ class StreamStore(Store):
         raise TypeError("a streamed store is read in the loader's own process only (py_num_workers=0)")
 
 
-def node_ranks(data: "DataOptions", world_size: int) -> int:
-    """The ranks that share this node's cache: ``data.node_ranks``, else ``LOCAL_WORLD_SIZE``, else ``world_size``.
+def node_ranks(stream: "StreamOptions", world_size: int) -> int:
+    """The ranks that share this node's cache: ``stream.node_ranks``, else ``LOCAL_WORLD_SIZE``, else ``world_size``.
 
     Without either the whole job is taken to be on this node: never fewer ranks than share the folder
     (a bound within the limit), perhaps more (a smaller window than needed on a job of several nodes).
-    ``LOCAL_WORLD_SIZE`` above ``data.node_ranks`` is refused: the ranks' shares would pass the limit.
+    ``LOCAL_WORLD_SIZE`` above ``stream.node_ranks`` is refused: the ranks' shares would pass the limit.
     """
     local = os.environ.get("LOCAL_WORLD_SIZE")
     try:
         local_ranks = int(local) if local else None
     except ValueError:
         raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local!r} is not an integer") from None
-    if data.node_ranks is not None:
-        if local_ranks is not None and local_ranks > data.node_ranks:
+    if stream.node_ranks is not None:
+        if local_ranks is not None and local_ranks > stream.node_ranks:
             raise ValueError(
-                f"DataOptions(node_ranks={data.node_ranks}) but LOCAL_WORLD_SIZE={local_ranks} ranks share this "
+                f"StreamOptions(node_ranks={stream.node_ranks}) but LOCAL_WORLD_SIZE={local_ranks} ranks share this "
                 f"node's cache: give node_ranks >= {local_ranks}"
             )
-        return data.node_ranks
+        return stream.node_ranks
     return max(1, local_ranks if local_ranks is not None else int(world_size))
 
 
 def open_streaming(
     path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool, world_size: int = 1
 ) -> StreamStore:
-    """The :class:`StreamStore` of the dataset at ``path``, its cache in :func:`stream_folder` and limited to
-    ``data.cache_limit``; this rank's pins within its share of the limit (the module docstring says why), the
-    window chosen so that two windows and one more shard fit in that share."""
-    from dali_pipes.staging.stream_cache import ShardCache
+    """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
+    ``stream.folder`` (default :func:`stream_folder`) within ``stream.cache_limit``, this rank's pins
+    within its share of the limit (the module docstring says why), the window and the shards fetched
+    ahead sized by :func:`window_and_ahead` to fit in that share."""
+    from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
-    folder = stream_folder(path)
-    ranks = node_ranks(data, world_size)
-    cache = ShardCache(path, folder, int(data.cache_limit), storage_options=data.storage_options)
+    stream = data.stream
+    folder = Path(stream.folder) / stream_folder(path).name if stream.folder is not None else stream_folder(path)
+    ranks = node_ranks(stream, world_size)
+    tuning = CacheTuning(workers=stream.downloads)
+    cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
     try:
         share, largest = cache.limit_bytes // ranks, max(cache.shard_bytes)
         if share < 2 * largest:
@@ -323,27 +344,34 @@ def open_streaming(
                 f"{share} bytes a rank, less than two of the largest shard ({largest} bytes: one window of one "
                 f"shard and one read outside it); raise cache_limit to at least {2 * largest * ranks} bytes"
             )
-        budget = share - largest
-        window = choose_window(budget, cache.shard_bytes)
-        if 2 * window * largest > budget:
+        try:
+            window, ahead = window_and_ahead(share - largest, cache.shard_bytes, stream.fetch_ahead)
+        except ValueError as exc:
+            raise ValueError(f"{folder}: StreamOptions.{exc} ({ranks} rank(s) a node share the cache)") from None
+        if ahead == 0 and window < len(cache.shard_bytes):
             logger.warning(
-                "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) cannot hold two "
-                "windows of shards ahead; reads will wait for downloads (raise cache_limit)",
+                "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) leaves nothing to fetch "
+                "ahead of the window being read; its first batches will wait for downloads (raise cache_limit)",
                 folder,
                 share,
                 cache.limit_bytes,
                 ranks,
             )
         logger.info(
-            "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d",
+            "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d, "
+            "%d fetched ahead",
             redact(str(path), data.storage_options),
             folder,
             cache.limit_bytes,
             ranks,
             window,
             len(cache.shard_bytes),
+            ahead,
         )
-        return StreamStore(Streamer(cache, window, shuffle=shuffle, seed=seed, budget=budget))
+        streamer = Streamer(
+            cache, window, ahead=ahead, budget=share - largest, seed=seed, shuffle=shuffle, downloads=stream.downloads
+        )
+        return StreamStore(streamer)
     except BaseException:
         cache.close()
         raise

@@ -46,6 +46,7 @@ __all__ = [
     "batch_mixing",
     "checked_shard_sizes",
     "choose_window",
+    "window_and_ahead",
     "compare_mixing",
     "shard_of",
     "shards_needed",
@@ -194,6 +195,33 @@ def choose_window(cache_limit_bytes: int, shard_bytes: Sequence[int] | np.ndarra
         return len(sizes)
     fitting = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), limit, side="right"))  # largest shards that fit
     return max(1, fitting // windows)
+
+
+def window_and_ahead(
+    budget_bytes: int, shard_bytes: Sequence[int] | np.ndarray, fetch_ahead: int | None = None
+) -> tuple[int, int]:
+    """``(W, ahead)``: shards per window and shards fetched ahead of the window being read, all within ``budget_bytes``.
+
+    ``fetch_ahead=None`` splits the room between the window and a whole next window (:func:`choose_window`),
+    the rest going to the shards ahead; a number ``N`` fetches ``N`` ahead and gives the window the rest.
+    Counted in the largest shards, as :func:`choose_window` does. A dataset that fits whole is one window
+    with nothing to fetch ahead. Refuses (``ValueError``) a ``fetch_ahead`` that leaves no shard for a window.
+    """
+    budget = check_int("budget_bytes", budget_bytes, 1)
+    sizes = checked_shard_sizes(shard_bytes)
+    if int(sizes.sum()) <= budget:
+        return len(sizes), 0
+    fitting = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), budget, side="right"))  # largest shards that fit
+    if fetch_ahead is None:
+        window = choose_window(budget, sizes)
+        return window, max(0, fitting - window)
+    ahead = check_int("fetch_ahead", fetch_ahead, 0)
+    if fitting - ahead < 1:
+        raise ValueError(
+            f"fetch_ahead={ahead} leaves no room for a window: {budget} bytes hold {fitting} of the largest shards "
+            f"({int(sizes.max())} bytes); fetch at most {max(0, fitting - 1)} ahead, or raise the cache's limit"
+        )
+    return fitting - ahead, ahead
 
 
 @dataclass(frozen=True)
