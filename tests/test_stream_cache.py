@@ -372,3 +372,30 @@ def test_a_run_with_a_smaller_limit_keeps_the_most_recently_used_shards(tmp_path
     with ShardCache(url, folder, 2 * SHARD, storage_options=s3.options) as cache:
         assert [cache.present(k) for k in range(4)] == [False, True, False, True]
         assert cache.bytes_held == on_disk(folder) == cache.peak_bytes == 2 * SHARD
+
+
+def test_a_forked_child_holds_none_of_the_parents_locks(tmp_path):
+    # A reader process forked mid-download must not keep a download lock nor the parent's holder lock alive.
+    from dali_pipes.staging.cache_folder import CacheFolder, _held
+
+    folder = CacheFolder(tmp_path / "cache")
+    with folder.locked():
+        holder = folder.register()
+    started, said = os.pipe()
+    with folder.shard_lock("shard-00000.lmdb", 5.0, []):
+        child = os.fork()
+        if child == 0:  # the child says it runs (its fork handlers done), then outlives the checks below
+            os.write(said, b"1")
+            time.sleep(30)
+            os._exit(0)
+    try:
+        assert os.read(started, 1) == b"1"
+        fd = folder.try_shard_lock("shard-00000.lmdb")
+        assert fd is not None, "the forked child kept the download lock"
+        os.close(fd)
+        folder.close_descriptors()  # the parent's holder gone as if it died, its lock file left behind
+        assert not _held(folder.meta / "holders" / f"{holder}.lock"), "the forked child kept the holder lock"
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(started), os.close(said)

@@ -32,6 +32,7 @@ import secrets
 import shutil
 import threading
 import time
+import weakref
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
@@ -101,6 +102,7 @@ class CacheFolder:
         self._lock_fd: int | None = None
         self._holder: str | None = None
         self._holder_fd: int | None = None
+        _FOLDERS.add(self)
 
     def _this_process(self) -> None:
         """After a fork, start afresh: the parent's lock descriptors would share the parent's locks."""
@@ -108,6 +110,20 @@ class CacheFolder:
             self._pid = os.getpid()
             self._mutex = threading.Lock()
             self._lock_fd = self._holder = self._holder_fd = None
+
+    def _forget_parent(self) -> None:
+        """In a forked child: close the descriptors inherited from the parent.
+
+        An ``flock`` belongs to the open file, which the child shares: kept open, the parent's holder
+        lock would outlive the parent (its pins never reaped) for as long as the child lives.
+        """
+        for fd in (self._holder_fd, self._lock_fd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._pid = os.getpid()
+        self._mutex = threading.Lock()
+        self._lock_fd = self._holder = self._holder_fd = None
 
     @property
     def holder(self) -> str | None:
@@ -199,7 +215,7 @@ class CacheFolder:
                 fd = self.try_shard_lock(key)
                 if fd is not None:
                     remove_leftovers(files_of(key), keep_final=False)
-                    os.close(fd)
+                    _unlock(fd)
         return live
 
     # --- one download per shard ------------------------------------------------------------------
@@ -228,7 +244,25 @@ class CacheFolder:
         try:
             yield
         finally:
-            os.close(fd)
+            _unlock(fd)
+
+
+def _unlock(fd: int) -> None:
+    """Release a download lock and close it: a forked child sharing the open file would otherwise keep it held."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _forget_parents() -> None:
+    for folder in list(_FOLDERS):
+        folder._forget_parent()
+
+
+#: Every CacheFolder of this process, so that a forked child closes what it inherited (:meth:`CacheFolder._forget_parent`).
+_FOLDERS: "weakref.WeakSet[CacheFolder]" = weakref.WeakSet()
+os.register_at_fork(after_in_child=_forget_parents)
 
 
 def _wait_for_lock(folder: CacheFolder, key: str, wait_s: float, files: list[Path]) -> int:

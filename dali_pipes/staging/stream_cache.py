@@ -350,7 +350,8 @@ class ShardCache:
             if not self._state.live_holders():
                 state = self._fresh(state, manifest_bytes)
             else:
-                self._join(self._load(), manifest_bytes)
+                state = self._load()  # the state saved below: what joining reaps or evicts is kept
+                self._join(state, manifest_bytes)
             self._state.register()
             self._save(state)
 
