@@ -55,15 +55,13 @@ def s3_stage_rows(dataset: Path, num_samples: int, repeats: int = 1) -> list[Row
     rows += [
         Row(f"s3 stage workers={n}", f"dali-pipes stage s3://... with {n} parallel download(s){via}") for n in WORKERS
     ]
-    why = _missing(dataset)
+    why = missing(dataset)
     if why:
         for row in rows:
             row.skipped = why
         return rows
     try:
-        with _server() as port, _proxy(port) as proxy_port:
-            url, size = _upload(dataset, _options(port))
-            options = _options(proxy_port)
+        with local_s3(dataset) as (url, size, options):
             for row in rows:
                 seconds = [_time(row.name, url, options) for _ in range(repeats)]
                 row.timing = Timing(tuple(num_samples / s for s in seconds), num_samples * repeats, sum(seconds))
@@ -77,7 +75,8 @@ def s3_stage_rows(dataset: Path, num_samples: int, repeats: int = 1) -> list[Row
     return rows
 
 
-def _missing(dataset: Path) -> str | None:
+def missing(dataset: Path) -> str | None:
+    """Why the S3 rows cannot run here (the test extra missing, or a merged ``.h5`` file); ``None`` when they can."""
     try:
         import moto.server  # noqa: F401
         import s3fs  # noqa: F401
@@ -88,12 +87,23 @@ def _missing(dataset: Path) -> str | None:
     return None
 
 
+@contextlib.contextmanager
+def local_s3(dataset: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
+    """``(url, bytes, storage_options)``: ``dataset`` uploaded to a local S3 server, read back through the latency proxy.
+
+    The server and the proxy run while the block does; ``bytes`` is the dataset's size, and the
+    ``storage_options`` (no secret of any account: the server takes any key) reach it through the proxy."""
+    with s3_server() as port, latency_proxy(port) as proxy_port:
+        url, size = upload(dataset, _options(port))
+        yield url, size, _options(proxy_port)
+
+
 def _options(port: int) -> dict[str, Any]:
     return {"endpoint_url": f"http://127.0.0.1:{port}", "skip_instance_cache": True, **_KEYS}
 
 
 @contextlib.contextmanager
-def _proxy(upstream: int) -> Iterator[int]:
+def latency_proxy(upstream: int) -> Iterator[int]:
     """The latency proxy (a process of its own) in front of ``127.0.0.1:upstream``; the port it listens on."""
     process = subprocess.Popen(
         [sys.executable, "-m", "dali_pipes.bench.latency_proxy", str(upstream), str(LATENCY_MS), str(CONNECTION_MB_S)],
@@ -111,7 +121,7 @@ def _proxy(upstream: int) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def _server() -> Iterator[int]:
+def s3_server() -> Iterator[int]:
     """``python -m moto.server`` on a free loopback port; the port."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -138,7 +148,8 @@ def _server() -> Iterator[int]:
         process.wait(timeout=10)
 
 
-def _upload(dataset: Path, options: dict[str, Any]) -> tuple[str, int]:
+def upload(dataset: Path, options: dict[str, Any]) -> tuple[str, int]:
+    """Put ``dataset``'s files into the bucket ``bench`` of the server ``options`` name: ``(its URL, its bytes)``."""
     import s3fs
 
     fs = s3fs.S3FileSystem(**options)
@@ -168,4 +179,16 @@ def _time(name: str, url: str, options: dict[str, Any]) -> float:
         shutil.rmtree(dest, ignore_errors=True)
 
 
-__all__ = ["CONNECTION_MB_S", "GET", "LATENCY_MS", "WORKERS", "row_names", "s3_stage_rows"]
+__all__ = [
+    "CONNECTION_MB_S",
+    "GET",
+    "LATENCY_MS",
+    "WORKERS",
+    "latency_proxy",
+    "local_s3",
+    "missing",
+    "row_names",
+    "s3_server",
+    "s3_stage_rows",
+    "upload",
+]

@@ -9,7 +9,9 @@ Three ways to read the same dataset with the same loader settings:
   copy into memory is part of epoch 1 too;
 
 and, from a local S3 server, the copy alone: ``s3fs get`` against ``s3 stage workers=1/4/16``
-(:mod:`dali_pipes.bench.object_storage`).
+(:mod:`dali_pipes.bench.object_storage`); then a loader over a staged copy against one streaming through a
+cache of a tenth of the dataset, side by side: ``s3 staged`` and ``s3 stream cache=10%``
+(:mod:`dali_pipes.bench.stream_rows`).
 
 Every row runs the loader's read-only graph (the stages suite's "read shards"
 row: the shards are read and nothing is decoded), so that storage, not
@@ -34,8 +36,11 @@ from typing import Any
 from dali_pipes.bench.inputs import BenchInputs
 from dali_pipes.bench.object_storage import CONNECTION_MB_S, LATENCY_MS, s3_stage_rows
 from dali_pipes.bench.procfs import drop_page_cache, pss_bytes
-from dali_pipes.bench.report import BenchReport, suite_report
+from dali_pipes.bench.report import BenchReport, figure, suite_report
 from dali_pipes.bench.runner import Row, Timing, quiet
+from dali_pipes.bench.stream_rows import STAGED as S3_STAGED
+from dali_pipes.bench.stream_rows import STREAM as S3_STREAM
+from dali_pipes.bench.stream_rows import s3_stream_rows
 from dali_pipes.bench.streams import open_loader
 from dali_pipes.bench.suites import SuiteRun
 from dali_pipes.bench.suites.stages import GraphPrefix
@@ -52,6 +57,13 @@ MODES = {
 }
 #: Prefix of the staged row's folder in the tmpfs; one left by a killed bench is removed by the next.
 STAGE_PREFIX = "dali-pipes-bench-stage-"
+#: Loggers held at WARNING: each row stages, caches or opens a stream again, logging the same INFO lines.
+QUIET = (
+    "dali_pipes.staging.stage",
+    "dali_pipes.staging.ramcache",
+    "dali_pipes.loading.streaming",
+    "dali_pipes.loading.stream_setup",
+)
 #: Epochs timed after the first, each one window of the epoch=2 row (one epoch of a small set is short).
 LATER_EPOCHS = 3
 
@@ -65,7 +77,7 @@ def run(bench: SuiteRun) -> BenchReport:
     repeats = 1 if quick else bench.plan.repeats
     rows = []
     with (
-        quiet("dali_pipes.staging.stage", "dali_pipes.staging.ramcache"),
+        quiet(*QUIET),
         tqdm(list(MODES), desc="bench storage", unit="row", disable=bar_disabled(bench.progress), leave=False) as bar,
     ):
         for mode in bar:
@@ -73,6 +85,8 @@ def run(bench: SuiteRun) -> BenchReport:
             rows.extend(_measure_mode(mode, inputs, spec, repeats))
         bar.set_postfix_str("object storage")
         rows.extend(s3_stage_rows(Path(inputs.dataset), inputs.num_samples, repeats=1 if quick else 2))
+        bar.set_postfix_str("streaming")
+        rows.extend(s3_stream_rows(inputs, spec, repeats=1 if quick else 2, later_epochs=1 if quick else LATER_EPOCHS))
     report = suite_report(
         "storage",
         "where the shards are read from: epoch 1 (cold, copy included) and epoch 2, read-only graph",
@@ -80,8 +94,9 @@ def run(bench: SuiteRun) -> BenchReport:
         rows,
         reference=ORIGINAL,
         reference_match=("epoch",),
-        columns=("shm_MB", "workers_pss_MB", "MB_s"),
+        columns=("shm_MB", "workers_pss_MB", "MB_s", "first_batch_s", "ratio", "peak_MB"),
     )
+    _streaming_notes(report)
     report.notes.append(
         f"each row: median of {repeats} runs; epoch 1 starts with the dataset's pages dropped from the page "
         "cache and includes staging or caching; epoch=2: epochs 2 to "
@@ -100,6 +115,26 @@ def run(bench: SuiteRun) -> BenchReport:
         + " (DALI_PIPES_BENCH_S3_MB_S)"
     )
     return report
+
+
+def _streaming_notes(report: BenchReport) -> None:
+    """The streamed row's ratio to the staged one in the summary; what the two rows measure, and the cache's bound."""
+    stream = report.row(S3_STREAM)
+    ratio = stream.extra.get("ratio") if stream is not None else None
+    report.summary[f"{S3_STREAM} / {S3_STAGED} (steady images/s)"] = figure(ratio, target=">= 0.9")
+    report.notes.append(
+        f"'{S3_STAGED}' and '{S3_STREAM}': a loader from start over the S3 URL (same graph, py_num_workers=0), "
+        "the first staged into a temporary folder, the second streamed through a cache of a tenth of the shards' "
+        "bytes; first_batch_s from the loader's construction (the staged row's includes the whole copy); "
+        "images/s: steady rate (staged: the epochs after the first; streamed: after its first batch, downloads "
+        "included); MB_s: the shards' bytes read per second; ratio: streamed over staged"
+    )
+    if stream is not None and "peak_bytes" in stream.extra:
+        extra = stream.extra
+        report.notes.append(
+            f"stream cache: peak {extra['peak_bytes']} bytes, limit {extra['limit_bytes']} bytes, largest shard "
+            f"{extra['shard_bytes']} bytes: peak <= limit + one shard: {extra['peak_ok']}"
+        )
 
 
 def _measure_mode(mode: str, inputs: BenchInputs, spec: Any, repeats: int) -> list[Row]:

@@ -1,0 +1,199 @@
+"""The storage suite's streaming rows: one loader over a staged copy against one streaming through a bounded cache.
+
+Both rows read the dataset from the local S3 server behind the latency proxy
+(:func:`dali_pipes.bench.object_storage.local_s3`), each from start, side by side in the same run, with
+the suite's read-only graph and the same loader settings:
+
+- ``s3 staged``: ``DataOptions(stage_to=TMP)``: the whole dataset is downloaded before the first batch;
+- ``s3 stream cache=10%``: ``DataOptions(stream=StreamOptions(cache_limit=a tenth of the shards' bytes,
+  folder=TMP))`` from an empty cache: shards downloaded while the epochs are read, each epoch again.
+
+Streaming reads in the loader's own process (``py_num_workers=0``); the staged row does too, so that
+the reading, not the number of processes, is what the two rows compare. Each row reports
+``first_batch_s`` (from the loader's construction to its first batch, the staging included) and
+``MB_at_first_batch`` (staged: the bytes copied; streamed: the bytes in the cache), and, as its
+images/s, the steady rate: the staged row's over the epochs after the first, the streamed row's over
+the rest of epoch 1 and the later epochs (downloads run during all of them: the cache holds a tenth).
+The streamed row adds ``ratio`` (its steady rate over the staged row's), the cache's ``peak_MB``,
+``limit_MB``, ``shard_MB`` (the largest shard) and ``peak_ok`` (peak <= limit + one shard).
+
+A dataset whose shards are too large for a tenth of it (streaming needs two of the largest in the
+cache) gets the streamed row skipped, saying which ``--samples-per-shard`` would do.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator
+
+from dali_pipes.bench.object_storage import LATENCY_MS, local_s3, missing
+from dali_pipes.bench.runner import Row, Timing
+from dali_pipes.bench.streams import open_loader
+
+if TYPE_CHECKING:
+    from dali_pipes.bench.inputs import BenchInputs
+
+log = logging.getLogger(__name__)
+
+#: The streaming cache's limit, a share of the bytes of the dataset's shards.
+CACHE_SHARE = 0.10
+STAGED = "s3 staged"
+STREAM = f"s3 stream cache={CACHE_SHARE:.0%}"
+#: Epochs read after the first in each run.
+LATER_EPOCHS = 3
+
+
+def row_names() -> list[str]:
+    return [STAGED, STREAM]
+
+
+def s3_stream_rows(inputs: "BenchInputs", spec: Any, repeats: int = 1, later_epochs: int = LATER_EPOCHS) -> list[Row]:
+    """The staged and the streamed row (see the module docstring), each run ``repeats`` times from start."""
+    dataset = Path(inputs.dataset)
+    workers = int(inputs.loader_settings.get("py_num_workers") or 0)
+    rows = [Row(STAGED, _staged_text(workers)), Row(STREAM, _stream_text())]
+    why = missing(dataset)
+    if why:
+        for row in rows:
+            row.skipped = why
+        return rows
+    shards = shard_bytes(dataset, inputs.manifest)
+    limit = max(1, int(sum(shards) * CACHE_SHARE))
+    rows[1].skipped = too_small(limit, shards, inputs.manifest)
+    runs: dict[str, list[dict[str, Any]]] = {STAGED: [], STREAM: []}
+    settings = {**inputs.loader_settings, "py_num_workers": 0}
+    try:
+        with local_s3(dataset) as (url, _, options):
+            for _ in range(repeats):  # the two rows alternate: a busier moment of the machine falls on both
+                for row in rows:
+                    if row.skipped is None:
+                        stream = limit if row.name == STREAM else None
+                        runs[row.name].append(_run(url, options, inputs, spec, settings, stream, later_epochs))
+    except Exception as exc:  # noqa: BLE001 - a failing row is shown, the suite's other rows still run
+        log.warning("bench storage: the streaming rows failed", exc_info=True)
+        for row in rows:
+            if row.skipped is None:
+                row.error = f"{type(exc).__name__}: {exc}"
+        return rows
+    _fill(rows, runs, limit, shards, inputs.num_samples)
+    return rows
+
+
+def shard_bytes(dataset: Path, manifest: Any) -> list[int]:
+    """The bytes each shard of ``dataset`` takes in a cache (with its index file, as the cache counts it)."""
+    return [
+        sum((dataset / rel).stat().st_size for rel in (shard.path, shard.index_path) if rel)
+        for shard in manifest.shards
+    ]
+
+
+def too_small(limit: int, shards: list[int], manifest: Any) -> str | None:
+    """Why a cache of ``limit`` bytes cannot stream these shards (it needs two of the largest); ``None`` if it can."""
+    largest = max(shards)
+    if limit >= 2 * largest:
+        return None
+    per_shard = max(shard.num_samples for shard in manifest.shards)
+    fits = max(1, int(per_shard * limit / (2 * largest)))
+    return (
+        f"a cache of {CACHE_SHARE:.0%} of the dataset ({limit} bytes) holds fewer than two of its largest shard "
+        f"({largest} bytes), and streaming needs two: convert the dataset into smaller shards "
+        f"(dali-pipes convert ... --samples-per-shard {fits} or fewer; now up to {per_shard} a shard)"
+    )
+
+
+def _staged_text(workers: int) -> str:
+    fair = (
+        f" (the loader's default here is {workers} reader process(es); streaming reads in the loader's own process)"
+        if workers
+        else ""
+    )
+    return (
+        f"DataOptions(stage_to=TMP) from the S3 server (first byte {LATENCY_MS:g} ms late): the whole copy before the "
+        f"first batch, then the epochs after the first; py_num_workers=0{fair}"
+    )
+
+
+def _stream_text() -> str:
+    return (
+        f"DataOptions(stream=StreamOptions(cache_limit={CACHE_SHARE:.0%} of the shards' bytes, folder=TMP)) from an "
+        f"empty cache (first byte {LATENCY_MS:g} ms late); steady rate over epoch 1 after its first batch and the "
+        "later epochs, downloads included; py_num_workers=0 (streaming reads in the loader's own process)"
+    )
+
+
+def _run(
+    url: str,
+    options: dict[str, Any],
+    inputs: "BenchInputs",
+    spec: Any,
+    settings: dict[str, int],
+    stream_limit: int | None,
+    later_epochs: int,
+) -> dict[str, Any]:
+    """One loader from start over ``url``: staged (``stream_limit=None``) or streamed; its seconds and bytes."""
+    with tempfile.TemporaryDirectory(prefix="dali-pipes-bench-s3-") as tmp:
+        data = _data(tmp, options, stream_limit)
+        start = time.perf_counter()
+        with open_loader(url, spec, batch_size=inputs.batch_size, device="cpu", settings=settings, data=data) as loader:
+            batches = iter(loader)
+            next(batches)
+            first_s = time.perf_counter() - start
+            at_first = loader.cache.cache.bytes_held if stream_limit else loader.staged.bytes_copied
+            windows = [_timed(batches)]  # the rest of epoch 1
+            windows += [_timed(iter(loader)) for _ in range(later_epochs)]
+            peak = loader.cache.peak_bytes if stream_limit else None
+    # Staged: the epochs after the first (epoch 1 starts right after the copy); streamed: all but the first batch.
+    steady = windows if stream_limit else windows[1:]
+    return {"first_s": first_s, "at_first": at_first, "steady": steady, "peak": peak}
+
+
+def _data(tmp: str, options: dict[str, Any], stream_limit: int | None) -> Any:
+    from dali_pipes.loading.config import DataOptions, StreamOptions
+
+    if stream_limit is None:
+        return DataOptions(stage_to=str(Path(tmp) / "staged"), storage_options=options)
+    return DataOptions(stream=StreamOptions(cache_limit=stream_limit, folder=tmp), storage_options=options)
+
+
+def _count(batch: Any) -> int:
+    return int(batch["label"].shape[0])
+
+
+def _timed(batches: Iterator[Any]) -> tuple[int, float]:
+    """``(images, seconds)`` of reading ``batches`` to their end."""
+    start = time.perf_counter()
+    images = sum(_count(batch) for batch in batches)
+    return images, time.perf_counter() - start
+
+
+def _fill(rows: list[Row], runs: dict[str, list[dict[str, Any]]], limit: int, shards: list[int], samples: int) -> None:
+    """Each row's timing (one steady rate a run) and figures; the streamed row's ratio, peak and bound."""
+    for row in rows:
+        if not runs[row.name]:
+            continue
+        steady = [window for run in runs[row.name] for window in run["steady"]]
+        values = tuple(sum(n for n, _ in run["steady"]) / sum(s for _, s in run["steady"]) for run in runs[row.name])
+        row.timing = Timing(values, sum(n for n, _ in steady), sum(s for _, s in steady))
+        row.extra.update(
+            first_batch_s=round(min(run["first_s"] for run in runs[row.name]), 2),
+            MB_at_first_batch=round(max(run["at_first"] for run in runs[row.name]) / 1e6, 2),
+            # The shards' bytes gone through a second: what the streamed row downloads (its cache holds a tenth).
+            MB_s=round(row.timing.median * sum(shards) / samples / 1e6, 1),
+            latency_ms=LATENCY_MS,
+        )
+    staged, stream = rows
+    largest = max(shards)
+    stream.extra.update(limit_MB=round(limit / 1e6, 2), shard_MB=round(largest / 1e6, 2))
+    if stream.timing is None:
+        return
+    peak = max(run["peak"] for run in runs[STREAM])
+    stream.extra.update(peak_MB=round(peak / 1e6, 2), peak_bytes=peak, limit_bytes=limit, shard_bytes=largest)
+    stream.extra["peak_ok"] = peak <= limit + largest
+    if staged.timing is not None:
+        stream.extra["ratio"] = stream.timing.median / staged.timing.median
+
+
+__all__ = ["CACHE_SHARE", "LATER_EPOCHS", "STAGED", "STREAM", "row_names", "s3_stream_rows", "shard_bytes", "too_small"]
