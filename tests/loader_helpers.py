@@ -495,31 +495,45 @@ def ddp_worker(rank: int, world_size: int, port: int, dataset: str, out_dir: str
 
 
 def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: dict) -> None:
-    """One rank of a streaming job, a process of its own without a process group (``torch.multiprocessing``).
+    """One rank of a streaming job, a process of its own (``torch.multiprocessing``).
 
-    Reads ``url`` with ``DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])`` from the node's shared cache folder
-    (``DALI_PIPES_CACHE``, inherited): the rest of the epoch of ``options["state"]`` when given, else one
-    epoch, stopping after ``options["stop"]`` batches when given (its ``state_dict()`` then reported).
-    Writes ``out_dir/rank-R.json``: the batches (indices, is_pad) and the cache's peak bytes.
+    Reads ``url`` with ``DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])``
+    (``options["stream"]`` a list: one per rank) from the node's shared cache folder (``DALI_PIPES_CACHE``,
+    inherited): the rest of the epoch of ``options["state"]`` when given, else one epoch, stopping after
+    ``options["stop"]`` batches when given (its ``state_dict()`` then reported). In a gloo process group
+    when ``options["group"]``, else without one. Writes ``out_dir/rank-R.json``: the batches (indices,
+    is_pad), the window, and the cache's peak bytes and limit.
     """
     import json
+
+    import torch.distributed as dist
 
     from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
 
     quiet_dali_logs()
-    run = RunOptions(rank=rank, world_size=world_size, device="cpu", py_num_workers=0)
-    data = DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])
+    if options.get("group"):
+        store = f"file://{os.path.join(out_dir, 'group-store')}"
+        dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
+        run = RunOptions(device="cpu", py_num_workers=0)
+    else:
+        run = RunOptions(rank=rank, world_size=world_size, device="cpu", py_num_workers=0)
+    stream = options["stream"][rank] if isinstance(options["stream"], list) else options["stream"]
+    data = DataOptions(stream=StreamOptions(**stream), storage_options=options["storage"])
     kwargs = dict(batch_size=options["batch_size"], seed=options.get("seed", 0), run=run, data=data)
-    with DALILoader(url, TinySpec(), batch_format=BatchFormat(with_index=True), **kwargs) as loader:
-        if options.get("state"):
-            loader.load_state_dict(options["state"])
-        report: dict = {"len": len(loader), "window": loader.sampling.window, "batches": []}
-        for batch in loader:
-            report["batches"].append([batch["index"].tolist(), batch["is_pad"].tolist()])
-            if len(report["batches"]) == options.get("stop"):
-                report["state"] = loader.state_dict()
-                break
-        report["peak"] = loader.cache.peak_bytes
-        report["limit"] = loader.cache.limit_bytes
+    try:
+        with DALILoader(url, TinySpec(), batch_format=BatchFormat(with_index=True), **kwargs) as loader:
+            if options.get("state"):
+                loader.load_state_dict(options["state"])
+            report: dict = {"len": len(loader), "window": loader.sampling.window, "batches": []}
+            for batch in loader:
+                report["batches"].append([batch["index"].tolist(), batch["is_pad"].tolist()])
+                if len(report["batches"]) == options.get("stop"):
+                    report["state"] = loader.state_dict()
+                    break
+            report["peak"] = loader.cache.peak_bytes
+            report["limit"] = loader.cache.limit_bytes
+    finally:
+        if options.get("group"):
+            dist.destroy_process_group()
     with open(os.path.join(out_dir, f"rank-{rank}.json"), "w") as f:
         json.dump(report, f)

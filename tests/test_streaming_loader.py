@@ -8,6 +8,7 @@ cache's peak within its limit, a second epoch, and a resume mid-epoch. See dali_
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ import torch.multiprocessing as mp
 from test_remote_stage import upload
 
 from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
-from dali_pipes.loading.streaming import STREAM_FOLDER
+from dali_pipes.loading.stream_setup import STREAM_FOLDER
 from dali_pipes.sampling import num_batches
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, stream_worker, write_dataset
@@ -95,6 +96,12 @@ def test_a_state_saved_mid_epoch_resumes_the_rest_of_it(streamed):
         assert resumed.cache.peak_bytes <= LIMIT
     seen = real_indices(first) + real_indices(rest)
     assert sorted(seen) == list(range(N))
+    halves = DataOptions(stream=StreamOptions(cache_limit=LIMIT, node_ranks=2), storage_options=data.storage_options)
+    with (
+        stream_loader(url, halves) as other,
+        pytest.raises(ValueError, match=r"StreamOptions\(cache_limit, node_ranks"),
+    ):
+        other.load_state_dict(state)  # another window: named with the options it follows from
 
 
 def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
@@ -144,6 +151,29 @@ def test_the_cache_folder_the_shards_fetched_ahead_and_the_downloads_are_the_use
         )
 
 
+@pytest.mark.timeout(120)
+def test_a_loader_dropped_without_close_releases_its_pins_and_its_thread(streamed):
+    import gc
+    import threading
+
+    def fetch_threads() -> int:
+        return sum(t.name == "dali-pipes-stream-fetch" and t.is_alive() for t in threading.enumerate())
+
+    url, data = streamed
+    before = fetch_threads()
+    loader = stream_loader(url, data)
+    next(iter(loader))
+    del loader
+    gc.collect()
+    deadline = time.monotonic() + 10
+    while fetch_threads() > before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert fetch_threads() == before
+    # Its pins gone: another loader's windows fit (they would not beside the dropped one's).
+    with DALILoader(url, TinySpec(), batch_size=BATCH, seed=4, batch_format=INDEXED, run=RUN, data=data) as other:
+        assert sorted(real_indices(other)) == list(range(N))
+
+
 def run_ranks(world_size: int, url: str, out_dir: Path, **options) -> list[dict]:
     """``world_size`` ranks as processes of their own reading ``url`` at once through the node's one cache folder."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -185,8 +215,22 @@ def test_a_state_saved_mid_epoch_on_two_ranks_resumes_on_three(tmp_path, streame
     assert all(r["peak"] <= LIMIT for r in first + rest)
 
 
+@pytest.mark.timeout(240)
+def test_ranks_with_other_limits_agree_on_one_window_in_a_process_group(tmp_path, streamed):
+    # Two "nodes" (a cache folder each) whose limits give different windows: alone they would read different
+    # orders (samples twice, others never); in a gloo process group they agree on the smaller window.
+    url, data = streamed
+    narrow = {"cache_limit": LIMIT, "node_ranks": 1, "folder": str(tmp_path / "node-0")}
+    wide = {"cache_limit": 3 * LIMIT, "node_ranks": 1, "folder": str(tmp_path / "node-1")}
+    options = {"stream": [narrow, wide], "storage": data.storage_options, "group": True}
+    reports = run_ranks(2, url, tmp_path / "out", **options)
+    assert reports[0]["window"] == reports[1]["window"]
+    assert sorted(sum((real_of(r) for r in reports), [])) == list(range(N))
+    assert [r["peak"] <= r["limit"] for r in reports] == [True, True] and reports[1]["limit"] == 3 * LIMIT
+
+
 def test_the_ranks_of_a_node_share_the_limit(tmp_path, streamed, monkeypatch):
-    from dali_pipes.loading.streaming import node_ranks
+    from dali_pipes.loading.stream_setup import node_ranks
 
     url, data = streamed
     assert node_ranks(data.stream, 4) == 4
@@ -204,3 +248,12 @@ def test_the_ranks_of_a_node_share_the_limit(tmp_path, streamed, monkeypatch):
                 stream=StreamOptions(cache_limit=LIMIT, node_ranks=5), storage_options=data.storage_options
             ),
         )
+
+
+def test_a_local_dataset_has_one_cache_folder_however_its_path_is_written(tmp_path, monkeypatch):
+    from dali_pipes.loading.stream_setup import stream_folder
+
+    (tmp_path / "ds").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert stream_folder("ds") == stream_folder("./ds") == stream_folder(tmp_path / "ds")
+    assert stream_folder("s3://bucket/ds") != stream_folder("ds")

@@ -50,7 +50,7 @@ from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
 from dali_pipes.loading.state import loader_state, restored_position
 from dali_pipes.loading.store_setup import epoch_sampling, prepare_store
-from dali_pipes.loading.streaming import streaming_run
+from dali_pipes.loading.stream_setup import streaming_run
 from dali_pipes.loading.streams import DaliStream
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool
 from dali_pipes.loading.world import detect_world, resolve_device

@@ -60,7 +60,7 @@ def restored_position(
         if state.get(key) != mine:
             raise ValueError(
                 f"{root}: the saved loader state has {key}={state.get(key)!r} but this loader has "
-                f"{key}={mine!r}; resuming would not give the rest of the saved epoch"
+                f"{key}={mine!r}; resuming would not give the rest of the saved epoch{_window_hint(state.get(key), mine)}"
             )
     epoch = check_int("epoch", state["epoch"], 0)
     consumed = check_int("samples_consumed", state["samples_consumed"], 0)
@@ -69,3 +69,13 @@ def restored_position(
     if consumed == num_samples:
         epoch, consumed = epoch + 1, 0
     return epoch, consumed
+
+
+def _window_hint(saved: Any, mine: Any) -> str:
+    """What to change when a streamed state's window differs (it follows from the stream's options)."""
+    if isinstance(saved, dict) and isinstance(mine, dict) and saved.get("window") != mine.get("window") is not None:
+        return (
+            ". A streamed window follows from StreamOptions(cache_limit, node_ranks, fetch_ahead): give the values "
+            "of the run that saved the state (node_ranks: the most ranks a node runs, on both)"
+        )
+    return ""

@@ -50,7 +50,7 @@ def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Sto
             "DataOptions(stream=True) streams one dataset, a URL or a path: a Mixture is not streamed; stage its "
             "datasets (leave out stream=True, or give stage_to=...) or read each with its own loader"
         )
-    from dali_pipes.loading.streaming import open_streaming  # the cache machinery only when streaming
+    from dali_pipes.loading.stream_setup import open_streaming  # the cache machinery only when streaming
 
     store = open_streaming(path, data, seed=rules.seed, shuffle=rules.shuffle, world_size=rules.world.world_size)
     return store, None, store.streamer

@@ -8,7 +8,7 @@ within windows of ``W`` shards, ``W`` chosen so that the window being read and t
 ahead of it (by default the next window) fit in a rank's share of the cache with room for one more shard.
 
 Several ranks of a node share its cache folder (one download per shard per node). Each of the node's
-``R`` ranks (:func:`node_ranks`) may pin at most ``cache_limit // R`` bytes: its windows within
+``R`` ranks (:func:`~dali_pipes.loading.stream_setup.node_ranks`) may pin at most ``cache_limit // R`` bytes: its windows within
 ``cache_limit // R - largest shard`` (the budget :func:`window_and_ahead` sizes them by), plus the
 one shard a guarded read pins outside them. So the node's pins together stay within ``R *
 (cache_limit // R) <= cache_limit`` however far apart the ranks are: the ranks of a job read the same
@@ -45,56 +45,22 @@ Refused for now, by name: reader processes (``py_num_workers > 0``), per-sample 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
-import os
 import threading
-from pathlib import Path
+import weakref
 from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from dali_pipes.remote.urls import redact
-from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, window_and_ahead, window_spans
+from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, window_spans
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
-    from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
     from dali_pipes.staging.stream_cache import ShardCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STREAM_FOLDER", "StreamStore", "Streamer", "node_ranks", "open_streaming", "stream_folder", "streaming_run"]
-
-#: The sub-folder of the cache base (``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``) that holds streamed datasets.
-STREAM_FOLDER = "stream"
-
-
-def stream_folder(source: str | os.PathLike) -> Path:
-    """The cache folder of the dataset at ``source``: beside staging's copies, under :data:`STREAM_FOLDER`.
-
-    Named as staging names its folders (readable, with a hash of the URL, credentials left out), but in a
-    folder of its own: a streaming cache refuses a folder that holds a staged copy.
-    """
-    from dali_pipes.staging.download import default_cache_dir
-
-    staged = default_cache_dir(str(source))
-    return staged.parent / STREAM_FOLDER / staged.name
-
-
-def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
-    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads refused."""
-    if data.stream is None:
-        return run
-    if run.py_num_workers not in (None, 0):
-        raise ValueError(
-            f"DataOptions(stream=...) reads in the loader's own process: pass RunOptions(py_num_workers=0) "
-            f"(got py_num_workers={run.py_num_workers}), or stage the dataset (stage_to=...) to read it with reader "
-            "processes"
-        )
-    if not run.batch_reads:
-        raise ValueError("DataOptions(stream=...) reads whole batches: leave RunOptions(batch_reads=True)")
-    return dataclasses.replace(run, py_num_workers=0)
+__all__ = ["StreamStore", "Streamer"]
 
 
 class Streamer:
@@ -128,7 +94,12 @@ class Streamer:
         self._queue: list[int] = []
         self._closed = False
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
-        self._thread = threading.Thread(target=self._fetch_ahead, name="dali-pipes-stream-fetch", daemon=True)
+        # The thread holds the streamer weakly and the finalizer closes the cache: a loader dropped without
+        # close() releases its pins when collected, and the thread then ends.
+        self._finalizer = weakref.finalize(self, cache.close)
+        self._thread = threading.Thread(
+            target=_fetch_loop, args=(weakref.ref(self),), name="dali-pipes-stream-fetch", daemon=True
+        )
         self._thread.start()
 
     # --- what the source tells --------------------------------------------------------------
@@ -160,13 +131,19 @@ class Streamer:
         return [k for shards in later for k in shards]
 
     def _repin(self, want: list[int]) -> None:
-        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order."""
+        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order.
+
+        Unpinned first (the old and new pins together may not fit the limit); when pinning the new ones
+        fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
+        """
         drop = self._pinned - set(want)
         add = [k for k in want if k not in self._pinned]
         if drop:
             for k in drop:
                 self.close_reader(k)
             self.cache.unpin(sorted(drop))
+            self._pinned -= drop
+            self._ready -= drop
         if add:
             self.cache.pin(add)
         self._pinned = set(want)
@@ -206,25 +183,28 @@ class Streamer:
         finally:
             self._urgent.clear()
 
-    def _fetch_ahead(self) -> None:
-        """The background thread: download the queued shards, ``downloads`` at a time (each pinned already).
+    def fetch_next(self) -> bool:
+        """One turn of the background thread: download the next ``downloads`` queued shards (each pinned already),
+        or wait a moment for some; ``False`` once closed.
 
         The lock is held while downloading, so that no shard is unpinned mid-download: an unpinned
         download would take room beyond the pins that the rank's share was sized for. The reading thread
         waits for at most one such group, and only when it repins or reads a shard not yet ready.
         """
-        while True:
-            with self._cond:
-                while not self._closed and (not self._queue or self._urgent.is_set()):
-                    self._cond.wait(0.05)
-                if self._closed:
-                    return
-                chunk, self._queue = self._queue[: self.downloads], self._queue[self.downloads :]
-                try:
-                    self.cache.fetch(chunk)
-                    self._ready.update(chunk)
-                except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
-                    logger.warning("stream %s: fetching ahead failed, retried when read: %s", self.cache.folder, exc)
+        with self._cond:
+            if not self._closed and (not self._queue or self._urgent.is_set()):
+                self._cond.wait(0.05)
+            if self._closed:
+                return False
+            if not self._queue or self._urgent.is_set():
+                return True
+            chunk, self._queue = self._queue[: self.downloads], self._queue[self.downloads :]
+            try:
+                self.cache.fetch(chunk)
+                self._ready.update(chunk)
+            except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
+                logger.warning("stream %s: fetching ahead failed, retried when read: %s", self.cache.folder, exc)
+            return True
 
     # --- the epoch's windows ----------------------------------------------------------------
 
@@ -266,8 +246,22 @@ class Streamer:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        self._thread.join()
-        self.cache.close()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.cache.tuning.wait_s)  # a download under way ends or fails first
+            if self._thread.is_alive():
+                logger.warning(
+                    "stream %s: the fetching thread did not stop; left to end with the process", self.cache.folder
+                )
+        self._finalizer()
+
+
+def _fetch_loop(streamer_ref: "weakref.ref[Streamer]") -> None:
+    """The background thread of a :class:`Streamer`: its turns, until it is closed or collected."""
+    while True:
+        streamer = streamer_ref()
+        if streamer is None or not streamer.fetch_next():
+            return
+        del streamer  # between turns the thread keeps nothing alive
 
 
 class StreamStore(Store):
@@ -278,7 +272,9 @@ class StreamStore(Store):
         super().__init__(streamer.cache.folder, streamer.cache.manifest)
         self.streamer = streamer
         self.sampling = streamer.sampling
-        streamer.close_reader = lambda shard: self._shards[shard].close()
+        # Held weakly: no reference cycle, so that a dropped loader's streamer is freed at once (its pins with it).
+        store = weakref.ref(self)
+        streamer.close_reader = lambda shard: store() is not None and store()._shards[shard].close()
 
     def before_read(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
         """Called by the external source before each batch (see :meth:`Streamer.before_read`)."""
@@ -298,80 +294,3 @@ class StreamStore(Store):
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a streamed store is read in the loader's own process only (py_num_workers=0)")
-
-
-def node_ranks(stream: "StreamOptions", world_size: int) -> int:
-    """The ranks that share this node's cache: ``stream.node_ranks``, else ``LOCAL_WORLD_SIZE``, else ``world_size``.
-
-    Without either the whole job is taken to be on this node: never fewer ranks than share the folder
-    (a bound within the limit), perhaps more (a smaller window than needed on a job of several nodes).
-    ``LOCAL_WORLD_SIZE`` above ``stream.node_ranks`` is refused: the ranks' shares would pass the limit.
-    """
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    try:
-        local_ranks = int(local) if local else None
-    except ValueError:
-        raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local!r} is not an integer") from None
-    if stream.node_ranks is not None:
-        if local_ranks is not None and local_ranks > stream.node_ranks:
-            raise ValueError(
-                f"StreamOptions(node_ranks={stream.node_ranks}) but LOCAL_WORLD_SIZE={local_ranks} ranks share this "
-                f"node's cache: give node_ranks >= {local_ranks}"
-            )
-        return stream.node_ranks
-    return max(1, local_ranks if local_ranks is not None else int(world_size))
-
-
-def open_streaming(
-    path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool, world_size: int = 1
-) -> StreamStore:
-    """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
-    ``stream.folder`` (default :func:`stream_folder`) within ``stream.cache_limit``, this rank's pins
-    within its share of the limit (the module docstring says why), the window and the shards fetched
-    ahead sized by :func:`window_and_ahead` to fit in that share."""
-    from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
-
-    stream = data.stream
-    folder = Path(stream.folder) / stream_folder(path).name if stream.folder is not None else stream_folder(path)
-    ranks = node_ranks(stream, world_size)
-    tuning = CacheTuning(workers=stream.downloads)
-    cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
-    try:
-        share, largest = cache.limit_bytes // ranks, max(cache.shard_bytes)
-        if share < 2 * largest:
-            raise ValueError(
-                f"{folder}: a cache_limit of {cache.limit_bytes} bytes shared by {ranks} rank(s) of a node leaves "
-                f"{share} bytes a rank, less than two of the largest shard ({largest} bytes: one window of one "
-                f"shard and one read outside it); raise cache_limit to at least {2 * largest * ranks} bytes"
-            )
-        try:
-            window, ahead = window_and_ahead(share - largest, cache.shard_bytes, stream.fetch_ahead)
-        except ValueError as exc:
-            raise ValueError(f"{folder}: StreamOptions.{exc} ({ranks} rank(s) a node share the cache)") from None
-        if ahead == 0 and window < len(cache.shard_bytes):
-            logger.warning(
-                "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) leaves nothing to fetch "
-                "ahead of the window being read; its first batches will wait for downloads (raise cache_limit)",
-                folder,
-                share,
-                cache.limit_bytes,
-                ranks,
-            )
-        logger.info(
-            "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d, "
-            "%d fetched ahead",
-            redact(str(path), data.storage_options),
-            folder,
-            cache.limit_bytes,
-            ranks,
-            window,
-            len(cache.shard_bytes),
-            ahead,
-        )
-        streamer = Streamer(
-            cache, window, ahead=ahead, budget=share - largest, seed=seed, shuffle=shuffle, downloads=stream.downloads
-        )
-        return StreamStore(streamer)
-    except BaseException:
-        cache.close()
-        raise

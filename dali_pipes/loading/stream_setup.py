@@ -1,0 +1,183 @@
+"""Opening a stream (:mod:`dali_pipes.loading.streaming`): its cache folder, the ranks sharing it, the window size.
+
+``DataOptions(stream=StreamOptions(...))`` is turned here into a :class:`~dali_pipes.loading.streaming.StreamStore`:
+the cache folder of the dataset (:func:`stream_folder`, or ``StreamOptions.folder``), the node's ranks that
+share it (:func:`node_ranks`), and the window and the shards fetched ahead, sized to fit a rank's share of
+the limit (:func:`~dali_pipes.sampling.windowed.window_and_ahead`).
+
+Every rank must read with the same window, or the ranks' slices of the epoch would come from different
+orders (samples read twice, others never). The window follows from the cache limit, the node's ranks and
+the shard sizes, which may differ between nodes (a node of 8 GPUs beside one of 4, a limit taken from each
+node's free disk). So, when a ``torch.distributed`` process group is up, the ranks agree on the smallest
+window (:func:`agree_on_window`: one ``all_reduce``, in which a rank that failed to open its cache takes part
+too, so that the others fail with it instead of waiting). Without a process group the ranks cannot talk:
+give each the same ``cache_limit`` and ``node_ranks``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dali_pipes.loading.errors import LoaderError
+from dali_pipes.loading.streaming import Streamer, StreamStore
+from dali_pipes.remote.urls import is_url, redact
+from dali_pipes.sampling.windowed import window_and_ahead
+
+if TYPE_CHECKING:
+    from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
+    from dali_pipes.staging.stream_cache import ShardCache
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["STREAM_FOLDER", "agree_on_window", "node_ranks", "open_streaming", "stream_folder", "streaming_run"]
+
+#: The sub-folder of the cache base (``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``) that holds streamed datasets.
+STREAM_FOLDER = "stream"
+
+
+def stream_folder(source: str | os.PathLike) -> Path:
+    """The cache folder of the dataset at ``source``: beside staging's copies, under :data:`STREAM_FOLDER`.
+
+    Named as staging names its folders (readable, with a hash of the URL or of the absolute path, credentials
+    left out), but in a folder of its own: a streaming cache refuses a folder that holds a staged copy.
+    """
+    from dali_pipes.staging.download import default_cache_dir
+
+    # A local path by its absolute name: "ds", "./ds" and "/data/ds" are one dataset, one cache.
+    staged = default_cache_dir(str(source) if is_url(source) else str(Path(source).resolve()))
+    return staged.parent / STREAM_FOLDER / staged.name
+
+
+def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
+    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads refused."""
+    if data.stream is None:
+        return run
+    if run.py_num_workers not in (None, 0):
+        raise ValueError(
+            f"DataOptions(stream=...) reads in the loader's own process: pass RunOptions(py_num_workers=0) "
+            f"(got py_num_workers={run.py_num_workers}), or stage the dataset (stage_to=...) to read it with reader "
+            "processes"
+        )
+    if not run.batch_reads:
+        raise ValueError("DataOptions(stream=...) reads whole batches: leave RunOptions(batch_reads=True)")
+    return dataclasses.replace(run, py_num_workers=0)
+
+
+def node_ranks(stream: "StreamOptions", world_size: int) -> int:
+    """The ranks that share this node's cache: ``stream.node_ranks``, else ``LOCAL_WORLD_SIZE``, else ``world_size``.
+
+    Without either the whole job is taken to be on this node: never fewer ranks than share the folder
+    (a bound within the limit), perhaps more (a smaller window than needed on a job of several nodes).
+    ``LOCAL_WORLD_SIZE`` above ``stream.node_ranks`` is refused: the ranks' shares would pass the limit.
+    """
+    local = os.environ.get("LOCAL_WORLD_SIZE")
+    try:
+        local_ranks = int(local) if local else None
+    except ValueError:
+        raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local!r} is not an integer") from None
+    if stream.node_ranks is not None:
+        if local_ranks is not None and local_ranks > stream.node_ranks:
+            raise ValueError(
+                f"StreamOptions(node_ranks={stream.node_ranks}) but LOCAL_WORLD_SIZE={local_ranks} ranks share this "
+                f"node's cache: give node_ranks >= {local_ranks}"
+            )
+        return stream.node_ranks
+    return max(1, local_ranks if local_ranks is not None else int(world_size))
+
+
+def open_streaming(
+    path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool, world_size: int = 1
+) -> StreamStore:
+    """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
+    ``stream.folder`` (default :func:`stream_folder`) within ``stream.cache_limit``, this rank's pins
+    within its share of the limit (the streaming module's docstring says why), the window and the shards
+    fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`)."""
+    from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
+
+    stream = data.stream
+    folder = Path(stream.folder) / stream_folder(path).name if stream.folder is not None else stream_folder(path)
+    cache: ShardCache | None = None
+    try:
+        ranks = node_ranks(stream, world_size)
+        tuning = CacheTuning(workers=stream.downloads)
+        cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
+        window, ahead, budget = _window_of_rank(cache, stream, ranks)
+    except BaseException:
+        agree_on_window(None)  # the other ranks fail too, and do not wait for this one
+        if cache is not None:
+            cache.close()
+        raise
+    try:
+        agreed = agree_on_window(window)
+        if agreed < window:
+            logger.info(
+                "stream %s: %d shard(s) per window, the smallest of the job's ranks (this one: %d)",
+                folder,
+                agreed,
+                window,
+            )
+        logger.info(
+            "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d, "
+            "%d fetched ahead",
+            redact(str(path), data.storage_options), folder, cache.limit_bytes, ranks, agreed,
+            len(cache.shard_bytes), ahead,
+        )  # fmt: skip
+        streamer = Streamer(
+            cache, agreed, ahead=ahead, budget=budget, seed=seed, shuffle=shuffle, downloads=stream.downloads
+        )
+        return StreamStore(streamer)
+    except BaseException:
+        cache.close()
+        raise
+
+
+def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int) -> tuple[int, int, int]:
+    """``(window, ahead, budget)`` for one of ``ranks`` ranks sharing ``cache``; refused with what to change."""
+    share, largest = cache.limit_bytes // ranks, max(cache.shard_bytes)
+    if share < 2 * largest:
+        raise ValueError(
+            f"{cache.folder}: a cache_limit of {cache.limit_bytes} bytes shared by {ranks} rank(s) of a node leaves "
+            f"{share} bytes a rank, less than two of the largest shard ({largest} bytes: one window of one "
+            f"shard and one read outside it); raise cache_limit to at least {2 * largest * ranks} bytes, or give "
+            "StreamOptions(node_ranks=N) when fewer ranks than that share a node"
+        )
+    try:
+        window, ahead = window_and_ahead(share - largest, cache.shard_bytes, stream.fetch_ahead)
+    except ValueError as exc:
+        raise ValueError(f"{cache.folder}: StreamOptions.{exc} ({ranks} rank(s) a node share the cache)") from None
+    if ahead == 0 and window < len(cache.shard_bytes):
+        logger.warning(
+            "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) leaves nothing to fetch "
+            "ahead of the window being read; its first batches will wait for downloads (raise cache_limit)",
+            cache.folder, share, cache.limit_bytes, ranks,
+        )  # fmt: skip
+    return window, ahead, share - largest
+
+
+def agree_on_window(window: int | None) -> int:
+    """The smallest ``window`` of the job's ranks when a ``torch.distributed`` process group is up, else ``window``.
+
+    ``None``: this rank failed to open its stream; it still takes part (so that no rank waits for it) and the
+    others raise a :class:`~dali_pipes.LoaderError` saying so. A collective of the default group: every rank
+    of the job must build its streaming loader at the same point of the script, as for any collective.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return 0 if window is None else window
+    on_gpu = dist.get_backend() == "nccl"
+    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    least = torch.tensor([0 if window is None else window], dtype=torch.int64, device=device)
+    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    agreed = int(least.item())
+    if window is not None and agreed == 0:
+        raise LoaderError(
+            f"rank {dist.get_rank()}: another rank of the job could not open its stream (its error says why); "
+            "this rank stops with it"
+        )
+    return agreed
