@@ -151,25 +151,33 @@ def imbalanced_dataset(tmp_path_factory) -> Path:
     return root / "shards"
 
 
-def test_the_example_balances_classes_and_mixes_datasets(imbalanced_dataset, tiny_dataset, capsys):
+def test_the_example_balances_classes_mixes_datasets_and_streams(
+    imbalanced_dataset, tiny_dataset, capsys, tmp_path, monkeypatch
+):
     import numpy as np
 
     from dali_pipes.examples.train_imagenet import data_source, main, parse_args
 
-    dataset, sampling = data_source(parse_args([str(imbalanced_dataset), "--balance-classes"]))
+    dataset, sampling, _ = data_source(parse_args([str(imbalanced_dataset), "--balance-classes"]))
     labels = np.repeat([0, 1, 2], [40, 10, 2])
     drawn = labels[np.concatenate([sampling.order(52, epoch, 0) for epoch in range(200)])]
     assert np.allclose(np.bincount(drawn) / len(drawn), 1 / 3, atol=0.02)  # 40:10:2 in the data, 1:1:1 drawn
 
-    mixture, none = data_source(
+    mixture, none, _ = data_source(
         parse_args([str(imbalanced_dataset), "--mix-with", str(tiny_dataset), "--mix-share", "0.25"])
     )
     assert none is None and mixture.proportions == {"main": 0.75, "extra": 0.25}
     common = ["--epochs", "1", "--batch-size", "8", "--size", "32"]
     main([str(imbalanced_dataset), *common, "--mix-with", str(tiny_dataset), "--mix-labels", "offset"])
     main([str(imbalanced_dataset), *common, "--balance-classes"])
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    main([str(imbalanced_dataset), *common, "--stream-cache", "0.001"])  # a local folder read through 1 MB
+    assert any((tmp_path / "cache" / "stream").glob("*/shard-*"))
     out = capsys.readouterr().out
-    assert re.findall(r"^epoch 0: (\d+) samples", out, re.M) == [str(52 + NUM_IMAGES), "52"], out
+    assert re.findall(r"^epoch 0: (\d+) samples", out, re.M) == [str(52 + NUM_IMAGES), "52", "52"], out
     with pytest.raises(SystemExit):
         parse_args([str(imbalanced_dataset), "--balance-classes", "--mix-with", str(tiny_dataset)])
     assert "do not go together" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse_args([str(imbalanced_dataset), "--stream-cache", "1", "--balance-classes"])
+    assert "--stream-cache reads DATASET shard window by window, which --balance-classes" in capsys.readouterr().err

@@ -25,6 +25,11 @@ with weights ``1 / (samples of the class)``, so every class comes equally often
 (``WeightedSampling``); ``--mix-with shards/extra --mix-share 0.3`` reads a second
 dataset as 30% of every epoch's samples (``Mixture``), with ``--mix-labels offset``
 when its classes are not the first dataset's.
+
+Data larger than a node's disk: ``--stream-cache 40`` reads DATASET (a URL such as
+``s3://bucket/shards/train``, or a folder on a slow filesystem) through a cache of
+40 GB on each node instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
+shards are permuted every epoch and samples shuffled within windows of shards.
 """
 
 from __future__ import annotations
@@ -40,7 +45,15 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from dali_pipes import DALILoader, Mixture, WeightedSampling, class_balanced_weights, open_store
+from dali_pipes import (
+    DALILoader,
+    DataOptions,
+    Mixture,
+    StreamOptions,
+    WeightedSampling,
+    class_balanced_weights,
+    open_store,
+)
 from dali_pipes.examples.usage import (
     UsageError,
     check_batch,
@@ -111,6 +124,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=("keep", "offset"),
         help="keep: both datasets number the same classes; offset: the second one's classes come after the first's",
     )
+    p.add_argument(
+        "--stream-cache",
+        type=positive_float,
+        metavar="GB",
+        help="stream DATASET (a URL) through a cache of this many GB a node instead of a full copy",
+    )
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--seed", type=non_negative_int, default=0)
     p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
@@ -132,6 +151,11 @@ def _flag_conflicts(args: argparse.Namespace) -> list[str]:
         problems.append(f"--mix-labels {args.mix_labels} is for a mixture: give the second dataset with --mix-with")
     if args.resume and not args.checkpoint:
         problems.append("--resume continues from --checkpoint FILE: give it")
+    for flag, given in (("--balance-classes", args.balance_classes), ("--mix-with", args.mix_with)):
+        if args.stream_cache and given:
+            problems.append(
+                f"--stream-cache reads DATASET shard window by window, which {flag} cannot follow: leave out one of them"
+            )
     if args.checkpoint:
         # Found now rather than by torch.save after the first epoch's training.
         folder = os.path.dirname(os.path.abspath(args.checkpoint))
@@ -200,18 +224,22 @@ def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
         )
 
 
-def data_source(args: argparse.Namespace) -> tuple[Any, WeightedSampling | None]:
-    """What the loader reads and how it draws each epoch: the dataset, a class-balanced draw of it, or a mixture."""
+def data_source(args: argparse.Namespace) -> tuple[Any, WeightedSampling | None, DataOptions]:
+    """What the loader reads, how it draws each epoch (the dataset, a class-balanced draw of it, or a mixture)
+    and where from (a full copy, or streamed through a bounded cache with ``--stream-cache``)."""
+    if args.stream_cache:
+        return args.dataset, None, DataOptions(stream=StreamOptions(cache_limit=int(args.stream_cache * 1e9)))
     if args.mix_with:
         shares = {"main": 1 - args.mix_share, "extra": args.mix_share}
-        return Mixture({"main": args.dataset, "extra": args.mix_with}, proportions=shares, labels=args.mix_labels), None
+        mixture = Mixture({"main": args.dataset, "extra": args.mix_with}, proportions=shares, labels=args.mix_labels)
+        return mixture, None, DataOptions()
     if args.balance_classes:
         store = open_store(args.dataset)
         try:
-            return args.dataset, WeightedSampling(class_balanced_weights(store.column("label")))
+            return args.dataset, WeightedSampling(class_balanced_weights(store.column("label"))), DataOptions()
         finally:
             store.close()
-    return args.dataset, None
+    return args.dataset, None, DataOptions()
 
 
 def _schedule(text: str) -> ResolutionSchedule:
@@ -303,8 +331,8 @@ def main(argv=None) -> None:
     #          loader = DataLoader(dataset, batch_size, sampler=sampler, num_workers=8, pin_memory=True)
     spec = train_spec(args)  # from flags already checked: a refusal would be this script's bug
     with user_errors():  # a dataset the library cannot read is refused in one line; a bug building the loader is not
-        dataset, sampling = data_source(args)
-        loader = DALILoader(dataset, spec, batch_size=args.batch_size, seed=args.seed, sampling=sampling)
+        dataset, sampling, data = data_source(args)
+        loader = DALILoader(dataset, spec, batch_size=args.batch_size, seed=args.seed, sampling=sampling, data=data)
         check_batch(loader)
     num_classes = len(loader.store.manifest.classes or ()) or 1000
 
