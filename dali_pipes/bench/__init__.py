@@ -13,7 +13,8 @@ The kinds of row: ``streams`` (this package's loader, a ``DataLoader``, DALI's
 ``fn.readers.file`` of ``anchor``), ``baselines`` and ``backends`` (the PIL
 ``DataLoader`` baseline; torchvision and Albumentations), ``decode`` (the
 decode-only ceiling), ``torchvision_gpu``, ``object_storage`` (staging from a local
-S3 server behind ``latency_proxy``), ``models`` (what trains in ``doctor`` and the
+S3 server behind ``latency_proxy``), ``stream_rows`` (a loader staged from that server against one
+streaming from it through a bounded cache), ``models`` (what trains in ``doctor`` and the
 ``train`` suite).
 
 The suites, one module each in ``suites`` (``dali-pipes bench DATASET --suite
