@@ -18,6 +18,7 @@ import dataclasses
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,11 +26,10 @@ import threading
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import pytest
-from s3_helpers import SECRET_KEY
+from s3_helpers import SECRET_KEY, options
 from test_remote_stage import upload
-from test_streaming_loader import INDEXED, RUN, real_indices, shard_gets
+from test_streaming_loader import INDEXED, RUN, open_but_evicted, real_indices, shard_gets
 
 from dali_pipes import DALILoader, DataOptions, LoaderError, StreamOptions
 from dali_pipes.sampling.windowed import window_spans
@@ -52,7 +52,8 @@ SCRIPT = Path(__file__).with_name("stream_fault_script.py")
 def streamed(tmp_path, s3, monkeypatch) -> tuple[str, DataOptions]:
     """A 16-shard dataset in the bucket and the options that stream it (the cache in ``tmp_path/cache``).
 
-    Retries are quick (``BACKOFF``) and few (``ATTEMPTS``): a fault that outlasts them fails in a second."""
+    Retries are quick (``BACKOFF``) and few (``ATTEMPTS``), and botocore's own are off (s3fs's remain):
+    a fault that outlasts them all fails in a few seconds."""
     import dali_pipes.remote.transfer as transfer
 
     monkeypatch.setattr(transfer, "BACKOFF", 0.01)
@@ -61,7 +62,8 @@ def streamed(tmp_path, s3, monkeypatch) -> tuple[str, DataOptions]:
     source = write_dataset(tmp_path / "src", N, fmt="lmdb", samples_per_shard=4)
     assert {p.stat().st_size for p in source.glob("shard-*")} == {SHARD}
     stream = StreamOptions(cache_limit=LIMIT, folder=tmp_path / "cache")
-    return upload(s3, source), DataOptions(stream=stream, storage_options=s3.options)
+    config = {"connect_timeout": 3, "read_timeout": 5, "retries": {"max_attempts": 1, "mode": "standard"}}
+    return upload(s3, source), DataOptions(stream=stream, storage_options=options(s3.proxy.url, config_kwargs=config))
 
 
 def open_loader(url: str, data: DataOptions, rank: int = 0, world_size: int = 1) -> DALILoader:
@@ -152,9 +154,7 @@ def test_throttling_and_dropped_connections_mid_epoch_lose_and_repeat_no_sample(
         assert (loaders[0].sampling.window, streamer.ahead) == (1, 2)
         ahead_into_next = {k for shards in spans(1)[:2] for k in shards}
         assert not first_window & ahead_into_next  # so only the padding's guarded read fetches them again
-        rules = [
-            s3.proxy.add("slowdown" if k % 2 else "drop", path=rf"/{name(k)}$", times=1) for k in range(SHARDS)
-        ]
+        rules = [s3.proxy.add("slowdown" if k % 2 else "drop", path=rf"/{name(k)}$", times=1) for k in range(SHARDS)]
         stream = steps(loaders)
         batches = next(stream)  # the first window read: its shard is evicted before the padding reads it again
         (first,) = first_window
@@ -171,3 +171,169 @@ def test_throttling_and_dropped_connections_mid_epoch_lose_and_repeat_no_sample(
     assert FETCH_THREAD in {thread for _, _, threads in faults for thread in threads}  # fetches ahead met faults
     padding = [threads for _, shard, threads in faults if shard == name(first)][1:]  # the second: the padding's
     assert padding and padding[0] and FETCH_THREAD not in padding[0], faults  # a guarded read met it
+
+
+# --- a fault that lasts: named, in bounded time, and nothing left running ---------------------
+
+
+def spoil(s3, url: str, source: Path, shard: int, how: str) -> str:
+    """Make every download of ``shard`` fail ``how``; the error message expected, as a regex."""
+    shown = rf"{url}/{name(shard)}"
+    if how == "throttled":
+        s3.proxy.add("slowdown", path=rf"/{name(shard)}$", times=None)
+        return rf"{shown}: the server kept asking to slow down \(503 SlowDown\) after every retry .*try again later"
+    whole = (source / name(shard)).read_bytes()
+    key = f"{url.removeprefix('s3://')}/{name(shard)}"
+    if how == "corrupted":  # replaced in the bucket after the loader read the manifest: a byte flipped
+        s3.fs().pipe_file(key, whole[:5000] + bytes([whole[5000] ^ 1]) + whole[5001:])
+        return rf"{shown}: SHA-256 does not match the manifest.*run 'dali-pipes verify' on it"
+    s3.fs().pipe_file(key, whole[: SHARD // 2])
+    return rf"{shown}: is {SHARD // 2} bytes, the manifest says {SHARD}.*run 'dali-pipes verify' on it"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("how", ["throttled", "corrupted", "truncated"])
+def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(tmp_path, s3, streamed, caplog, how):
+    url, data = streamed
+    caplog.set_level(logging.DEBUG)
+    with open_loader(url, data) as loader:
+        streamer = loader.store.streamer
+        last = spans(0, loader.sampling.window)[-1][0]  # read last in the epoch: far from downloaded yet
+        stream = iter(loader)
+        seen = real_indices([next(stream)])
+        expected = spoil(s3, url, tmp_path / "src", last, how)
+        with pytest.raises(LoaderError, match=expected) as failed:
+            seen += real_indices(stream)
+        assert len(seen) < N and len(set(seen)) == len(seen)
+        with pytest.raises(LoaderError, match="failed earlier and cannot continue"):
+            iter(loader)
+    assert not streamer._thread.is_alive() and not fetch_threads_alive()
+    assert not temporaries(tmp_path / "cache") and not list((tmp_path / "cache").glob(f"*/{name(last)}"))
+    no_secret_in(tmp_path / "cache", str(failed.value), caplog.text)
+
+
+# --- a shard evicted and needed again ---------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_evicted_shards_are_fetched_again_for_the_padding_and_the_next_epoch(tmp_path, s3, streamed):
+    url, data = streamed
+    with job(url, data) as loaders:
+        epochs = []
+        for epoch in range(2):
+            for loader in loaders:
+                loader.set_epoch(epoch)
+            epochs.append([batch for step in steps(loaders) for batch in step])
+            assert not [open_but_evicted(loader) for loader in loaders if open_but_evicted(loader)]
+        assert loaders[0].cache.peak_bytes <= LIMIT
+    for batches in epochs:
+        rows = check_rows(batches)  # the shards downloaded again hold what they held: every sample as it was
+        assert sorted(index for index, _, pad, _ in rows if not pad) == list(range(N))
+    pads = {index // 4 for index, _, pad, _ in check_rows(epochs[0]) if pad}
+    gets = shard_gets(s3)
+    assert pads and all(gets.count(name(k)) >= 2 for k in pads)  # read first, evicted, read for the padding
+    # The cache holds at most LIMIT // SHARD shards when the second epoch begins: every other one is downloaded again.
+    assert sum(gets.count(name(k)) >= 2 for k in range(SHARDS)) >= SHARDS - LIMIT // SHARD
+    assert len(gets) <= 3 * SHARDS
+
+
+# --- a full cache disk, a Ctrl-C: in a process of their own -----------------------------------
+
+
+def start_run(tmp_path: Path, url: str, data: DataOptions, out: str, **settings) -> subprocess.Popen:
+    """tests/stream_fault_script.py streaming one epoch of ``url`` into the cache folder of ``data``; its
+    stderr in the file ``out`` + ``.err``."""
+    settings = dict(
+        url=url, storage=data.storage_options, cache_limit=LIMIT, folder=str(data.stream.folder), seed=SEED,
+        batch_size=BATCH, out=str(tmp_path / out), **settings,
+    )  # fmt: skip
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(SCRIPT)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=open(tmp_path / f"{out}.err", "w"), text=True, env=env,
+    )  # fmt: skip
+    proc.stdin.write(json.dumps(settings))  # on stdin: the credentials in no command line
+    proc.stdin.close()
+    return proc
+
+
+@pytest.mark.timeout(120)
+def test_a_full_cache_disk_is_one_clear_error_naming_the_folder_and_the_limit(tmp_path, s3, streamed):
+    # RLIMIT_FSIZE in the process: its writes past SHARD // 2 bytes fail as a full disk's do (EFBIG), no root needed.
+    url, data = streamed
+    proc = start_run(tmp_path, url, data, "full.json", fsize=SHARD // 2)
+    proc.wait(timeout=90)
+    stderr = (tmp_path / "full.json.err").read_text()
+    assert proc.returncode == 1, stderr
+    report = json.loads((tmp_path / "full.json").read_text())
+    error, cache = report["error"], data.stream.folder
+    assert report["type"] == "ShardReadError" and report["batches"] == []
+    assert re.search(rf"{cache}/[^/ ]+: the disk is full \(File too large\) while downloading shard-\d+\.lmdb", error)
+    assert f"the cache's limit is 98.3 KB ({LIMIT} bytes); free space there, lower the limit" in error
+    assert error.count("the disk is full") == 1
+    assert not temporaries(cache) and not list(cache.glob("*/shard-*"))
+    no_secret_in(cache, error, stderr)
+
+
+def resume(s3, url: str, data: DataOptions, state: dict) -> tuple[list[int], list[str]]:
+    """The real indices of the rest of the epoch of ``state``, and the shards downloaded meanwhile."""
+    s3.proxy.clear()
+    with open_loader(url, data) as loader:
+        assert loader.sampling.window == 3
+        loader.load_state_dict(state)
+        rest = real_indices(loader)
+    return rest, shard_gets(s3)
+
+
+@pytest.mark.timeout(120)
+def test_ctrl_c_mid_epoch_ends_the_run_and_the_next_resumes_from_the_cached_shards(tmp_path, s3, streamed):
+    url, data = streamed
+    s3.proxy.stall = 1.0  # every shard past the first few takes a second: Ctrl-C lands mid-epoch, mid-download
+    late = [k for shards in spans(0, 3)[1:] for k in shards]  # one rank: windows of 3 shards
+    s3.proxy.add("stall", path=rf"/shard-({'|'.join(f'{k:05d}' for k in late)})\.lmdb$", times=None)
+    proc = start_run(tmp_path, url, data, "first.json")
+    try:
+        assert proc.stdout.readline().strip() == "batch 1", (tmp_path / "first.json.err").read_text()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)  # no hang: the fetch thread's downloads end, the loader closes
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    stderr = (tmp_path / "first.json.err").read_text()
+    assert proc.returncode in (-signal.SIGINT, 1, 130) and "KeyboardInterrupt" in stderr, stderr
+    first = json.loads((tmp_path / "first.json").read_text())
+    assert first["state"] is not None and "error" not in first
+    folder = next(data.stream.folder.iterdir())
+    kept = {int(p.name[6:11]) for p in folder.glob("shard-*.lmdb") if p.stat().st_size == SHARD}
+    rest, gets = resume(s3, url, data, first["state"])
+    seen = [i for indices, pads in first["batches"] for i, pad in zip(indices, pads) if not pad] + rest
+    assert sorted(seen) == list(range(N))
+    read = {index // 4 for index in rest}
+    assert read & kept - set(gets)  # shards the interrupted run cached, read without a download
+    # The same resumed run on an empty folder downloads more (the next epoch's first shards, fetched ahead, in both).
+    fresh = DataOptions(
+        stream=dataclasses.replace(data.stream, folder=tmp_path / "fresh"), storage_options=data.storage_options
+    )
+    again = resume(s3, url, fresh, first["state"])
+    assert again[0] == rest and len(gets) < len(again[1])
+    assert not temporaries(folder)
+    no_secret_in(data.stream.folder, stderr)
+
+
+# --- credentials --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_the_secret_key_is_in_no_log_record_message_repr_or_file(tmp_path, s3, streamed, caplog):
+    url, data = streamed
+    caplog.set_level(logging.DEBUG)
+    texts = [repr(data), str(data)]
+    with open_loader(url, data) as loader:
+        texts.append(repr(loader))
+        s3.proxy.add("drop", path=r"/shard-\d+\.lmdb$", times=1)  # retried, and logged
+        s3.proxy.add("deny", path=rf"/{name(spans(0, loader.sampling.window)[-1][0])}$", times=None)
+        with pytest.raises(LoaderError, match="InvalidAccessKeyId|credentials|access") as denied:
+            list(loader)
+        texts.append(repr(loader))
+    assert "retrying" in caplog.text or "Retryable error" in caplog.text
+    no_secret_in(data.stream.folder, *texts, str(denied.value), caplog.text)
