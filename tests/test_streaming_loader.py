@@ -7,7 +7,9 @@ cache's peak within its limit, a second epoch, and a resume mid-epoch. See dali_
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -154,7 +156,6 @@ def test_the_cache_folder_the_shards_fetched_ahead_and_the_downloads_are_the_use
 @pytest.mark.timeout(120)
 def test_a_loader_dropped_without_close_releases_its_pins_and_its_thread(streamed):
     import gc
-    import threading
 
     def fetch_threads() -> int:
         return sum(t.name == "dali-pipes-stream-fetch" and t.is_alive() for t in threading.enumerate())
@@ -172,6 +173,36 @@ def test_a_loader_dropped_without_close_releases_its_pins_and_its_thread(streame
     # Its pins gone: another loader's windows fit (they would not beside the dropped one's).
     with DALILoader(url, TinySpec(), batch_size=BATCH, seed=4, batch_format=INDEXED, run=RUN, data=data) as other:
         assert sorted(real_indices(other)) == list(range(N))
+
+
+@pytest.mark.timeout(120)
+def test_close_does_not_wait_for_the_downloads_ahead(s3, streamed):
+    # A Ctrl-C or close() while the next window downloads from a hung server returns at once; the cache is
+    # released when those downloads end.
+    from dali_pipes.sampling import window_spans
+
+    url, data = streamed
+    wide = dataclasses.replace(data, stream=StreamOptions(cache_limit=3 * LIMIT))  # the first batches in window 0
+    loader = stream_loader(url, wide)
+    sizes, window = loader.sampling.shard_sizes, loader.sampling.window
+    assert 4 * BATCH < 4 * window  # what DALI reads ahead of the first batch (4 samples a shard)
+    ahead = window_spans(sizes, 0, 3, window, True)[1].shards  # seed 3, as stream_loader reads
+    s3.proxy.stall = 60.0
+    s3.proxy.add("stall", path="|".join(rf"shard-{k:05d}\.lmdb$" for k in ahead), times=None)
+    next(iter(loader))
+    deadline = time.monotonic() + 30
+    while not any(f"shard-{ahead[0]:05d}" in path for _, path in s3.proxy.requests) and time.monotonic() < deadline:
+        time.sleep(0.05)  # the fetching thread is held by the server
+    start = time.monotonic()
+    loader.close()
+    assert time.monotonic() - start < 15  # not the 60 s the server holds the download
+    s3.proxy.clear()  # the server answers: the downloads end, then the thread releases the cache
+    deadline = time.monotonic() + 30
+    while any(t.name == "dali-pipes-stream-fetch" for t in threading.enumerate()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(t.name == "dali-pipes-stream-fetch" for t in threading.enumerate())
+    with stream_loader(url, wide) as again:  # the folder is free: a loader of the same job reads it
+        assert sorted(real_indices(again)) == list(range(N))
 
 
 def run_ranks(world_size: int, url: str, out_dir: Path, **options) -> list[dict]:

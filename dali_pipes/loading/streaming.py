@@ -60,7 +60,10 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StreamStore", "Streamer"]
+__all__ = ["CLOSE_WAIT_S", "StreamStore", "Streamer"]
+
+#: Seconds :meth:`Streamer.close` waits for the downloads under way before leaving them to end in the background.
+CLOSE_WAIT_S = 2.0
 
 
 class Streamer:
@@ -91,7 +94,7 @@ class Streamer:
         self._at: tuple[int, int] | None = None  # (epoch, window) the pins were set for
         self._pinned: set[int] = set()
         self._ready: set[int] = set()  # pinned and downloaded: read without the lock
-        self._queue: list[int] = []
+        self._queue: list[list[int]] = []  # groups of shards to download, of one window each
         self._closed = False
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         # The thread holds the streamer weakly and the finalizer closes the cache: a loader dropped without
@@ -114,28 +117,43 @@ class Streamer:
         at = (epoch, int(windows.min()))  # a batch across two windows: both pinned
         if at == self._at:
             return
-        want = list(spans[at[1]].shards)
-        held = sum(self._bytes[k] for k in want)
-        for k in self._shards_after(epoch, at[1])[: self.ahead]:
-            if k not in want and held + self._bytes[k] <= self.budget:
-                want.append(k)
-                held += self._bytes[k]
+        groups = self._wanted(spans[at[1]].shards, self._windows_after(epoch, at[1]))
         with self._locked():
-            self._repin(want)
+            self._repin(groups)
             self._at = at
 
-    def _shards_after(self, epoch: int, window: int) -> list[int]:
-        """The shards read after ``window`` of ``epoch``, in reading order: the epoch's later windows, then the next epoch's."""
-        later = [span.shards for span in self._epoch_spans(epoch)[window + 1 :]]
-        later += [span.shards for span in self._epoch_spans(epoch + 1)]
-        return [k for shards in later for k in shards]
+    def _wanted(self, current: tuple[int, ...], later: Iterable[tuple[int, ...]]) -> list[list[int]]:
+        """The shards to keep pinned, window by window: the ``current`` window's, then ``ahead`` shards of the
+        ``later`` windows in reading order, all within the budget (a shard that would pass it is left out)."""
+        groups = [list(current)]
+        taken, held, room = set(current), sum(self._bytes[k] for k in current), self.ahead
+        for shards in later:
+            if room == 0:
+                break
+            group = []
+            for k in shards:
+                if room > 0 and k not in taken and held + self._bytes[k] <= self.budget:
+                    group.append(k)
+                    taken.add(k)
+                    held += self._bytes[k]
+                    room -= 1
+            groups.append(group)
+        return groups
 
-    def _repin(self, want: list[int]) -> None:
-        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order.
+    def _windows_after(self, epoch: int, window: int) -> Iterator[tuple[int, ...]]:
+        """The shards of the windows read after ``window`` of ``epoch``, window by window: the epoch's, then the next's."""
+        yield from (span.shards for span in self._epoch_spans(epoch)[window + 1 :])
+        yield from (span.shards for span in self._epoch_spans(epoch + 1))
+
+    def _repin(self, groups: list[list[int]]) -> None:
+        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order,
+        in groups of at most ``downloads`` shards of one window each (so that a slow download of a shard
+        ahead never holds up one of the window being read).
 
         Unpinned first (the old and new pins together may not fit the limit); when pinning the new ones
         fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
         """
+        want = [k for group in groups for k in group]
         drop = self._pinned - set(want)
         add = [k for k in want if k not in self._pinned]
         if drop:
@@ -148,8 +166,11 @@ class Streamer:
             self.cache.pin(add)
         self._pinned = set(want)
         self._ready &= self._pinned
-        self._queue = [k for k in want if k not in self._ready]
-        logger.debug("stream %s: %d shard(s) pinned, %d to fetch", self.cache.folder, len(want), len(self._queue))
+        missing = [[k for k in group if k not in self._ready] for group in groups]
+        self._queue = [group[i : i + self.downloads] for group in missing for i in range(0, len(group), self.downloads)]
+        logger.debug(
+            "stream %s: %d shard(s) pinned, %d group(s) to fetch", self.cache.folder, len(want), len(self._queue)
+        )
         self._cond.notify_all()
 
     # --- reads ------------------------------------------------------------------------------
@@ -198,7 +219,7 @@ class Streamer:
                 return False
             if not self._queue or self._urgent.is_set():
                 return True
-            chunk, self._queue = self._queue[: self.downloads], self._queue[self.downloads :]
+            chunk = self._queue.pop(0)
             try:
                 self.cache.fetch(chunk)
                 self._ready.update(chunk)
@@ -242,24 +263,32 @@ class Streamer:
         return self.cache.peak_bytes
 
     def close(self) -> None:
-        """Stop fetching ahead and release the cache (its shards stay for the next run)."""
-        with self._cond:
-            self._closed = True
-            self._cond.notify_all()
-        if self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.cache.tuning.wait_s)  # a download under way ends or fails first
+        """Stop fetching ahead and release the cache (its shards stay for the next run).
+
+        Never waits long for a group of downloads under way (a Ctrl-C must not hang on them): when the
+        thread is still downloading after :data:`CLOSE_WAIT_S`, it releases the cache itself once done.
+        """
+        self._closed = True  # set without the lock, which a download under way holds; read between downloads
+        if self._thread is not threading.current_thread() and self._thread.is_alive():
+            self._thread.join(timeout=CLOSE_WAIT_S)
             if self._thread.is_alive():
-                logger.warning(
-                    "stream %s: the fetching thread did not stop; left to end with the process", self.cache.folder
+                logger.info(
+                    "stream %s: downloads under way end in the background, then the cache is released",
+                    self.cache.folder,
                 )
+                return
         self._finalizer()
 
 
 def _fetch_loop(streamer_ref: "weakref.ref[Streamer]") -> None:
-    """The background thread of a :class:`Streamer`: its turns, until it is closed or collected."""
+    """The background thread of a :class:`Streamer`: its turns, until it is closed (the cache then released,
+    in case :meth:`Streamer.close` did not wait for the last downloads) or collected."""
     while True:
         streamer = streamer_ref()
-        if streamer is None or not streamer.fetch_next():
+        if streamer is None:
+            return
+        if not streamer.fetch_next():
+            streamer._finalizer()
             return
         del streamer  # between turns the thread keeps nothing alive
 
