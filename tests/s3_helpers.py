@@ -6,7 +6,10 @@ to the moto server unchanged unless a fault rule matches it:
 - ``slowdown``: answer ``503 SlowDown`` (S3's throttling answer) instead of forwarding;
 - ``drop``: forward, then send the headers and only half of the body and close the connection;
 - ``deny``: answer ``403 InvalidAccessKeyId``, as S3 does for keys it does not know;
-- ``stall``: wait :attr:`FaultProxy.stall` seconds before forwarding (a slow or hung server).
+- ``stall``: wait :attr:`FaultProxy.stall` seconds before forwarding (a slow or hung server);
+- ``corrupt``: forward, then send the whole body with one byte changed (damaged on the way, not at the source),
+  which the client's check of the object's stored checksum finds; ``corrupt-bare``: the same without the
+  checksum headers, as from a store that keeps none (only the manifest's SHA-256 finds it).
 
 Each rule applies to requests whose method and path match, ``times`` times (``None``: always).
 Tests also write into the bucket straight through moto's endpoint (``direct_options``), as another
@@ -127,6 +130,10 @@ def _handler(proxy: FaultProxy):
             if action == "stall":
                 proxy.wait_stalled()
             status, headers, data = self._forward(body)
+            if action in ("corrupt", "corrupt-bare") and len(data) > 1:
+                data = data[: len(data) // 2] + bytes([data[len(data) // 2] ^ 0xFF]) + data[len(data) // 2 + 1 :]
+                if action == "corrupt-bare":
+                    headers = [(k, v) for k, v in headers if not k.lower().startswith("x-amz-checksum")]
             if action == "drop" and len(data) > 1:
                 self._send(status, headers, data[: len(data) // 2], length=len(data))
                 self.close_connection = True

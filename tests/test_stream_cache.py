@@ -10,6 +10,7 @@ extra shard. Other processes of the node are real ``spawn`` processes (tests/str
 from __future__ import annotations
 
 import json
+import logging
 import multiprocessing
 import os
 import signal
@@ -201,6 +202,22 @@ def test_a_corrupted_or_truncated_object_is_named_and_nothing_of_it_is_kept(tmp_
         s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{bad}", whole)  # repaired: fetched now
         assert cache.fetch([1])[0].read_bytes() == whole
     assert_no_secret(folder, str(corrupted.value), str(cut.value), caplog.text)
+
+
+@pytest.mark.parametrize(
+    "fault, noticed",
+    [("corrupt", "did not match calculated checksum"), ("corrupt-bare", "SHA-256 does not match the manifest")],
+)
+def test_a_download_damaged_on_the_way_is_downloaded_once_more(tmp_path, s3, dataset, caplog, fault, noticed):
+    # Found by the object's stored checksum (a retried request), or else by the manifest's SHA-256 (a new download).
+    caplog.set_level(logging.INFO)
+    source, url = dataset
+    name = shard_name("lmdb", 1)
+    s3.proxy.add(fault, path=rf"/{name}$", times=1)  # the bucket's copy is whole: only this answer is not
+    with ShardCache(url, tmp_path / "cache", 4 * SHARD, storage_options=s3.options) as cache:
+        assert cache.fetch([1])[0].read_bytes() == (source / name).read_bytes()
+    gets = [path for method, path in s3.proxy.requests if method == "GET" and path.endswith(name)]
+    assert len(gets) >= 2 and noticed in caplog.text
 
 
 def test_ctrl_c_mid_download_leaves_nothing_half_written(tmp_path, s3, dataset, monkeypatch):

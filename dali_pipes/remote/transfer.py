@@ -27,11 +27,23 @@ CHUNK = 8 << 20
 ATTEMPTS = 5
 BACKOFF = 0.2
 BACKOFF_MAX = 8.0
-_TRANSIENT_NAMES = ("timeout", "connection", "payload", "incompleteread", "responseparser", "disconnected", "ebusy")
+#: Words in the names of errors worth retrying; "checksum": botocore's check of a response against the checksum the
+#: object was stored with (FlexibleChecksumError), so the bytes were damaged on the way, not at rest.
+_TRANSIENT_NAMES = (
+    "timeout",
+    "connection",
+    "payload",
+    "incompleteread",
+    "responseparser",
+    "disconnected",
+    "ebusy",
+    "checksum",
+)
 
 
 def transient(exc: BaseException) -> bool:
-    """True for an error worth retrying: a dropped or timed-out connection, a throttling answer."""
+    """True for an error worth retrying: a dropped or timed-out connection, a throttling answer, a response
+    that fails its checksum."""
     if isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError)):
         return False
     if isinstance(exc, (OSError, TimeoutError)):

@@ -32,6 +32,10 @@ class StageItem:
     sha256: str | None
 
 
+class MismatchError(StageError):
+    """What was copied is not what the manifest says (its size or SHA-256): damaged at the source, or on the way."""
+
+
 def write_checked(item: StageItem, target: Path, fill: Callable[[Any], tuple[int, str]], shown: str) -> None:
     """Write ``target`` through a temporary name: ``fill(file)`` writes the bytes and returns ``(size, sha256)``,
     which must match the item before the rename. ``shown`` names the source in errors."""
@@ -43,12 +47,12 @@ def write_checked(item: StageItem, target: Path, fill: Callable[[Any], tuple[int
             out.flush()
             os.fsync(out.fileno())
         if size != item.bytes:
-            raise StageError(
+            raise MismatchError(
                 f"{shown}: is {size if size < item.bytes else f'more than {item.bytes}'} bytes, the manifest says {item.bytes}: the source changed or is damaged "
                 "(truncated or replaced); run 'dali-pipes verify' on it"
             )
         if item.sha256 is not None and digest != item.sha256:
-            raise StageError(
+            raise MismatchError(
                 f"{shown}: SHA-256 does not match the manifest: the source shard is damaged or was replaced; "
                 "run 'dali-pipes verify' on it and re-convert"
             )
@@ -60,4 +64,4 @@ def write_checked(item: StageItem, target: Path, fill: Callable[[Any], tuple[int
     fsync_dir(target.parent)
 
 
-__all__ = ["TMP_PREFIX", "StageError", "StageItem", "write_checked"]
+__all__ = ["TMP_PREFIX", "MismatchError", "StageError", "StageItem", "write_checked"]

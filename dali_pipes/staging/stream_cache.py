@@ -55,9 +55,14 @@ from dali_pipes.staging.cache_plan import (
     refuse_oversized,
     whole,
 )
+from dali_pipes.staging.checked import MismatchError
 from dali_pipes.staging.stage import SOURCE_RECORD
 
 log = logging.getLogger(__name__)
+
+#: Downloads of a shard whose bytes differ from the manifest before its error is raised (the source itself
+#: may be damaged: then every download differs).
+MISMATCH_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -263,8 +268,7 @@ class ShardCache:
                 return  # another process brought it while this one waited
             self._reserve(entry)
             try:
-                for item in entry.items:
-                    self._copy(item, self.folder / item.rel, advance)
+                self._download(entry, advance)
             except BaseException as exc:
                 self._release(entry)
                 full = full_error(exc)
@@ -275,6 +279,19 @@ class ShardCache:
                 raise
             self._commit(entry)
         log.debug("cache %s: downloaded %s (%s)", self.folder, entry.key, human_bytes(entry.bytes))
+
+    def _download(self, entry: CacheEntry, advance: Callable[[int], None]) -> None:
+        """Copy ``entry``'s files, once more when one arrives other than the manifest says (damaged on the way:
+        the copier's retries cover failed requests, not a body that arrived whole but wrong)."""
+        for attempt in range(1, MISMATCH_ATTEMPTS + 1):
+            try:
+                for item in entry.items:
+                    self._copy(item, self.folder / item.rel, advance)
+                return
+            except MismatchError as exc:
+                if attempt == MISMATCH_ATTEMPTS:
+                    raise
+                log.warning("cache %s: %s; downloading %s once more", self.folder, exc, entry.key)
 
     def _reserve(self, entry: CacheEntry) -> None:
         """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes."""
