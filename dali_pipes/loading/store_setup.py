@@ -47,8 +47,8 @@ def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Sto
     """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
     if isinstance(path, Mixture):
         raise ValueError(
-            "DataOptions(stream=True) streams one dataset, a URL or a path: a Mixture is not streamed; stage its "
-            "datasets (leave out stream=True, or give stage_to=...) or read each with its own loader"
+            "DataOptions(stream=...) streams one dataset, a URL or a path: a Mixture is not streamed; stage its "
+            "datasets (leave out stream=, or give stage_to=...) or read each with its own loader"
         )
     from dali_pipes.loading.stream_setup import open_streaming  # the cache machinery only when streaming
 
@@ -107,7 +107,7 @@ def epoch_sampling(store: Store | MixtureStore, sampling: Any, *, shuffle: bool 
             raise ValueError(
                 f"sampling={type(sampling).__name__}(...) is not streamed: a weighted draw reads any shard at any "
                 "time, which a bounded cache cannot follow. Leave out sampling= (a streamed epoch reads every sample "
-                "once, shard window by window), or stage the dataset (leave out stream=True) to draw with weights"
+                "once, shard window by window), or stage the dataset (leave out stream=) to draw with weights"
             )
         return store.sampling
     if not isinstance(store, MixtureStore):

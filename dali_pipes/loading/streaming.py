@@ -19,18 +19,22 @@ pin refused (a CacheError). The price is a window ``R`` times smaller than one r
 the shuffle within it correspondingly narrower. Shards the ranks share count once, so the node
 usually holds less than the bound.
 
-``W`` is a pure function of ``(cache_limit, shard sizes, R)``: a state resumes on another world size
-when ``R`` is the same; pass ``StreamOptions(node_ranks=...)``, the most ranks a node will run, to resume
+``W`` is a pure function of ``(cache_limit, shard sizes, R, fetch_ahead)``, agreed between the ranks of a
+process group (:mod:`dali_pipes.loading.stream_setup`): a state resumes on another world size when ``R`` is the same; pass ``StreamOptions(node_ranks=...)``, the most ranks a node will run, to resume
 on fewer or more ranks per node (a rank that holds less than its share only leaves room unused).
 
 How the pieces meet (one reading thread, in the loader's own process: ``py_num_workers=0``):
 
 - :class:`Streamer` keeps the shards of the window being read and those read after it (``fetch_ahead``
   of them, by default the next window) pinned, and a background thread downloads them in reading
-  order, ``downloads`` at a time: the current window first, then the ones ahead.
+  order, in groups of at most ``downloads`` shards of one window: the current window first, then the
+  ones ahead (a slow shard ahead never holds up the window being read). :meth:`Streamer.close` does
+  not wait for a group under way past :data:`CLOSE_WAIT_S`: the thread releases the cache after it.
   The window being read is told by the external source before each batch
   (:meth:`StreamStore.before_read`: the batch's epoch and samples); when it moves on, the shards
   of the windows behind it are unpinned (the cache may then evict them) and their readers closed.
+- Nothing refers back from the streamer to its store, and its thread holds it weakly: a loader dropped
+  without ``close()`` frees its pins as soon as it is collected.
 - :class:`StreamStore` is a :class:`~dali_pipes.stores.Store` over the cache folder whose every shard
   read is guarded: a shard not yet downloaded (or outside the pinned windows, such as the padding of
   an epoch's last batch, wrapped around from its start) is pinned, fetched and read on the spot, its
