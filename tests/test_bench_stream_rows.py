@@ -44,6 +44,7 @@ def _rows(inputs, later_epochs: int = 1):
     return s3_stream_rows(inputs, GraphPrefix(inputs.spec, 0), repeats=1, later_epochs=later_epochs)
 
 
+@pytest.mark.slow  # 13 s: the rows run twice over; the skip case below stays in the default suite
 def test_staged_and_streamed_rows_report_consistent_figures(tmp_path):
     from dali_pipes.bench.stream_rows import STAGED, STREAM
 

@@ -285,6 +285,7 @@ def resume(s3, url: str, data: DataOptions, state: dict) -> tuple[list[int], lis
     return rest, shard_gets(s3)
 
 
+@pytest.mark.slow  # 7 s of three processes
 @pytest.mark.timeout(120)
 def test_ctrl_c_mid_epoch_ends_the_run_and_the_next_resumes_from_the_cached_shards(tmp_path, s3, streamed):
     url, data = streamed

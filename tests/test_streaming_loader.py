@@ -220,7 +220,7 @@ def real_of(report: dict) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
 def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_path, streamed, world_size):
     # Processes without a process group: nothing keeps them in lockstep, yet the node's pins stay within the limit.
     url, data = streamed
@@ -233,6 +233,7 @@ def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_pa
     assert len({r["window"] for r in reports}) == 1  # one order: every rank sized its window alike
 
 
+@pytest.mark.slow  # 10 s of five processes; a resume on one rank stays in the default suite
 @pytest.mark.timeout(240)
 def test_a_state_saved_mid_epoch_on_two_ranks_resumes_on_three(tmp_path, streamed):
     url, data = streamed
