@@ -9,6 +9,7 @@ tests start.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -47,6 +48,16 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _package_log_level():
+    """The package's log level as each test found it: one that quietens it (``quiet_dali_logs``) does not hide
+    the records a later test of the same process checks."""
+    logger = logging.getLogger("dali_pipes")
+    level = logger.level
+    yield
+    logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")
