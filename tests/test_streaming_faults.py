@@ -196,6 +196,7 @@ def spoil(s3, url: str, source: Path, shard: int, how: str) -> str:
 def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(tmp_path, s3, streamed, caplog, how):
     url, data = streamed
     caplog.set_level(logging.DEBUG)
+    caplog.set_level(logging.DEBUG, logger="dali_pipes")  # the package's records too, which the fixture quietened
     with open_loader(url, data) as loader:
         streamer = loader.store.streamer
         last = spans(0, loader.sampling.window)[-1][0]  # read last in the epoch: far from downloaded yet
