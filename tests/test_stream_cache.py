@@ -148,6 +148,7 @@ def test_the_folder_never_holds_more_than_the_limit(tmp_path, s3):
     cache.close()
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 def test_two_processes_asking_for_the_same_shards_download_each_once(tmp_path, s3, dataset):
     source, url = dataset
     s3.proxy.stall = 1.0  # every shard download takes a second: the second process asks while the first downloads
@@ -241,6 +242,7 @@ def test_ctrl_c_mid_download_leaves_nothing_half_written(tmp_path, s3, dataset, 
         assert cache.bytes_held == 2 * SHARD
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 @pytest.mark.timeout(120)
 def test_a_cache_killed_mid_download_is_reused(tmp_path, s3, dataset):
     _, url = dataset
@@ -349,6 +351,7 @@ def test_a_full_disk_is_one_clear_error_and_leaves_nothing(tmp_path, s3, dataset
     assert_no_secret(folder, error)
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 def test_a_download_another_process_never_finishes_ends_in_an_error_naming_the_shard(tmp_path, s3, dataset):
     from dali_pipes.staging.cache_folder import CacheFolder
 
@@ -380,6 +383,7 @@ def test_a_local_dataset_on_a_slow_filesystem_is_cached_alike(tmp_path):
         ShardCache(source, source, limit)
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 def test_a_run_with_a_smaller_limit_keeps_the_most_recently_used_shards(tmp_path, s3, dataset):
     _, url = dataset
     folder = tmp_path / "cache"

@@ -192,7 +192,7 @@ def spoil(s3, url: str, source: Path, shard: int, how: str) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["throttled", "corrupted", "truncated"])
+@pytest.mark.parametrize("how", ["throttled", "corrupted", pytest.param("truncated", marks=pytest.mark.slow)])
 def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(tmp_path, s3, streamed, caplog, how):
     url, data = streamed
     caplog.set_level(logging.DEBUG)
@@ -216,6 +216,7 @@ def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(
 # --- a shard evicted and needed again ---------------------------------------------------------
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 @pytest.mark.timeout(90)
 def test_evicted_shards_are_fetched_again_for_the_padding_and_the_next_epoch(tmp_path, s3, streamed):
     url, data = streamed
@@ -258,6 +259,7 @@ def start_run(tmp_path: Path, url: str, data: DataOptions, out: str, **settings)
     return proc
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 @pytest.mark.timeout(120)
 def test_a_full_cache_disk_is_one_clear_error_naming_the_folder_and_the_limit(tmp_path, s3, streamed):
     # RLIMIT_FSIZE in the process: its writes past SHARD // 2 bytes fail as a full disk's do (EFBIG), no root needed.

@@ -133,6 +133,7 @@ def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
         DALILoader(url, TinySpec(), batch_size=BATCH, run=RUN, data=data, sampling=WeightedSampling([1.0] * N))
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 @pytest.mark.timeout(120)
 def test_the_cache_folder_the_shards_fetched_ahead_and_the_downloads_are_the_users_to_set(tmp_path, s3, streamed):
     url, data = streamed
@@ -153,6 +154,7 @@ def test_the_cache_folder_the_shards_fetched_ahead_and_the_downloads_are_the_use
         )
 
 
+@pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 @pytest.mark.timeout(120)
 def test_a_loader_dropped_without_close_releases_its_pins_and_its_thread(streamed):
     import gc
@@ -220,7 +222,8 @@ def real_of(report: dict) -> list[int]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("world_size", [2, pytest.param(3, marks=pytest.mark.slow)])
+@pytest.mark.slow  # processes of their own; one rank and a process group of 2 stay in the default suite
+@pytest.mark.parametrize("world_size", [2, 3])
 def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_path, streamed, world_size):
     # Processes without a process group: nothing keeps them in lockstep, yet the node's pins stay within the limit.
     url, data = streamed
