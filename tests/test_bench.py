@@ -551,6 +551,7 @@ def test_doctor_says_how_long_it_will_take_and_refuses_a_run_over_the_limit(data
     assert "--model tiny" in str(exc.value) and "--max-minutes" in str(exc.value)
 
 
+@pytest.mark.slow  # 25 s: doctor's whole run through the command; its estimate and refusal stay in the default suite
 def test_doctor_cli_shows_progress_and_the_estimate(dataset):
     # On a terminal the bar counts the steps (no total: the warm-ups run for a time, not a count); in a log, no bar.
     command = [*CLI, "doctor", str(dataset), "--model", "tiny", "--batch-size", str(BATCH), "--steps", "3", "--quick"]

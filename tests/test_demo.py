@@ -7,6 +7,7 @@ import re
 import subprocess
 
 import numpy as np
+import pytest
 from PIL import Image
 
 from test_convert import CLI, run_cli  # noqa: E402 - shared helpers
@@ -44,6 +45,7 @@ def test_demo_runs_end_to_end_and_writes_a_real_grid(tmp_path):
     assert not np.array_equal(tiles[0], tiles[1])
 
 
+@pytest.mark.slow  # two whole demo runs (18 s); the end-to-end demo stays in the default suite
 def test_the_default_workdir_is_one_cache_folder_reused_by_later_runs(tmp_path):
     # Before, every run left its 78 MB of images and shards in a new /tmp folder.
     env = {**os.environ, "XDG_CACHE_HOME": str(tmp_path / "cache")}
@@ -63,6 +65,7 @@ def test_the_default_workdir_is_one_cache_folder_reused_by_later_runs(tmp_path):
     assert f"reusing the shards in {work / 'shards-24'}" in second.stderr and "converting" not in second.stderr
 
 
+@pytest.mark.slow  # a whole demo run on photos (17 s)
 def test_demo_on_your_photos_keeps_the_built_in_demos_grid(tmp_path):
     # Before, both wrote <workdir>/augmented.png: a run on your photos overwrote the built-in demo's grid.
     work = tmp_path / "demo"

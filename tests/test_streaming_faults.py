@@ -170,7 +170,8 @@ def test_throttling_and_dropped_connections_mid_epoch_lose_and_repeat_no_sample(
     assert all(gets.count(name(k)) >= 2 for k in range(SHARDS)) and gets.count(name(first)) >= 4
     assert FETCH_THREAD in {thread for _, _, threads in faults for thread in threads}  # fetches ahead met faults
     padding = [threads for _, shard, threads in faults if shard == name(first)][1:]  # the second: the padding's
-    assert padding and padding[0] and FETCH_THREAD not in padding[0], faults  # a guarded read met it
+    # A guarded read met it (the fetching thread, which may be downloading other shards meanwhile, never queues it).
+    assert padding and "MainThread" in padding[0], faults
 
 
 # --- a fault that lasts: named, in bounded time, and nothing left running ---------------------
@@ -192,7 +193,10 @@ def spoil(s3, url: str, source: Path, shard: int, how: str) -> str:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("how", ["throttled", "corrupted", pytest.param("truncated", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "how",
+    [pytest.param("throttled", marks=pytest.mark.slow), "corrupted", pytest.param("truncated", marks=pytest.mark.slow)],
+)
 def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(tmp_path, s3, streamed, caplog, how):
     url, data = streamed
     caplog.set_level(logging.DEBUG)
