@@ -117,11 +117,10 @@ class StreamOptions:
                 f"StreamOptions.cache_limit must be a positive whole number of bytes, got {self.cache_limit!r}"
             )
         object.__setattr__(self, "cache_limit", int(self.cache_limit))
-        for name, least in (("node_ranks", 1), ("fetch_ahead", 0), ("downloads", 1)):
+        for name, least in (("node_ranks", 1), ("fetch_ahead", 0)):  # None: chosen when the stream opens
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(check_int(f"StreamOptions.{name}", getattr(self, name), least)))
-        if self.downloads is None:
-            raise ValueError("StreamOptions.downloads must be a whole number >= 1, got None")
+        object.__setattr__(self, "downloads", int(check_int("StreamOptions.downloads", self.downloads, 1)))
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,8 @@ def restored_position(
 
 def _window_hint(saved: Any, mine: Any) -> str:
     """What to change when a streamed state's window differs (it follows from the stream's options)."""
-    if isinstance(saved, dict) and isinstance(mine, dict) and saved.get("window") != mine.get("window") is not None:
+    streamed = isinstance(saved, dict) and isinstance(mine, dict) and "window" in mine
+    if streamed and saved.get("window") != mine["window"]:
         return (
             ". A streamed window follows from StreamOptions(cache_limit, node_ranks, fetch_ahead): give the values "
             "of the run that saved the state (node_ranks: the most ranks a node runs, on both)"

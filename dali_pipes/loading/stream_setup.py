@@ -99,7 +99,9 @@ def open_streaming(
     from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
     stream = data.stream
-    folder = Path(stream.folder) / stream_folder(path).name if stream.folder is not None else stream_folder(path)
+    folder = stream_folder(path)
+    if stream.folder is not None:  # the user's folder, the dataset's sub-folder named alike
+        folder = Path(stream.folder) / folder.name
     cache: ShardCache | None = None
     try:
         ranks = node_ranks(stream, world_size)

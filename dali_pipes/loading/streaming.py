@@ -112,7 +112,8 @@ class Streamer:
     # --- what the source tells --------------------------------------------------------------
 
     def before_read(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
-        """A batch of ``epoch`` is about to read ``indices``: pin its (first) window and the next, unpin those behind."""
+        """A batch of ``epoch`` is about to read ``indices``: pin its (first) window and the shards ahead of it,
+        unpin those behind."""
         real = np.asarray(indices)[~np.asarray(is_pad, dtype=bool)]
         if len(real) == 0:
             return  # all padding: the guarded reads bring its shards
@@ -209,8 +210,8 @@ class Streamer:
             self._urgent.clear()
 
     def fetch_next(self) -> bool:
-        """One turn of the background thread: download the next ``downloads`` queued shards (each pinned already),
-        or wait a moment for some; ``False`` once closed.
+        """One turn of the background thread: download the next queued group (shards of one window, each pinned
+        already), or wait a moment for one; ``False`` once closed.
 
         The lock is held while downloading, so that no shard is unpinned mid-download: an unpinned
         download would take room beyond the pins that the rank's share was sized for. The reading thread

@@ -193,8 +193,12 @@ def choose_window(cache_limit_bytes: int, shard_bytes: Sequence[int] | np.ndarra
     sizes = checked_shard_sizes(shard_bytes)
     if int(sizes.sum()) <= limit:
         return len(sizes)
-    fitting = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), limit, side="right"))  # largest shards that fit
-    return max(1, fitting // windows)
+    return max(1, _largest_that_fit(limit, sizes) // windows)
+
+
+def _largest_that_fit(budget: int, sizes: np.ndarray) -> int:
+    """How many of the largest shards fit in ``budget`` bytes together (any that many shards then fit)."""
+    return int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), budget, side="right"))
 
 
 def window_and_ahead(
@@ -211,7 +215,7 @@ def window_and_ahead(
     sizes = checked_shard_sizes(shard_bytes)
     if int(sizes.sum()) <= budget:
         return len(sizes), 0
-    fitting = int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), budget, side="right"))  # largest shards that fit
+    fitting = _largest_that_fit(budget, sizes)
     if fetch_ahead is None:
         window = choose_window(budget, sizes)
         return window, max(0, fitting - window)
