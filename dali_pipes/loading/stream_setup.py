@@ -3,7 +3,7 @@
 ``DataOptions(stream=StreamOptions(...))`` is turned here into a :class:`~dali_pipes.loading.streaming.StreamStore`:
 the cache folder of the dataset (:func:`stream_folder`, or ``StreamOptions.folder``), the node's ranks that
 share it (:func:`node_ranks`), and the window and the shards fetched ahead, sized to fit a rank's share of
-the limit (:func:`~dali_pipes.sampling.windowed.window_and_ahead`).
+the limit (:func:`~dali_pipes.sampling.windowed.rank_window`).
 
 Every rank must read with the same window, or the ranks' slices of the epoch would come from different
 orders (samples read twice, others never). The window follows from the cache limit, the node's ranks and
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.streaming import Streamer, StreamStore
 from dali_pipes.remote.urls import is_url, redact
-from dali_pipes.sampling.windowed import window_and_ahead
+from dali_pipes.sampling.windowed import rank_window
 
 if TYPE_CHECKING:
     from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
@@ -138,26 +138,20 @@ def open_streaming(
 
 
 def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int) -> tuple[int, int, int]:
-    """``(window, ahead, budget)`` for one of ``ranks`` ranks sharing ``cache``; refused with what to change."""
-    share, largest = cache.limit_bytes // ranks, max(cache.shard_bytes)
-    if share < 2 * largest:
-        raise ValueError(
-            f"{cache.folder}: a cache_limit of {cache.limit_bytes} bytes shared by {ranks} rank(s) of a node leaves "
-            f"{share} bytes a rank, less than two of the largest shard ({largest} bytes: one window of one "
-            f"shard and one read outside it); raise cache_limit to at least {2 * largest * ranks} bytes, or give "
-            "StreamOptions(node_ranks=N) when fewer ranks than that share a node"
-        )
+    """``(window, ahead, budget)`` for one of ``ranks`` ranks sharing ``cache`` (:func:`rank_window`); refused with
+    what to change, naming the cache folder."""
     try:
-        window, ahead = window_and_ahead(share - largest, cache.shard_bytes, stream.fetch_ahead)
+        plan = rank_window(cache.limit_bytes, cache.shard_bytes, ranks, stream.fetch_ahead)
     except ValueError as exc:
-        raise ValueError(f"{cache.folder}: StreamOptions.{exc} ({ranks} rank(s) a node share the cache)") from None
-    if ahead == 0 and window < len(cache.shard_bytes):
+        prefix = "StreamOptions." if str(exc).startswith("fetch_ahead") else ""
+        raise ValueError(f"{cache.folder}: {prefix}{exc} ({ranks} rank(s) a node share the cache)") from None
+    if plan.ahead == 0 and plan.window < len(cache.shard_bytes):
         logger.warning(
             "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) leaves nothing to fetch "
             "ahead of the window being read; its first batches will wait for downloads (raise cache_limit)",
-            cache.folder, share, cache.limit_bytes, ranks,
+            cache.folder, cache.limit_bytes // ranks, cache.limit_bytes, ranks,
         )  # fmt: skip
-    return window, ahead, share - largest
+    return plan.window, plan.ahead, plan.budget
 
 
 def agree_on_window(window: int | None) -> int:
