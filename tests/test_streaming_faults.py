@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -346,3 +347,38 @@ def test_the_secret_key_is_in_no_log_record_message_repr_or_file(tmp_path, s3, s
         texts.append(repr(loader))
     assert "retrying" in caplog.text or "Retryable error" in caplog.text
     no_secret_in(data.stream.folder, *texts, str(denied.value), caplog.text)
+
+
+@pytest.mark.slow  # two processes of their own
+@pytest.mark.timeout(180)
+def test_ctrl_c_while_a_download_hangs_exits_at_once_and_the_next_run_reuses_the_folder(tmp_path, s3, streamed):
+    # Issue 54 item 4: Python joined the download threads (a ThreadPoolExecutor's) at exit, and the fetch waited
+    # for the downloads under way: 30 s here, as long as the server held them.
+    url, data = streamed
+    config = {"connect_timeout": 3, "read_timeout": 60, "retries": {"max_attempts": 1, "mode": "standard"}}
+    data = dataclasses.replace(data, storage_options=options(s3.proxy.url, config_kwargs=config))
+    s3.proxy.stall = 30.0  # a server that holds the downloads of the later windows (the client waits for it)
+    late = [k for shards in spans(0, 3)[4:] for k in shards]  # one rank: windows of 3 shards, DALI reads ahead
+    s3.proxy.add("stall", path=rf"/shard-({'|'.join(f'{k:05d}' for k in late)})\.lmdb$", times=None)
+    proc = start_run(tmp_path, url, data, "first.json")
+    try:
+        assert proc.stdout.readline().strip() == "batch 1", (tmp_path / "first.json.err").read_text()
+        deadline = time.monotonic() + 30
+        while not any(name(late[0]) in path for _, path in s3.proxy.requests):  # a download held by the server
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=60)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+        proc.stdout.close()
+    stderr = (tmp_path / "first.json.err").read_text()
+    assert "KeyboardInterrupt" in stderr and took < 5, (took, stderr)
+    first = json.loads((tmp_path / "first.json").read_text())
+    s3.proxy.clear()  # the held requests end
+    rest, _ = resume(s3, url, data, first["state"])
+    seen = [i for indices, pads in first["batches"] for i, pad in zip(indices, pads) if not pad] + rest
+    assert sorted(seen) == list(range(N))
+    assert not temporaries(data.stream.folder)

@@ -28,8 +28,10 @@ How the pieces meet (one reading thread, in the loader's own process: ``py_num_w
 - :class:`Streamer` keeps the shards of the window being read and those read after it (``fetch_ahead``
   of them, by default the next window) pinned, and a background thread downloads them in reading
   order, in groups of at most ``downloads`` shards of one window: the current window first, then the
-  ones ahead (a slow shard ahead never holds up the window being read). :meth:`Streamer.close` does
-  not wait for a group under way past :data:`CLOSE_WAIT_S`: the thread releases the cache after it.
+  ones ahead (a slow shard ahead never holds up the window being read). :meth:`Streamer.close` stops
+  the downloads under way at their next chunk and does not wait for one past :data:`CLOSE_WAIT_S`: the
+  thread releases the cache after it. A Ctrl-C never waits for them either (their threads are daemons,
+  :mod:`dali_pipes.staging.threads`).
   The window being read is told by the external source before each batch
   (:meth:`StreamStore.before_read`: the batch's epoch and samples); when it moves on, the shards
   of the windows behind it are unpinned (the cache may then evict them) and their readers closed.
@@ -57,6 +59,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import numpy as np
 
 from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, window_spans
+from dali_pipes.staging.stream_cache import Cancelled
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
@@ -228,6 +231,8 @@ class Streamer:
             try:
                 self.cache.fetch(chunk)
                 self._ready.update(chunk)
+            except Cancelled:
+                return False  # closed meanwhile
             except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
                 logger.warning("stream %s: fetching ahead failed, retried when read: %s", self.cache.folder, exc)
             return True
@@ -274,6 +279,7 @@ class Streamer:
         thread is still downloading after :data:`CLOSE_WAIT_S`, it releases the cache itself once done.
         """
         self._closed = True  # set without the lock, which a download under way holds; read between downloads
+        self.cache.cancel()  # the downloads under way end at their next chunk
         if self._thread is not threading.current_thread() and self._thread.is_alive():
             self._thread.join(timeout=CLOSE_WAIT_S)
             if self._thread.is_alive():

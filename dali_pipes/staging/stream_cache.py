@@ -28,7 +28,6 @@ import os
 import shutil
 import threading
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -57,6 +56,7 @@ from dali_pipes.staging.cache_plan import (
 )
 from dali_pipes.staging.checked import MismatchError
 from dali_pipes.staging.stage import SOURCE_RECORD
+from dali_pipes.staging.threads import Cancelled, run_all
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ class ShardCache:
                 f"{self.folder}: holds a staged copy (dali-pipes stage); give the streaming cache a folder of its own"
             )
         self._state = CacheFolder(self.folder)
+        self._cancel = threading.Event()
         self._finalizer = weakref.finalize(self, self._state.close_descriptors)
         self._open(manifest_bytes)
 
@@ -244,28 +245,31 @@ class ShardCache:
         return missing
 
     def _download_all(self, missing: list[CacheEntry]) -> None:
-        lock = threading.Lock()
+        """Download ``missing``, a few at a time, in daemon threads (:func:`~dali_pipes.staging.threads.run_all`)."""
+        lock, stop = threading.Lock(), threading.Event()
         total = sum(entry.bytes for entry in missing)
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"cache {self.folder}", disable=_quiet(self)) as bar:
 
             def advance(count: int) -> None:
+                if self._cancel.is_set() or stop.is_set():
+                    raise Cancelled(f"{self.folder}: download stopped")
                 with lock:
                     bar.update(count)
 
-            with ThreadPoolExecutor(max_workers=min(self.tuning.workers, len(missing))) as pool:
-                futures = [pool.submit(self._obtain, entry, advance) for entry in missing]
-                try:
-                    for future in futures:
-                        future.result()
-                except BaseException:
-                    pool.shutdown(wait=True, cancel_futures=True)  # those under way finish or fail first
-                    raise
+            calls = [lambda entry=entry: self._obtain(entry, advance) for entry in missing]
+            run_all(calls, self.tuning.workers, stop)
+
+    def cancel(self) -> None:
+        """Stop this cache's downloads: those under way end at their next chunk (their temporaries removed, their
+        reservations released), none starts; for a Ctrl-C or a close that must not wait for them."""
+        self._cancel.set()
 
     def _obtain(self, entry: CacheEntry, advance: Callable[[int], None]) -> None:
         """Download ``entry`` unless another process of the node does (then wait for it)."""
         with self._state.shard_lock(entry.key, self.tuning.wait_s, self._files(entry)):
             if not self._use([entry]):
                 return  # another process brought it while this one waited
+            advance(0)  # stopped meanwhile: not started
             self._reserve(entry)
             try:
                 self._download(entry, advance)
@@ -488,4 +492,4 @@ def _quiet(cache: ShardCache) -> bool:
     return bar_disabled(cache.tuning.progress)
 
 
-__all__ = ["CacheError", "CacheTuning", "ShardCache"]
+__all__ = ["CacheError", "CacheTuning", "Cancelled", "ShardCache"]
