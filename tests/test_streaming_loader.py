@@ -17,7 +17,7 @@ import pytest
 import torch.multiprocessing as mp
 from test_remote_stage import upload
 
-from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
+from dali_pipes import BatchFormat, DALILoader, DataOptions, LoaderError, RunOptions, StreamOptions
 from dali_pipes.loading.stream_setup import STREAM_FOLDER
 from dali_pipes.sampling import num_batches
 
@@ -292,3 +292,22 @@ def test_a_local_dataset_has_one_cache_folder_however_its_path_is_written(tmp_pa
     monkeypatch.chdir(tmp_path)
     assert stream_folder("ds") == stream_folder("./ds") == stream_folder(tmp_path / "ds")
     assert stream_folder("s3://bucket/ds") != stream_folder("ds")
+
+
+@pytest.mark.slow  # waits on the real retries (their default number and pauses)
+@pytest.mark.timeout(120)
+def test_a_shard_that_keeps_failing_is_asked_for_a_bounded_number_of_times(s3, streamed):
+    # Issue 54 item 6: the fetch ahead, the batch's read and the read sample by sample each tried it again,
+    # every try retried: 15 requests here. The retry settings are the defaults.
+    from dali_pipes.remote.transfer import ATTEMPTS
+    from dali_pipes.sampling import window_spans
+
+    url, data = streamed
+    with stream_loader(url, data) as loader:
+        sizes, window = loader.sampling.shard_sizes, loader.sampling.window
+        bad = window_spans(sizes, 0, 3, window, True)[1].shards[0]  # fetched ahead while window 0 is read
+        name = f"shard-{bad:05d}.lmdb"
+        s3.proxy.add("corrupt", path=rf"/{name}$", times=None)  # every answer damaged on the way
+        with pytest.raises(LoaderError, match=rf"{name}: .*gave up after {ATTEMPTS} request\(s\) for {name}"):
+            real_indices(loader)
+    assert shard_gets(s3).count(name) == ATTEMPTS

@@ -189,6 +189,9 @@ class Streamer:
         if shard in self._ready:
             yield
             return
+        failed = self.cache.recent_failure(shard)
+        if failed is not None:  # the fetch ahead (or this read, sample by sample) just spent its tries
+            raise failed
         with self._locked():
             self.cache.pin([shard])
             try:

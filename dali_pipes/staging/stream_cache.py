@@ -27,6 +27,7 @@ import logging
 import os
 import shutil
 import threading
+import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,8 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 from dali_pipes.dataset.fileio import atomic_write_bytes
 from dali_pipes.dataset.manifest import human_bytes
 from dali_pipes.dataset.progress import bar_disabled, tqdm
+from dali_pipes.remote.fs import RemoteError
+from dali_pipes.remote.transfer import object_tries
 from dali_pipes.staging.cache_folder import (
     MANIFEST_COPY,
     SOURCE_NAME,
@@ -44,6 +47,7 @@ from dali_pipes.staging.cache_folder import (
     full_disk,
     remove_leftovers,
 )
+from dali_pipes.staging.cache_pins import no_room, over_limit
 from dali_pipes.staging.cache_plan import (
     CacheEntry,
     full_error,
@@ -63,6 +67,8 @@ log = logging.getLogger(__name__)
 #: Downloads of a shard whose bytes differ from the manifest before its error is raised (the source itself
 #: may be damaged: then every download differs).
 MISMATCH_ATTEMPTS = 2
+#: Seconds after a shard's download failed (its tries spent) during which :meth:`ShardCache.recent_failure` gives it.
+FAILED_PAUSE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +123,7 @@ class ShardCache:
             )
         self._state = CacheFolder(self.folder)
         self._cancel = threading.Event()
+        self._failed: dict[str, tuple[float, Exception]] = {}  # key: (when, error) of its last failed download
         self._finalizer = weakref.finalize(self, self._state.close_descriptors)
         self._open(manifest_bytes)
 
@@ -163,7 +170,7 @@ class ShardCache:
             union = state.pinned() | {entry.key for entry in entries}
             need = sum(self._entries[key].bytes for key in union if key in self._entries)
             if need > self.limit_bytes:
-                raise CacheError(self._over_limit(need, union, entries))
+                raise CacheError(over_limit(self.folder, self.limit_bytes, need, union, [e.key for e in entries]))
             mine = state.pins.setdefault(self._state.register(), {})
             for entry in entries:
                 mine[entry.key] = mine.get(entry.key, 0) + 1
@@ -197,15 +204,6 @@ class ShardCache:
             yield self.fetch([entry.key for entry in entries])
         finally:
             self.unpin([entry.key for entry in entries])
-
-    def _over_limit(self, need: int, union: set[str], asked: list[CacheEntry]) -> str:
-        names = ", ".join(entry.key for entry in asked[:4]) + (", ..." if len(asked) > 4 else "")
-        return (
-            f"{self.folder}: the shards pinned on this node would need {human_bytes(need)} ({need} bytes, "
-            f"{len(union)} shard(s), these among them: {names}), more than the cache's limit of "
-            f"{human_bytes(self.limit_bytes)} ({self.limit_bytes} bytes); raise the limit to at least {need} bytes, "
-            "or pin fewer shards at once (a smaller window, fewer batches ahead)"
-        )
 
     # --- fetching --------------------------------------------------------------------------------
 
@@ -259,6 +257,12 @@ class ShardCache:
             calls = [lambda entry=entry: self._obtain(entry, advance) for entry in missing]
             run_all(calls, self.tuning.workers, stop)
 
+    def recent_failure(self, shard: int | str) -> Exception | None:
+        """The error of ``shard``'s last download by this cache when it failed within :data:`FAILED_PAUSE_S` (and
+        none succeeded since): a reader that asks again so soon raises it instead of downloading it once more."""
+        failed = self._failed.get(self._select([shard])[0].key)
+        return failed[1] if failed is not None and time.monotonic() - failed[0] < FAILED_PAUSE_S else None
+
     def cancel(self) -> None:
         """Stop this cache's downloads: those under way end at their next chunk (their temporaries removed, their
         reservations released), none starts; for a Ctrl-C or a close that must not wait for them."""
@@ -286,16 +290,25 @@ class ShardCache:
 
     def _download(self, entry: CacheEntry, advance: Callable[[int], None]) -> None:
         """Copy ``entry``'s files, once more when one arrives other than the manifest says (damaged on the way:
-        the copier's retries cover failed requests, not a body that arrived whole but wrong)."""
-        for attempt in range(1, MISMATCH_ATTEMPTS + 1):
+        the copier's retries cover failed requests, not a body that arrived whole but wrong).
+
+        The failed requests and the wrong bodies share one budget (:func:`~dali_pipes.remote.transfer.object_tries`):
+        the shard's error says how many requests were made, and :meth:`recent_failure` gives it for a while."""
+        with object_tries(entry.bytes) as tries:
             try:
-                for item in entry.items:
-                    self._copy(item, self.folder / item.rel, advance)
-                return
-            except MismatchError as exc:
-                if attempt == MISMATCH_ATTEMPTS:
-                    raise
-                log.warning("cache %s: %s; downloading %s once more", self.folder, exc, entry.key)
+                for attempt in range(1, MISMATCH_ATTEMPTS + 1):
+                    try:
+                        for item in entry.items:
+                            self._copy(item, self.folder / item.rel, advance)
+                        return
+                    except MismatchError as exc:
+                        if attempt == MISMATCH_ATTEMPTS or tries.failed():
+                            raise
+                        log.warning("cache %s: %s; downloading %s once more", self.folder, exc, entry.key)
+            except (MismatchError, RemoteError) as exc:
+                said = type(exc)(f"{exc} (gave up after {tries.made} request(s) for {entry.key})")
+                self._failed[entry.key] = (time.monotonic(), said)
+                raise said from exc
 
     def _reserve(self, entry: CacheEntry) -> None:
         """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes."""
@@ -307,7 +320,7 @@ class ShardCache:
             if short > 0 or _free(self.folder) < entry.bytes:
                 self._save(state)  # what was evicted is gone
                 raise CacheError(
-                    self._no_room(state, entry)
+                    no_room(self.folder, self.limit_bytes, state.held, entry.key, entry.bytes)
                     if short > 0
                     else full_disk(self.folder, self.limit_bytes, f"making room for {entry.key}")
                 )
@@ -326,15 +339,6 @@ class ShardCache:
             self._evict(state, key)
         return short
 
-    def _no_room(self, state: CacheState, entry: CacheEntry) -> str:
-        need = state.held + entry.bytes
-        return (
-            f"{self.folder}: no room for shard {entry.key} ({human_bytes(entry.bytes)}): the shards pinned or being "
-            f"downloaded on this node hold {human_bytes(state.held)} of the cache's limit of "
-            f"{human_bytes(self.limit_bytes)} ({self.limit_bytes} bytes); raise the limit to at least {need} bytes, "
-            "or pin fewer shards at once"
-        )
-
     def _evict(self, state: CacheState, key: str) -> None:
         for path in self._files_of(key):
             path.unlink(missing_ok=True)
@@ -347,6 +351,7 @@ class ShardCache:
             state = self._load()
             state.reserved.pop(entry.key, None)
             state.present[entry.key] = entry.bytes
+            self._failed.pop(entry.key, None)
             state.touch(entry.key)
             self._save(state)
 
