@@ -51,3 +51,29 @@ def fetch_in_process(url, folder, limit, options, shards, out, start=None, pin=F
     with open(out, "w") as f:
         json.dump(result, f)
     cache.close()
+
+
+def fork_mid_download(url, folder, limit, options, shard, out) -> None:
+    """Fetch ``shard`` in a thread and, once its download has begun (a temporary in ``folder``), fork a child that
+    lives on (sleeping); write the child's pid to ``out``, then wait to be killed."""
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    from dali_pipes.staging.checked import TMP_PREFIX
+    from dali_pipes.staging.stream_cache import ShardCache
+
+    cache = ShardCache(url, folder, limit, storage_options=options)
+    threading.Thread(target=cache.fetch, args=([shard],), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not list(Path(folder).glob(f"{TMP_PREFIX}*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = os.fork()
+    if child == 0:
+        time.sleep(120)
+        os._exit(0)
+    with open(f"{out}.tmp", "w") as f:
+        f.write(str(child))
+    os.replace(f"{out}.tmp", out)
+    time.sleep(120)

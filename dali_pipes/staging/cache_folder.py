@@ -16,7 +16,8 @@ same state, kept in ``FOLDER/.dali-pipes-cache/``:
   are reused, and a process in another pid namespace sharing the folder looks dead from here.
 - ``shards/<hash>.lock``: one per shard, held by the process downloading it. A second process that
   wants the same shard waits on it, and takes over (removing what the first left half-written) when
-  the first dies.
+  the first dies. A child forked meanwhile closes its copies of these descriptors (and they are closed
+  on ``exec``), so the lock ends with the downloading process, however its children live on.
 """
 
 from __future__ import annotations
@@ -224,13 +225,18 @@ class CacheFolder:
         return self.meta / _SHARD_LOCKS / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
 
     def try_shard_lock(self, key: str) -> int | None:
-        """The locked descriptor of ``key``'s download lock, or ``None`` when a download holds it."""
-        fd = os.open(self._shard_lock_path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
+        """The locked descriptor of ``key``'s download lock, or ``None`` when a download holds it.
+
+        Recorded until :func:`_unlock` (under a lock that a fork waits for), so that a child forked meanwhile
+        closes it: the lock then ends with this process, not with the longest-lived of its children."""
+        with _SHARD_FDS_LOCK:
+            fd = os.open(self._shard_lock_path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            _SHARD_FDS.add(fd)
         return fd
 
     @contextlib.contextmanager
@@ -249,20 +255,35 @@ class CacheFolder:
 
 def _unlock(fd: int) -> None:
     """Release a download lock and close it: a forked child sharing the open file would otherwise keep it held."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    with _SHARD_FDS_LOCK:
+        _SHARD_FDS.discard(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _forget_parents() -> None:
+    """In a forked child: close the parent's download locks (closed, not unlocked: that would unlock the
+    parent's too) and the descriptors of its folders (:meth:`CacheFolder._forget_parent`)."""
+    for fd in list(_SHARD_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _SHARD_FDS.clear()
+    _SHARD_FDS_LOCK.release()  # taken by the fork (os.register_at_fork's before) in the thread that forked
     for folder in list(_FOLDERS):
         folder._forget_parent()
 
 
 #: Every CacheFolder of this process, so that a forked child closes what it inherited (:meth:`CacheFolder._forget_parent`).
 _FOLDERS: "weakref.WeakSet[CacheFolder]" = weakref.WeakSet()
-os.register_at_fork(after_in_child=_forget_parents)
+#: The descriptors of the download locks this process holds, and the lock a fork takes so that none is being
+#: opened (and not yet recorded) while it copies the process.
+_SHARD_FDS: set[int] = set()
+_SHARD_FDS_LOCK = threading.Lock()
+os.register_at_fork(
+    before=_SHARD_FDS_LOCK.acquire, after_in_parent=_SHARD_FDS_LOCK.release, after_in_child=_forget_parents
+)
 
 
 def _wait_for_lock(folder: CacheFolder, key: str, wait_s: float, files: list[Path]) -> int:
