@@ -455,3 +455,35 @@ def test_a_download_lock_ends_with_its_process_though_a_forked_child_lives_on(tm
         if child is not None:
             os.kill(child, signal.SIGKILL)
     assert not temporaries(folder)
+
+
+def test_shards_fetched_ahead_give_up_their_room_to_a_pin_to_read(tmp_path, s3, dataset):
+    # Issue 54 item 3: two holders of one node (two loaders of one process here), each pinning up to the limit.
+    _, url = dataset
+    folder = tmp_path / "cache"
+    train = ShardCache(url, folder, 4 * SHARD, storage_options=s3.options)
+    evaluation = ShardCache(url, folder, 4 * SHARD, storage_options=s3.options)
+    train.pin([0])
+    assert train.set_ahead([1, 2, 3, 4]) == [1, 2, 3]  # the room no other pin uses, in reading order
+    train.fetch([1, 2, 3, 4], ahead=True)  # downloads those still pinned ahead only
+    assert [train.present(k) for k in range(5)] == [False, True, True, True, False]
+    evaluation.pin([5, 6])  # the furthest ahead go first
+    assert evaluation.set_ahead([7]) == [] and train.set_ahead([1, 2, 3]) == [1]
+    evaluation.fetch([5, 6])
+    assert train.present(1) and evaluation.bytes_held <= 4 * SHARD
+    start = time.monotonic()
+    with pytest.raises(CacheError) as refused:  # only this process's pins stand in the way: refused at once
+        evaluation.pin([7, 3])
+    assert time.monotonic() - start < 5
+    message = str(refused.value)
+    assert message.startswith(
+        f"{folder}: the shards pinned on this node would need 61.4 KB ({5 * SHARD} bytes, 5 shard(s), these among "
+        f"them: shard-00007.lmdb, shard-00003.lmdb), more than the cache's limit of 49.2 KB ({4 * SHARD} bytes); "
+        f"held by pid {os.getpid()} (this process): "
+    )
+    mine = f"pid {os.getpid()} (this process)"
+    assert f"{mine}: 1 shard(s) being read (12.3 KB), 1 ahead (12.3 KB)" in message  # the training loader's
+    assert f"{mine}: 2 shard(s) being read (24.6 KB)" in message and "close the loaders no longer read" in message
+    train.close()
+    evaluation.pin([7, 3])  # the room of a closed cache
+    evaluation.close()

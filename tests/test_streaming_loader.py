@@ -311,3 +311,65 @@ def test_a_shard_that_keeps_failing_is_asked_for_a_bounded_number_of_times(s3, s
         with pytest.raises(LoaderError, match=rf"{name}: .*gave up after {ATTEMPTS} request\(s\) for {name}"):
             real_indices(loader)
     assert shard_gets(s3).count(name) == ATTEMPTS
+
+
+# --- loaders sharing a node's cache folder (issue 54 item 3) --------------------------------------------------
+
+
+@pytest.mark.slow  # two epochs of two loaders
+@pytest.mark.timeout(240)
+def test_a_training_and_an_evaluation_loader_read_in_turn_by_one_thread(s3, streamed):
+    # Each sizes its window and the shards it fetches ahead by the whole limit: together they asked for more, and
+    # the evaluation loader's first pin was refused. Now the shards fetched ahead are given up for the other's window.
+    url, data = streamed
+    with stream_loader(url, data) as train:
+        evaluation = DALILoader(url, TinySpec(), batch_size=BATCH, seed=5, batch_format=INDEXED, run=RUN, data=data)
+        with evaluation:
+            assert train.sampling.window == evaluation.sampling.window and train.store.streamer.ahead > 0
+            seen: dict[str, list[int]] = {"train": [], "eval": []}
+            streams = {"train": iter(train), "eval": iter(evaluation)}
+            while streams:
+                for which, stream in list(streams.items()):  # a batch of each in turn, the evaluation 3 at a time
+                    for _ in range(1 if which == "train" else 3):
+                        batch = next(stream, None)
+                        if batch is None:
+                            del streams[which]
+                            break
+                        seen[which] += real_indices([batch])
+            assert train.cache.peak_bytes <= LIMIT
+    assert sorted(seen["train"]) == sorted(seen["eval"]) == list(range(N))
+    assert seen["train"] != seen["eval"]  # two orders (two seeds), one cache folder
+
+
+@pytest.mark.slow  # processes of their own
+@pytest.mark.timeout(240)
+def test_two_single_rank_jobs_of_a_sweep_share_the_default_cache_folder(tmp_path, streamed):
+    from stream_cache_helpers import solo_stream
+
+    url, data = streamed
+    options = {"stream": {"cache_limit": LIMIT}, "storage": data.storage_options}
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(solo_stream, args=(url, str(out), options), nprocs=2, join=True, start_method="spawn")
+    reports = [json.loads((out / f"job-{k}.json").read_text()) for k in range(2)]
+    assert [sorted(r["real"]) for r in reports] == [list(range(N))] * 2
+    assert all(0 < r["peak"] <= r["limit"] == LIMIT for r in reports)
+
+
+@pytest.mark.slow  # waits for held downloads
+@pytest.mark.timeout(240)
+def test_a_loader_made_again_right_after_close_reads_its_epoch(s3, streamed):
+    # The first loader's downloads ahead are held by the server when it closes: its pins stayed until they ended.
+    from dali_pipes.sampling import window_spans
+
+    url, data = streamed
+    loader = stream_loader(url, data)
+    sizes, window = loader.sampling.shard_sizes, loader.sampling.window
+    ahead = [k for span in window_spans(sizes, 0, 3, window, True)[2:4] for k in span.shards]
+    s3.proxy.stall = 5.0
+    s3.proxy.add("stall", path="|".join(rf"shard-{k:05d}\.lmdb$" for k in ahead), times=len(ahead))
+    next(iter(loader))
+    loader.close()
+    with stream_loader(url, data) as again:
+        assert sorted(real_indices(again)) == list(range(N))
+        assert again.cache.peak_bytes <= LIMIT

@@ -19,6 +19,16 @@ pin refused (a CacheError). The price is a window ``R`` times smaller than one r
 the shuffle within it correspondingly narrower. Shards the ranks share count once, so the node
 usually holds less than the bound.
 
+Other loaders share the folder too: an evaluation loader of the training set that the same thread reads
+between training steps, the single-rank jobs of a sweep, a loader re-made after ``close()``. Each sizes
+its window by its whole share, so together they would pin more than the limit. Only the window being
+read (and a guarded read) is pinned to be read; the shards fetched ahead are pinned as *ahead*, from the
+room no other pin uses, and given up to a window of any loader of the node that needs their room
+(:mod:`dali_pipes.staging.cache_pins`), to be downloaded again when their window comes. So two loaders'
+windows fit beside each other (each within half its share); a third is refused, after waiting a while for
+other processes' windows to move on, with a message naming what holds the room. ``close()`` unpins at
+once, though a download under way may end later. The order and the window stay what the options make them.
+
 ``W`` is a pure function of ``(cache_limit, shard sizes, R, fetch_ahead)``, agreed between the ranks of a
 process group (:mod:`dali_pipes.loading.stream_setup`): a state resumes on another world size when ``R`` is the same; pass ``StreamOptions(node_ranks=...)``, the most ranks a node will run, to resume
 on fewer or more ranks per node (a rank that holds less than its share only leaves room unused).
@@ -99,9 +109,10 @@ class Streamer:
         self._cond = threading.Condition(threading.RLock())
         self._urgent = threading.Event()  # the reading thread waits for the lock: the fetcher steps aside
         self._at: tuple[int, int] | None = None  # (epoch, window) the pins were set for
-        self._pinned: set[int] = set()
-        self._ready: set[int] = set()  # pinned and downloaded: read without the lock
-        self._queue: list[list[int]] = []  # groups of shards to download, of one window each
+        self._pinned: set[int] = set()  # the window being read, pinned to be read
+        self._ahead: set[int] = set()  # pinned as fetched ahead (possibly given up since)
+        self._ready: set[int] = set()  # pinned to be read and downloaded: read without the lock
+        self._queue: list[tuple[bool, list[int]]] = []  # (ahead, shards of one window) to download
         self._closed = False
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         # The thread holds the streamer weakly and the finalizer closes the cache: a loader dropped without
@@ -154,31 +165,40 @@ class Streamer:
         yield from (span.shards for span in self._epoch_spans(epoch + 1))
 
     def _repin(self, groups: list[list[int]]) -> None:
-        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order,
-        in groups of at most ``downloads`` shards of one window each (so that a slow download of a shard
-        ahead never holds up one of the window being read).
+        """Pin the window being read (``groups[0]``) to read it and the shards after it as fetched ahead, unpin
+        (and close) the others, and queue the downloads in reading order, in groups of at most ``downloads``
+        shards of one window each (so that a slow download of a shard ahead never holds up one of the window
+        being read).
 
-        Unpinned first (the old and new pins together may not fit the limit); when pinning the new ones
-        fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
+        The shards ahead get only the room no other pin uses, and may be given up for another loader's window
+        (:mod:`dali_pipes.staging.cache_pins`): they are not taken as ready until their window is pinned to
+        be read. Unpinned first (the old and new pins together may not fit the limit); when pinning the new
+        ones fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
         """
-        want = [k for group in groups for k in group]
-        drop = self._pinned - set(want)
-        add = [k for k in want if k not in self._pinned]
+        current, ahead = groups[0], [k for group in groups[1:] for k in group]
+        drop = self._pinned - set(current)
+        for k in drop:
+            self.close_reader(k)
         if drop:
-            for k in drop:
-                self.close_reader(k)
             self.cache.unpin(sorted(drop))
             self._pinned -= drop
             self._ready -= drop
+        self.cache.set_ahead([k for k in ahead if k in self._ahead])  # its stale ones go before anyone's
+        add = [k for k in current if k not in self._pinned]
         if add:
             self.cache.pin(add)
-        self._pinned = set(want)
-        self._ready &= self._pinned
-        missing = [[k for k in group if k not in self._ready] for group in groups]
-        self._queue = [group[i : i + self.downloads] for group in missing for i in range(0, len(group), self.downloads)]
+        self._pinned = set(current)
+        self._ahead = set(self.cache.set_ahead(ahead))
+        self._queue = [
+            (i > 0, chunk[j : j + self.downloads])
+            for i, group in enumerate(groups)
+            for chunk in [[k for k in group if k not in self._ready and (i == 0 or k in self._ahead)]]
+            for j in range(0, len(chunk), self.downloads)
+        ]
         logger.debug(
-            "stream %s: %d shard(s) pinned, %d group(s) to fetch", self.cache.folder, len(want), len(self._queue)
-        )
+            "stream %s: %d shard(s) pinned, %d ahead, %d group(s) to fetch",
+            self.cache.folder, len(current), len(self._ahead), len(self._queue),
+        )  # fmt: skip
         self._cond.notify_all()
 
     # --- reads ------------------------------------------------------------------------------
@@ -230,10 +250,11 @@ class Streamer:
                 return False
             if not self._queue or self._urgent.is_set():
                 return True
-            chunk = self._queue.pop(0)
+            ahead, chunk = self._queue.pop(0)
             try:
-                self.cache.fetch(chunk)
-                self._ready.update(chunk)
+                self.cache.fetch(chunk, ahead=ahead)
+                if not ahead:
+                    self._ready.update(chunk)
             except Cancelled:
                 return False  # closed meanwhile
             except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
@@ -283,6 +304,7 @@ class Streamer:
         """
         self._closed = True  # set without the lock, which a download under way holds; read between downloads
         self.cache.cancel()  # the downloads under way end at their next chunk
+        self.cache.drop_pins()  # their room goes to the node's other loaders now (one re-made at once, too)
         if self._thread is not threading.current_thread() and self._thread.is_alive():
             self._thread.join(timeout=CLOSE_WAIT_S)
             if self._thread.is_alive():

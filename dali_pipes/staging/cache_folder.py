@@ -6,7 +6,8 @@ same state, kept in ``FOLDER/.dali-pipes-cache/``:
 - ``lock``: an exclusive ``flock`` taken around every read-modify-write of the state. It is held for
   the time of a bookkeeping step, never while a shard downloads.
 - ``state.json``: the shards held and their bytes, when each was last used (a counter, so that the
-  least recently used goes first), each holder's pins, and the downloads under way, whose bytes are
+  least recently used goes first), each holder's pins (those it reads, and those it fetched ahead:
+  :mod:`.cache_pins`), and the downloads under way, whose bytes are
   reserved against the limit before their first byte is written. It is rewritten whole and renamed
   into place, so a reader never sees half of it; the shards on disk are the truth it is rebuilt from
   when the first process of a run opens the folder.
@@ -70,7 +71,8 @@ class CacheState:
     present: dict[str, int] = field(default_factory=dict)  # complete shards: bytes (with their index)
     used: dict[str, int] = field(default_factory=dict)  # the clock at each shard's last use
     clock: int = 0
-    pins: dict[str, dict[str, int]] = field(default_factory=dict)  # holder: {key: count}
+    pins: dict[str, dict[str, int]] = field(default_factory=dict)  # holder: {key: count}, shards being read
+    ahead: dict[str, list[str]] = field(default_factory=dict)  # holder: keys fetched ahead, given up for room
     reserved: dict[str, list] = field(default_factory=dict)  # key: [holder, bytes] of a download under way
     peak: int = 0
     verified: bool = False
@@ -80,9 +82,13 @@ class CacheState:
         """Bytes of the complete shards plus those reserved for downloads under way."""
         return sum(self.present.values()) + sum(size for _, size in self.reserved.values())
 
-    def pinned(self) -> set[str]:
-        """The keys pinned by any holder."""
+    def needed(self) -> set[str]:
+        """The keys any holder pins to read them (:mod:`.cache_pins`)."""
         return {key for keys in self.pins.values() for key, count in keys.items() if count > 0}
+
+    def pinned(self) -> set[str]:
+        """The keys pinned by any holder: to read them, or fetched ahead."""
+        return self.needed() | {key for keys in self.ahead.values() for key in keys}
 
     def touch(self, key: str) -> None:
         """Mark ``key`` used now."""
@@ -210,6 +216,8 @@ class CacheFolder:
         live = self.live_holders()
         for holder in [h for h in state.pins if h not in live]:
             del state.pins[holder]
+        for holder in [h for h in state.ahead if h not in live]:
+            del state.ahead[holder]
         for key, (holder, _) in list(state.reserved.items()):
             if holder not in live:
                 del state.reserved[key]
