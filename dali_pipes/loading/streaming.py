@@ -48,9 +48,10 @@ How the pieces meet (one reading thread, in the loader's own process: ``py_num_w
 - Nothing refers back from the streamer to its store, and its thread holds it weakly: a loader dropped
   without ``close()`` frees its pins as soon as it is collected.
 - :class:`StreamStore` is a :class:`~dali_pipes.stores.Store` over the cache folder whose every shard
-  read is guarded: a shard not yet downloaded (or outside the pinned windows, such as the padding of
-  an epoch's last batch, wrapped around from its start) is pinned, fetched and read on the spot, its
-  reader closed afterwards. So a read never finds an evicted shard, and the store never holds open a
+  read is guarded: a shard not yet downloaded (or outside the pinned window) is pinned, fetched and
+  read on the spot, its reader closed afterwards. The padding of an epoch's last batch is taken from the
+  epoch's end (``WindowedSampling.pad_from``), so it reads shards the cache holds, not the epoch's first
+  ones, long evicted. So a read never finds an evicted shard, and the store never holds open a
   shard the cache may evict.
 
 Refused for now, by name: reader processes (``py_num_workers > 0``), per-sample reads
@@ -80,7 +81,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["CLOSE_WAIT_S", "StreamStore", "Streamer"]
 
 #: Seconds :meth:`Streamer.close` waits for the downloads under way before leaving them to end in the background.
-CLOSE_WAIT_S = 2.0
+CLOSE_WAIT_S = 0.5
 
 
 class Streamer:

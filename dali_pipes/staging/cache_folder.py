@@ -191,11 +191,13 @@ class CacheFolder:
         self._holder = self._holder_fd = None
 
     def close_descriptors(self) -> None:
-        """Close this process's descriptors (its holder lock with them: others then see it dead)."""
-        for fd in (self._holder_fd, self._lock_fd):
-            if fd is not None and self._pid == os.getpid():
-                os.close(fd)
-        self._holder_fd = self._lock_fd = self._holder = None
+        """Close this process's descriptors (its holder lock with them: others then see it dead); under the
+        threads' lock, so that no other thread of the cache is between opening the state lock and taking it."""
+        with self._mutex:
+            for fd in (self._holder_fd, self._lock_fd):
+                if fd is not None and self._pid == os.getpid():
+                    os.close(fd)
+            self._holder_fd = self._lock_fd = self._holder = None
 
     def live_holders(self) -> set[str]:
         """The holders alive now (under :meth:`locked`); the lock files of dead ones are removed."""
