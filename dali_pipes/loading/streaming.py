@@ -138,7 +138,9 @@ class Streamer:
         if at == self._at:
             return
         groups = self._wanted(spans[at[1]].shards, self._windows_after(epoch, at[1]))
+        upcoming = [*spans[at[1]].shards, *(k for shards in self._windows_after(epoch, at[1]) for k in shards)]
         with self._locked():
+            self.cache.plan_reads(upcoming)  # the shards needed furthest ahead are evicted first
             self._repin(groups)
             self._at = at
 

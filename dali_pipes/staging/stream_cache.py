@@ -6,8 +6,8 @@ are evicted. :class:`ShardCache` does that for one dataset and one folder:
 
 - :meth:`~ShardCache.fetch` makes shards present, downloading the missing ones a few at a time with
   staging's copier (ranged reads, retried, into a temporary name renamed only when its size and
-  SHA-256 match the manifest). Room is made first by evicting the least recently used shards that no
-  process pins; the bytes of a download are reserved against the limit before its first byte is
+  SHA-256 match the manifest). Room is made first by evicting shards that no process pins, those
+  needed furthest ahead first (:meth:`~ShardCache.plan_reads`); the bytes of a download are reserved against the limit before its first byte is
   written, so the folder's shards and temporaries together never pass the limit.
 - :meth:`~ShardCache.pin` / :meth:`~ShardCache.unpin` (or :meth:`~ShardCache.hold`) keep shards from
   eviction while a reader needs them. Pins belong to the process that made them and end with it,
@@ -123,6 +123,7 @@ class ShardCache(FolderOpening):
             )
         self._state = CacheFolder(self.folder)
         self._cancel = threading.Event()
+        self._next_use: dict[str, int] = {}  # key: its rank in the reading order (plan_reads)
         self._failed: dict[str, tuple[float, Exception]] = {}  # key: (when, error) of its last failed download
         self._finalizer = weakref.finalize(self, self._state.close_descriptors)
         self._open(manifest_bytes)
@@ -375,11 +376,25 @@ class ShardCache(FolderOpening):
             self._save(state)
         return True
 
+    def plan_reads(self, shards: Iterable[int | str]) -> None:
+        """Tell the order the shards will be read in from now on (a streamer knows its epochs' orders): room is
+        then made by evicting the shard needed furthest ahead (never, first), so that what is read soon stays
+        (a rerun reads first what the interrupted run kept). Without it, or for shards not in it, the least
+        recently used go first."""
+        entries = self._select(list(shards))
+        self._next_use = {entry.key: rank for rank, entry in reversed(list(enumerate(entries)))}
+
     def _make_room(self, state: CacheState, entry: CacheEntry) -> int:
-        """Evict the least recently used unpinned shards until ``entry`` fits; the bytes still missing then."""
+        """Evict unpinned shards until ``entry`` fits, those needed furthest ahead first (:meth:`plan_reads`), else
+        the least recently used; the bytes still missing then."""
         short = state.held + entry.bytes - self.limit_bytes
         kept = state.pinned() | set(state.reserved)
-        for key in sorted((k for k in state.present if k not in kept), key=lambda k: state.used.get(k, 0)):
+        never = len(self._order) * 2
+
+        def last_first(key: str) -> tuple[int, int]:
+            return -self._next_use.get(key, never), state.used.get(key, 0)
+
+        for key in sorted((k for k in state.present if k not in kept), key=last_first):
             if short <= 0:
                 break
             short -= state.present[key]
