@@ -54,6 +54,7 @@ from dali_pipes.loading.stream_setup import streaming_run
 from dali_pipes.loading.streams import DaliStream
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool
 from dali_pipes.loading.world import detect_world, resolve_device
+from dali_pipes.remote.urls import check_dataset_path
 from dali_pipes.sampling import EpochRules, WeightedSampling
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
@@ -123,6 +124,7 @@ class DALILoader(DataLoaderSurface):
         pipeline, run = resolve_counts(pipeline, run or RunOptions())
         run = streaming_run(run, data or DataOptions())  # streaming reads in this process (loading/streaming.py)
         check_options(batch_size, seed, last_batch)
+        check_dataset_path(path)  # an https:// URL, say: refused before it is taken for a folder
         self.world, local_rank = detect_world(run.rank, run.world_size)
         self.device, device_id = resolve_device(run.device, local_rank)
         # Chosen after resolve_device (torch.cuda.is_available() initialises the CUDA driver), and

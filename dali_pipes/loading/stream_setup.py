@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.streaming import Streamer, StreamStore
-from dali_pipes.remote.urls import is_url, redact
+from dali_pipes.remote.urls import check_dataset_path, is_url, redact
 from dali_pipes.sampling.windowed import rank_window
 
 if TYPE_CHECKING:
@@ -47,6 +47,7 @@ def stream_folder(source: str | os.PathLike) -> Path:
     """
     from dali_pipes.staging.download import default_cache_dir
 
+    check_dataset_path(source)  # an https:// URL taken for a path would name the folder with its password
     # A local path by its absolute name: "ds", "./ds" and "/data/ds" are one dataset, one cache.
     staged = default_cache_dir(str(source) if is_url(source) else str(Path(source).resolve()))
     return staged.parent / STREAM_FOLDER / staged.name
