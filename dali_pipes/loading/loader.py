@@ -121,8 +121,9 @@ class DALILoader(DataLoaderSurface):
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
-        pipeline, run = resolve_counts(pipeline, run or RunOptions())
-        run = streaming_run(run, data or DataOptions())  # streaming reads in this process (loading/streaming.py)
+        data = data or DataOptions()
+        run = streaming_run(run or RunOptions(), data)  # streaming reads in this process (loading/streaming.py)
+        pipeline, run = resolve_counts(pipeline, run, streamed=data.stream is not None)
         check_options(batch_size, seed, last_batch)
         check_dataset_path(path)  # an https:// URL, say: refused before it is taken for a folder
         self.world, local_rank = detect_world(run.rank, run.world_size)
@@ -137,7 +138,7 @@ class DALILoader(DataLoaderSurface):
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
         self._rules = EpochRules(self.batch_size, self.world, self.seed, self.shuffle, self.last_batch)
-        self.store, self.staged, self.cache = prepare_store(path, data or DataOptions(), self._rules)
+        self.store, self.staged, self.cache = prepare_store(path, data, self._rules)
         try:
             self.pipeline = bind_spec(pipeline, self.store)
             self._fields = required_fields(self.pipeline, self.store)
@@ -179,8 +180,9 @@ class DALILoader(DataLoaderSurface):
         """Build the pipeline (or the direct path), watch its workers, and make the epoch state over its stream."""
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
         fmt = self.store.manifest.format
+        streamed = getattr(self.store, "streamer", None) is not None
         self.num_threads, self.py_num_workers = choose_counts(
-            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images
+            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images, streamed=streamed
         )
         run = dataclasses.replace(
             run, device=self.device, num_threads=self.num_threads, py_num_workers=self.py_num_workers,

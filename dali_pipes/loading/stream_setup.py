@@ -54,7 +54,9 @@ def stream_folder(source: str | os.PathLike) -> Path:
 
 
 def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
-    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads refused."""
+    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads that
+    the caller asked for are refused. Called before a settings file fills in the counts: the reader processes it
+    chose are left out (``options.resolve_counts``), not refused."""
     if data.stream is None:
         return run
     if run.py_num_workers not in (None, 0):
