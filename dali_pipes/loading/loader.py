@@ -36,7 +36,13 @@ from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.guard import Diagnosis, GuardedStream
-from dali_pipes.loading.options import check_options, choose_counts, device_description, resolve_counts
+from dali_pipes.loading.options import (
+    check_options,
+    choose_counts,
+    device_description,
+    refuse_former_keywords,
+    resolve_counts,
+)
 from dali_pipes.loading.passes import EpochState, EpochSteps, Pass
 from dali_pipes.loading.pipeline_build import (
     bind_spec,
@@ -54,7 +60,6 @@ from dali_pipes.loading.stream_setup import streaming_run
 from dali_pipes.loading.streams import DaliStream
 from dali_pipes.loading.workers import WATCH_INTERVAL, Caller, Workers, close_worker_pool
 from dali_pipes.loading.world import detect_world, resolve_device
-from dali_pipes.remote.urls import check_dataset_path
 from dali_pipes.sampling import EpochRules, WeightedSampling
 
 if TYPE_CHECKING:  # the pipelines import DALI, which `import dali_pipes` must not
@@ -105,6 +110,10 @@ class DALILoader(DataLoaderSurface):
     with the same guarantees.
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DALILoader":
+        refuse_former_keywords(kwargs)  # device=, stage_to=, ...: their new homes named (loading/options.py)
+        return super().__new__(cls)
+
     def __init__(
         self,
         path: "str | os.PathLike | Mixture",
@@ -124,8 +133,7 @@ class DALILoader(DataLoaderSurface):
         data = data or DataOptions()
         run = streaming_run(run or RunOptions(), data)  # streaming reads in this process (loading/streaming.py)
         pipeline, run = resolve_counts(pipeline, run, streamed=data.stream is not None)
-        check_options(batch_size, seed, last_batch)
-        check_dataset_path(path)  # an https:// URL, say: refused before it is taken for a folder
+        check_options(batch_size, seed, last_batch, path)
         self.world, local_rank = detect_world(run.rank, run.world_size)
         self.device, device_id = resolve_device(run.device, local_rank)
         # Chosen after resolve_device (torch.cuda.is_available() initialises the CUDA driver), and

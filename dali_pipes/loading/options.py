@@ -9,8 +9,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
+from dali_pipes.remote.urls import check_dataset_path
 from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
 
 if TYPE_CHECKING:
@@ -18,6 +19,36 @@ if TYPE_CHECKING:
     from dali_pipes.pipelines.base import PipelineSpec
 
 log = logging.getLogger(__name__)
+
+
+#: The keywords :class:`~dali_pipes.DALILoader` took before dali-pipes 0.2.0, which grouped them (issue 47), and the
+#: option group each went into: ``DALILoader(..., device="cpu")`` is ``DALILoader(..., run=RunOptions(device="cpu"))``.
+FORMER_KEYWORDS: dict[str, str] = {
+    **dict.fromkeys(
+        ("device", "rank", "world_size", "num_threads", "py_num_workers", "prefetch", "py_start_method", "settings"),
+        "run=RunOptions",
+    ),
+    "batch_reads": "run=RunOptions",
+    **dict.fromkeys(("stage_to", "cache", "cache_bytes", "storage_options"), "data=DataOptions"),
+    "with_index": "batch_format=BatchFormat",
+}
+
+
+def refuse_former_keywords(given: Mapping[str, Any]) -> None:
+    """A :class:`TypeError` naming the new home of each keyword of ``given`` that the loader took before 0.2.0
+    (:data:`FORMER_KEYWORDS`), so that last month's script says what to write; nothing for other keywords.
+    Values are not shown: ``storage_options`` holds credentials."""
+    moved = [name for name in given if name in FORMER_KEYWORDS]
+    if not moved:
+        return
+    homes: dict[str, list[str]] = {}
+    for name in moved:
+        homes.setdefault(FORMER_KEYWORDS[name], []).append(f"{name}=...")
+    fixes = ", ".join(f"{home}({', '.join(names)})" for home, names in homes.items())
+    raise TypeError(
+        f"DALILoader() takes {', '.join(f'{name}=' for name in moved)} no longer: since dali-pipes 0.2.0 they are "
+        f"grouped in option objects; pass {fixes} (CHANGELOG.md, 0.2.0, says how to move)"
+    )
 
 
 def resolve_counts(
@@ -168,8 +199,10 @@ def default_py_num_workers(
     return max(1, min(4, cpus // 2))
 
 
-def check_options(batch_size: int, seed: int, last_batch: str) -> None:
-    """Refuse, with a message naming the argument, values the loader cannot work with."""
+def check_options(batch_size: int, seed: int, last_batch: str, path: Any = None) -> None:
+    """Refuse, with a message naming the argument, values the loader cannot work with; ``path`` a ``scheme://`` that
+    is no object storage (``https://``), before it is taken for a local folder (``remote.urls.check_dataset_path``)."""
+    check_dataset_path(path)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     if last_batch not in LAST_BATCH_POLICIES:
