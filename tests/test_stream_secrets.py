@@ -121,5 +121,10 @@ def test_a_streamed_epoch_and_its_failure_show_and_write_no_secret(tmp_path, s3,
             list(loader)
         texts.append(repr(loader))
     assert any("retrying" in r.getMessage() or "Retryable" in r.getMessage() for r in caplog.records)
+    # The start-up lines name the dataset by its URL, then the cache folder (item 17).
+    folder = loader.store.root
+    messages = [r.getMessage() for r in caplog.records]
+    assert [m for m in messages if m.startswith(f"stream {url}: cache {folder}, limit")]
+    assert [m for m in messages if m.startswith(f"DALILoader: {url} (cache {folder}): rank 0 of 1")]
     out = capsys.readouterr()
     assert not leaks(said(denied.value, caplog.records, planted, *texts, out.out, out.err))

@@ -27,7 +27,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from dali_pipes.dataset.outputs import RESERVED_OUTPUTS
-from dali_pipes.loading import lifetime
+from dali_pipes.loading import lifetime, options
 from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.compat import BatchFormat, DataLoaderSurface
 from dali_pipes.loading.config import DataOptions, RunOptions
@@ -36,13 +36,6 @@ from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.guard import Diagnosis, GuardedStream
-from dali_pipes.loading.options import (
-    check_options,
-    choose_counts,
-    device_description,
-    refuse_former_keywords,
-    resolve_counts,
-)
 from dali_pipes.loading.passes import EpochState, EpochSteps, Pass
 from dali_pipes.loading.pipeline_build import (
     bind_spec,
@@ -111,7 +104,7 @@ class DALILoader(DataLoaderSurface):
     """
 
     def __new__(cls, *args: Any, **kwargs: Any) -> "DALILoader":
-        refuse_former_keywords(kwargs)  # device=, stage_to=, ...: their new homes named (loading/options.py)
+        options.refuse_former_keywords(kwargs)  # device=, stage_to=, ...: their new homes named (loading/options.py)
         return super().__new__(cls)
 
     def __init__(
@@ -132,8 +125,8 @@ class DALILoader(DataLoaderSurface):
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         data = data or DataOptions()
         run = streaming_run(run or RunOptions(), data)  # streaming reads in this process (loading/streaming.py)
-        pipeline, run = resolve_counts(pipeline, run, streamed=data.stream is not None)
-        check_options(batch_size, seed, last_batch, path)
+        pipeline, run = options.resolve_counts(pipeline, run, streamed=data.stream is not None)
+        options.check_options(batch_size, seed, last_batch, path)
         self.world, local_rank = detect_world(run.rank, run.world_size)
         self.device, device_id = resolve_device(run.device, local_rank)
         # Chosen after resolve_device (torch.cuda.is_available() initialises the CUDA driver), and
@@ -166,7 +159,8 @@ class DALILoader(DataLoaderSurface):
             raise
         logger.info(
             "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
-            *(self.store.root, self.world.rank, self.world.world_size, device_description(run.device, device_id)),
+            options.source_description(path, self.store.root, data),
+            *(self.world.rank, self.world.world_size, options.device_description(run.device, device_id)),
             *(len(self.store), self.batch_size, self.batches_per_epoch),
         )
 
@@ -189,7 +183,7 @@ class DALILoader(DataLoaderSurface):
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
         fmt = self.store.manifest.format
         streamed = getattr(self.store, "streamer", None) is not None
-        self.num_threads, self.py_num_workers = choose_counts(
+        self.num_threads, self.py_num_workers = options.choose_counts(
             run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images, streamed=streamed
         )
         run = dataclasses.replace(

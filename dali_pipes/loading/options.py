@@ -11,11 +11,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any, Mapping
 
-from dali_pipes.remote.urls import check_dataset_path
+from dali_pipes.remote.urls import check_dataset_path, redact
 from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
 
 if TYPE_CHECKING:
-    from dali_pipes.loading.config import RunOptions
+    from dali_pipes.loading.config import DataOptions, RunOptions
     from dali_pipes.pipelines.base import PipelineSpec
 
 log = logging.getLogger(__name__)
@@ -207,6 +207,14 @@ def check_options(batch_size: int, seed: int, last_batch: str, path: Any = None)
     check_int("seed", seed, 0)
     if last_batch not in LAST_BATCH_POLICIES:
         raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+
+
+def source_description(path: Any, root: Any, data: "DataOptions") -> str:
+    """The dataset as the loader's start-up line names it: a streamed one by what was given (a URL, its secrets
+    taken out), then the cache folder it is read through; any other by the folder read (``root``)."""
+    if data.stream is None:
+        return str(root)
+    return f"{redact(str(path), data.storage_options)} (cache {root})"
 
 
 def device_description(device: str, device_id: int | None) -> str:

@@ -118,18 +118,18 @@ def open_streaming(
         raise
     try:
         agreed = agree_on_window(window)
+        shown = redact(str(path), data.storage_options)  # the dataset by what the user gave, then its cache
         if agreed < window:
             logger.info(
                 "stream %s: %d shard(s) per window, the smallest of the job's ranks (this one: %d)",
-                folder,
+                shown,
                 agreed,
                 window,
             )
         logger.info(
             "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d, "
             "%d fetched ahead",
-            redact(str(path), data.storage_options), folder, cache.limit_bytes, ranks, agreed,
-            len(cache.shard_bytes), ahead,
+            shown, folder, cache.limit_bytes, ranks, agreed, len(cache.shard_bytes), ahead,
         )  # fmt: skip
         streamer = Streamer(
             cache, agreed, ahead=ahead, budget=budget, seed=seed, shuffle=shuffle, downloads=stream.downloads
