@@ -43,6 +43,7 @@ __all__ = [
     "STREAM_FOLDER",
     "agree_on_window",
     "agreement_device",
+    "cache_folder",
     "node_ranks",
     "open_streaming",
     "stream_folder",
@@ -156,9 +157,9 @@ def open_streaming(
     device_id: int | None = None,
 ) -> StreamStore:
     """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
-    ``stream.folder`` (default :func:`stream_folder`) within ``stream.cache_limit``, this rank's pins
-    within its share of the limit (the streaming module's docstring says why), the window and the shards
-    fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`, a collective on
+    ``stream.folder`` (default :func:`stream_folder`; a network filesystem checked: :func:`cache_folder`) within
+    ``stream.cache_limit``, this rank's pins within its share of the limit (the streaming module's docstring says
+    why), the window and the shards fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`, a collective on
     the loader's GPU ``device_id`` in an NCCL group: every rank opens its stream at the same point)."""
     from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
