@@ -26,9 +26,9 @@ with weights ``1 / (samples of the class)``, so every class comes equally often
 dataset as 30% of every epoch's samples (``Mixture``), with ``--mix-labels offset``
 when its classes are not the first dataset's.
 
-Data larger than a node's disk: ``--stream-cache 40`` reads DATASET (a URL such as
+Data larger than a node's disk: ``--stream-cache 40GB`` reads DATASET (a URL such as
 ``s3://bucket/shards/train``, or a folder on a slow filesystem) through a cache of
-40 GB on each node instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
+40 GB on each node (``40GiB`` is 40 * 2**30 bytes; a bare ``40`` is 40 GB) instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
 shards are permuted every epoch and samples shuffled within windows of shards.
 """
 
@@ -70,6 +70,7 @@ from dali_pipes.examples.usage import (
     raised_by,
     require_fields,
     short,
+    size_flag,
     user_errors,
 )
 from dali_pipes.loading.state import restored_position
@@ -126,9 +127,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--stream-cache",
-        type=positive_float,
-        metavar="GB",
-        help="stream DATASET (a URL) through a cache of this many GB a node instead of a full copy",
+        type=size_flag("GB"),
+        metavar="SIZE",
+        help="stream DATASET (a URL) through a cache of this size a node instead of a full copy: 40GiB, 10GB, 500MB "
+        "(a bare number is GB, 10**9 bytes; GiB is 2**30)",
     )
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--seed", type=non_negative_int, default=0)
@@ -228,7 +230,7 @@ def data_source(args: argparse.Namespace) -> tuple[Any, WeightedSampling | None,
     """What the loader reads, how it draws each epoch (the dataset, a class-balanced draw of it, or a mixture)
     and where from (a full copy, or streamed through a bounded cache with ``--stream-cache``)."""
     if args.stream_cache:
-        return args.dataset, None, DataOptions(stream=StreamOptions(cache_limit=int(args.stream_cache * 1e9)))
+        return args.dataset, None, DataOptions(stream=StreamOptions(cache_limit=args.stream_cache.bytes))
     if args.mix_with:
         shares = {"main": 1 - args.mix_share, "extra": args.mix_share}
         mixture = Mixture({"main": args.dataset, "extra": args.mix_with}, proportions=shares, labels=args.mix_labels)
