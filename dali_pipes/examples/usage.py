@@ -28,10 +28,13 @@ import logging
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator, NamedTuple, NoReturn, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, NoReturn, Sequence
 
 from dali_pipes import Manifest, ManifestError, RemoteError, StoreError, open_store
 from dali_pipes.dataset.sizes import SizeError, parse_size, unit_of
+from dali_pipes.remote.dataset import load_remote_manifest
+from dali_pipes.remote.fs import LOOK
+from dali_pipes.remote.urls import is_url
 from dali_pipes.staging.checked import StageError
 
 logger = logging.getLogger(__name__)
@@ -164,13 +167,18 @@ def size_flag(bare_unit: str) -> Callable[[str], GivenSize]:
 # --- the data the flags name ------------------------------------------------------------------------------------
 
 
-def dataset_manifest(path: str, flag: str) -> Manifest:
+def dataset_manifest(path: str, flag: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
     """The manifest of the dataset that ``flag`` names; a missing or unconverted folder is a usage error naming it.
 
-    Read through the store, as the loader will read it: a merged ``.h5`` file is a dataset too.
+    A URL's ``index.json`` is read over the network as a quick look (:data:`~dali_pipes.remote.fs.LOOK`: a
+    server that does not answer is said within seconds), its shards left where they are: a streamed dataset
+    need not fit on this disk. A local path is read through the store, as the loader will read it: a merged
+    ``.h5`` file is a dataset too (and so is one at a URL, which the loader copies whole anyway).
     """
     try:
-        store = open_store(path)
+        if is_url(path) and not str(path).endswith(".h5"):
+            return load_remote_manifest(str(path), storage_options, LOOK)[0]
+        store = open_store(path, storage_options=storage_options)
     except (*DATA_REFUSALS, OSError) as exc:
         raise UsageError(f"{flag}: {exc}") from exc
     try:

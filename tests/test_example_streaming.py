@@ -1,0 +1,60 @@
+"""The ImageNet example streaming a dataset from the loopback S3-protocol server (issue 54, items 1, 11, 15, 16).
+
+A user's way: ``python -m dali_pipes.examples.train_imagenet s3://bucket/ds --stream-cache SIZE``, the
+credentials and endpoint in the environment (``s3_env``), the node's cache folder under ``DALI_PIPES_CACHE``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from test_remote_stage import upload
+
+from converters.runner import convert
+from converters.sources import ImageFolderSource
+from converters.synth import make_imagefolder
+from dali_pipes.dataset.manifest import load_manifest
+
+IMAGES = 24
+PER_SHARD = 4
+COMMON = ["--epochs", "1", "--batch-size", "4", "--size", "32"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    """24 images of 3 classes in 6 LMDB shards of 4."""
+    root = tmp_path_factory.mktemp("stream-example")
+    images = make_imagefolder(root / "images", IMAGES, size=(64, 48), classes=3, seed=2, workers=1)
+    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False,
+            samples_per_shard=PER_SHARD)  # fmt: skip
+    return root / "shards"
+
+
+def shard_bytes(dataset: Path) -> list[int]:
+    return [s.bytes for s in load_manifest(dataset).shards]
+
+
+def files_under(folder: Path) -> dict[str, int]:
+    return {str(p.relative_to(folder)): p.stat().st_size for p in folder.rglob("*") if p.is_file()}
+
+
+@pytest.mark.slow  # a training run (DALI builds its graph in ~10 s on 2 cores)
+def test_the_example_streams_a_url_and_leaves_nothing_but_the_stream_cache(
+    shards, s3_env, tmp_path, monkeypatch, capsys
+):
+    from dali_pipes.examples.train_imagenet import main
+
+    sizes = shard_bytes(shards)
+    limit = 3 * max(sizes)  # a window of one shard and what is read outside it; half the dataset
+    assert limit < sum(sizes)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(cache))
+    url = upload(s3_env, shards)
+    main([url, *COMMON, "--stream-cache", f"{limit}B"])
+    out = capsys.readouterr().out
+    assert re.search(rf"^epoch 0: {IMAGES} samples", out, re.M), out
+    held = files_under(cache)
+    assert held and all(name.startswith("stream/") for name in held), sorted(held)  # no staged copy beside it
+    assert sum(size for name, size in held.items() if "/shard-" in name) <= limit
