@@ -58,3 +58,22 @@ def test_the_example_streams_a_url_and_leaves_nothing_but_the_stream_cache(
     held = files_under(cache)
     assert held and all(name.startswith("stream/") for name in held), sorted(held)  # no staged copy beside it
     assert sum(size for name, size in held.items() if "/shard-" in name) <= limit
+
+
+def test_a_stream_cache_too_small_for_the_nodes_ranks_is_one_line_in_the_flags_unit(shards, monkeypatch, capsys):
+    from dali_pipes.examples.train_imagenet import check_stream_cache, main, parse_args
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # torchrun's two ranks of a node
+    largest = max(shard_bytes(shards))
+    given = f"{3 * largest // 1000}KB"  # one and a half shards a rank
+    with pytest.raises(SystemExit) as exit:
+        main([str(shards), *COMMON, "--stream-cache", given])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert f"--stream-cache {given}, shared by the 2 ranks of this node, leaves" in err
+    least = re.search(r"give --stream-cache (\S+) or more", err)[1]
+    assert least.endswith("KB") and "StreamOptions" not in err and "bytes" not in err
+    manifest = load_manifest(shards)
+    window = check_stream_cache(parse_args([str(shards), "--stream-cache", least]).stream_cache, manifest)
+    assert window.window == 1  # the least that works is enough, and no more than a window of one shard

@@ -54,7 +54,9 @@ from dali_pipes import (
     class_balanced_weights,
     open_store,
 )
+from dali_pipes.dataset.sizes import format_size
 from dali_pipes.examples.usage import (
+    GivenSize,
     UsageError,
     check_batch,
     class_difference,
@@ -75,6 +77,7 @@ from dali_pipes.examples.usage import (
 )
 from dali_pipes.loading.state import restored_position
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
+from dali_pipes.sampling.windowed import RankWindow, rank_window
 
 #: What to do with a dataset of another kind, said when one is given.
 KIND_ADVICE = (
@@ -177,6 +180,8 @@ def check_data(args: argparse.Namespace) -> None:
     """
     main = dataset_manifest(args.dataset, "DATASET")
     require_fields(main, "DATASET", args.dataset, ("image", "label"), KIND_ADVICE)
+    if args.stream_cache:
+        check_stream_cache(args.stream_cache, main)
     if args.mix_with:
         extra = dataset_manifest(args.mix_with, "--mix-with")
         require_fields(extra, "--mix-with", args.mix_with, ("image", "label"), KIND_ADVICE)
@@ -196,6 +201,30 @@ def check_data(args: argparse.Namespace) -> None:
                 f"--mixup and --cutmix blend the targets of the dataset's classes, and {args.dataset} names "
                 f"{counted(classes, 'class')}: leave them out"
             )
+
+
+def node_ranks() -> int:
+    """The ranks of this node that share its stream cache, as the loader counts them (torchrun sets the variables)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1))
+
+
+def check_stream_cache(cache: GivenSize, manifest: Any) -> RankWindow:
+    """The window each rank streams with (:func:`~dali_pipes.sampling.windowed.rank_window`, the loader's rule), or
+    a refusal of a ``--stream-cache`` too small for this node's ranks, in the flag's own unit with the least that
+    works (the loader would say it in bytes and in the words of ``StreamOptions``)."""
+    sizes = [shard.bytes for shard in manifest.shards]
+    ranks = node_ranks()
+    try:
+        return rank_window(cache.bytes, sizes, ranks)
+    except ValueError:  # the one refusal of rank_window for a positive limit and no fetch_ahead
+        largest, least = max(sizes), 2 * max(sizes) * ranks
+        shared = f", shared by the {ranks} ranks of this node," if ranks > 1 else ""
+        raise UsageError(
+            f"--stream-cache {format_size(cache.bytes, cache.unit)}{shared} leaves "
+            f"{format_size(cache.bytes // ranks, cache.unit)} a rank, less than two of the dataset's largest shard "
+            f"({format_size(largest, cache.unit, up=True)}: one to read and one read outside the window); "
+            f"give --stream-cache {format_size(least, cache.unit, up=True)} or more"
+        ) from None
 
 
 def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
