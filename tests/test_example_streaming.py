@@ -7,6 +7,8 @@ credentials and endpoint in the environment (``s3_env``), the node's cache folde
 from __future__ import annotations
 
 import re
+import socket
+import time
 from pathlib import Path
 
 import pytest
@@ -77,3 +79,39 @@ def test_a_stream_cache_too_small_for_the_nodes_ranks_is_one_line_in_the_flags_u
     manifest = load_manifest(shards)
     window = check_stream_cache(parse_args([str(shards), "--stream-cache", least]).stream_cache, manifest)
     assert window.window == 1  # the least that works is enough, and no more than a window of one shard
+
+
+@pytest.fixture
+def dead_endpoint(monkeypatch) -> str:
+    """Credentials, and an endpoint on a loopback port that nothing listens on (closed: connections refused)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    endpoint = f"http://127.0.0.1:{port}"
+    for name, value in dict(
+        AWS_ACCESS_KEY_ID="key", AWS_SECRET_ACCESS_KEY="secret", AWS_DEFAULT_REGION="eu-west-1",
+        AWS_ENDPOINT_URL=endpoint, AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null",
+    ).items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    return endpoint
+
+
+@pytest.mark.slow  # three refusals of ~2 s each (the first imports the S3 backend)
+def test_a_dead_endpoint_is_one_line_within_seconds_from_the_example_and_the_loader(dead_endpoint, capsys):
+    from dali_pipes import ClassificationTrain, DALILoader, DataOptions, RemoteError, StreamOptions
+    from dali_pipes.examples.train_imagenet import main
+
+    start = time.monotonic()
+    with pytest.raises(SystemExit) as exit:
+        main(["s3://bucket/ds", *COMMON, "--stream-cache", "1GB"])
+    took = time.monotonic() - start
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
+    assert dead_endpoint in err and "did not answer" in err and "--storage-option" in err
+    assert "resumes" not in err  # nothing had started: nothing resumes
+    assert took < 10, took
+    for data in (DataOptions(stream=StreamOptions(cache_limit="1GB")), DataOptions()):  # streamed, staged
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match="did not answer") as refused:
+            DALILoader("s3://bucket/ds", ClassificationTrain(size=32), batch_size=4, data=data)
+        assert time.monotonic() - start < 10 and "resumes" not in str(refused.value)

@@ -54,6 +54,10 @@ JOB = Patience(CONNECT_TIMEOUT, READ_TIMEOUT, BOTO_ATTEMPTS, None, "then run the
 #: and nothing is resumed, so one try of two requests, 5 s to connect and 10 s between bytes: a server that is
 #: down or unreachable is reported within seconds (at most about 2 x 10 s when it accepts and then stalls).
 LOOK = Patience(5.0, 10.0, 2, 1, "then try again")
+#: A job's first request (its manifest): nothing has started, so there is nothing to wait out nor to resume, and
+#: a person waits for the answer: a server that is down is said as quickly as :data:`LOOK` says it; one that
+#: answers slowly is given a job's time between bytes.
+FIRST_CONTACT = Patience(LOOK.connect_timeout, READ_TIMEOUT, LOOK.boto_attempts, 1, LOOK.then)
 
 _CREDENTIAL_ERRORS = (
     "NoCredentialsError",
@@ -244,6 +248,7 @@ def endpoint(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
 
 __all__ = [
     "CREDENTIALS_HELP",
+    "FIRST_CONTACT",
     "JOB",
     "LOOK",
     "Patience",
