@@ -6,6 +6,7 @@ credentials and endpoint in the environment (``s3_env``), the node's cache folde
 
 from __future__ import annotations
 
+import gc
 import re
 import socket
 import time
@@ -115,3 +116,48 @@ def test_a_dead_endpoint_is_one_line_within_seconds_from_the_example_and_the_loa
         with pytest.raises(RemoteError, match="did not answer") as refused:
             DALILoader("s3://bucket/ds", ClassificationTrain(size=32), batch_size=4, data=data)
         assert time.monotonic() - start < 10 and "resumes" not in str(refused.value)
+
+
+@pytest.mark.slow  # two training runs
+def test_the_example_takes_storage_options_a_cache_folder_and_resumes_a_streamed_epoch_mid_way(
+    shards, s3, tmp_path, monkeypatch, capsys
+):
+    from s3_helpers import SECRET_KEY
+
+    from dali_pipes.examples import long_runs
+    from dali_pipes.examples.train_imagenet import main
+
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)  # everything from the flags
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "default-cache"))
+    options = s3.options
+    flags = [f"--storage-option={key}={options[key]}" for key in ("endpoint_url", "key", "secret")]
+    flags += ["--storage-option", "client_kwargs.region_name=eu-west-1", "--stream-folder", str(tmp_path / "nvme")]
+    checkpoint = tmp_path / "ck.pt"
+    flags += ["--checkpoint", str(checkpoint), "--checkpoint-every", "2", "--progress-every", "1e-9"]
+    url = upload(s3, shards)
+    save = long_runs.Checkpoints.after_step
+
+    def interrupted(self, step):  # Ctrl-C during step 3, after the save at step 2
+        save(self, step)
+        if step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(long_runs.Checkpoints, "after_step", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        main([url, *COMMON, "--stream-cache", f"{4 * max(shard_bytes(shards))}B", *flags])
+    gc.collect()  # the interrupted loader's pins go with it
+    monkeypatch.setattr(long_runs.Checkpoints, "after_step", save)
+    first = capsys.readouterr()
+    assert re.search(r"^rank 0 of 1: 6 batches of 4 per epoch on cpu, streamed through --stream-cache \S+: "
+                     r"\d+ shards? a window of 6, \d+ fetched ahead$", first.out, re.M), first.out  # fmt: skip
+    assert "epoch 0: step 2 of 6, " in first.out and "images/s" in first.out
+    main([url, *COMMON, "--stream-cache", f"{4 * max(shard_bytes(shards))}B", *flags, "--resume"])
+    out = capsys.readouterr()
+    steps = re.findall(r"^epoch 0: step (\d+) of 6", out.out, re.M)
+    assert steps == ["3", "4", "5", "6"], out.out  # the resumed epoch goes on from its saved step
+    assert re.search(rf"^epoch 0: {IMAGES - 2 * 4} samples", out.out, re.M), out.out
+    assert any((tmp_path / "nvme").glob("*/shard-*")) and not (tmp_path / "default-cache").exists()
+    assert SECRET_KEY not in first.out + first.err + out.out + out.err

@@ -66,6 +66,13 @@ def fail(message: str, cause: BaseException | None = None) -> NoReturn:
     raise SystemExit(EXIT_USAGE)
 
 
+def say(line: str) -> None:
+    """Print ``line`` to stdout in one write, flushed: under torchrun the ranks share one stdout, and ``print``'s
+    separate write of the newline lets two ranks' lines run together on one line."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Inside: a :class:`UsageError` or a refusal of the data (:data:`DATA_REFUSALS`) becomes :func:`fail`'s one line.
