@@ -220,3 +220,5 @@ def test_no_credentials_are_named_with_where_to_give_them(s3):
     assert out.returncode != 0
     assert out.stderr.startswith("dali-pipes: error: s3://bucket/ds/index.json: no credentials found")
     assert "AWS_ACCESS_KEY_ID" in out.stderr and "Traceback" not in out.stderr
+    assert "anon=true" in out.stderr and not any(other in out.stderr for other in ("gcloud", "AZURE", "HF_TOKEN"))
+    assert len(out.stderr) < 400, out.stderr  # S3's way only, not every cloud's
