@@ -29,7 +29,12 @@ when its classes are not the first dataset's.
 Data larger than a node's disk: ``--stream-cache 40GB`` reads DATASET (a URL such as
 ``s3://bucket/shards/train``, or a folder on a slow filesystem) through a cache of
 40 GB on each node (``40GiB`` is 40 * 2**30 bytes; a bare ``40`` is 40 GB) instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
-shards are permuted every epoch and samples shuffled within windows of shards.
+shards are permuted every epoch and samples shuffled within windows of shards (each rank's
+start line says how many). Only ``index.json`` is read before training: nothing is copied
+beyond the stream cache. ``--stream-folder DIR`` puts the cache on a local disk,
+``--storage-option KEY=VALUE`` passes the backend's options (``endpoint_url=...``), and a long
+epoch is kept with ``--checkpoint ck.pt --checkpoint-every 1000`` (``--resume`` goes on from the
+saved step) while rank 0 says its step and images/s every ``--progress-every`` seconds.
 """
 
 from __future__ import annotations
