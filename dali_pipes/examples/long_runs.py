@@ -16,7 +16,27 @@ import torch
 from torch import nn
 
 from dali_pipes import DALILoader
-from dali_pipes.examples.usage import say
+from dali_pipes.examples.usage import non_negative_float, non_negative_int, say
+
+
+def add_long_run_flags(p: argparse.ArgumentParser) -> None:
+    """``--checkpoint FILE``, ``--checkpoint-every N``, ``--resume`` and ``--progress-every SECONDS``."""
+    p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
+    p.add_argument(
+        "--checkpoint-every",
+        type=non_negative_int,
+        default=0,
+        metavar="N",
+        help="also save --checkpoint every N steps of an epoch, so a long epoch resumes from there (0: at its end only)",
+    )
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint (mid-epoch where it was saved)")
+    p.add_argument(
+        "--progress-every",
+        type=non_negative_float,
+        default=30.0,
+        metavar="SECONDS",
+        help="rank 0 says the step and images/s this often during an epoch (0: only at its end)",
+    )
 
 
 class Checkpoints:

@@ -61,7 +61,7 @@ from dali_pipes import (
 )
 from dali_pipes.cli.remote_args import add_storage_options, storage_options
 from dali_pipes.dataset.sizes import format_size
-from dali_pipes.examples.long_runs import Checkpoints, Progress
+from dali_pipes.examples.long_runs import Checkpoints, Progress, add_long_run_flags
 from dali_pipes.examples.usage import (
     GivenSize,
     UsageError,
@@ -152,22 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     add_storage_options(p)
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
-    p.add_argument(
-        "--checkpoint-every",
-        type=non_negative_int,
-        default=0,
-        metavar="N",
-        help="also save --checkpoint every N steps of an epoch, so a long epoch resumes from there (0: at its end only)",
-    )
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint (mid-epoch where it was saved)")
-    p.add_argument(
-        "--progress-every",
-        type=non_negative_float,
-        default=30.0,
-        metavar="SECONDS",
-        help="rank 0 says the step and images/s this often during an epoch (0: only at its end)",
-    )
+    add_long_run_flags(p)
     args = p.parse_args(argv)
     for problem in _flag_conflicts(args):
         p.error(problem)
@@ -249,7 +234,9 @@ def check_stream_cache(cache: GivenSize, manifest: Any) -> RankWindow:
     """The window each rank streams with (:func:`~dali_pipes.sampling.windowed.rank_window`, the loader's rule), or
     a refusal of a ``--stream-cache`` too small for this node's ranks, in the flag's own unit with the least that
     works (the loader would say it in bytes and in the words of ``StreamOptions``)."""
-    sizes = [shard.bytes for shard in manifest.shards]
+    # A shard takes its bytes in the cache, and its index file's: DALI's TFRecord index, a line "OFFSET SIZE" a
+    # record, which the manifest does not size, counted at its longest so that no limit passed here is refused later.
+    sizes = [s.bytes + (s.num_samples * 2 * (len(str(s.bytes)) + 1) if s.index_path else 0) for s in manifest.shards]
     ranks = node_ranks()
     try:
         return rank_window(cache.bytes, sizes, ranks)
