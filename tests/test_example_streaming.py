@@ -11,6 +11,7 @@ import re
 import socket
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 from test_remote_stage import upload
@@ -83,7 +84,7 @@ def test_a_stream_cache_too_small_for_the_nodes_ranks_is_one_line_in_the_flags_u
 
 
 @pytest.fixture
-def dead_endpoint(monkeypatch) -> str:
+def dead_endpoint(monkeypatch) -> Iterator[str]:
     """Credentials, and an endpoint on a loopback port that nothing listens on (closed: connections refused)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -94,7 +95,12 @@ def dead_endpoint(monkeypatch) -> str:
         AWS_ENDPOINT_URL=endpoint, AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null",
     ).items():  # fmt: skip
         monkeypatch.setenv(name, value)
-    return endpoint
+    # fsspec reuses a filesystem made with the same arguments, and the endpoint from the environment is none of them:
+    # an earlier test's filesystem would still go to its server (a process's environment does not change under it).
+    s3fs = pytest.importorskip("s3fs")
+    s3fs.S3FileSystem.clear_instance_cache()
+    yield endpoint
+    s3fs.S3FileSystem.clear_instance_cache()
 
 
 @pytest.mark.slow  # three refusals of ~2 s each (the first imports the S3 backend)
