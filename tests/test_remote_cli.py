@@ -86,8 +86,8 @@ def test_stage_inspect_and_verify_take_urls(tmp_path, s3):
     assert out.returncode != 0 and f"{shard_name('tfrecord', 1)}: SHA-256 does not match" in out.stderr
     out = cli("inspect", "s3://no-such-bucket/ds", env=env)
     assert out.returncode != 0 and out.stderr.startswith(
-        "dali-pipes: error: s3://no-such-bucket/ds/index.json: no such"
-    )
+        "dali-pipes: error: s3://no-such-bucket/ds/index.json: the bucket no-such-bucket does not exist"
+    )  # as a conversion into it says
 
 
 def test_redact_takes_out_url_passwords_queries_and_option_values():
