@@ -9,8 +9,10 @@ arrays (no I/O, no environment). The contract:
   (the lowest-numbered on a tie). No shard is split, so each is read by one node an epoch, and two partitions differ by at
   most the largest shard's samples. Every partition gets a shard with samples: ``P`` may not pass the
   shards that have some (:func:`default_partitions`).
-- **A partition's stream.** Its shards permuted by ``(seed, epoch, p)``, cut into windows of ``W``
-  shards (the last may hold fewer), each window's samples shuffled together, the windows read in order.
+- **A partition's stream.** Its shards permuted by ``(seed, epoch, p)``, cut into the fewest
+  windows of at most ``W`` shards, of shard counts that differ by one at most (128 shards and ``W = 51``:
+  43, 43, 42, not 51, 51, 26: no narrow last window), each window's samples shuffled together, the
+  windows read in order.
   It depends on neither the node count, the ranks nor the batch size. Without ``shuffle``: its shards
   in manifest order, their samples in order.
 - **Nodes.** ``N`` must divide ``P``; node ``n`` holds partitions ``[n P/N, (n+1) P/N)`` and its stream
@@ -193,12 +195,13 @@ def deal_shards(sampling: PartitionedSampling, epoch: int, seed: int) -> tuple[n
 
 
 def _windows(sampling: PartitionedSampling, shards: np.ndarray, p: int, epoch: int, seed: int) -> list[np.ndarray]:
-    """Partition ``p``'s windows (its ``shards`` as dealt) in reading order: shard ids, ``W`` at most each."""
+    """Partition ``p``'s windows (its ``shards`` as dealt) in reading order: shard ids, ``W`` at most each, as even
+    as they go."""
     if sampling.shuffle:
         shards = np.random.Generator(np.random.PCG64([seed, epoch, _PARTITIONED, 2, p])).permutation(shards)
     else:
         shards = np.sort(shards)
-    return [shards[i : i + sampling.window] for i in range(0, len(shards), sampling.window)]
+    return np.array_split(shards, -(-len(shards) // sampling.window))
 
 
 def partition_stream(
