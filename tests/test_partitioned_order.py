@@ -150,6 +150,16 @@ def test_each_of_four_nodes_downloads_a_quarter_and_all_together_the_dataset_onc
     assert np.all(np.abs(per_node - shard_bytes.sum() / 4) <= shard_bytes.max())
 
 
+def test_four_nodes_of_eight_ranks_read_disjoint_quarters_of_the_shards():
+    # The same layout scaled down (12 samples a shard), read through every rank's indices: each node touches
+    # 256 shards, no two nodes the same one, so the nodes together read each shard once an epoch.
+    sampling = PartitionedSampling([12] * 1024, window=51)
+    per_rank = run(sampling, NodeLayout(4, 8, 4), epoch=1, seed=11)
+    touched = [{int(k) for r in range(8) for k in shard_of(per_rank[(n, r)][0], [12] * 1024)} for n in range(4)]
+    assert [len(t) for t in touched] == [256] * 4
+    assert set().union(*touched) == set(range(1024))
+
+
 def test_node_bytes_are_the_shards_its_ranks_read():
     sizes = [7, 0, 9, 12, 5, 8, 8, 3, 10, 6, 11, 4]
     sampling = PartitionedSampling(sizes, window=2, partitions=4)
@@ -169,6 +179,15 @@ def test_partitions_are_balanced_and_every_shard_dealt_once(setup, seed):
     assert sorted(int(k) for d in dealt for k in d) == list(range(len(sampling.shard_sizes)))
     loads = [int(sampling.shard_sizes[d].sum()) for d in dealt]
     assert min(loads) > 0 and max(loads) - min(loads) <= int(sampling.shard_sizes.max())
+
+
+@settings(max_examples=40, deadline=None)
+@given(shards=st.integers(12, 200), partitions=st.sampled_from([2, 3, 4, 6, 8, 12]), seed=st.integers(0, 50))
+def test_with_shards_of_one_size_nodes_differ_by_one_shard_at_most_on_every_node_count(shards, partitions, seed):
+    sampling = PartitionedSampling([10] * shards, window=3, partitions=partitions)
+    for nodes in (n for n in range(1, partitions + 1) if partitions % n == 0):
+        per_node = node_bytes(sampling, [1] * shards, nodes, 0, seed)  # one byte a shard: shards per node
+        assert per_node.max() - per_node.min() <= 1, nodes
 
 
 @settings(max_examples=40, deadline=None)

@@ -6,8 +6,9 @@ arrays (no I/O, no environment). The contract:
 - **Dealing.** The shards are dealt to ``P`` partitions, balanced by samples: taken in a random order
   (of ``seed``, fixed for the run; of ``(seed, epoch)`` with ``redeal=True``; the manifest order without
   ``shuffle``), then largest first, each goes whole to the partition holding the fewest samples so far
-  (the lowest-numbered on a tie). No shard is split, so each is read by one node an epoch, and two partitions differ by at
-  most the largest shard's samples. Every partition gets a shard with samples: ``P`` may not pass the
+  (on a tie, in an order that spreads the shards left over from whole rounds over the nodes of every
+  node count dividing ``P``). No shard is split, so each is read by one node an epoch; two partitions
+  differ by at most the largest shard's samples, and with shards of one size two nodes by one shard. Every partition gets a shard with samples: ``P`` may not pass the
   shards that have some (:func:`default_partitions`).
 - **A partition's stream.** Its shards permuted by ``(seed, epoch, p)``, cut into the fewest
   windows of at most ``W`` shards, of shard counts that differ by one at most (128 shards and ``W = 51``:
@@ -47,6 +48,7 @@ it holds at most ``1/P`` of the dataset (a node whose cache holds more could mix
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import heapq
 from dataclasses import dataclass
@@ -183,15 +185,40 @@ def deal_shards(sampling: PartitionedSampling, epoch: int, seed: int) -> tuple[n
         words = [seed, epoch, _PARTITIONED, 1] if sampling.redeal else [seed, 0, _PARTITIONED, 0]
         order = np.random.Generator(np.random.PCG64(words)).permutation(count)
     # Largest first (ties in the random order), each to the least-loaded partition: loads then never differ
-    # by more than the largest shard, and shards of one size (most of a converted dataset) deal round-robin.
+    # by more than the largest shard, and shards of one size (most of a converted dataset) deal round-robin,
+    # in the order of _even_order among equal loads.
     order = order[np.argsort(-sizes[order], kind="stable")]
-    heap = [(0, p) for p in range(sampling.partitions)]
+    heap = [(0, i, p) for i, p in enumerate(_even_order(sampling.partitions))]
     dealt: list[list[int]] = [[] for _ in range(sampling.partitions)]
     for k in order.tolist():
-        load, p = heap[0]
+        load, i, p = heap[0]
         dealt[p].append(k)
-        heapq.heapreplace(heap, (load + int(sizes[k]), p))
+        heapq.heapreplace(heap, (load + int(sizes[k]), i, p))
     return tuple(np.array(d, dtype=np.int64) for d in dealt)
+
+
+@functools.lru_cache(maxsize=16)
+def _even_order(partitions: int) -> tuple[int, ...]:
+    """The partitions in an order whose every prefix falls on the nodes of each node count dividing
+    ``partitions`` as evenly as it can (0, 4, 2, 6, 1, 5, 3, 7 for 8): the shards left over from whole
+    rounds of dealing then go to different nodes, whatever the node count, and no node pads for several."""
+    divisors = [n for n in range(1, partitions + 1) if partitions % n == 0]
+    offsets = np.cumsum([0, *divisors[:-1]])
+    # blocks[d, p]: which of the counters below counts partition p's node for the d-th node count.
+    blocks = np.array([off + np.arange(partitions) // (partitions // n) for off, n in zip(offsets, divisors)])
+    counts = np.zeros(sum(divisors), dtype=np.int64)
+    left = np.ones(partitions, dtype=bool)
+    out = []
+    for _ in range(partitions):
+        held = counts[blocks]  # (node counts, partitions)
+        excess = (held - np.minimum.reduceat(counts, offsets)[:, None]).max(axis=0)
+        # The fewest surplus on any node count, then the least-held nodes, then the lowest partition.
+        score = (excess * (partitions + 1) ** 2 + held.sum(axis=0)) * (partitions + 1) + np.arange(partitions)
+        p = int(np.argmin(np.where(left, score, np.iinfo(np.int64).max)))
+        out.append(p)
+        left[p] = False
+        counts[blocks[:, p]] += 1
+    return tuple(out)
 
 
 def _windows(sampling: PartitionedSampling, shards: np.ndarray, p: int, epoch: int, seed: int) -> list[np.ndarray]:
