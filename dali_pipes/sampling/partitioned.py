@@ -33,9 +33,17 @@ arrays (no I/O, no environment). The contract:
   stream of ``S_n`` samples; :func:`partitioned_progress` maps that to the partitions. A state resumes
   on any ranks per node and batch size, and on any ``N'`` dividing ``P``: the rest of each partition,
   ``stream_p[consumed[p]:]``, goes to the node that now holds ``p``, so every sample not yet read is
-  read exactly once in the rest of the epoch and none twice. At an epoch's start (all zero) any ``P``
-  will do. Other ``P`` mid-epoch and ``N'`` not dividing ``P`` are refused (``ValueError``, saying what
-  to pass). ``P = 8`` by default: 1, 2, 4 and 8 nodes resume each other's states.
+  read exactly once in the rest of the epoch and none twice. Mid-epoch the streams must be the same:
+  the same :meth:`PartitionedSampling.identity` (keep the state's ``P`` and ``W`` to the epoch's end; the
+  next epoch may take new ones). At an epoch's start (all zero) any ``P`` will do. Other ``P`` mid-epoch
+  and ``N'`` not dividing ``P`` are refused (``ValueError``, saying what to pass); so is ``N > P``, which
+  would make nodes share a partition's windows and download them twice. ``P = 8`` by default: 1, 2, 4
+  and 8 nodes resume each other's states.
+
+How a loader uses it: each rank takes :func:`partitioned_rank_indices` at an epoch's start, saves
+``(epoch, partitioned_progress(..., steps, start))``, and keeps in the node's cache the shards of
+:func:`~dali_pipes.sampling.windowed.shards_needed` over :func:`node_window_spans` for the node positions
+of the next steps; :func:`node_bytes` says what each node downloads an epoch.
 
 Against MosaicML Streaming's canonical nodes (``streaming/base/partition/orig.py``, ``shuffle/py1s.py``):
 there each canonical node's span of samples may split a shard with its neighbour (two nodes download
