@@ -252,10 +252,28 @@ def test_windows_are_at_most_w_shards_and_as_even_as_they_go():
     # 128 shards a partition and W = 51: three windows of 43, 43 and 42 shards (not 51, 51 and a narrow 26).
     one = PartitionedSampling([10] * 128, window=51, partitions=1)
     assert [len(s.shards) for s in node_window_spans(one, 1, 0, 0, 0)] == [43, 43, 42]
-    two = PartitionedSampling([10] * 128, window=51, partitions=2)  # 64 shards each: 32 and 32, one after the other
+    two = PartitionedSampling([10] * 128, window=51, partitions=2)  # 64 shards each: 32 and 32, taking turns
     spans = node_window_spans(two, 1, 0, 0, 0)
     assert [len(s.shards) for s in spans] == [32] * 4 and [s.stop for s in spans] == [320, 640, 960, 1280]
-    assert set(spans[0].shards + spans[1].shards) == set(deal_shards(two, 0, 0)[0].tolist())
+    dealt = deal_shards(two, 0, 0)
+    assert set(spans[0].shards + spans[2].shards) == set(dealt[0].tolist())
+    assert set(spans[1].shards + spans[3].shards) == set(dealt[1].tolist())
+
+
+@pytest.mark.parametrize("before, after", [(1, 8), (2, 4), (2, 8), (4, 8), (8, 2)])
+def test_a_state_resumed_on_more_or_fewer_nodes_leaves_them_about_equal_work(before, after):
+    # A node reads its partitions' windows in turn, so they advance together: whichever step the state is
+    # taken at, the nodes of the new layout have work within two windows of each other, and pad for no more.
+    sampling = PartitionedSampling([12] * 256, window=4)  # 32 shards a partition, windows of 4 (48 samples)
+    layout = NodeLayout(before, 2, 5)
+    batches = partitioned_num_batches(sampling, layout, 0, 0)
+    for step in (1, batches // 3, batches // 2, batches - 7):
+        state = partitioned_progress(sampling, layout, 0, 0, step)
+        left = [sum(32 * 12 - state[p] for p in node_partitions(n, after, 8)) for n in range(after)]
+        assert max(left) - min(left) <= 2 * 48, (step, left)
+        per_rank = run(sampling, NodeLayout(after, 2, 5), start=state)
+        pads = sum(int(pad.sum()) for _, pad in per_rank.values())
+        assert pads <= after * (2 * 48 + 2 * 5), (step, pads)  # two windows and a batch a node at most
 
 
 def test_without_shuffle_partitions_read_their_shards_in_manifest_order():

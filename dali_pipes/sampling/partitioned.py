@@ -16,10 +16,15 @@ arrays (no I/O, no environment). The contract:
   windows read in order.
   It depends on neither the node count, the ranks nor the batch size. Without ``shuffle``: its shards
   in manifest order, their samples in order.
-- **Nodes.** ``N`` must divide ``P``; node ``n`` holds partitions ``[n P/N, (n+1) P/N)`` and its stream
-  is theirs (what is left of each), one after the other. A window is node-wide: its ``R`` ranks read it
-  together, as :func:`~dali_pipes.sampling.rules.split_order` cuts an order: at step ``k`` they read
-  node positions ``[k b R, (k+1) b R)``, rank ``j`` the ``j``-th slice of ``b``, the tail dealt evenly.
+- **Nodes.** ``N`` must divide ``P``; node ``n`` holds partitions ``[n P/N, (n+1) P/N)``. Its stream is
+  their windows (what is left of them), one window at a time, interleaved: ordered by where each
+  window's middle falls in its partition, as a fraction of it, then by partition. So a node's partitions
+  advance together, within about a window of each other, and a state resumed on more nodes leaves them
+  about equal work (read one partition after another, the node that held the partitions read first
+  would be left with little and the others would pad for the difference). A window is node-wide: its
+  ``R`` ranks read it together, as :func:`~dali_pipes.sampling.rules.split_order` cuts an order: at
+  step ``k`` they read node positions ``[k b R, (k+1) b R)``, rank ``j`` the ``j``-th slice of ``b``,
+  the tail dealt evenly.
 - **Padding.** Every rank of the job reads the same number of samples ``L``, so the same batches of the
   same sizes: with ``last_batch="pad"`` the most any node's split needs; a node that needs fewer gets
   ``is_pad`` fillers from its own stream, the last samples it read (the last window, still cached):
@@ -60,6 +65,7 @@ import functools
 import hashlib
 import heapq
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any, Sequence
 
 import numpy as np
@@ -307,12 +313,38 @@ def partitioned_num_batches(
     return -(-_per_rank(ep, layout, sampling.partitions) // layout.batch_size)
 
 
-def _node_stream(
+@dataclass(frozen=True)
+class _Read:
+    """A stretch of a node's stream: positions ``[lo, hi)`` of partition ``p``'s stream, in window ``shards``."""
+
+    p: int
+    shards: np.ndarray
+    lo: int
+    hi: int
+
+
+def _node_reads(
     sampling: PartitionedSampling, ep: _Epoch, parts: range, epoch: int, seed: int, whole: bool = False
-) -> np.ndarray:
-    """What node holding ``parts`` reads: each partition's rest (its whole stream with ``whole``), in order."""
-    streams = [partition_stream(sampling, ep.dealt, p, epoch, seed)[0 if whole else ep.start[p] :] for p in parts]
-    return np.concatenate(streams)
+) -> list[_Read]:
+    """The windows the node holding ``parts`` reads in the rest of the epoch (the whole epoch with ``whole``),
+    in reading order: by where each window's middle falls in its partition, as a fraction of it, then by
+    partition. So the node's partitions advance together, a window at a time."""
+    keyed = []
+    for p in parts:
+        first, start = 0, 0 if whole else int(ep.start[p])
+        for shards in _windows(sampling, ep.dealt[p], p, epoch, seed):
+            length = int(sampling.shard_sizes[shards].sum())
+            if first + length > max(first, start):  # not read yet, or partly
+                middle = Fraction(2 * first + length, 2 * int(ep.sizes[p]))
+                keyed.append((middle, p, _Read(p, shards, max(first, start), first + length)))
+            first += length
+    return [read for _, _, read in sorted(keyed, key=lambda k: k[:2])]
+
+
+def _node_stream(sampling: PartitionedSampling, ep: _Epoch, reads: list[_Read], epoch: int, seed: int) -> np.ndarray:
+    """The samples of ``reads`` (:func:`_node_reads`) one after the other: what the node's ranks read."""
+    streams = {p: partition_stream(sampling, ep.dealt, p, epoch, seed) for p in {r.p for r in reads}}
+    return np.concatenate([streams[r.p][r.lo : r.hi] for r in reads] or [np.empty(0, dtype=np.int64)])
 
 
 def partitioned_rank_indices(
@@ -334,7 +366,7 @@ def partitioned_rank_indices(
     if rank >= layout.ranks:
         raise ValueError(f"rank must be < ranks per node ({layout.ranks}), got {rank}")
     length = _per_rank(ep, layout, sampling.partitions)
-    stream = _node_stream(sampling, ep, parts, epoch, seed)
+    stream = _node_stream(sampling, ep, _node_reads(sampling, ep, parts, epoch, seed), epoch, seed)
     b, ranks = layout.batch_size, layout.ranks
     indices, is_pad = np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
     if layout.last_batch == "drop" and length:
@@ -347,8 +379,9 @@ def partitioned_rank_indices(
     pads = np.flatnonzero(is_pad)
     if len(pads):
         # The node's own last-read samples (split_order's wrap-around would reach back to its first window).
-        source = stream if len(stream) else _node_stream(sampling, ep, parts, epoch, seed, whole=True)
-        indices[pads] = source[-1 - (rank + np.arange(len(pads)) * ranks) % len(source)]
+        if not len(stream):
+            stream = _node_stream(sampling, ep, _node_reads(sampling, ep, parts, epoch, seed, whole=True), epoch, seed)
+        indices[pads] = stream[-1 - (rank + np.arange(len(pads)) * ranks) % len(stream)]
     return indices, is_pad
 
 
@@ -375,10 +408,11 @@ def partitioned_progress(
     for n in range(layout.nodes):
         parts = node_partitions(n, layout.nodes, sampling.partitions)
         read = min(steps * layout.node_batch, ep.left(parts))
-        for p in parts:  # the node reads its partitions one after the other
-            took = min(read, int(ep.sizes[p] - done[p]))
-            done[p] += took
-            read -= took
+        for r in _node_reads(sampling, ep, parts, epoch, seed):
+            if read <= 0:
+                break
+            done[r.p] = r.lo + min(read, r.hi - r.lo)
+            read -= r.hi - r.lo
     return tuple(int(s) for s in done)
 
 
@@ -397,15 +431,9 @@ def node_window_spans(
     ep = _epoch(sampling, epoch, seed, start)
     spans: list[WindowSpan] = []
     at = 0  # where the next window starts in the node's stream
-    for p in node_partitions(node, nodes, sampling.partitions):
-        first = 0  # where the window starts in partition p's stream
-        for shards in _windows(sampling, ep.dealt[p], p, epoch, seed):
-            length = int(sampling.shard_sizes[shards].sum())
-            left = min(length, first + length - int(ep.start[p]))
-            if left > 0:
-                spans.append(WindowSpan(len(spans), tuple(shards.tolist()), at, at + left))
-                at += left
-            first += length
+    for r in _node_reads(sampling, ep, node_partitions(node, nodes, sampling.partitions), epoch, seed):
+        spans.append(WindowSpan(len(spans), tuple(r.shards.tolist()), at, at + r.hi - r.lo))
+        at += r.hi - r.lo
     return tuple(spans)
 
 
