@@ -20,6 +20,7 @@ from dali_pipes.sampling import (
     node_partitions,
     node_window_spans,
     partition_stream,
+    partition_window,
     partitioned_num_batches,
     partitioned_progress,
     partitioned_rank_indices,
@@ -68,7 +69,8 @@ def setups(draw, max_shards=24):
 def layouts(draw, partitions, last_batch=None):
     nodes = draw(st.sampled_from([n for n in range(1, partitions + 1) if partitions % n == 0]))
     last = draw(st.sampled_from(["pad", "drop"])) if last_batch is None else last_batch
-    return NodeLayout(nodes, draw(st.integers(1, 3)), draw(st.integers(1, 5)), last)
+    together = draw(st.one_of(st.none(), st.integers(1, 3)))
+    return NodeLayout(nodes, draw(st.integers(1, 3)), draw(st.integers(1, 5)), last, together)
 
 
 @settings(max_examples=80, deadline=None)
@@ -194,17 +196,21 @@ def test_with_shards_of_one_size_nodes_differ_by_one_shard_at_most_on_every_node
 @given(setup=setups(), epoch=st.integers(0, 3), data=st.data())
 def test_window_spans_name_the_shards_each_stretch_of_the_node_stream_reads(setup, epoch, data):
     sampling, layout = setup
-    layout = NodeLayout(layout.nodes, layout.ranks, layout.batch_size, "pad")
+    layout = NodeLayout(layout.nodes, layout.ranks, layout.batch_size, "pad", layout.together)
     steps = data.draw(st.integers(0, partitioned_num_batches(sampling, layout, epoch, 3)))
     start = partitioned_progress(sampling, layout, epoch, 3, steps)
     node = data.draw(st.integers(0, layout.nodes - 1))
-    spans = node_window_spans(sampling, layout.nodes, node, epoch, 3, start)
+    spans = node_window_spans(sampling, layout, node, epoch, 3, start)
     per_rank = run(sampling, layout, epoch, 3, start)
     left = sum(int(np.sum(~pad)) for (n, _), (_, pad) in per_rank.items() if n == node)
-    assert (spans[0].start if spans else 0) == 0 and (spans[-1].stop if spans else 0) == left
-    for a, b in zip(spans, spans[1:]):
-        assert a.stop == b.start and b.window == a.window + 1
-        assert len(a.shards) <= sampling.window
+    assert [s.window for s in spans] == list(range(len(spans)))
+    assert [s.start for s in spans] == sorted(s.start for s in spans)
+    assert all(0 < len(s.shards) <= sampling.window for s in spans)
+    covered = np.zeros(left, dtype=int)  # how many windows' stretches hold each position of the node's stream
+    for s in spans:
+        covered[s.start : s.stop] += 1
+    together = len(node_partitions(node, layout.nodes, sampling.partitions))
+    assert covered.min(initial=1) >= 1 and covered.max(initial=0) <= min(together, layout.together or together)
     # Step k of the node's ranks reads positions [k b R, (k+1) b R): its real samples lie in the windows there.
     node_batch, b = layout.batch_size * layout.ranks, layout.batch_size
     for k in range(partitioned_num_batches(sampling, layout, epoch, 3, start)):
@@ -245,35 +251,62 @@ def test_pinned_orders():
     assert [d.tolist() for d in deal_shards(sampling, 0, 0)] == [[2, 3], [0, 1]]
     assert partitioned_rank_indices(sampling, NodeLayout(2, 1, 2), 0, 0, 0, 0)[0].tolist() == [6, 8, 5, 7, 9]
     wide = PartitionedSampling([3, 2, 4, 1], window=2, partitions=2)
-    assert partitioned_rank_indices(wide, NodeLayout(1, 2, 2), 0, 1, 1, 3)[0].tolist() == [5, 8, 2, 4, 0]
+    assert partitioned_rank_indices(wide, NodeLayout(1, 2, 2), 0, 1, 1, 3)[0].tolist() == [9, 2, 8, 1, 0]
 
 
 def test_windows_are_at_most_w_shards_and_as_even_as_they_go():
     # 128 shards a partition and W = 51: three windows of 43, 43 and 42 shards (not 51, 51 and a narrow 26).
     one = PartitionedSampling([10] * 128, window=51, partitions=1)
-    assert [len(s.shards) for s in node_window_spans(one, 1, 0, 0, 0)] == [43, 43, 42]
-    two = PartitionedSampling([10] * 128, window=51, partitions=2)  # 64 shards each: 32 and 32, taking turns
-    spans = node_window_spans(two, 1, 0, 0, 0)
-    assert [len(s.shards) for s in spans] == [32] * 4 and [s.stop for s in spans] == [320, 640, 960, 1280]
+    assert [len(s.shards) for s in node_window_spans(one, NodeLayout(), 0, 0, 0)] == [43, 43, 42]
+    two = PartitionedSampling([10] * 128, window=51, partitions=2)  # 64 shards each: 32 and 32, read together
+    spans = node_window_spans(two, NodeLayout(), 0, 0, 0)
+    assert [len(s.shards) for s in spans] == [32] * 4
+    assert [(s.start, s.stop) for s in spans] == [(0, 639), (1, 640), (640, 1279), (641, 1280)]
     dealt = deal_shards(two, 0, 0)
     assert set(spans[0].shards + spans[2].shards) == set(dealt[0].tolist())
     assert set(spans[1].shards + spans[3].shards) == set(dealt[1].tolist())
 
 
+def test_a_node_reads_its_partitions_together_or_in_groups():
+    sampling = PartitionedSampling([10] * 64, window=2)  # 8 partitions of 8 shards
+    dealt = deal_shards(sampling, 0, 0)
+    partition = {int(k): p for p, shards in enumerate(dealt) for k in shards}
+
+    def first_batch_partitions(together):
+        idx, _ = partitioned_rank_indices(sampling, NodeLayout(2, 2, 8, together=together), 0, 0, 0, 0)
+        return {partition[int(k)] for k in shard_of(idx[:8], sampling.shard_sizes)}
+
+    assert first_batch_partitions(None) == {0, 1, 2, 3}  # node 0's four partitions, a window of each
+    assert first_batch_partitions(2) == {0, 1}
+    assert first_batch_partitions(1) == {0}
+
+
+def test_partition_window_fills_the_node_window():
+    assert partition_window(48, 8, 1) == (6, 8)  # one node: a window of each of 8 partitions, 6 shards each
+    assert partition_window(48, 8, 4) == (24, 2)
+    assert partition_window(5, 8, 1) == (1, 5)  # fewer shards than partitions: 5 read at once
+    assert partition_window(48, 8, 1, window=24) == (24, 2)  # the run's W on one node: two at a time
+    assert partition_window(48, 8, 8, window=6) == (6, 1)
+    with pytest.raises(ValueError, match="nodes=3 does not divide partitions=8"):
+        partition_window(48, 8, 3)
+
+
 @pytest.mark.parametrize("before, after", [(1, 8), (2, 4), (2, 8), (4, 8), (8, 2)])
 def test_a_state_resumed_on_more_or_fewer_nodes_leaves_them_about_equal_work(before, after):
-    # A node reads its partitions' windows in turn, so they advance together: whichever step the state is
-    # taken at, the nodes of the new layout have work within two windows of each other, and pad for no more.
+    # A node reads its partitions together, each in proportion to what is left of it: whichever step the state
+    # is taken at, the nodes of the new layout have work within a sample a partition of each other, and pad
+    # for little more than that and a batch. (Read one partition after another, the node given the partitions
+    # read first would be left with little and the others would pad for the difference.)
     sampling = PartitionedSampling([12] * 256, window=4)  # 32 shards a partition, windows of 4 (48 samples)
     layout = NodeLayout(before, 2, 5)
     batches = partitioned_num_batches(sampling, layout, 0, 0)
     for step in (1, batches // 3, batches // 2, batches - 7):
         state = partitioned_progress(sampling, layout, 0, 0, step)
         left = [sum(32 * 12 - state[p] for p in node_partitions(n, after, 8)) for n in range(after)]
-        assert max(left) - min(left) <= 2 * 48, (step, left)
+        assert max(left) - min(left) <= 8, (step, left)
         per_rank = run(sampling, NodeLayout(after, 2, 5), start=state)
         pads = sum(int(pad.sum()) for _, pad in per_rank.values())
-        assert pads <= after * (2 * 48 + 2 * 5), (step, pads)  # two windows and a batch a node at most
+        assert pads <= after * (8 + 2 * 5), (step, pads)
 
 
 def test_without_shuffle_partitions_read_their_shards_in_manifest_order():

@@ -8,55 +8,52 @@ arrays (no I/O, no environment). The contract:
   ``shuffle``), then largest first, each goes whole to the partition holding the fewest samples so far
   (on a tie, in an order that spreads the shards left over from whole rounds over the nodes of every
   node count dividing ``P``). No shard is split, so each is read by one node an epoch; two partitions
-  differ by at most the largest shard's samples, and with shards of one size two nodes by one shard. Every partition gets a shard with samples: ``P`` may not pass the
-  shards that have some (:func:`default_partitions`).
-- **A partition's stream.** Its shards permuted by ``(seed, epoch, p)``, cut into the fewest
-  windows of at most ``W`` shards, of shard counts that differ by one at most (128 shards and ``W = 51``:
-  43, 43, 42, not 51, 51, 26: no narrow last window), each window's samples shuffled together, the
-  windows read in order.
-  It depends on neither the node count, the ranks nor the batch size. Without ``shuffle``: its shards
-  in manifest order, their samples in order.
-- **Nodes.** ``N`` must divide ``P``; node ``n`` holds partitions ``[n P/N, (n+1) P/N)``. Its stream is
-  their windows (what is left of them), one window at a time, interleaved: ordered by where each
-  window's middle falls in its partition, as a fraction of it, then by partition. So a node's partitions
-  advance together, within about a window of each other, and a state resumed on more nodes leaves them
-  about equal work (read one partition after another, the node that held the partitions read first
-  would be left with little and the others would pad for the difference). A window is node-wide: its
-  ``R`` ranks read it together, as :func:`~dali_pipes.sampling.rules.split_order` cuts an order: at
-  step ``k`` they read node positions ``[k b R, (k+1) b R)``, rank ``j`` the ``j``-th slice of ``b``,
-  the tail dealt evenly.
+  differ by at most the largest shard's samples, and with shards of one size two nodes by one shard.
+  Every partition needs a shard with samples: ``P`` may not pass their count (:func:`default_partitions`).
+- **A partition's stream.** Its shards permuted by ``(seed, epoch, p)``, cut into the fewest windows of
+  at most ``W`` shards, their shard counts within one of each other (128 shards and ``W = 51``: 43, 43,
+  42, not 51, 51, 26), each window's samples shuffled together, the windows read in order. It depends
+  on neither the node count, the ranks nor the batch size. Without ``shuffle``: its shards in manifest
+  order, their samples in order.
+- **Nodes.** ``N`` must divide ``P``; node ``n`` holds partitions ``[n P/N, (n+1) P/N)`` and reads them
+  ``together`` at a time (all by default), holding a window of each: the node-wide window, which
+  :func:`partition_window` sizes from the node's cache. The partitions read together are merged in
+  proportion to what is left of each (sample ``k`` of a partition with ``r`` left at ``(k + 1/2) / r``,
+  ties by partition), so every step reads from each, and they advance together: a state resumed on
+  more nodes leaves the nodes equal work, within a sample a partition. The node's ``R`` ranks read its
+  stream as :func:`~dali_pipes.sampling.rules.split_order` cuts an order: at step ``k`` node positions
+  ``[k b R, (k+1) b R)``, rank ``j`` the ``j``-th slice of ``b``, the tail dealt evenly.
 - **Padding.** Every rank of the job reads the same number of samples ``L``, so the same batches of the
   same sizes: with ``last_batch="pad"`` the most any node's split needs; a node that needs fewer gets
-  ``is_pad`` fillers from its own stream, the last samples it read (the last window, still cached):
+  ``is_pad`` fillers from its own stream, the last samples it read (its last windows, still cached):
   rank ``j``'s ``m``-th filler is ``stream[-1 - (j + m R) % len(stream)]``; a node with nothing left
   takes them from its partitions' whole stream of the epoch. Fillers never come from another node's
   shards. With ``"drop"``, every rank reads the full batches that every node has; the rest of the
-  epoch is not read (at most about the largest shard's samples and a batch a node).
+  epoch is not read (about a batch a node and what the partitions' sizes differ by).
 - **Progress and resume.** A state is ``(epoch, consumed)``: ``consumed[p]`` is how many samples of
   partition ``p``'s stream are read, always a prefix of it (``None``: none). After ``k`` steps (batches
   every rank has taken; DDP keeps them in lockstep) node ``n`` has read ``min(k b R, S_n)`` of its
-  stream of ``S_n`` samples; :func:`partitioned_progress` maps that to the partitions. A state resumes
-  on any ranks per node and batch size, and on any ``N'`` dividing ``P``: the rest of each partition,
-  ``stream_p[consumed[p]:]``, goes to the node that now holds ``p``, so every sample not yet read is
-  read exactly once in the rest of the epoch and none twice. Mid-epoch the streams must be the same:
-  the same :meth:`PartitionedSampling.identity` (keep the state's ``P`` and ``W`` to the epoch's end; the
-  next epoch may take new ones). At an epoch's start (all zero) any ``P`` will do. Other ``P`` mid-epoch
-  and ``N'`` not dividing ``P`` are refused (``ValueError``, saying what to pass); so is ``N > P``, which
-  would make nodes share a partition's windows and download them twice. ``P = 8`` by default: 1, 2, 4
-  and 8 nodes resume each other's states.
+  stream of ``S_n`` samples; :func:`partitioned_progress` counts them by partition. A state resumes on
+  any ranks per node, batch size and ``together``, and on any ``N'`` dividing ``P``: the rest of each
+  partition, ``stream_p[consumed[p]:]``, goes to the node that now holds ``p``, so every sample not yet
+  read is read exactly once in the rest of the epoch, none twice. Mid-epoch the streams must be the
+  same, so the same :meth:`PartitionedSampling.identity` (keep the state's ``P`` and ``W`` to the epoch's
+  end; the next epoch may take new ones). At an epoch's start (all zero) any ``P`` will do. Another
+  ``P`` mid-epoch and ``N'`` not dividing ``P`` are refused (``ValueError``, saying what to pass); so is
+  ``N > P``, which would make two nodes read a partition's windows and download them twice. ``P = 8`` by
+  default: 1, 2, 4 and 8 nodes resume each other's states.
 
 How a loader uses it: each rank takes :func:`partitioned_rank_indices` at an epoch's start, saves
-``(epoch, partitioned_progress(..., steps, start))``, and keeps in the node's cache the shards of
-:func:`~dali_pipes.sampling.windowed.shards_needed` over :func:`node_window_spans` for the node positions
-of the next steps; :func:`node_bytes` says what each node downloads an epoch.
+``(epoch, partitioned_progress(..., steps, start))``, and keeps in the node's cache the shards that
+:func:`~dali_pipes.sampling.windowed.shards_needed` names over :func:`node_window_spans` for the node
+positions of the next steps; :func:`node_bytes` says what each node downloads an epoch.
 
 Against MosaicML Streaming's canonical nodes (``streaming/base/partition/orig.py``, ``shuffle/py1s.py``):
-there each canonical node's span of samples may split a shard with its neighbour (two nodes download
+there a canonical node's span of samples may split a shard with its neighbour (two nodes download
 it), rows are evened out by repeating samples without a mask, a resume offset not divisible by the
-node count is rounded down (samples read twice), and a node reads its canonical nodes interleaved,
-one span of each at once. Here shards are never split, padding is flagged and never counted, resume
-is exact, and a node reads one window at a time. The price: a window lies within one partition, so
-it holds at most ``1/P`` of the dataset (a node whose cache holds more could mix wider).
+node count is rounded down (samples read twice), and the shuffle is within a shard (``py1s``) or a
+block that thrashes a small cache (``py1e``). Here shards are never split, padding is flagged and never
+counted, resume is exact, and a node reads a window of each of its partitions, as wide as its cache.
 """
 
 from __future__ import annotations
@@ -65,7 +62,6 @@ import functools
 import hashlib
 import heapq
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any, Sequence
 
 import numpy as np
@@ -83,6 +79,7 @@ __all__ = [
     "node_partitions",
     "node_window_spans",
     "partition_stream",
+    "partition_window",
     "partitioned_num_batches",
     "partitioned_progress",
     "partitioned_rank_indices",
@@ -153,22 +150,41 @@ class PartitionedSampling:
 
 @dataclass(frozen=True)
 class NodeLayout:
-    """Who reads: ``nodes`` nodes of ``ranks`` ranks each, ``batch_size`` samples a rank's batch."""
+    """Who reads: ``nodes`` nodes of ``ranks`` ranks each, ``batch_size`` samples a rank's batch; ``together``:
+    how many of its partitions a node reads at once, a window of each in its cache (all by default;
+    :func:`partition_window` sizes both)."""
 
     nodes: int = 1
     ranks: int = 1
     batch_size: int = 1
     last_batch: str = "pad"
+    together: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("nodes", "ranks", "batch_size"):
             object.__setattr__(self, name, check_int(f"NodeLayout.{name}", getattr(self, name), 1))
         _check_last_batch(self.last_batch)
+        if self.together is not None:
+            object.__setattr__(self, "together", check_int("NodeLayout.together", self.together, 1))
 
     @property
     def node_batch(self) -> int:
         """Samples a node's ranks read together in a step."""
         return self.batch_size * self.ranks
+
+
+def partition_window(node_window: int, partitions: int, nodes: int, window: int | None = None) -> tuple[int, int]:
+    """``(W, together)``: shards per window of a partition, and how many partitions a node reads at once, so
+    that the windows it holds fill at most ``node_window`` shards (what its cache holds for the windows
+    being read, :func:`~dali_pipes.sampling.windowed.choose_window`). ``W`` is fixed for the run (the
+    streams depend on it); given the run's ``window``, only ``together`` is chosen, for another node count
+    or cache: a node of fewer nodes then reads its partitions in groups."""
+    node_window = check_int("node_window", node_window, 1)
+    share = len(node_partitions(0, nodes, partitions))
+    if window is None:
+        window = max(1, node_window // share)
+    window = check_int("window", window, 1)
+    return window, max(1, min(share, node_window // window))
 
 
 def node_partitions(node: int, nodes: int, partitions: int) -> range:
@@ -313,38 +329,31 @@ def partitioned_num_batches(
     return -(-_per_rank(ep, layout, sampling.partitions) // layout.batch_size)
 
 
-@dataclass(frozen=True)
-class _Read:
-    """A stretch of a node's stream: positions ``[lo, hi)`` of partition ``p``'s stream, in window ``shards``."""
-
-    p: int
-    shards: np.ndarray
-    lo: int
-    hi: int
-
-
-def _node_reads(
-    sampling: PartitionedSampling, ep: _Epoch, parts: range, epoch: int, seed: int, whole: bool = False
-) -> list[_Read]:
-    """The windows the node holding ``parts`` reads in the rest of the epoch (the whole epoch with ``whole``),
-    in reading order: by where each window's middle falls in its partition, as a fraction of it, then by
-    partition. So the node's partitions advance together, a window at a time."""
-    keyed = []
-    for p in parts:
-        first, start = 0, 0 if whole else int(ep.start[p])
-        for shards in _windows(sampling, ep.dealt[p], p, epoch, seed):
-            length = int(sampling.shard_sizes[shards].sum())
-            if first + length > max(first, start):  # not read yet, or partly
-                middle = Fraction(2 * first + length, 2 * int(ep.sizes[p]))
-                keyed.append((middle, p, _Read(p, shards, max(first, start), first + length)))
-            first += length
-    return [read for _, _, read in sorted(keyed, key=lambda k: k[:2])]
+def _node_labels(ep: _Epoch, parts: range, together: int | None, whole: bool = False) -> np.ndarray:
+    """The partition each position of a node's stream reads, in reading order (of the whole epoch with
+    ``whole``): its partitions in groups of ``together``, one group after another, each group's partitions
+    merged in proportion to what is left of them (sample ``k`` of ``r`` at ``(k + 1/2) / r``, then by
+    partition), so they advance together."""
+    size = len(parts) if together is None else min(together, len(parts))
+    out = [np.empty(0, dtype=np.int64)]
+    for group in (parts[i : i + size] for i in range(0, len(parts), size)):
+        left = {p: int(ep.sizes[p] - (0 if whole else ep.start[p])) for p in group}
+        keys = [(2 * np.arange(r) + 1) / (2 * r) for r in left.values() if r]
+        labels = [np.full(r, p, dtype=np.int64) for p, r in left.items() if r]
+        if labels:
+            labels, keys = np.concatenate(labels), np.concatenate(keys)
+            out.append(labels[np.lexsort((labels, keys))])
+    return np.concatenate(out)
 
 
-def _node_stream(sampling: PartitionedSampling, ep: _Epoch, reads: list[_Read], epoch: int, seed: int) -> np.ndarray:
-    """The samples of ``reads`` (:func:`_node_reads`) one after the other: what the node's ranks read."""
-    streams = {p: partition_stream(sampling, ep.dealt, p, epoch, seed) for p in {r.p for r in reads}}
-    return np.concatenate([streams[r.p][r.lo : r.hi] for r in reads] or [np.empty(0, dtype=np.int64)])
+def _node_stream(
+    sampling: PartitionedSampling, ep: _Epoch, labels: np.ndarray, epoch: int, seed: int, whole: bool = False
+) -> np.ndarray:
+    """The samples a node reads at the positions :func:`_node_labels` gives: each partition's, in its order."""
+    stream = np.empty(len(labels), dtype=np.int64)
+    for p in np.unique(labels).tolist():
+        stream[labels == p] = partition_stream(sampling, ep.dealt, p, epoch, seed)[0 if whole else ep.start[p] :]
+    return stream
 
 
 def partitioned_rank_indices(
@@ -366,7 +375,7 @@ def partitioned_rank_indices(
     if rank >= layout.ranks:
         raise ValueError(f"rank must be < ranks per node ({layout.ranks}), got {rank}")
     length = _per_rank(ep, layout, sampling.partitions)
-    stream = _node_stream(sampling, ep, _node_reads(sampling, ep, parts, epoch, seed), epoch, seed)
+    stream = _node_stream(sampling, ep, _node_labels(ep, parts, layout.together), epoch, seed)
     b, ranks = layout.batch_size, layout.ranks
     indices, is_pad = np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
     if layout.last_batch == "drop" and length:
@@ -380,7 +389,7 @@ def partitioned_rank_indices(
     if len(pads):
         # The node's own last-read samples (split_order's wrap-around would reach back to its first window).
         if not len(stream):
-            stream = _node_stream(sampling, ep, _node_reads(sampling, ep, parts, epoch, seed, whole=True), epoch, seed)
+            stream = _node_stream(sampling, ep, _node_labels(ep, parts, layout.together, True), epoch, seed, True)
         indices[pads] = stream[-1 - (rank + np.arange(len(pads)) * ranks) % len(stream)]
     return indices, is_pad
 
@@ -406,35 +415,38 @@ def partitioned_progress(
         return tuple(int(s) for s in ep.sizes)
     done = ep.start.copy()
     for n in range(layout.nodes):
-        parts = node_partitions(n, layout.nodes, sampling.partitions)
-        read = min(steps * layout.node_batch, ep.left(parts))
-        for r in _node_reads(sampling, ep, parts, epoch, seed):
-            if read <= 0:
-                break
-            done[r.p] = r.lo + min(read, r.hi - r.lo)
-            read -= r.hi - r.lo
+        labels = _node_labels(ep, node_partitions(n, layout.nodes, sampling.partitions), layout.together)
+        done += np.bincount(labels[: steps * layout.node_batch], minlength=sampling.partitions)
     return tuple(int(s) for s in done)
 
 
 def node_window_spans(
     sampling: PartitionedSampling,
-    nodes: int,
+    layout: NodeLayout,
     node: int,
     epoch: int,
     seed: int,
     start: Sequence[int] | None = None,
 ) -> tuple[WindowSpan, ...]:
-    """The windows node ``node`` reads in the rest of ``epoch``: their shards and the positions of its stream
-    they fill (what :func:`~dali_pipes.sampling.windowed.shards_needed` takes; a step ``k`` of its ranks reads
-    positions ``[k b R, (k+1) b R)``). A window begun before ``start`` fills only what is left of it."""
+    """The windows node ``node`` reads in the rest of ``epoch``, by where they start: their shards and the
+    stretch of its stream their samples lie in (what :func:`~dali_pipes.sampling.windowed.shards_needed`
+    takes; step ``k`` of its ranks reads positions ``[k b R, (k+1) b R)``). The windows of the partitions a
+    node reads together overlap; a window begun before ``start`` covers what is left of it."""
     epoch, seed = check_int("epoch", epoch, 0), check_int("seed", seed, 0)
     ep = _epoch(sampling, epoch, seed, start)
-    spans: list[WindowSpan] = []
-    at = 0  # where the next window starts in the node's stream
-    for r in _node_reads(sampling, ep, node_partitions(node, nodes, sampling.partitions), epoch, seed):
-        spans.append(WindowSpan(len(spans), tuple(r.shards.tolist()), at, at + r.hi - r.lo))
-        at += r.hi - r.lo
-    return tuple(spans)
+    parts = node_partitions(node, layout.nodes, sampling.partitions)
+    labels = _node_labels(ep, parts, layout.together)
+    found = []
+    for p in parts:
+        where = np.flatnonzero(labels == p)  # the node positions of what is left of p, in p's order
+        first, begun = 0, int(ep.start[p])
+        for shards in _windows(sampling, ep.dealt[p], p, epoch, seed):
+            lo, hi = max(first, begun), first + int(sampling.shard_sizes[shards].sum())
+            if hi > lo:
+                found.append((int(where[lo - begun]), int(where[hi - 1 - begun]) + 1, p, tuple(shards.tolist())))
+            first = hi
+    found.sort()
+    return tuple(WindowSpan(j, shards, lo, hi) for j, (lo, hi, _, shards) in enumerate(found))
 
 
 def node_bytes(
