@@ -109,9 +109,10 @@ def _check_bool(name: str, value: object) -> bool:
 class PartitionedSampling:
     """What stays fixed for a run of the partitioned order (see the module docstring).
 
-    ``shard_sizes``: samples per shard in manifest order; ``window``: shards per node-wide window (the
-    caller sizes it from the node's cache); ``partitions``: ``P``; ``redeal``: deal the shards anew each
-    epoch (by default once for the run, so a node whose cache holds its share downloads it once).
+    ``shard_sizes``: samples per shard in manifest order; ``window``: ``W``, shards per window of a
+    partition (a node holds one of each partition it reads at once: :func:`partition_window` sizes both
+    from the node's cache); ``partitions``: ``P``; ``redeal``: deal the shards anew each epoch (by default
+    once for the run, so a node whose cache holds its share downloads it once).
     """
 
     shard_sizes: Any
