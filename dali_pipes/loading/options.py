@@ -47,7 +47,7 @@ def refuse_former_keywords(given: Mapping[str, Any]) -> None:
     fixes = ", ".join(f"{home}({', '.join(names)})" for home, names in homes.items())
     raise TypeError(
         f"DALILoader() takes {', '.join(f'{name}=' for name in moved)} no longer: since dali-pipes 0.2.0 they are "
-        f"grouped in option objects; pass {fixes} (CHANGELOG.md, 0.2.0, says how to move)"
+        f"grouped in option objects; pass {fixes} (the repository's CHANGELOG.md, 0.2.0, says how to move)"
     )
 
 

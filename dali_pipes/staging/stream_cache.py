@@ -355,7 +355,7 @@ class ShardCache(FolderOpening):
                 raise said from exc
 
     def _reserve(self, entry: CacheEntry, ahead: bool = False) -> bool:
-        """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes;
+        """Make room for ``entry`` (evicting the unpinned shards read furthest ahead first) and reserve its bytes;
         with ``ahead``, False (nothing reserved) when its pin was given up meanwhile."""
         with self._state.locked():
             state = self._load()
