@@ -84,15 +84,18 @@ def remove_paths(paths: Iterable[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def job_digest(source: Source, fmt: str, plans: Sequence[ShardPlan]) -> str:
+def job_digest(source: Source, fmt: str, plans: Sequence[ShardPlan], identity: Mapping[str, Any] | None = None) -> str:
     """A hash of everything that determines the output bytes, to recognise the same job on a re-run.
 
     The shards' fingerprints stand for the items (their names and sizes), so the digest needs no pass of its own.
+    ``identity``: what else decides the output (:attr:`~converters.input_plan.InputPlan.identity`: a shuffled
+    order and the input's fingerprint); none keeps the digest a job in the source's order always had.
     """
     header = {
         "format": fmt,
         "source": source.recorded(),
         "shards": [[p.start, p.stop, p.fingerprint] for p in plans],
+        **(identity or {}),
     }
     return hashlib.sha256(json.dumps(header, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -128,6 +131,31 @@ def finished_dataset(out: Path, digest: str, legacy: Callable[[], str] | None = 
             f"{out} already holds a different dataset; choose another output folder or delete this one"
         )
     return manifest
+
+
+def make_output(out: Path) -> bool:
+    """Make the output folder; whether this job created it. A file in its place is a one-line error."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConversionError(
+            f"{out}: the output must be a folder, but this path (or a folder above it) is a file; "
+            "choose another output folder"
+        ) from None
+    return created
+
+
+def refuse_output_inside_input(source: Source, out: Path) -> None:
+    """An output inside a folder the source reads would be read as input by the next conversion."""
+    target = out.resolve()
+    for folder in source.input_folders():
+        folder = folder.resolve()
+        if target == folder or folder in target.parents:
+            raise ConversionError(
+                f"{out}: the output folder is inside the input folder {folder}, so the next conversion of that "
+                "input would read it as input too (a new class, for an image folder); write it elsewhere"
+            )
 
 
 def claim_output(out: Path, digest: str, source: Source, fmt: str, created: bool) -> None:
