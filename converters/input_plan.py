@@ -54,15 +54,16 @@ class InputPlan:
         ``job_dir`` (one more pass over the input, refused when it is not the input planned); else itself."""
         if not self.order.shuffled:
             return self
-        folder = fresh_folder(job_dir / "order")
+        folder = fresh_folder((job_dir / "order").absolute())  # absolute: a Dask worker may run elsewhere
         seen = Fingerprint()
-        walk = (seen.add(item) or item for item in _walk(source, self.held))
-        per_shard = self.plans[0].count
-        spill_items(walk, Permutation(self.count, self.order.seed or 0), per_shard, [p.number for p in todo], folder)
+        permutation = Permutation(self.count, self.order.seed or 0)
+        walk = _fingerprinted(_walk(source, self.held), seen)
+        spill_items(walk, permutation, self.plans[0].count, [plan.number for plan in todo], folder)
         if seen.count != self.count or seen.hexdigest() != self.identity["input"]:
             raise ConversionError(
-                f"the input changed while it was planned ({seen.count} inputs read, {self.count} planned); "
-                "run the same command again"
+                f"the input changed while it was planned ({seen.count} inputs read where {self.count} were "
+                "planned, or other ones); nothing was converted. Restore the input, or delete the output folder and "
+                "convert again"
             )
         return dataclasses.replace(self, spill=folder)
 
@@ -123,6 +124,13 @@ def _plan_shuffled(
     ]
     log.debug("%d items in %d shards, shuffled (seed %s)", count, len(plans), order.seed)
     return InputPlan(plans, count, held, order, {"order": order.to_json(), "input": seen.hexdigest()})
+
+
+def _fingerprinted(items: Iterable[Item], seen: Fingerprint) -> Iterator[Item]:
+    """``items``, each added to ``seen`` as it passes."""
+    for item in items:
+        seen.add(item)
+        yield item
 
 
 def _walk(source: Source, held: Sequence[Item] | None) -> Iterator[Item]:

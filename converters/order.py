@@ -13,20 +13,22 @@ reads its own file (:class:`SpilledItems`) and writes those items in output orde
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
 
 from converters.base import ConversionError, Item, Source
 from dali_pipes.dataset.sample_order import ORDER_KINDS, SOURCE_ORDER, SampleOrder
 
 #: ``convert(order=...)``: ``auto`` shuffles a class-ordered source and keeps any other's order.
 ORDER_CHOICES = ("auto", *ORDER_KINDS)
-_MASK64 = (1 << 64) - 1
-#: Items buffered by :func:`spill_items` before they are appended to their shards' files.
+#: Items placed at once by :func:`spill_items` before they are appended to their shards' files.
 SPILL_BUFFER = 4096
 
 
@@ -42,75 +44,79 @@ def choose_order(source: Source, order: str = "auto", seed: int = 0) -> SampleOr
     return SOURCE_ORDER
 
 
-def _mix(x: int) -> int:
-    """SplitMix64's finaliser: 64 bits in, 64 well-mixed bits out."""
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finaliser on ``uint64`` values (which wrap as the 64-bit arithmetic it is written for)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
 class Permutation:
-    """A seeded bijection of ``range(n)``: a balanced Feistel network over the smallest power of four covering
-    ``n``, walked until it lands inside ``range(n)`` (cycle walking: at most four steps on average).
+    """A seeded bijection of ``range(n)``: an alternating Feistel network over the smallest power of two covering
+    ``n`` (each round XORs one half of the bits with a keyed hash of the other), walked until it lands inside
+    ``range(n)`` (cycle walking: fewer than two steps on average).
 
-    Pure integer arithmetic written here (no library's random stream, which may change between versions), so the
-    order of a dataset depends on ``(seed, n)`` alone, for good; O(1) memory, whatever ``n``.
+    Integer arithmetic written here (no library's random stream, which may change between versions), so the order
+    of a dataset depends on ``(seed, n)`` alone, for good; O(1) memory, whatever ``n``. Computed a batch at a
+    time (:meth:`positions`): about a tenth of a microsecond an item.
     """
 
-    ROUNDS = 6
+    ROUNDS = 4  # pairs of rounds, one for each half
 
     def __init__(self, n: int, seed: int) -> None:
         if n < 1:
             raise ValueError(f"a permutation of {n} items")
         self.n = n
-        self._half = (max(1, (n - 1).bit_length()) + 1) // 2
-        self._mask = (1 << self._half) - 1
-        self._keys = [_mix((seed * self.ROUNDS + r) & _MASK64) for r in range(self.ROUNDS)]
+        bits = max(1, (n - 1).bit_length())
+        self._low = np.uint64(bits // 2)
+        self._low_mask = np.uint64((1 << (bits // 2)) - 1)
+        self._high_mask = np.uint64((1 << (bits - bits // 2)) - 1)
+        keys = _mix(np.arange(2 * self.ROUNDS, dtype=np.uint64) + np.uint64(seed * 2 * self.ROUNDS % 2**64))
+        self._keys = keys.reshape(self.ROUNDS, 2)
 
     def __call__(self, index: int) -> int:
         """Where item ``index`` goes."""
-        if not 0 <= index < self.n:
-            raise IndexError(f"{index} is outside range({self.n})")
-        x = self._encrypt(index)
-        while x >= self.n:
-            x = self._encrypt(x)
-        return x
+        return int(self.positions([index])[0])
 
-    def _encrypt(self, x: int) -> int:
-        left, right = x >> self._half, x & self._mask
-        for key in self._keys:
-            left, right = right, left ^ (_mix(right ^ key) & self._mask)
-        return (left << self._half) | right
+    def positions(self, indices: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Where each of ``indices`` goes (``int64``)."""
+        x = np.asarray(indices, dtype=np.int64)
+        if x.size and (x.min() < 0 or x.max() >= self.n):
+            raise IndexError(f"an index outside range({self.n})")
+        x = self._encrypt(x.astype(np.uint64))
+        outside = x >= np.uint64(self.n)
+        while outside.any():
+            x[outside] = self._encrypt(x[outside])
+            outside = x >= np.uint64(self.n)
+        return x.astype(np.int64)
+
+    def _encrypt(self, x: np.ndarray) -> np.ndarray:
+        high, low = x >> self._low, x & self._low_mask
+        for low_key, high_key in self._keys:
+            low = low ^ (_mix(high ^ low_key) & self._low_mask)
+            high = high ^ (_mix(low ^ high_key) & self._high_mask)
+        return (high << self._low) | low
 
 
 def spill_items(
     items: Iterable[Item], permutation: Permutation, per_shard: int, shards: Iterable[int], folder: Path
-) -> int:
+) -> None:
     """Append each item, with its output position, to the file of the output shard it goes to (:func:`spill_path`),
-    for the shards numbered in ``shards`` only (the others are written already); returns the items walked."""
+    for the shards numbered in ``shards`` only (the others are written already); :data:`SPILL_BUFFER` at a time."""
     wanted = set(shards)
-    buffers: dict[int, list[tuple[int, Item]]] = {}
-    buffered = walked = 0
-    for index, item in enumerate(items):
-        walked = index + 1
-        position = permutation(index)
-        number = position // per_shard
-        if number not in wanted:
-            continue
-        buffers.setdefault(number, []).append((position, item))
-        buffered += 1
-        if buffered >= SPILL_BUFFER:
-            _flush(buffers, folder)
-            buffered = 0
-    _flush(buffers, folder)
-    return walked
+    numbered = enumerate(items)
+    while chunk := list(itertools.islice(numbered, SPILL_BUFFER)):
+        buffers: dict[int, list[tuple[int, Item]]] = {}
+        for (_, item), position in zip(chunk, permutation.positions([index for index, _ in chunk]).tolist()):
+            if position // per_shard in wanted:
+                buffers.setdefault(position // per_shard, []).append((position, item))
+        _flush(buffers, folder)
 
 
 def _flush(buffers: dict[int, list[tuple[int, Item]]], folder: Path) -> None:
     for number, entries in buffers.items():
         with open(spill_path(folder, number), "ab") as file:
             pickle.dump(entries, file, protocol=pickle.HIGHEST_PROTOCOL)
-    buffers.clear()
 
 
 def spill_path(folder: Path, number: int) -> Path:

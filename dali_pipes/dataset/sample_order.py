@@ -51,3 +51,12 @@ def parse_order(value: Any, where: str, error: type[Exception]) -> SampleOrder |
     if not isinstance(seed, int) or isinstance(seed, bool) or seed < 0:
         raise error(f"{where}: a shuffled 'order' needs a non-negative integer seed, got {seed!r}")
     return SampleOrder("shuffled", seed)
+
+
+def order_line(order: SampleOrder | None) -> str:
+    """How a dataset's samples were written, for a report (``dali-pipes mixing``), from its manifest's ``order``."""
+    if order is None:
+        return "order not recorded (convert wrote the source's order before it recorded one)"
+    if order.shuffled:
+        return f"written shuffled by convert (seed {order.seed})"
+    return "written in source order (a class-ordered input converted so gives few classes a shard: --order shuffled)"
