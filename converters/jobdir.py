@@ -30,6 +30,7 @@ from dali_pipes.dataset.manifest import (
     Shard,
     load_manifest,
 )
+from dali_pipes.dataset.sample_order import SOURCE_ORDER, SampleOrder
 
 LOCK_NAME = ".dali-pipes.lock"
 #: Appended to a shard's name while it is written.
@@ -111,11 +112,14 @@ def legacy_job_digest(source: Source, fmt: str, items: Iterable[Item], plans: Se
     return digest.hexdigest()
 
 
-def finished_dataset(out: Path, digest: str, legacy: Callable[[], str] | None = None) -> Manifest | None:
+def finished_dataset(
+    out: Path, digest: str, legacy: Callable[[], str] | None = None, order: SampleOrder | None = None
+) -> Manifest | None:
     """The manifest of ``out`` when it is a complete conversion of this very job.
 
     ``legacy`` computes the digest an older version would have written for this job (one more pass over the
-    input, so only asked when the manifest's digest is not ``digest``).
+    input, so only asked when the manifest's digest is not ``digest``). ``order``: the job's; a dataset written
+    in another is refused saying so.
     """
     if not (out / MANIFEST_NAME).exists():
         return None
@@ -127,8 +131,10 @@ def finished_dataset(out: Path, digest: str, legacy: Callable[[], str] | None = 
         ) from exc
     recorded = manifest.source.get("job")
     if recorded != digest and (legacy is None or recorded != legacy()):
+        written = manifest.order or SOURCE_ORDER  # a manifest without an order: the source's, as all were then
+        hint = "" if order in (None, written) else f" (written {written.describe()}, not {order.describe()}: --order)"
         raise ConversionError(
-            f"{out} already holds a different dataset; choose another output folder or delete this one"
+            f"{out} already holds a different dataset{hint}; choose another output folder or delete this one"
         )
     return manifest
 

@@ -164,7 +164,7 @@ def _planned(
     """The input's plan, the job's digest, and the manifest of ``out`` when it is this job finished already."""
     inputs = plan_input(source, samples_per_shard=per_shard, shard_size=size, order=choose_order(source, order, seed))
     digest = job_digest(source, fmt, inputs.plans, inputs.identity)
-    return inputs, digest, finished_dataset(out, digest, _legacy_digest(source, fmt, inputs))
+    return inputs, digest, finished_dataset(out, digest, _legacy_digest(source, fmt, inputs), inputs.order)
 
 
 def _legacy_digest(source: Source, fmt: str, inputs: InputPlan) -> Callable[[], str] | None:

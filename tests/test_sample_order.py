@@ -109,9 +109,12 @@ def test_a_shuffled_order_cuts_shards_by_count_and_a_job_with_another_order_is_r
     result = convert(ImageFolderSource(class_folder), out, format="lmdb", workers=1, progress=False)
     assert sum(s.num_samples for s in result.manifest.shards) == CLASSES * PER_CLASS
     assert not (out / ".dali-pipes-job").exists()
-    for order, seed in (("source", 0), ("auto", 3)):
-        with pytest.raises(ConversionError, match="already holds a different dataset"):
-            convert(ImageFolderSource(class_folder), out, format="lmdb", workers=1, order=order, order_seed=seed)
+    with pytest.raises(
+        ConversionError, match=r"holds a different dataset \(written shuffled \(seed 0\), not in source"
+    ):
+        convert(ImageFolderSource(class_folder), out, format="lmdb", workers=1, order="source")
+    with pytest.raises(ConversionError, match=r"\(written shuffled \(seed 0\), not shuffled \(seed 3\): --order\)"):
+        convert(ImageFolderSource(class_folder), out, format="lmdb", workers=1, order_seed=3)
     again = convert(ImageFolderSource(class_folder), out, format="lmdb", workers=1, progress=False)
     assert again.already_complete
 
@@ -154,3 +157,17 @@ def test_a_manifest_without_an_order_reads_as_unrecorded_and_a_bad_one_is_refuse
     for bad in ({"kind": "sorted"}, {"kind": "shuffled"}, {"kind": "shuffled", "seed": -1}, "shuffled"):
         with pytest.raises(ManifestError, match="order"):
             parse_manifest({**data, "order": bad})
+
+
+def test_from_dataset_keeps_the_index_unless_asked_to_shuffle(tmp_path):
+    from dali_pipes.convert import Field, from_dataset
+
+    rows = [(np.int64(i // 4),) for i in range(16)]  # 4 classes, in order
+    fields = {"label": Field.array("int64", ())}
+    kept = from_dataset(rows, tmp_path / "kept", fields=fields, workers=1, samples_per_shard=4, progress=False)
+    mixed = from_dataset(rows, tmp_path / "mixed", fields=fields, workers=1, samples_per_shard=4, progress=False,
+                         order="shuffled", order_seed=3)  # fmt: skip
+    assert kept.manifest.order == SOURCE_ORDER and mixed.manifest.order == SampleOrder("shuffled", 3)
+    assert [int(open_store(tmp_path / "kept")[i]["label"]) for i in range(16)] == [i // 4 for i in range(16)]
+    labels = [int(open_store(tmp_path / "mixed")[i]["label"]) for i in range(16)]
+    assert sorted(labels) == [i // 4 for i in range(16)] and labels != sorted(labels)
