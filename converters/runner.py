@@ -2,9 +2,10 @@
 
 How a run proceeds, and why it survives a crash or a kill at any point:
 
-1. The input is enumerated and cut into shards (:mod:`converters.planner`). The
-   job's identity (source, options, format and plan) is hashed into a digest and
-   kept in ``OUT/.dali-pipes-job/job.json``.
+1. The input is enumerated and cut into shards (:mod:`converters.planner`), in its
+   order or a seeded shuffle of it (:mod:`converters.order`). The job's identity
+   (source, options, format, order and plan) is hashed into a digest and kept in
+   ``OUT/.dali-pipes-job/job.json``.
 2. Each shard is written by a worker process under ``shard-NNNNN.EXT.tmp-<attempt>``, flushed,
    renamed to its final name, and only then recorded as done by an atomic
    ``.dali-pipes-job/shard-NNNNN.json``. A shard without that record is redone.
