@@ -22,7 +22,7 @@ from converters.sources import ArraysSource, ImageFolderSource, ListFileSource
 from converters.synth import make_imagefolder
 from dali_pipes import open_store
 from dali_pipes.dataset.manifest import ManifestError, load_manifest, parse_manifest
-from dali_pipes.dataset.sample_order import SOURCE_ORDER, SampleOrder
+from dali_pipes.dataset.sample_order import SOURCE_ORDER, SampleOrder, order_line
 
 from test_convert import run_cli
 
@@ -171,3 +171,9 @@ def test_from_dataset_keeps_the_index_unless_asked_to_shuffle(tmp_path):
     assert [int(open_store(tmp_path / "kept")[i]["label"]) for i in range(16)] == [i // 4 for i in range(16)]
     labels = [int(open_store(tmp_path / "mixed")[i]["label"]) for i in range(16)]
     assert sorted(labels) == [i // 4 for i in range(16)] and labels != sorted(labels)
+
+
+def test_a_report_line_says_how_the_samples_were_written():
+    assert order_line(SampleOrder("shuffled", 7)) == "written in a shuffled order (convert's seed 7)"
+    assert order_line(SOURCE_ORDER).startswith("written in source order")
+    assert order_line(None).startswith("order not recorded")

@@ -56,7 +56,7 @@ def parse_order(value: Any, where: str, error: type[Exception]) -> SampleOrder |
 def order_line(order: SampleOrder | None) -> str:
     """How a dataset's samples were written, for a report (``dali-pipes mixing``), from its manifest's ``order``."""
     if order is None:
-        return "order not recorded (convert wrote the source's order before it recorded one)"
+        return "order not recorded (convert kept the source's order then)"
     if order.shuffled:
-        return f"written shuffled by convert (seed {order.seed})"
-    return "written in source order (a class-ordered input converted so gives few classes a shard: --order shuffled)"
+        return f"written in a shuffled order (convert's seed {order.seed})"
+    return "written in source order (convert --order shuffled mixes a class-ordered input)"
