@@ -58,7 +58,7 @@ class Permutation:
 
     Integer arithmetic written here (no library's random stream, which may change between versions), so the order
     of a dataset depends on ``(seed, n)`` alone, for good; O(1) memory, whatever ``n``. Computed a batch at a
-    time (:meth:`positions`): about a tenth of a microsecond an item.
+    time (:meth:`positions`): about a microsecond an item.
     """
 
     ROUNDS = 4  # pairs of rounds, one for each half
@@ -133,14 +133,17 @@ def fresh_folder(folder: Path) -> Path:
 
 @dataclass(frozen=True)
 class SpilledItems:
-    """The items of one output shard, read in its task from the file :func:`spill_items` wrote, in output order."""
+    """The items of one output shard, read in its task from the file :func:`spill_items` wrote, in output order.
+
+    The file is the job's own (in its job folder, written under the output's lock), so it is read with ``pickle``
+    as a task's items are sent to it."""
 
     path: str
     count: int
 
     def __iter__(self) -> Iterator[Item]:
         entries: list[tuple[int, Item]] = []
-        if os.path.exists(self.path):  # a shard whose items all went elsewhere cannot be: each holds one at least
+        if os.path.exists(self.path):  # a missing file is a shard of no items, refused below: none is empty
             with open(self.path, "rb") as file:
                 while True:
                     try:
