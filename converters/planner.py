@@ -9,11 +9,11 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
-import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Iterator, Sequence
 
 from converters.base import ConversionError, Item
+from dali_pipes.dataset import sizes
 
 GB = 1000**3
 MB = 1000**2
@@ -24,20 +24,6 @@ AUTO_SHARD_MIN = 32 * MB
 #: An automatically sized dataset of moderate size is cut into about this many shards,
 #: so that a process pool has work to share.
 AUTO_SHARD_TARGET_COUNT = 16
-
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "k": 1000,
-    "m": MB,
-    "g": GB,
-    "t": 1000 * GB,
-    "ki": 1024,
-    "mi": 1024**2,
-    "gi": 1024**3,
-    "ti": 1024**4,
-}
 
 
 @dataclass(frozen=True)
@@ -61,18 +47,11 @@ class ShardPlan:
 
 
 def parse_size(text: str) -> int:
-    """``"1GB"`` -> ``1_000_000_000``; ``"512MiB"``, ``"1.5G"``, ``"4096"`` work too."""
-    match = _SIZE_RE.match(text)
-    if not match:
-        raise ConversionError(f"cannot read the size {text!r}; write it like 512MB, 1GB or 1.5GiB")
-    number, unit = match.groups()
-    unit = (unit or "").lower().rstrip("b")
-    if unit not in _UNITS:
-        raise ConversionError(f"unknown size unit in {text!r}; use B, KB, MB, GB or TB")
-    value = int(float(number) * _UNITS[unit])
-    if value <= 0:
-        raise ConversionError(f"the size {text!r} must be positive")
-    return value
+    """``"1GB"`` -> ``1_000_000_000``; ``"512MiB"``, ``"1.5G"``, ``"4096"`` work too (:mod:`dali_pipes.dataset.sizes`)."""
+    try:
+        return sizes.parse_size(text)
+    except sizes.SizeError as exc:
+        raise ConversionError(str(exc)) from None
 
 
 def auto_shard_size(total_bytes: int) -> int:

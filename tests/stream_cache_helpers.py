@@ -51,3 +51,51 @@ def fetch_in_process(url, folder, limit, options, shards, out, start=None, pin=F
     with open(out, "w") as f:
         json.dump(result, f)
     cache.close()
+
+
+def fork_mid_download(url, folder, limit, options, shard, out) -> None:
+    """Fetch ``shard`` in a thread and, once its download has begun (a temporary in ``folder``), fork a child that
+    lives on (sleeping); write the child's pid to ``out``, then wait to be killed."""
+    import os
+    import threading
+    import time
+    from pathlib import Path
+
+    from dali_pipes.staging.checked import TMP_PREFIX
+    from dali_pipes.staging.stream_cache import ShardCache
+
+    cache = ShardCache(url, folder, limit, storage_options=options)
+    threading.Thread(target=cache.fetch, args=([shard],), daemon=True).start()
+    deadline = time.monotonic() + 60
+    while not list(Path(folder).glob(f"{TMP_PREFIX}*")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = os.fork()
+    if child == 0:
+        time.sleep(120)
+        os._exit(0)
+    with open(f"{out}.tmp", "w") as f:
+        f.write(str(child))
+    os.replace(f"{out}.tmp", out)
+    time.sleep(120)
+
+
+def solo_stream(index: int, url: str, out_dir: str, options: dict) -> None:
+    """A job of one rank (``world_size=1``: a sweep's single-GPU job) streaming one epoch of ``url`` with seed
+    ``index`` from the node's cache folder (``DALI_PIPES_CACHE``, inherited); writes ``out_dir/job-INDEX.json``:
+    the real indices read, and the cache's peak and limit."""
+    import os
+
+    from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
+
+    from loader_helpers import TinySpec, batch_rows, quiet_dali_logs
+
+    quiet_dali_logs()
+    data = DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])
+    run = RunOptions(device="cpu", py_num_workers=0)
+    with DALILoader(
+        url, TinySpec(), batch_size=8, seed=index, batch_format=BatchFormat(with_index=True), run=run, data=data
+    ) as loader:
+        real = [row[0] for batch in loader for row in batch_rows(batch) if not row[2]]
+        report = {"real": real, "peak": loader.cache.peak_bytes, "limit": loader.cache.limit_bytes}
+    with open(os.path.join(out_dir, f"job-{index}.json"), "w") as f:
+        json.dump(report, f)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import tempfile
+from pathlib import Path
+
+import pytest
 
 from test_convert import run_cli  # noqa: E402 - shared helpers
 
@@ -41,3 +45,63 @@ def test_a_missing_field_is_one_line(tmp_path):
     assert "no field 'klass'" in proc.stderr and "--field" in proc.stderr, proc.stderr
     proc = run_cli("mixing", shards, "--windows", "0", check=False)
     assert proc.returncode != 0 and "--windows must be" in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def by_class(tmp_path_factory) -> Path:
+    """120 images of 6 classes converted class by class: 12 LMDB shards of 10, each of one class."""
+    from converters.runner import convert
+    from converters.sources import ImageFolderSource
+    from converters.synth import make_imagefolder
+
+    root = tmp_path_factory.mktemp("by-class")
+    images = make_imagefolder(root / "images", 120, size=(16, 16), classes=6, seed=0, workers=1)
+    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False, samples_per_shard=10)
+    return root / "shards"
+
+
+def mixing(capsys, *args) -> str:
+    from dali_pipes.cli.command import main
+
+    assert main(["mixing", *map(str, args)]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.slow  # a conversion of 120 images, and each shard downloaded once
+def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(by_class, s3, tmp_path, monkeypatch, capsys):
+    from test_remote_stage import upload
+
+    from dali_pipes.dataset.manifest import load_manifest
+    from dali_pipes.sampling.windowed import rank_window
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where the shards pass through, one at a time
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", None)  # read TMPDIR again
+    url = upload(s3, by_class)
+    options = [f"--storage-option={key}={value}" for key, value in s3.options.items() if isinstance(value, str)]
+    largest = max(s.bytes for s in load_manifest(by_class).shards)
+    limit = f"{16 * largest // 1000}KB"  # 8 largest shards a rank of 2
+    common = ["--cache-limit", limit, "--node-ranks", "2", "--batch-size", "16", "--json"]
+    remote = json.loads(mixing(capsys, url, *common, *options))
+    local = json.loads(mixing(capsys, by_class, *common))
+    expected = rank_window(16 * largest // 1000 * 1000, [s.bytes for s in load_manifest(by_class).shards], 2)
+    assert remote["stream"]["window"] == expected.window == local["stream"]["window"] > 1
+    assert remote["stream"]["fetched_ahead"] == expected.ahead and remote["stream"]["cache_limit_shown"] == limit
+    assert remote["rows"] == local["rows"] and [r["window"] for r in remote["rows"]] == [expected.window, "global"]
+    assert (
+        remote["num_classes"] == 6 and remote["rows"][0]["classes_per_batch"] < remote["rows"][1]["classes_per_batch"]
+    )
+    assert list((tmp_path / "tmp").iterdir()) == []  # the shards read went as they came
+    table = mixing(capsys, url, "--cache-limit", limit, "--node-ranks", "2", *options).splitlines()
+    assert table[1].startswith(f"a stream cache of {limit} over 2 ranks a node: ") and "window of" in table[1], table
+    assert s3.options["secret"] not in "".join(table)
+
+
+@pytest.mark.slow  # the conversion of by_class
+def test_a_cache_limit_below_two_shards_a_rank_is_one_line_in_its_own_words(by_class, capsys):
+    from dali_pipes.cli.command import main
+
+    assert main(["mixing", str(by_class), "--cache-limit", "1KB", "--node-ranks", "8"]) != 0
+    err = capsys.readouterr().err
+    assert "--cache-limit 1KB over --node-ranks 8 leaves" in err and "give --cache-limit" in err, err
+    assert len(err.strip().splitlines()) == 1 and "StreamOptions" not in err

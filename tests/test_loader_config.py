@@ -4,11 +4,14 @@ configs are frozen, keep credentials out of their ``repr``, and a loader built w
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 
 import numpy as np
 import pytest
 
-from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions
+from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
+from dali_pipes.settings import SETTINGS_KIND
 
 from loader_helpers import TinySpec, write_dataset
 
@@ -89,3 +92,26 @@ def test_a_loader_uses_the_counts_its_run_options_give(dataset, threads, workers
         assert (loader.world.rank, loader.world.world_size) == (0, 1)
         assert loader.staged is None and loader.cache is None  # DataOptions() by default: read in place
         assert sorted(i for batch in loader for i in batch["index"][~batch["is_pad"]].tolist()) == list(range(10))
+
+
+@pytest.mark.timeout(120)
+def test_a_tuned_settings_file_with_reader_processes_adapts_to_streaming(dataset, tmp_path, caplog):
+    """A settings file of ``dali-pipes tune`` chose reader processes: a streamed loader reads in its own process,
+    takes the file's other counts and says so; the caller's own reader processes are still refused."""
+    tuned = tmp_path / "settings.json"
+    tuned.write_text(
+        json.dumps({"kind": SETTINGS_KIND, "version": 1, "loader": {"py_num_workers": 3, "num_threads": 2}})
+    )
+    data = DataOptions(stream=StreamOptions(cache_limit=1 << 20, folder=tmp_path / "cache"))
+    caplog.set_level(logging.INFO, logger="dali_pipes")
+    run = RunOptions(device="cpu", settings=tuned)
+    with DALILoader(
+        dataset, TinySpec(), batch_size=4, batch_format=BatchFormat(with_index=True), run=run, data=data
+    ) as loader:
+        assert (loader.py_num_workers, loader.num_threads) == (0, 2) and loader.worker_pids == []
+        assert sorted(i for batch in loader for i in batch["index"][~batch["is_pad"]].tolist()) == list(range(10))
+    messages = [record.getMessage() for record in caplog.records]
+    assert [m for m in messages if str(tuned) in m and "py_num_workers is not used" in m]
+    assert [m for m in messages if "0 reader processes (streaming reads in the loader's process)" in m]
+    with pytest.raises(ValueError, match=r"py_num_workers=0\) \(got py_num_workers=2\)"):
+        DALILoader(dataset, TinySpec(), batch_size=4, run=dataclasses.replace(run, py_num_workers=2), data=data)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from s3_helpers import SECRET_KEY
-from stream_cache_helpers import fetch_in_process
+from stream_cache_helpers import fetch_in_process, fork_mid_download
 from test_remote_stage import upload
 
 from dali_pipes.staging.cache_folder import META
@@ -420,3 +420,70 @@ def test_a_forked_child_holds_none_of_the_parents_locks(tmp_path):
         os.kill(child, 9)
         os.waitpid(child, 0)
         os.close(started), os.close(said)
+
+
+@pytest.mark.slow  # processes of their own
+@pytest.mark.timeout(120)
+def test_a_download_lock_ends_with_its_process_though_a_forked_child_lives_on(tmp_path, s3, dataset):
+    # Issue 54 item 7: the child's copy of the lock's descriptor kept the download lock held after its parent was
+    # killed, and the node's other processes waited for a download nobody made, until their wait_s.
+    _, url = dataset
+    folder = tmp_path / "cache"
+    s3.proxy.stall = 60.0  # the parent's download of shard 0 hangs: the kill lands mid-download
+    s3.proxy.add("stall", path=r"shard-00000\.lmdb$", times=None)
+    out = tmp_path / "child.pid"
+    args = (url, str(folder), 4 * SHARD, s3.options, 0, str(out))
+    parent = multiprocessing.get_context("spawn").Process(target=fork_mid_download, args=args)
+    parent.start()
+    child = None
+    try:
+        deadline = time.monotonic() + 60
+        while not out.exists():
+            assert parent.is_alive() and time.monotonic() < deadline, "the download never began"
+            time.sleep(0.05)
+        child = int(out.read_text())
+        os.kill(parent.pid, signal.SIGKILL)
+        while parent.exitcode is None:  # not join(): the child holds the parent's sentinel pipe open
+            time.sleep(0.02)
+        s3.proxy.clear()
+        with ShardCache(url, folder, 4 * SHARD, storage_options=s3.options, tuning=CacheTuning(wait_s=5)) as cache:
+            start = time.monotonic()
+            cache.fetch([0])  # taken over at once, not after 5 s without progress (a CacheError then)
+            assert time.monotonic() - start < 5 and cache.present(0)
+    finally:
+        parent.kill()
+        if child is not None:
+            os.kill(child, signal.SIGKILL)
+    assert not temporaries(folder)
+
+
+def test_shards_fetched_ahead_give_up_their_room_to_a_pin_to_read(tmp_path, s3, dataset):
+    # Issue 54 item 3: two holders of one node (two loaders of one process here), each pinning up to the limit.
+    _, url = dataset
+    folder = tmp_path / "cache"
+    train = ShardCache(url, folder, 4 * SHARD, storage_options=s3.options)
+    evaluation = ShardCache(url, folder, 4 * SHARD, storage_options=s3.options)
+    train.pin([0])
+    assert train.set_ahead([1, 2, 3, 4]) == [1, 2, 3]  # the room no other pin uses, in reading order
+    train.fetch([1, 2, 3, 4], ahead=True)  # downloads those still pinned ahead only
+    assert [train.present(k) for k in range(5)] == [False, True, True, True, False]
+    evaluation.pin([5, 6])  # the furthest ahead go first
+    assert evaluation.set_ahead([7]) == [] and train.set_ahead([1, 2, 3]) == [1]
+    evaluation.fetch([5, 6])
+    assert train.present(1) and evaluation.bytes_held <= 4 * SHARD
+    start = time.monotonic()
+    with pytest.raises(CacheError) as refused:  # only this process's pins stand in the way: refused at once
+        evaluation.pin([7, 3])
+    assert time.monotonic() - start < 5
+    message = str(refused.value)
+    assert message.startswith(
+        f"{folder}: the shards pinned on this node would need 61.4 KB ({5 * SHARD} bytes, 5 shard(s), these among "
+        f"them: shard-00007.lmdb, shard-00003.lmdb), more than the cache's limit of 49.2 KB ({4 * SHARD} bytes); "
+        f"held by pid {os.getpid()} (this process): "
+    )
+    mine = f"pid {os.getpid()} (this process)"
+    assert f"{mine}: 1 shard(s) being read (12.3 KB), 1 ahead (12.3 KB)" in message  # the training loader's
+    assert f"{mine}: 2 shard(s) being read (24.6 KB)" in message and "close the loaders no longer read" in message
+    train.close()
+    evaluation.pin([7, 3])  # the room of a closed cache
+    evaluation.close()

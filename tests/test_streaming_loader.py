@@ -17,9 +17,9 @@ import pytest
 import torch.multiprocessing as mp
 from test_remote_stage import upload
 
-from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
+from dali_pipes import BatchFormat, DALILoader, DataOptions, LoaderError, RunOptions, StreamOptions
 from dali_pipes.loading.stream_setup import STREAM_FOLDER
-from dali_pipes.sampling import num_batches
+from dali_pipes.sampling import num_batches, window_spans
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, stream_worker, write_dataset
 
@@ -71,10 +71,15 @@ def test_one_epoch_reads_every_sample_once_within_the_limit_and_a_second_epoch_w
             rows.extend(batch_rows(batch))
             assert not open_but_evicted(loader)
         gets = shard_gets(s3)
-        # Each shard once, but the next epoch's first shards, fetched ahead (one rank: the last batch is short,
-        # no padding reads a shard again; the padding's case is tests/test_streaming_faults.py's).
+        # Each shard once, but the next epoch's first shards (which DALI reads ahead into, and the shards fetched
+        # ahead of them). The last batch's padding comes from the epoch's end, which the cache holds: it downloads
+        # nothing (issue 54 item 5; it was the epoch's first samples, long evicted).
+        window, ahead = loader.sampling.window, loader.store.streamer.ahead
         assert set(gets) == {f"shard-{k:05d}.lmdb" for k in range(SHARDS)}
-        assert len(gets) <= SHARDS + loader.sampling.window + loader.store.streamer.ahead
+        following = [k for span in window_spans(loader.sampling.shard_sizes, 1, 3, window, True) for k in span.shards]
+        again = {name for name in gets if gets.count(name) > 1}
+        assert again <= {f"shard-{k:05d}.lmdb" for k in following[: ahead + 2 * window]}, again
+        assert len(gets) <= SHARDS + window + ahead
         assert sorted(row[0] for row in rows if not row[2]) == list(range(N))
         assert all(label == index % 5 for index, label, _, _ in rows)
         second = real_indices(loader)
@@ -181,7 +186,6 @@ def test_a_loader_dropped_without_close_releases_its_pins_and_its_thread(streame
 def test_close_does_not_wait_for_the_downloads_ahead(s3, streamed):
     # A Ctrl-C or close() while the next window downloads from a hung server returns at once; the cache is
     # released when those downloads end.
-    from dali_pipes.sampling import window_spans
 
     url, data = streamed
     wide = dataclasses.replace(data, stream=StreamOptions(cache_limit=3 * LIMIT))  # the first batches in window 0
@@ -292,3 +296,82 @@ def test_a_local_dataset_has_one_cache_folder_however_its_path_is_written(tmp_pa
     monkeypatch.chdir(tmp_path)
     assert stream_folder("ds") == stream_folder("./ds") == stream_folder(tmp_path / "ds")
     assert stream_folder("s3://bucket/ds") != stream_folder("ds")
+
+
+@pytest.mark.slow  # waits on the real retries (their default number and pauses)
+@pytest.mark.timeout(120)
+def test_a_shard_that_keeps_failing_is_asked_for_a_bounded_number_of_times(s3, streamed):
+    # Issue 54 item 6: the fetch ahead, the batch's read and the read sample by sample each tried it again,
+    # every try retried: 15 requests here. The retry settings are the defaults.
+    from dali_pipes.remote.transfer import ATTEMPTS
+
+    url, data = streamed
+    with stream_loader(url, data) as loader:
+        sizes, window = loader.sampling.shard_sizes, loader.sampling.window
+        bad = window_spans(sizes, 0, 3, window, True)[1].shards[0]  # fetched ahead while window 0 is read
+        name = f"shard-{bad:05d}.lmdb"
+        s3.proxy.add("corrupt", path=rf"/{name}$", times=None)  # every answer damaged on the way
+        with pytest.raises(LoaderError, match=rf"{name}: .*gave up after {ATTEMPTS} request\(s\) for {name}"):
+            real_indices(loader)
+    assert shard_gets(s3).count(name) == ATTEMPTS
+
+
+# --- loaders sharing a node's cache folder (issue 54 item 3) --------------------------------------------------
+
+
+@pytest.mark.slow  # two epochs of two loaders
+@pytest.mark.timeout(240)
+def test_a_training_and_an_evaluation_loader_read_in_turn_by_one_thread(s3, streamed):
+    # Each sizes its window and the shards it fetches ahead by the whole limit: together they asked for more, and
+    # the evaluation loader's first pin was refused. Now the shards fetched ahead are given up for the other's window.
+    url, data = streamed
+    with stream_loader(url, data) as train:
+        evaluation = DALILoader(url, TinySpec(), batch_size=BATCH, seed=5, batch_format=INDEXED, run=RUN, data=data)
+        with evaluation:
+            assert train.sampling.window == evaluation.sampling.window and train.store.streamer.ahead > 0
+            seen: dict[str, list[int]] = {"train": [], "eval": []}
+            streams = {"train": iter(train), "eval": iter(evaluation)}
+            while streams:
+                for which, stream in list(streams.items()):  # a batch of each in turn, the evaluation 3 at a time
+                    for _ in range(1 if which == "train" else 3):
+                        batch = next(stream, None)
+                        if batch is None:
+                            del streams[which]
+                            break
+                        seen[which] += real_indices([batch])
+            assert train.cache.peak_bytes <= LIMIT
+    assert sorted(seen["train"]) == sorted(seen["eval"]) == list(range(N))
+    assert seen["train"] != seen["eval"]  # two orders (two seeds), one cache folder
+
+
+@pytest.mark.slow  # processes of their own
+@pytest.mark.timeout(240)
+def test_two_single_rank_jobs_of_a_sweep_share_the_default_cache_folder(tmp_path, streamed):
+    from stream_cache_helpers import solo_stream
+
+    url, data = streamed
+    options = {"stream": {"cache_limit": LIMIT}, "storage": data.storage_options}
+    out = tmp_path / "out"
+    out.mkdir()
+    mp.start_processes(solo_stream, args=(url, str(out), options), nprocs=2, join=True, start_method="spawn")
+    reports = [json.loads((out / f"job-{k}.json").read_text()) for k in range(2)]
+    assert [sorted(r["real"]) for r in reports] == [list(range(N))] * 2
+    assert all(0 < r["peak"] <= r["limit"] == LIMIT for r in reports)
+
+
+@pytest.mark.slow  # waits for held downloads
+@pytest.mark.timeout(240)
+def test_a_loader_made_again_right_after_close_reads_its_epoch(s3, streamed):
+    # The first loader's downloads ahead are held by the server when it closes: its pins stayed until they ended.
+
+    url, data = streamed
+    loader = stream_loader(url, data)
+    sizes, window = loader.sampling.shard_sizes, loader.sampling.window
+    ahead = [k for span in window_spans(sizes, 0, 3, window, True)[2:4] for k in span.shards]
+    s3.proxy.stall = 5.0
+    s3.proxy.add("stall", path="|".join(rf"shard-{k:05d}\.lmdb$" for k in ahead), times=len(ahead))
+    next(iter(loader))
+    loader.close()
+    with stream_loader(url, data) as again:
+        assert sorted(real_indices(again)) == list(range(N))
+        assert again.cache.peak_bytes <= LIMIT

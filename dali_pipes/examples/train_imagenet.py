@@ -26,10 +26,15 @@ with weights ``1 / (samples of the class)``, so every class comes equally often
 dataset as 30% of every epoch's samples (``Mixture``), with ``--mix-labels offset``
 when its classes are not the first dataset's.
 
-Data larger than a node's disk: ``--stream-cache 40`` reads DATASET (a URL such as
+Data larger than a node's disk: ``--stream-cache 40GB`` reads DATASET (a URL such as
 ``s3://bucket/shards/train``, or a folder on a slow filesystem) through a cache of
-40 GB on each node instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
-shards are permuted every epoch and samples shuffled within windows of shards.
+40 GB on each node (``40GiB`` is 40 * 2**30 bytes; a bare ``40`` is 40 GB) instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
+shards are permuted every epoch and samples shuffled within windows of shards (each rank's
+start line says how many). Only ``index.json`` is read before training: nothing is copied
+beyond the stream cache. ``--stream-folder DIR`` puts the cache on a local disk,
+``--storage-option KEY=VALUE`` passes the backend's options (``endpoint_url=...``), and a long
+epoch is kept with ``--checkpoint ck.pt --checkpoint-every 1000`` (``--resume`` goes on from the
+saved step) while rank 0 says its step and images/s every ``--progress-every`` seconds.
 """
 
 from __future__ import annotations
@@ -54,7 +59,11 @@ from dali_pipes import (
     class_balanced_weights,
     open_store,
 )
+from dali_pipes.cli.remote_args import add_storage_options, storage_options
+from dali_pipes.dataset.sizes import format_size
+from dali_pipes.examples.long_runs import Checkpoints, Progress, add_long_run_flags
 from dali_pipes.examples.usage import (
+    GivenSize,
     UsageError,
     check_batch,
     class_difference,
@@ -69,11 +78,14 @@ from dali_pipes.examples.usage import (
     probability,
     raised_by,
     require_fields,
+    say,
     short,
+    size_flag,
     user_errors,
 )
 from dali_pipes.loading.state import restored_position
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
+from dali_pipes.sampling.windowed import RankWindow, rank_window
 
 #: What to do with a dataset of another kind, said when one is given.
 KIND_ADVICE = (
@@ -126,14 +138,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     p.add_argument(
         "--stream-cache",
-        type=positive_float,
-        metavar="GB",
-        help="stream DATASET (a URL) through a cache of this many GB a node instead of a full copy",
+        type=size_flag("GB"),
+        metavar="SIZE",
+        help="stream DATASET (a URL) through a cache of this size a node instead of a full copy: 40GiB, 10GB, 500MB "
+        "(a bare number is GB, 10**9 bytes; GiB is 2**30)",
     )
+    p.add_argument(
+        "--stream-folder",
+        metavar="DIR",
+        help="the node's stream cache folder, on a local disk; unset: stream/ under $DALI_PIPES_CACHE, else "
+        "~/.cache/dali-pipes",
+    )
+    add_storage_options(p)
     p.add_argument("--lr", type=positive_float, default=0.1)
     p.add_argument("--seed", type=non_negative_int, default=0)
-    p.add_argument("--checkpoint", help="save model, optimiser and loader state here after every epoch")
-    p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
+    add_long_run_flags(p)
     args = p.parse_args(argv)
     for problem in _flag_conflicts(args):
         p.error(problem)
@@ -151,6 +170,14 @@ def _flag_conflicts(args: argparse.Namespace) -> list[str]:
         problems.append(f"--mix-labels {args.mix_labels} is for a mixture: give the second dataset with --mix-with")
     if args.resume and not args.checkpoint:
         problems.append("--resume continues from --checkpoint FILE: give it")
+    if args.checkpoint_every and not args.checkpoint:
+        problems.append("--checkpoint-every N saves to --checkpoint FILE: give it")
+    try:
+        storage_options(args)
+    except ValueError as exc:
+        problems.append(str(exc))
+    if args.stream_folder and not args.stream_cache:
+        problems.append("--stream-folder is the cache folder of --stream-cache SIZE: give it too")
     for flag, given in (("--balance-classes", args.balance_classes), ("--mix-with", args.mix_with)):
         if args.stream_cache and given:
             problems.append(
@@ -173,10 +200,12 @@ def check_data(args: argparse.Namespace) -> None:
     defined otherwise in the two datasets, ``--mixup`` over fewer than two
     classes), which this script does not take for a usage error (see ``usage``).
     """
-    main = dataset_manifest(args.dataset, "DATASET")
+    main = dataset_manifest(args.dataset, "DATASET", storage_options(args))
     require_fields(main, "DATASET", args.dataset, ("image", "label"), KIND_ADVICE)
+    if args.stream_cache:
+        check_stream_cache(args.stream_cache, main)
     if args.mix_with:
-        extra = dataset_manifest(args.mix_with, "--mix-with")
+        extra = dataset_manifest(args.mix_with, "--mix-with", storage_options(args))
         require_fields(extra, "--mix-with", args.mix_with, ("image", "label"), KIND_ADVICE)
         check_mixture(args, main.classes, extra.classes)
         for name in main.fields.keys() & extra.fields.keys():  # a Mixture takes no field defined two ways
@@ -194,6 +223,32 @@ def check_data(args: argparse.Namespace) -> None:
                 f"--mixup and --cutmix blend the targets of the dataset's classes, and {args.dataset} names "
                 f"{counted(classes, 'class')}: leave them out"
             )
+
+
+def node_ranks() -> int:
+    """The ranks of this node that share its stream cache, as the loader counts them (torchrun sets the variables)."""
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1))
+
+
+def check_stream_cache(cache: GivenSize, manifest: Any) -> RankWindow:
+    """The window each rank streams with (:func:`~dali_pipes.sampling.windowed.rank_window`, the loader's rule), or
+    a refusal of a ``--stream-cache`` too small for this node's ranks, in the flag's own unit with the least that
+    works (the loader would say it in bytes and in the words of ``StreamOptions``)."""
+    # A shard takes its bytes in the cache, and its index file's: DALI's TFRecord index, a line "OFFSET SIZE" a
+    # record, which the manifest does not size, counted at its longest so that no limit passed here is refused later.
+    sizes = [s.bytes + (s.num_samples * 2 * (len(str(s.bytes)) + 1) if s.index_path else 0) for s in manifest.shards]
+    ranks = node_ranks()
+    try:
+        return rank_window(cache.bytes, sizes, ranks)
+    except ValueError:  # the one refusal of rank_window for a positive limit and no fetch_ahead
+        largest, least = max(sizes), 2 * max(sizes) * ranks
+        shared = f", shared by the {ranks} ranks of this node," if ranks > 1 else ""
+        raise UsageError(
+            f"--stream-cache {format_size(cache.bytes, cache.unit)}{shared} leaves "
+            f"{format_size(cache.bytes // ranks, cache.unit)} a rank, less than two of the dataset's largest shard "
+            f"({format_size(largest, cache.unit, up=True)}: one to read and one read outside the window); "
+            f"give --stream-cache {format_size(least, cache.unit, up=True)} or more"
+        ) from None
 
 
 def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
@@ -227,19 +282,22 @@ def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
 def data_source(args: argparse.Namespace) -> tuple[Any, WeightedSampling | None, DataOptions]:
     """What the loader reads, how it draws each epoch (the dataset, a class-balanced draw of it, or a mixture)
     and where from (a full copy, or streamed through a bounded cache with ``--stream-cache``)."""
+    options = storage_options(args)
     if args.stream_cache:
-        return args.dataset, None, DataOptions(stream=StreamOptions(cache_limit=int(args.stream_cache * 1e9)))
+        stream = StreamOptions(cache_limit=args.stream_cache.bytes, folder=args.stream_folder)
+        return args.dataset, None, DataOptions(stream=stream, storage_options=options)
     if args.mix_with:
         shares = {"main": 1 - args.mix_share, "extra": args.mix_share}
         mixture = Mixture({"main": args.dataset, "extra": args.mix_with}, proportions=shares, labels=args.mix_labels)
-        return mixture, None, DataOptions()
+        return mixture, None, DataOptions(storage_options=options)
     if args.balance_classes:
-        store = open_store(args.dataset)
+        store = open_store(args.dataset, storage_options=options)
         try:
-            return args.dataset, WeightedSampling(class_balanced_weights(store.column("label"))), DataOptions()
+            weights = class_balanced_weights(store.column("label"))
+            return args.dataset, WeightedSampling(weights), DataOptions(storage_options=options)
         finally:
             store.close()
-    return args.dataset, None, DataOptions()
+    return args.dataset, None, DataOptions(storage_options=options)
 
 
 def _schedule(text: str) -> ResolutionSchedule:
@@ -296,11 +354,16 @@ def resume(args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DAL
     return int(state["loader"]["epoch"])
 
 
-def train_epoch(model: nn.Module, optimizer: Any, loader: DALILoader, device: Any) -> torch.Tensor:
-    """One pass over the loader; returns ``[real samples, summed loss]`` of this process."""
+def train_epoch(
+    model: nn.Module, optimizer: Any, loader: DALILoader, device: Any, after_step: Any = None, first: int = 0
+) -> torch.Tensor:
+    """One pass over the loader; returns ``[real samples, summed loss]`` of this process.
+
+    ``after_step(step, images)``: called after each step with the epoch's step number (counted from 1, a
+    resumed pass going on from ``first``, the steps taken before) and this process's images of the batch."""
     model.train()
     seen = torch.zeros(2, device=device)
-    for batch in loader:
+    for step, batch in enumerate(loader, start=first + 1):
         images, labels = batch["image"], batch["label"]  # was: for images, labels in loader
         # Soft targets (float, [B, classes]) with --mixup/--cutmix, class indices otherwise.
         labels = labels if labels.is_floating_point() else labels.view(-1).long()
@@ -311,7 +374,56 @@ def train_epoch(model: nn.Module, optimizer: Any, loader: DALILoader, device: An
         loss.backward()
         optimizer.step()
         seen += torch.stack([real.sum().float(), (losses * real).sum().detach()])
+        if after_step is not None:
+            after_step(step, len(real))
     return seen
+
+
+def start_line(rank: int, world: int, loader: DALILoader, args: argparse.Namespace, device: Any) -> str:
+    """What each rank says at its start: its batches, its device, and with ``--stream-cache`` the window it
+    streams with (the shards a window and fetched ahead, from the cache's share of this rank)."""
+    line = f"rank {rank} of {world}: {counted(len(loader), 'batch')} of {args.batch_size} per epoch on {device}"
+    streamer = getattr(loader.store, "streamer", None)
+    if args.stream_cache and streamer is not None:
+        shards = len(loader.store.manifest.shards)
+        line += (
+            f", streamed through --stream-cache {format_size(args.stream_cache.bytes, args.stream_cache.unit)}: "
+            f"{counted(loader.sampling.window, 'shard')} a window of {shards}, {streamer.ahead} fetched ahead"
+        )
+    return line
+
+
+def train(args: argparse.Namespace, model: nn.Module, net: nn.Module, loader: DALILoader, device: Any) -> None:
+    """The epochs from the one ``--resume`` reaches, each ended by rank 0's line and a checkpoint."""
+    distributed = dist.is_available() and dist.is_initialized()
+    rank, world = (dist.get_rank(), dist.get_world_size()) if distributed else (0, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    first_epoch = resume(args, net, optimizer, loader)
+    checkpoints = Checkpoints(args, net, optimizer, loader, rank)
+    progress = Progress(args.progress_every, world, rank)
+
+    def after_step(step: int, images: int) -> None:
+        progress.after_step(step, images)
+        checkpoints.after_step(step)
+
+    # One line per rank, at its start and its end: under torchrun each process shows it ran.
+    say(start_line(rank, world, loader, args, device))
+    for epoch in range(first_epoch, args.epochs):
+        loader.set_epoch(epoch)  # was: sampler.set_epoch(epoch)
+        done = progress.begin(epoch, loader)
+        seen = train_epoch(model, optimizer, loader, device, after_step, done)
+        if distributed:
+            dist.all_reduce(seen)
+        elapsed = time.perf_counter() - progress.start
+        if rank == 0:
+            samples, total_loss = int(seen[0].item()), seen[1].item()
+            say(
+                f"epoch {epoch}: {counted(samples, 'sample')}, loss {total_loss / max(samples, 1):.4f}, "
+                f"at {loader.pipeline.size_at(epoch)} px, {samples / elapsed:.1f} images/s on "
+                f"{counted(world, 'process')}"
+            )
+        checkpoints.save()
+    say(f"rank {rank} of {world}: done")
 
 
 def main(argv=None) -> None:
@@ -321,7 +433,6 @@ def main(argv=None) -> None:
     distributed = "RANK" in os.environ  # set by torchrun
     if distributed:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    rank = dist.get_rank() if distributed else 0
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
@@ -341,35 +452,8 @@ def main(argv=None) -> None:
     model = net
     if distributed:
         model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
-    first_epoch = resume(args, net, optimizer, loader)
-
-    world = dist.get_world_size() if distributed else 1
-    # One line per rank, at its start and its end: under torchrun each process shows it ran.
-    batches = counted(len(loader), "batch")
-    print(f"rank {rank} of {world}: {batches} of {args.batch_size} per epoch on {device}", flush=True)
-    for epoch in range(first_epoch, args.epochs):
-        loader.set_epoch(epoch)  # was: sampler.set_epoch(epoch)
-        start = time.perf_counter()
-        seen = train_epoch(model, optimizer, loader, device)
-        if distributed:
-            dist.all_reduce(seen)
-        elapsed = time.perf_counter() - start
-        if rank == 0:
-            samples, total_loss = int(seen[0].item()), seen[1].item()
-            print(
-                f"epoch {epoch}: {counted(samples, 'sample')}, loss {total_loss / max(samples, 1):.4f}, "
-                f"at {loader.pipeline.size_at(epoch)} px, {samples / elapsed:.1f} images/s on "
-                f"{counted(world, 'process')}",
-                flush=True,
-            )
-            if args.checkpoint:
-                torch.save(
-                    {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "loader": loader.state_dict()},
-                    args.checkpoint,
-                )
+    train(args, model, net, loader, device)
     loader.close()
-    print(f"rank {rank} of {world}: done", flush=True)
     if distributed:
         dist.destroy_process_group()
 

@@ -28,9 +28,13 @@ import logging
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator, NoReturn, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, NoReturn, Sequence
 
 from dali_pipes import Manifest, ManifestError, RemoteError, StoreError, open_store
+from dali_pipes.dataset.sizes import SizeError, parse_size, unit_of
+from dali_pipes.remote.dataset import load_remote_manifest
+from dali_pipes.remote.fs import LOOK
+from dali_pipes.remote.urls import is_url
 from dali_pipes.staging.checked import StageError
 
 logger = logging.getLogger(__name__)
@@ -60,6 +64,13 @@ def fail(message: str, cause: BaseException | None = None) -> NoReturn:
     prog = os.path.basename(sys.argv[0]) or "python"  # argparse's default prog, so both errors read alike
     print(f"{prog}: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     raise SystemExit(EXIT_USAGE)
+
+
+def say(line: str) -> None:
+    """Print ``line`` to stdout in one write, flushed: under torchrun the ranks share one stdout, and ``print``'s
+    separate write of the newline lets two ranks' lines run together on one line."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 @contextlib.contextmanager
@@ -139,16 +150,42 @@ non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "a number >
 probability = _number(float, lambda v: 0 <= v <= 1, "a probability between 0 and 1")
 
 
+class GivenSize(NamedTuple):
+    """A size flag's value: its bytes, and the unit the user wrote it in (so an answer about it uses that unit)."""
+
+    bytes: int
+    unit: str
+
+
+def size_flag(bare_unit: str) -> Callable[[str], GivenSize]:
+    """An argparse type for a size such as ``40GiB``, ``10GB`` or ``512MB`` (:mod:`dali_pipes.dataset.sizes`); a
+    bare number is in ``bare_unit``."""
+
+    def parse(text: str) -> GivenSize:
+        try:
+            return GivenSize(parse_size(text, bare_unit=bare_unit), unit_of(text, bare_unit))
+        except SizeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "size"
+    return parse
+
+
 # --- the data the flags name ------------------------------------------------------------------------------------
 
 
-def dataset_manifest(path: str, flag: str) -> Manifest:
+def dataset_manifest(path: str, flag: str, storage_options: Mapping[str, Any] | None = None) -> Manifest:
     """The manifest of the dataset that ``flag`` names; a missing or unconverted folder is a usage error naming it.
 
-    Read through the store, as the loader will read it: a merged ``.h5`` file is a dataset too.
+    A URL's ``index.json`` is read over the network as a quick look (:data:`~dali_pipes.remote.fs.LOOK`: a
+    server that does not answer is said within seconds), its shards left where they are: a streamed dataset
+    need not fit on this disk. A local path is read through the store, as the loader will read it: a merged
+    ``.h5`` file is a dataset too (and so is one at a URL, which the loader copies whole anyway).
     """
     try:
-        store = open_store(path)
+        if is_url(path) and not str(path).endswith(".h5"):
+            return load_remote_manifest(str(path), storage_options, LOOK)[0]
+        store = open_store(path, storage_options=storage_options)
     except (*DATA_REFUSALS, OSError) as exc:
         raise UsageError(f"{flag}: {exc}") from exc
     try:

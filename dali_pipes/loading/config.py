@@ -23,6 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from dali_pipes.dataset.sizes import SizeError, parse_size
 from dali_pipes.sampling import check_int
 from dali_pipes.staging.ramcache import CACHE_KINDS
 
@@ -87,7 +88,8 @@ class RunOptions:
 class StreamOptions:
     """How ``DataOptions(stream=...)`` reads a dataset through a bounded cache instead of a full copy.
 
-    ``cache_limit``: the most bytes of shards the node's cache folder holds (for example a tenth of the
+    ``cache_limit``: the most bytes of shards the node's cache folder holds, a number of bytes or a size
+    such as ``"40GiB"`` (2**30 bytes a GiB) or ``"400GB"`` (10**9 a GB) (for example a tenth of the
     dataset; at least two of its largest shards per rank of the node). The epoch order is then
     shard-windowed (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
     within windows of ``W`` shards, ``W`` the most that fit in a rank's share of the limit beside what
@@ -104,17 +106,23 @@ class StreamOptions:
     may then wait for downloads). ``downloads``: shards downloaded at once.
     """
 
-    cache_limit: int
+    cache_limit: int | str
     folder: str | os.PathLike | None = None
     node_ranks: int | None = None
     fetch_ahead: int | None = None
     downloads: int = 4
 
     def __post_init__(self) -> None:
+        if isinstance(self.cache_limit, str):  # "40GiB", "10GB": read as every size flag is
+            try:
+                object.__setattr__(self, "cache_limit", parse_size(self.cache_limit))
+            except SizeError as exc:
+                raise ValueError(f"StreamOptions.cache_limit: {exc}") from None
         bad = isinstance(self.cache_limit, bool) or not isinstance(self.cache_limit, numbers.Real)
         if bad or self.cache_limit < 1 or int(self.cache_limit) != self.cache_limit:
             raise ValueError(
-                f"StreamOptions.cache_limit must be a positive whole number of bytes, got {self.cache_limit!r}"
+                "StreamOptions.cache_limit must be a positive whole number of bytes or a size such as '40GiB', "
+                f"got {self.cache_limit!r}"
             )
         object.__setattr__(self, "cache_limit", int(self.cache_limit))
         for name, least in (("node_ranks", 1), ("fetch_ahead", 0)):  # None: chosen when the stream opens

@@ -27,7 +27,7 @@ import os
 from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from dali_pipes.dataset.outputs import RESERVED_OUTPUTS
-from dali_pipes.loading import lifetime
+from dali_pipes.loading import lifetime, options
 from dali_pipes.loading.batch_source import BatchStoreSource
 from dali_pipes.loading.compat import BatchFormat, DataLoaderSurface
 from dali_pipes.loading.config import DataOptions, RunOptions
@@ -36,7 +36,6 @@ from dali_pipes.loading.epoch_chain import EpochChain, read_ahead
 from dali_pipes.loading.epoch_size import EpochSizes
 from dali_pipes.loading.errors import LoaderError, ShardReadError, WorkerDiedError
 from dali_pipes.loading.guard import Diagnosis, GuardedStream
-from dali_pipes.loading.options import check_options, choose_counts, device_description, resolve_counts
 from dali_pipes.loading.passes import EpochState, EpochSteps, Pass
 from dali_pipes.loading.pipeline_build import (
     bind_spec,
@@ -89,7 +88,8 @@ class DALILoader(DataLoaderSurface):
     device, rank, world size, DALI threads, reader processes, prefetch, start method,
     batch reads, a ``dali-pipes tune`` settings file). ``data``: where it reads the data
     from (:class:`~dali_pipes.DataOptions`: a staged copy, a RAM cache, object storage's
-    options). Both default to what suits this machine; an INFO line says what was chosen.
+    options). Both default to what suits this machine; an INFO line says what was chosen. Under ``torch.distributed``
+    every rank builds its streaming loader (``DataOptions(stream=...)``) at the same point: the ranks agree on its window.
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -103,6 +103,10 @@ class DALILoader(DataLoaderSurface):
     draws each epoch with weights instead of permuting the dataset (:mod:`dali_pipes.sampling.weighted`),
     with the same guarantees.
     """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "DALILoader":
+        options.refuse_former_keywords(kwargs)  # device=, stage_to=, ...: their new homes named (loading/options.py)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -120,9 +124,10 @@ class DALILoader(DataLoaderSurface):
     ) -> None:
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
-        pipeline, run = resolve_counts(pipeline, run or RunOptions())
-        run = streaming_run(run, data or DataOptions())  # streaming reads in this process (loading/streaming.py)
-        check_options(batch_size, seed, last_batch)
+        data = data or DataOptions()
+        run = streaming_run(run or RunOptions(), data)  # streaming reads in this process (loading/streaming.py)
+        pipeline, run = options.resolve_counts(pipeline, run, streamed=data.stream is not None)
+        options.check_options(batch_size, seed, last_batch, path)
         self.world, local_rank = detect_world(run.rank, run.world_size)
         self.device, device_id = resolve_device(run.device, local_rank)
         # Chosen after resolve_device (torch.cuda.is_available() initialises the CUDA driver), and
@@ -135,7 +140,7 @@ class DALILoader(DataLoaderSurface):
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
         self._rules = EpochRules(self.batch_size, self.world, self.seed, self.shuffle, self.last_batch)
-        self.store, self.staged, self.cache = prepare_store(path, data or DataOptions(), self._rules)
+        self.store, self.staged, self.cache = prepare_store(path, data, self._rules, device_id)
         try:
             self.pipeline = bind_spec(pipeline, self.store)
             self._fields = required_fields(self.pipeline, self.store)
@@ -155,7 +160,8 @@ class DALILoader(DataLoaderSurface):
             raise
         logger.info(
             "DALILoader: %s: rank %d of %d on %s; %d samples, batch %d, %d batches per rank per epoch",
-            *(self.store.root, self.world.rank, self.world.world_size, device_description(run.device, device_id)),
+            options.source_description(path, self.store.root, data),
+            *(self.world.rank, self.world.world_size, options.device_description(run.device, device_id)),
             *(len(self.store), self.batch_size, self.batches_per_epoch),
         )
 
@@ -177,8 +183,9 @@ class DALILoader(DataLoaderSurface):
         """Build the pipeline (or the direct path), watch its workers, and make the epoch state over its stream."""
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
         fmt = self.store.manifest.format
-        self.num_threads, self.py_num_workers = choose_counts(
-            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images
+        streamed = getattr(self.store, "streamer", None) is not None
+        self.num_threads, self.py_num_workers = options.choose_counts(
+            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images, streamed=streamed
         )
         run = dataclasses.replace(
             run, device=self.device, num_threads=self.num_threads, py_num_workers=self.py_num_workers,

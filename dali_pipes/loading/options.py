@@ -9,18 +9,51 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Mapping
 
+from dali_pipes.remote.urls import check_dataset_path, redact
 from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
 
 if TYPE_CHECKING:
-    from dali_pipes.loading.config import RunOptions
+    from dali_pipes.loading.config import DataOptions, RunOptions
     from dali_pipes.pipelines.base import PipelineSpec
 
 log = logging.getLogger(__name__)
 
 
-def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["PipelineSpec", "RunOptions"]:
+#: The keywords :class:`~dali_pipes.DALILoader` took before dali-pipes 0.2.0, which grouped them (issue 47), and the
+#: option group each went into: ``DALILoader(..., device="cpu")`` is ``DALILoader(..., run=RunOptions(device="cpu"))``.
+FORMER_KEYWORDS: dict[str, str] = {
+    **dict.fromkeys(
+        ("device", "rank", "world_size", "num_threads", "py_num_workers", "prefetch", "py_start_method", "settings"),
+        "run=RunOptions",
+    ),
+    "batch_reads": "run=RunOptions",
+    **dict.fromkeys(("stage_to", "cache", "cache_bytes", "storage_options"), "data=DataOptions"),
+    "with_index": "batch_format=BatchFormat",
+}
+
+
+def refuse_former_keywords(given: Mapping[str, Any]) -> None:
+    """A :class:`TypeError` naming the new home of each keyword of ``given`` that the loader took before 0.2.0
+    (:data:`FORMER_KEYWORDS`), so that last month's script says what to write; nothing for other keywords.
+    Values are not shown: ``storage_options`` holds credentials."""
+    moved = [name for name in given if name in FORMER_KEYWORDS]
+    if not moved:
+        return
+    homes: dict[str, list[str]] = {}
+    for name in moved:
+        homes.setdefault(FORMER_KEYWORDS[name], []).append(f"{name}=...")
+    fixes = ", ".join(f"{home}({', '.join(names)})" for home, names in homes.items())
+    raise TypeError(
+        f"DALILoader() takes {', '.join(f'{name}=' for name in moved)} no longer: since dali-pipes 0.2.0 they are "
+        f"grouped in option objects; pass {fixes} (CHANGELOG.md, 0.2.0, says how to move)"
+    )
+
+
+def resolve_counts(
+    pipeline: "PipelineSpec", run: "RunOptions", *, streamed: bool = False
+) -> tuple["PipelineSpec", "RunOptions"]:
     """``(pipeline, run)`` with what ``run`` left unset filled in where it can be already.
 
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
@@ -28,7 +61,9 @@ def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["Pipeli
     where it has one (``Features``: 0, the training process reads); ``prefetch`` defaults to 2.
     ``num_threads`` and ``py_num_workers`` stay ``None`` when nothing set them: they
     depend on the device and the dataset's format (:func:`choose_counts`), known once
-    the device is chosen and the store is open.
+    the device is chosen and the store is open. ``streamed``: the dataset is streamed, so read
+    in the loader's own process (``stream_setup.streaming_run``): a settings file's reader
+    processes are left out, with an INFO line saying so (the file was tuned for a staged read).
     """
     if isinstance(pipeline, type):
         raise TypeError(
@@ -39,6 +74,12 @@ def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["Pipeli
         from dali_pipes.settings import apply_settings, load_settings
 
         tuned = load_settings(run.settings)
+        if streamed and tuned.pop("py_num_workers", 0):
+            log.info(
+                "DALILoader: %s: its py_num_workers is not used: a streamed dataset is read in the loader's own "
+                "process (DataOptions(stream=...)); its other settings are",
+                run.settings,
+            )
         counts = {name: tuned.get(name) if given is None else given for name, given in counts.items()}
         pipeline = apply_settings(pipeline, run.settings)
     if counts["py_num_workers"] is None:
@@ -88,10 +129,11 @@ def cores_per_rank() -> int:
 
 
 def choose_counts(
-    threads: int | None, workers: int | None, fmt: str, batch_reads: bool, gpu_images: bool
+    threads: int | None, workers: int | None, fmt: str, batch_reads: bool, gpu_images: bool, *, streamed: bool = False
 ) -> tuple[int, int]:
     """``(num_threads, py_num_workers)``: as given, else the defaults for the device, format and cores; one INFO
-    line says what was chosen and why."""
+    line says what was chosen and why (``streamed``: no reader processes, because streaming reads in the loader's
+    own process)."""
     cpus = cores_per_rank()  # read once: it reads the cgroup and cpuset files
     chosen_workers = default_py_num_workers(fmt, batch_reads, cpus, workers=workers, gpu_images=gpu_images)
     chosen_threads = default_num_threads(cpus, gpu_images=gpu_images) if threads is None else threads
@@ -100,7 +142,7 @@ def choose_counts(
         chosen_threads,
         _counts_reason(threads, gpu_images, cpus),
         chosen_workers,
-        _counts_reason(workers, gpu_images, cpus),
+        "streaming reads in the loader's process" if streamed else _counts_reason(workers, gpu_images, cpus),
     )
     return chosen_threads, chosen_workers
 
@@ -157,12 +199,22 @@ def default_py_num_workers(
     return max(1, min(4, cpus // 2))
 
 
-def check_options(batch_size: int, seed: int, last_batch: str) -> None:
-    """Refuse, with a message naming the argument, values the loader cannot work with."""
+def check_options(batch_size: int, seed: int, last_batch: str, path: Any = None) -> None:
+    """Refuse, with a message naming the argument, values the loader cannot work with; ``path`` a ``scheme://`` that
+    is no object storage (``https://``), before it is taken for a local folder (``remote.urls.check_dataset_path``)."""
+    check_dataset_path(path)
     check_int("batch_size", batch_size, 1)
     check_int("seed", seed, 0)
     if last_batch not in LAST_BATCH_POLICIES:
         raise ValueError(f"last_batch must be one of {LAST_BATCH_POLICIES}, got {last_batch!r}")
+
+
+def source_description(path: Any, root: Any, data: "DataOptions") -> str:
+    """The dataset as the loader's start-up line names it: a streamed one by what was given (a URL, its secrets
+    taken out), then the cache folder it is read through; any other by the folder read (``root``)."""
+    if data.stream is None:
+        return str(root)
+    return f"{redact(str(path), data.storage_options)} (cache {root})"
 
 
 def device_description(device: str, device_id: int | None) -> str:

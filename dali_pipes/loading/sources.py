@@ -268,10 +268,11 @@ class StoreSource:
         """This rank's ``(indices, is_pad)`` for ``epoch`` from ``start``, padded to whole batches."""
         if self.sampling is not None:
             order = self.sampling.order(len(self.store), epoch, self.seed)
+            pad_from = getattr(self.sampling, "pad_from", "start")
             indices, is_pad = split_order(
-                order, self.batch_size, self.world.rank, self.world.world_size, self.last_batch, start
+                order, self.batch_size, self.world.rank, self.world.world_size, self.last_batch, start, pad_from
             )
-            return self._padded(indices, is_pad)
+            return self._padded(indices, is_pad, pad_from)
         indices, is_pad = rank_indices(
             len(self.store),
             self.batch_size,
@@ -285,11 +286,14 @@ class StoreSource:
         )
         return self._padded(indices, is_pad)
 
-    def _padded(self, indices: np.ndarray, is_pad: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(indices, is_pad)`` padded to whole batches (DALI drops a partial last batch; the loader trims it)."""
+    def _padded(
+        self, indices: np.ndarray, is_pad: np.ndarray, pad_from: str = "start"
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """``(indices, is_pad)`` padded to whole batches (DALI drops a partial last batch; the loader trims it):
+        with this rank's first samples, or with ``pad_from="end"`` its last ones (a stream's cache holds them)."""
         short = -len(indices) % self.batch_size
         if short:
-            indices = np.concatenate([indices, np.resize(indices, short)])
+            indices = np.concatenate([indices, np.resize(indices if pad_from == "start" else indices[::-1], short)])
             is_pad = np.concatenate([is_pad, np.ones(short, dtype=bool)])
         return indices, is_pad
 

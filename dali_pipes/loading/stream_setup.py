@@ -10,8 +10,10 @@ orders (samples read twice, others never). The window follows from the cache lim
 the shard sizes, which may differ between nodes (a node of 8 GPUs beside one of 4, a limit taken from each
 node's free disk). So, when a ``torch.distributed`` process group is up, the ranks agree on the smallest
 window (:func:`agree_on_window`: one ``all_reduce``, in which a rank that failed to open its cache takes part
-too, so that the others fail with it instead of waiting). Without a process group the ranks cannot talk:
-give each the same ``cache_limit`` and ``node_ranks``.
+too, so that the others fail with it instead of waiting). So every rank of the job builds its streaming loader at
+the same point of the script; a rank whose peers never come (a loader built on some ranks only) fails after
+:data:`AGREEMENT_TIMEOUT_S` with an error saying so, instead of hanging. Without a process group the ranks cannot
+talk: give each the same ``cache_limit`` and ``node_ranks``.
 """
 
 from __future__ import annotations
@@ -19,21 +21,38 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.streaming import Streamer, StreamStore
-from dali_pipes.remote.urls import is_url, redact
+from dali_pipes.remote.urls import check_dataset_path, is_url, redact
 from dali_pipes.sampling.windowed import rank_window
 
 if TYPE_CHECKING:
+    import torch
+
     from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
     from dali_pipes.staging.stream_cache import ShardCache
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["STREAM_FOLDER", "agree_on_window", "node_ranks", "open_streaming", "stream_folder", "streaming_run"]
+__all__ = [
+    "AGREEMENT_TIMEOUT_S",
+    "STREAM_FOLDER",
+    "agree_on_window",
+    "agreement_device",
+    "cache_folder",
+    "node_ranks",
+    "open_streaming",
+    "stream_folder",
+    "streaming_run",
+]
+
+#: The most seconds a rank waits for the others to agree on the window (:func:`agree_on_window`): the ranks build
+#: their loaders at the same point, so a peer later than this is one that never builds its loader.
+AGREEMENT_TIMEOUT_S = 300.0
 
 #: The sub-folder of the cache base (``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``) that holds streamed datasets.
 STREAM_FOLDER = "stream"
@@ -47,13 +66,52 @@ def stream_folder(source: str | os.PathLike) -> Path:
     """
     from dali_pipes.staging.download import default_cache_dir
 
+    check_dataset_path(source)  # an https:// URL taken for a path would name the folder with its password
     # A local path by its absolute name: "ds", "./ds" and "/data/ds" are one dataset, one cache.
     staged = default_cache_dir(str(source) if is_url(source) else str(Path(source).resolve()))
     return staged.parent / STREAM_FOLDER / staged.name
 
 
+def cache_folder(source: str | os.PathLike, stream: "StreamOptions") -> Path:
+    """The cache folder of the dataset at ``source``: :func:`stream_folder`, or its name in ``stream.folder``.
+
+    It must be on a disk of this node: its processes share it through files and locks, so on a network filesystem
+    every node would share one "node" cache. The default (under ``~/.cache``, on NFS on many clusters) is refused
+    there with the fix; a folder the user chose (``stream.folder`` or ``$DALI_PIPES_CACHE``) is used, with one
+    warning (a single-node job may mean it)."""
+    from dali_pipes.staging.download import CACHE_ENV
+    from dali_pipes.staging.mounts import network_filesystem
+
+    folder = stream_folder(source)
+    if stream.folder is not None:  # the user's folder, the dataset's sub-folder named alike
+        folder = Path(stream.folder) / folder.name
+    network = network_filesystem(folder)
+    if network is None:
+        return folder
+    fix = f"give StreamOptions(folder=...) on a node-local disk (or set ${CACHE_ENV} to one)"
+    if stream.folder is None and not os.environ.get(CACHE_ENV):
+        raise ValueError(
+            f"{folder.parent.parent}: the default cache folder of streaming is on a network filesystem ({network}), "
+            f"which every node of a job would share as one node's cache: {fix}"
+        )
+    if str(folder) not in _WARNED:
+        _WARNED.add(str(folder))
+        logger.warning(
+            "stream cache %s is on a network filesystem (%s): every node that uses it shares one cache and its "
+            "locks, and reads cost a network round trip; %s",
+            folder, network, fix,
+        )  # fmt: skip
+    return folder
+
+
+#: The cache folders on a network filesystem already warned of in this process (one warning each).
+_WARNED: set[str] = set()
+
+
 def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
-    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads refused."""
+    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads that
+    the caller asked for are refused. Called before a settings file fills in the counts: the reader processes it
+    chose are left out (``options.resolve_counts``), not refused."""
     if data.stream is None:
         return run
     if run.py_num_workers not in (None, 0):
@@ -90,43 +148,48 @@ def node_ranks(stream: "StreamOptions", world_size: int) -> int:
 
 
 def open_streaming(
-    path: str | os.PathLike, data: "DataOptions", *, seed: int, shuffle: bool, world_size: int = 1
+    path: str | os.PathLike,
+    data: "DataOptions",
+    *,
+    seed: int,
+    shuffle: bool,
+    world_size: int = 1,
+    device_id: int | None = None,
 ) -> StreamStore:
     """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
-    ``stream.folder`` (default :func:`stream_folder`) within ``stream.cache_limit``, this rank's pins
-    within its share of the limit (the streaming module's docstring says why), the window and the shards
-    fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`)."""
+    ``stream.folder`` (default :func:`stream_folder`; a network filesystem checked: :func:`cache_folder`) within
+    ``stream.cache_limit``, this rank's pins within its share of the limit (the streaming module's docstring says
+    why), the window and the shards fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`, a collective on
+    the loader's GPU ``device_id`` in an NCCL group: every rank opens its stream at the same point)."""
     from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
     stream = data.stream
-    folder = stream_folder(path)
-    if stream.folder is not None:  # the user's folder, the dataset's sub-folder named alike
-        folder = Path(stream.folder) / folder.name
     cache: ShardCache | None = None
     try:
+        folder = cache_folder(path, stream)
         ranks = node_ranks(stream, world_size)
         tuning = CacheTuning(workers=stream.downloads)
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
         window, ahead, budget = _window_of_rank(cache, stream, ranks)
     except BaseException:
-        agree_on_window(None)  # the other ranks fail too, and do not wait for this one
+        agree_on_window(None, device_id)  # the other ranks fail too, and do not wait for this one
         if cache is not None:
             cache.close()
         raise
     try:
-        agreed = agree_on_window(window)
+        agreed = agree_on_window(window, device_id)
+        shown = redact(str(path), data.storage_options)  # the dataset by what the user gave, then its cache
         if agreed < window:
             logger.info(
                 "stream %s: %d shard(s) per window, the smallest of the job's ranks (this one: %d)",
-                folder,
+                shown,
                 agreed,
                 window,
             )
         logger.info(
             "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d, "
             "%d fetched ahead",
-            redact(str(path), data.storage_options), folder, cache.limit_bytes, ranks, agreed,
-            len(cache.shard_bytes), ahead,
+            shown, folder, cache.limit_bytes, ranks, agreed, len(cache.shard_bytes), ahead,
         )  # fmt: skip
         streamer = Streamer(
             cache, agreed, ahead=ahead, budget=budget, seed=seed, shuffle=shuffle, downloads=stream.downloads
@@ -154,22 +217,46 @@ def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int) ->
     return plan.window, plan.ahead, plan.budget
 
 
-def agree_on_window(window: int | None) -> int:
+def agreement_device(backend: str, device_id: int | None) -> "torch.device":
+    """Where the window agreement's tensor lives: the loader's GPU (``device_id``) in an NCCL process group, which
+    reduces GPU tensors only (the process's current GPU for a loader on the CPU); the CPU for any other backend."""
+    import torch
+
+    if backend != "nccl":
+        return torch.device("cpu")
+    return torch.device("cuda", torch.cuda.current_device() if device_id is None else device_id)
+
+
+def agree_on_window(window: int | None, device_id: int | None = None) -> int:
     """The smallest ``window`` of the job's ranks when a ``torch.distributed`` process group is up, else ``window``.
 
     ``None``: this rank failed to open its stream; it still takes part (so that no rank waits for it) and the
-    others raise a :class:`~dali_pipes.LoaderError` saying so. A collective of the default group: every rank
-    of the job must build its streaming loader at the same point of the script, as for any collective.
+    others raise a :class:`~dali_pipes.LoaderError` saying so. A collective of the default group, on the loader's
+    device (``device_id``, :func:`agreement_device`): every rank of the job must build its streaming loader at the
+    same point of the script. A rank whose peers do not come within :data:`AGREEMENT_TIMEOUT_S` raises a
+    :class:`~dali_pipes.LoaderError` saying so, instead of waiting for ever.
     """
-    import torch
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0 if window is None else window
-    on_gpu = dist.get_backend() == "nccl"
-    device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
+    import torch
+
+    device = agreement_device(dist.get_backend(), device_id)
     least = torch.tensor([0 if window is None else window], dtype=torch.int64, device=device)
-    dist.all_reduce(least, op=dist.ReduceOp.MIN)
+    work = dist.all_reduce(least, op=dist.ReduceOp.MIN, async_op=True)
+    deadline = time.monotonic() + AGREEMENT_TIMEOUT_S
+    while not work.is_completed():  # NCCL's wait() returns before the GPU is done: polled for both backends
+        if time.monotonic() > deadline:
+            if window is None:  # this rank fails anyway, with its own error
+                return 0
+            raise LoaderError(
+                f"rank {dist.get_rank()}: the other ranks of the job did not agree on the stream's window within "
+                f"{AGREEMENT_TIMEOUT_S:g} s: every rank must build its streaming loader (DataOptions(stream=...)) at "
+                "the same point of the script, as for any collective; build it on every rank, not on some only"
+            )
+        time.sleep(0.01)
+    work.wait()  # raises what the collective met (a peer gone)
     agreed = int(least.item())
     if window is not None and agreed == 0:
         raise LoaderError(

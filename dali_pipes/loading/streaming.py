@@ -19,6 +19,16 @@ pin refused (a CacheError). The price is a window ``R`` times smaller than one r
 the shuffle within it correspondingly narrower. Shards the ranks share count once, so the node
 usually holds less than the bound.
 
+Other loaders share the folder too: an evaluation loader of the training set that the same thread reads
+between training steps, the single-rank jobs of a sweep, a loader re-made after ``close()``. Each sizes
+its window by its whole share, so together they would pin more than the limit. Only the window being
+read (and a guarded read) is pinned to be read; the shards fetched ahead are pinned as *ahead*, from the
+room no other pin uses, and given up to a window of any loader of the node that needs their room
+(:mod:`dali_pipes.staging.cache_pins`), to be downloaded again when their window comes. So two loaders'
+windows fit beside each other (each within half its share); a third is refused, after waiting a while for
+other processes' windows to move on, with a message naming what holds the room. ``close()`` unpins at
+once, though a download under way may end later. The order and the window stay what the options make them.
+
 ``W`` is a pure function of ``(cache_limit, shard sizes, R, fetch_ahead)``, agreed between the ranks of a
 process group (:mod:`dali_pipes.loading.stream_setup`): a state resumes on another world size when ``R`` is the same; pass ``StreamOptions(node_ranks=...)``, the most ranks a node will run, to resume
 on fewer or more ranks per node (a rank that holds less than its share only leaves room unused).
@@ -28,17 +38,20 @@ How the pieces meet (one reading thread, in the loader's own process: ``py_num_w
 - :class:`Streamer` keeps the shards of the window being read and those read after it (``fetch_ahead``
   of them, by default the next window) pinned, and a background thread downloads them in reading
   order, in groups of at most ``downloads`` shards of one window: the current window first, then the
-  ones ahead (a slow shard ahead never holds up the window being read). :meth:`Streamer.close` does
-  not wait for a group under way past :data:`CLOSE_WAIT_S`: the thread releases the cache after it.
+  ones ahead (a slow shard ahead never holds up the window being read). :meth:`Streamer.close` stops
+  the downloads under way at their next chunk and does not wait for one past :data:`CLOSE_WAIT_S`: the
+  thread releases the cache after it. A Ctrl-C never waits for them either (their threads are daemons,
+  :mod:`dali_pipes.staging.threads`).
   The window being read is told by the external source before each batch
   (:meth:`StreamStore.before_read`: the batch's epoch and samples); when it moves on, the shards
   of the windows behind it are unpinned (the cache may then evict them) and their readers closed.
 - Nothing refers back from the streamer to its store, and its thread holds it weakly: a loader dropped
   without ``close()`` frees its pins as soon as it is collected.
 - :class:`StreamStore` is a :class:`~dali_pipes.stores.Store` over the cache folder whose every shard
-  read is guarded: a shard not yet downloaded (or outside the pinned windows, such as the padding of
-  an epoch's last batch, wrapped around from its start) is pinned, fetched and read on the spot, its
-  reader closed afterwards. So a read never finds an evicted shard, and the store never holds open a
+  read is guarded: a shard not yet downloaded (or outside the pinned window) is pinned, fetched and
+  read on the spot, its reader closed afterwards. The padding of an epoch's last batch is taken from the
+  epoch's end (``WindowedSampling.pad_from``), so it reads shards the cache holds, not the epoch's first
+  ones, long evicted. So a read never finds an evicted shard, and the store never holds open a
   shard the cache may evict.
 
 Refused for now, by name: reader processes (``py_num_workers > 0``), per-sample reads
@@ -57,6 +70,7 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 import numpy as np
 
 from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, window_spans
+from dali_pipes.staging.stream_cache import Cancelled
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
@@ -67,7 +81,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["CLOSE_WAIT_S", "StreamStore", "Streamer"]
 
 #: Seconds :meth:`Streamer.close` waits for the downloads under way before leaving them to end in the background.
-CLOSE_WAIT_S = 2.0
+CLOSE_WAIT_S = 0.5
 
 
 class Streamer:
@@ -96,9 +110,10 @@ class Streamer:
         self._cond = threading.Condition(threading.RLock())
         self._urgent = threading.Event()  # the reading thread waits for the lock: the fetcher steps aside
         self._at: tuple[int, int] | None = None  # (epoch, window) the pins were set for
-        self._pinned: set[int] = set()
-        self._ready: set[int] = set()  # pinned and downloaded: read without the lock
-        self._queue: list[list[int]] = []  # groups of shards to download, of one window each
+        self._pinned: set[int] = set()  # the window being read, pinned to be read
+        self._ahead: set[int] = set()  # pinned as fetched ahead (possibly given up since)
+        self._ready: set[int] = set()  # pinned to be read and downloaded: read without the lock
+        self._queue: list[tuple[bool, list[int]]] = []  # (ahead, shards of one window) to download
         self._closed = False
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         # The thread holds the streamer weakly and the finalizer closes the cache: a loader dropped without
@@ -123,7 +138,9 @@ class Streamer:
         if at == self._at:
             return
         groups = self._wanted(spans[at[1]].shards, self._windows_after(epoch, at[1]))
+        upcoming = [*spans[at[1]].shards, *(k for shards in self._windows_after(epoch, at[1]) for k in shards)]
         with self._locked():
+            self.cache.plan_reads(upcoming)  # the shards needed furthest ahead are evicted first
             self._repin(groups)
             self._at = at
 
@@ -151,31 +168,40 @@ class Streamer:
         yield from (span.shards for span in self._epoch_spans(epoch + 1))
 
     def _repin(self, groups: list[list[int]]) -> None:
-        """Unpin (and close) the shards not wanted, pin the new ones, and queue the downloads in reading order,
-        in groups of at most ``downloads`` shards of one window each (so that a slow download of a shard
-        ahead never holds up one of the window being read).
+        """Pin the window being read (``groups[0]``) to read it and the shards after it as fetched ahead, unpin
+        (and close) the others, and queue the downloads in reading order, in groups of at most ``downloads``
+        shards of one window each (so that a slow download of a shard ahead never holds up one of the window
+        being read).
 
-        Unpinned first (the old and new pins together may not fit the limit); when pinning the new ones
-        fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
+        The shards ahead get only the room no other pin uses, and may be given up for another loader's window
+        (:mod:`dali_pipes.staging.cache_pins`): they are not taken as ready until their window is pinned to
+        be read. Unpinned first (the old and new pins together may not fit the limit); when pinning the new
+        ones fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
         """
-        want = [k for group in groups for k in group]
-        drop = self._pinned - set(want)
-        add = [k for k in want if k not in self._pinned]
+        current, ahead = groups[0], [k for group in groups[1:] for k in group]
+        drop = self._pinned - set(current)
+        for k in drop:
+            self.close_reader(k)
         if drop:
-            for k in drop:
-                self.close_reader(k)
             self.cache.unpin(sorted(drop))
             self._pinned -= drop
             self._ready -= drop
+        self.cache.set_ahead([k for k in ahead if k in self._ahead])  # its stale ones go before anyone's
+        add = [k for k in current if k not in self._pinned]
         if add:
             self.cache.pin(add)
-        self._pinned = set(want)
-        self._ready &= self._pinned
-        missing = [[k for k in group if k not in self._ready] for group in groups]
-        self._queue = [group[i : i + self.downloads] for group in missing for i in range(0, len(group), self.downloads)]
+        self._pinned = set(current)
+        self._ahead = set(self.cache.set_ahead(ahead))
+        self._queue = [
+            (i > 0, chunk[j : j + self.downloads])
+            for i, group in enumerate(groups)
+            for chunk in [[k for k in group if k not in self._ready and (i == 0 or k in self._ahead)]]
+            for j in range(0, len(chunk), self.downloads)
+        ]
         logger.debug(
-            "stream %s: %d shard(s) pinned, %d group(s) to fetch", self.cache.folder, len(want), len(self._queue)
-        )
+            "stream %s: %d shard(s) pinned, %d ahead, %d group(s) to fetch",
+            self.cache.folder, len(current), len(self._ahead), len(self._queue),
+        )  # fmt: skip
         self._cond.notify_all()
 
     # --- reads ------------------------------------------------------------------------------
@@ -186,6 +212,9 @@ class Streamer:
         if shard in self._ready:
             yield
             return
+        failed = self.cache.recent_failure(shard)
+        if failed is not None:  # the fetch ahead (or this read, sample by sample) just spent its tries
+            raise failed
         with self._locked():
             self.cache.pin([shard])
             try:
@@ -224,10 +253,13 @@ class Streamer:
                 return False
             if not self._queue or self._urgent.is_set():
                 return True
-            chunk = self._queue.pop(0)
+            ahead, chunk = self._queue.pop(0)
             try:
-                self.cache.fetch(chunk)
-                self._ready.update(chunk)
+                self.cache.fetch(chunk, ahead=ahead)
+                if not ahead:
+                    self._ready.update(chunk)
+            except Cancelled:
+                return False  # closed meanwhile
             except Exception as exc:  # noqa: BLE001 - the read that needs it fetches again and raises
                 logger.warning("stream %s: fetching ahead failed, retried when read: %s", self.cache.folder, exc)
             return True
@@ -274,6 +306,8 @@ class Streamer:
         thread is still downloading after :data:`CLOSE_WAIT_S`, it releases the cache itself once done.
         """
         self._closed = True  # set without the lock, which a download under way holds; read between downloads
+        self.cache.cancel()  # the downloads under way end at their next chunk
+        self.cache.drop_pins()  # their room goes to the node's other loaders now (one re-made at once, too)
         if self._thread is not threading.current_thread() and self._thread.is_alive():
             self._thread.join(timeout=CLOSE_WAIT_S)
             if self._thread.is_alive():

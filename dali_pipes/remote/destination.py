@@ -15,7 +15,7 @@ import logging
 import uuid
 from typing import Any, Mapping
 
-from dali_pipes.remote.fs import CREDENTIALS_HELP, LOOK, RemoteError, describe, failure, filesystem, unreachable
+from dali_pipes.remote.fs import LOOK, RemoteError, credentials_help, describe, failure, filesystem, unreachable
 from dali_pipes.remote.urls import join, redact, scheme, url_secrets
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def _message(url: str, exc: BaseException, storage_options: Mapping[str, Any] | 
     bucket = redact(url.split("://", 1)[-1].split("/", 1)[0], storage_options)
     kind = failure(exc)
     if kind == "credentials":
-        return f"{shown}: no credentials found to write there ({reason}); {CREDENTIALS_HELP}; {_NOTHING_DONE}"
+        return f"{shown}: no credentials found to write there ({reason}); {credentials_help(url)}; {_NOTHING_DONE}"
     if kind == "denied":
         return (
             f"{shown}: these credentials may not write there ({reason}); use keys allowed to write to the bucket "

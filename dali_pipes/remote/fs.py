@@ -54,6 +54,10 @@ JOB = Patience(CONNECT_TIMEOUT, READ_TIMEOUT, BOTO_ATTEMPTS, None, "then run the
 #: and nothing is resumed, so one try of two requests, 5 s to connect and 10 s between bytes: a server that is
 #: down or unreachable is reported within seconds (at most about 2 x 10 s when it accepts and then stalls).
 LOOK = Patience(5.0, 10.0, 2, 1, "then try again")
+#: A job's first request (its manifest): nothing has started, so there is nothing to wait out nor to resume, and
+#: a person waits for the answer: a server that is down is said as quickly as :data:`LOOK` says it; one that
+#: answers slowly is given a job's time between bytes.
+FIRST_CONTACT = Patience(LOOK.connect_timeout, READ_TIMEOUT, LOOK.boto_attempts, 1, LOOK.then)
 
 _CREDENTIAL_ERRORS = (
     "NoCredentialsError",
@@ -162,12 +166,31 @@ def failure(exc: BaseException) -> str | None:
     return "refused" if "validation" in name.lower() else None
 
 
-#: Where each backend takes its credentials (said when none were found).
-CREDENTIALS_HELP = (
-    "give them where the backend looks (for S3: AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, ~/.aws/credentials or "
-    "AWS_PROFILE; GCS: gcloud auth application-default login; Azure: AZURE_STORAGE_ACCOUNT_NAME and a key or SAS "
-    "token, or AZURE_STORAGE_ANON=false to use az login; HF: HF_TOKEN) or in storage_options"
-)
+#: Where each backend takes its credentials, and how it reads public data without any (said when none were found).
+_CREDENTIALS = {
+    "s3": (
+        "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or ~/.aws/credentials, AWS_PROFILE), or pass storage_options "
+        "key and secret (--storage-option key=... --storage-option secret=...)",
+        "anon=true",
+    ),
+    "gs": (
+        "run gcloud auth application-default login, or pass a service account's JSON file as storage_options token "
+        "(--storage-option token=FILE)",
+        "token=anon",
+    ),
+    "az": (
+        "set AZURE_STORAGE_ACCOUNT_NAME and a key or SAS token, or AZURE_STORAGE_ANON=false to use az login",
+        "anon=true",
+    ),  # fmt: skip
+    "hf": ("set HF_TOKEN or run huggingface-cli login", ""),
+}
+_CREDENTIALS.update(s3a=_CREDENTIALS["s3"], gcs=_CREDENTIALS["gs"], abfs=_CREDENTIALS["az"], abfss=_CREDENTIALS["az"])
+
+
+def credentials_help(url: str) -> str:
+    """What to do for the backend of ``url`` (that backend's ways only) when it found no credentials."""
+    where, public = _CREDENTIALS.get(scheme(url) or "", ("give them in storage_options", ""))
+    return f"{where}; a public bucket reads without them with --storage-option {public}" if public else where
 
 
 def describe(
@@ -179,14 +202,17 @@ def describe(
     reason = redact(raw, storage_options, url_secrets(url))
     kind = failure(exc)
     if kind == "credentials":
-        return (
-            f"{shown}: no credentials found ({reason}); {CREDENTIALS_HELP}, or read a public bucket with "
-            'storage_options={"anon": True} (S3, Azure) or {"token": "anon"} (GCS)'
-        )
+        return f"{shown}: no credentials found ({reason}); {credentials_help(url)}"
     if kind == "denied":
         return (
             f"{shown}: access denied ({reason}); check the credentials (wrong or expired keys) and that they may "
             "read (and, to write, write) this bucket"
+        )
+    if kind == "missing" and ("bucket does not exist" in raw.lower() or "NoSuchBucket" in raw):
+        bucket = redact(url.split("://", 1)[-1].split("/", 1)[0], storage_options)
+        return (
+            f"{shown}: the bucket {bucket} does not exist ({reason}); check the URL, and that the endpoint, "
+            f"{endpoint(url, storage_options)}, is the one that holds it"
         )
     if kind == "missing":
         return (
@@ -243,7 +269,8 @@ def endpoint(url: str, storage_options: Mapping[str, Any] | None = None) -> str:
 
 
 __all__ = [
-    "CREDENTIALS_HELP",
+    "credentials_help",
+    "FIRST_CONTACT",
     "JOB",
     "LOOK",
     "Patience",

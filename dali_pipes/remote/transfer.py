@@ -5,15 +5,23 @@ retried after a pause that doubles each time (with jitter), from the byte reache
 flaky link costs a chunk rather than the object. Errors that retrying cannot mend (no such
 object, access denied, no credentials) are raised at once, and so is the last error after
 :data:`ATTEMPTS` tries, as a :class:`~dali_pipes.remote.fs.RemoteError` naming the URL.
+
+Each range has its own tries, so a large object could take many failed requests in all. Within
+:func:`object_tries` (the streaming cache's download of one shard) they share one budget instead, with the
+downloads that arrived whole but wrong, so that a shard that keeps failing is asked for a bounded
+number of times, and its error can say how many.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import hashlib
 import logging
 import random
 import time
-from typing import IO, Any, Callable, Mapping, TypeVar
+from dataclasses import dataclass
+from typing import IO, Any, Callable, Iterator, Mapping, TypeVar
 
 from dali_pipes.remote.fs import JOB, Patience, RemoteError, describe, unreachable
 from dali_pipes.remote.urls import redact
@@ -41,6 +49,34 @@ _TRANSIENT_NAMES = (
 )
 
 
+@dataclass
+class Tries:
+    """The failed tries left to one object (:func:`object_tries`), and the requests made for it."""
+
+    left: int
+    made: int = 0
+
+    def failed(self) -> bool:
+        """Count a failed try; True when it was the last one allowed."""
+        self.left -= 1
+        return self.left <= 0
+
+
+_TRIES: contextvars.ContextVar[Tries | None] = contextvars.ContextVar("dali_pipes_tries", default=None)
+
+
+@contextlib.contextmanager
+def object_tries(size: int) -> Iterator[Tries]:
+    """Within the block (in this thread), :func:`retrying`'s failed tries share one budget: :data:`ATTEMPTS` for an
+    object of one :data:`CHUNK`, one more for each further chunk (a flaky link may cost a chunk now and then)."""
+    tries = Tries(ATTEMPTS + max(0, -(-size // CHUNK) - 1))
+    token = _TRIES.set(tries)
+    try:
+        yield tries
+    finally:
+        _TRIES.reset(token)
+
+
 def transient(exc: BaseException) -> bool:
     """True for an error worth retrying: a dropped or timed-out connection, a throttling answer, a response
     that fails its checksum."""
@@ -62,14 +98,18 @@ def retrying(
     """``call()``, retried with backoff on transient errors (``patience.attempts`` tries, default
     :data:`ATTEMPTS`); :class:`RemoteError` naming ``url`` when it gives up."""
     attempts = patience.attempts or ATTEMPTS  # read at each call: tests lower ATTEMPTS
+    shared = _TRIES.get()
     for attempt in range(1, attempts + 1):
         try:
+            if shared is not None:
+                shared.made += 1
             return call()
         except RemoteError:
             raise
         except Exception as exc:  # noqa: BLE001 - sorted below into retried and raised
             retry = transient(exc)
-            if not retry or attempt == attempts:
+            spent = shared is not None and shared.failed()
+            if not retry or attempt == attempts or spent:
                 message = describe(url, exc, storage_options, patience)
                 if message is None and retry:  # a transient kind describe() does not know by name
                     reason = redact(f"{type(exc).__name__}: {exc}", storage_options)
@@ -196,8 +236,10 @@ def upload_file(local: str, fs: Any, path: str, url: str, storage_options: Mappi
 __all__ = [
     "ATTEMPTS",
     "CHUNK",
+    "Tries",
     "download_to",
     "hash_remote",
+    "object_tries",
     "read_ranges",
     "remote_size",
     "retrying",

@@ -69,6 +69,19 @@ def is_url(path: Any) -> bool:
     return isinstance(path, (str, os.PathLike)) and scheme(path) is not None
 
 
+def check_dataset_path(path: Any) -> None:
+    """Refuse a ``scheme://`` that is no object storage dali-pipes reads (``https://``, ``file://``, ...): taken for a
+    local path it would be named in errors and cache folders with its ``user:password@`` (``Path`` makes the
+    ``//`` one ``/``, which the redaction no longer sees as a URL). The refusal names it redacted."""
+    text = os.fspath(path) if isinstance(path, os.PathLike) else path
+    if isinstance(text, str) and re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*://", text) and scheme(text) is None:
+        raise ValueError(
+            f"{redact(text)}: not a URL of object storage that dali-pipes reads "
+            f"({', '.join(f'{name}://' for name in SCHEMES if name != 'memory')}) nor a local path; give the "
+            "dataset folder's URL in one of those, or download the dataset and give its local path"
+        )
+
+
 def join(url: str, *names: str) -> str:
     """``url`` with ``names`` appended, one ``/`` between each (``join("s3://b/ds/", "index.json")``)."""
     out = url.rstrip("/")
@@ -178,6 +191,7 @@ __all__ = [
     "INPUT_OPTIONS_ENV",
     "SCHEMES",
     "SECRET_ENV",
+    "check_dataset_path",
     "input_options_in_environment",
     "is_url",
     "join",

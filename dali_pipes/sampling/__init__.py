@@ -4,13 +4,16 @@ Pure functions over integers and numpy arrays (no DALI, no I/O), in
 :mod:`dali_pipes.sampling.rules` (permutations, the rank split) and
 :mod:`dali_pipes.sampling.weighted` (weighted epochs) and :mod:`dali_pipes.sampling.mixture`
 (mixtures of datasets) and :mod:`dali_pipes.sampling.windowed` (shard-windowed epochs for a
-bounded cache); the
+bounded cache) and :mod:`dali_pipes.sampling.partitioned` (windowed epochs in which each node reads only
+its share of the shards); the
 loader, the RAM cache and the public API all import them from here.
 """
 
-# The names and their lists live once, in rules.py, weighted.py, mixture.py and windowed.py.
+# The names and their lists live once, in rules.py, weighted.py, mixture.py, windowed.py and partitioned.py.
 from dali_pipes.sampling.mixture import *  # noqa: F403
 from dali_pipes.sampling.mixture import __all__ as _mixture
+from dali_pipes.sampling.partitioned import *  # noqa: F403
+from dali_pipes.sampling.partitioned import __all__ as _partitioned
 from dali_pipes.sampling.rules import *  # noqa: F403
 from dali_pipes.sampling.rules import __all__ as _rules
 from dali_pipes.sampling.weighted import *  # noqa: F403
@@ -18,4 +21,4 @@ from dali_pipes.sampling.weighted import __all__ as _weighted
 from dali_pipes.sampling.windowed import *  # noqa: F403
 from dali_pipes.sampling.windowed import __all__ as _windowed
 
-__all__ = [*_rules, *_weighted, *_mixture, *_windowed]
+__all__ = [*_rules, *_weighted, *_mixture, *_windowed, *_partitioned]

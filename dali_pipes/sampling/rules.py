@@ -36,11 +36,14 @@ from typing import Literal
 import numpy as np
 
 LastBatch = Literal["pad", "drop"]
+#: Where :func:`split_order` takes its filler samples: wrapped around from the order's start, or from its end.
+PadFrom = Literal["start", "end"]
 LAST_BATCH_POLICIES: tuple[str, ...] = ("pad", "drop")
 
 __all__ = [
     "LAST_BATCH_POLICIES",
     "EpochRules",
+    "PadFrom",
     "World",
     "check_int",
     "epoch_order",
@@ -219,13 +222,22 @@ def rank_indices(
 
 
 def split_order(
-    order: np.ndarray, batch_size: int, rank: int, world_size: int, last_batch: LastBatch = "pad", start: int = 0
+    order: np.ndarray,
+    batch_size: int,
+    rank: int,
+    world_size: int,
+    last_batch: LastBatch = "pad",
+    start: int = 0,
+    pad_from: PadFrom = "start",
 ) -> tuple[np.ndarray, np.ndarray]:
     """:func:`rank_indices` for any global order of an epoch (a permutation, or a weighted draw with repeats).
 
     ``order`` is the epoch's global sequence of sample indices; the rank split,
     the padding by wrap-around from its start and the resume offset ``start`` are
-    those of the module docstring, with ``N = len(order)``.
+    those of the module docstring, with ``N = len(order)``. ``pad_from="end"`` takes
+    the filler samples backwards from the order's end instead (its last sample, then
+    the one before...): samples of the last batches, which a streaming cache still
+    holds, where the epoch's start was evicted long ago (:mod:`.windowed`).
     """
     order = np.asarray(order, dtype=np.int64)
     _, batch_size, world_size, last_batch, start = _check_common(len(order), batch_size, world_size, last_batch, start)
@@ -247,7 +259,7 @@ def split_order(
     if len(real) < tail_per_rank:
         # One filler sample each for ranks extra.., wrapped around from the epoch's start: np.resize repeats
         # ``order`` cyclically, which covers more ranks than samples.
-        filler = np.resize(order, world.rank - extra + 1)[-1:]
+        filler = np.resize(order if pad_from == "start" else order[::-1], world.rank - extra + 1)[-1:]
     indices = np.concatenate([body, real, filler])
     is_pad = np.zeros(len(indices), dtype=bool)
     is_pad[len(body) + len(real) :] = True

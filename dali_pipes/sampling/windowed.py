@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, ClassVar, Iterable, Sequence
 
 import numpy as np
 
@@ -341,6 +341,9 @@ class WindowedSampling:
     shard_sizes: Any
     window: int
     shuffle: bool = True
+    #: The padding of an epoch's last batch is taken from the order's end (:func:`~dali_pipes.sampling.rules.split_order`):
+    #: a stream's cache holds those shards still, not the epoch's first ones.
+    pad_from: ClassVar[str] = "end"
 
     def __post_init__(self) -> None:
         sizes = checked_shard_sizes(self.shard_sizes)

@@ -6,6 +6,7 @@
 - ``remote``: ``open_store(URL)`` and the loader's staging of a URL (into the cache folder by default);
 - ``stream_cache``: a bounded shard cache shared by a node's processes, for training from object storage
   (``cache_folder``: its locks and bookkeeping; ``cache_plan``: its entries and what a folder already holds);
+- ``mounts``: the filesystem a folder is on (the mount table), and whether it is a network one;
 - ``ramcache``: ``DataOptions(cache="ram")``, this rank's shards in ``/dev/shm``;
 - ``tmpfs``: ``/dev/shm`` folders that a killed process does not leave behind.
 """

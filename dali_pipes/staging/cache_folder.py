@@ -6,7 +6,8 @@ same state, kept in ``FOLDER/.dali-pipes-cache/``:
 - ``lock``: an exclusive ``flock`` taken around every read-modify-write of the state. It is held for
   the time of a bookkeeping step, never while a shard downloads.
 - ``state.json``: the shards held and their bytes, when each was last used (a counter, so that the
-  least recently used goes first), each holder's pins, and the downloads under way, whose bytes are
+  least recently used goes first), each holder's pins (those it reads, and those it fetched ahead:
+  :mod:`.cache_pins`), and the downloads under way, whose bytes are
   reserved against the limit before their first byte is written. It is rewritten whole and renamed
   into place, so a reader never sees half of it; the shards on disk are the truth it is rebuilt from
   when the first process of a run opens the folder.
@@ -16,7 +17,8 @@ same state, kept in ``FOLDER/.dali-pipes-cache/``:
   are reused, and a process in another pid namespace sharing the folder looks dead from here.
 - ``shards/<hash>.lock``: one per shard, held by the process downloading it. A second process that
   wants the same shard waits on it, and takes over (removing what the first left half-written) when
-  the first dies.
+  the first dies. A child forked meanwhile closes its copies of these descriptors (and they are closed
+  on ``exec``), so the lock ends with the downloading process, however its children live on.
 """
 
 from __future__ import annotations
@@ -69,7 +71,8 @@ class CacheState:
     present: dict[str, int] = field(default_factory=dict)  # complete shards: bytes (with their index)
     used: dict[str, int] = field(default_factory=dict)  # the clock at each shard's last use
     clock: int = 0
-    pins: dict[str, dict[str, int]] = field(default_factory=dict)  # holder: {key: count}
+    pins: dict[str, dict[str, int]] = field(default_factory=dict)  # holder: {key: count}, shards being read
+    ahead: dict[str, list[str]] = field(default_factory=dict)  # holder: keys fetched ahead, given up for room
     reserved: dict[str, list] = field(default_factory=dict)  # key: [holder, bytes] of a download under way
     peak: int = 0
     verified: bool = False
@@ -79,9 +82,13 @@ class CacheState:
         """Bytes of the complete shards plus those reserved for downloads under way."""
         return sum(self.present.values()) + sum(size for _, size in self.reserved.values())
 
-    def pinned(self) -> set[str]:
-        """The keys pinned by any holder."""
+    def needed(self) -> set[str]:
+        """The keys any holder pins to read them (:mod:`.cache_pins`)."""
         return {key for keys in self.pins.values() for key, count in keys.items() if count > 0}
+
+    def pinned(self) -> set[str]:
+        """The keys pinned by any holder: to read them, or fetched ahead."""
+        return self.needed() | {key for keys in self.ahead.values() for key in keys}
 
     def touch(self, key: str) -> None:
         """Mark ``key`` used now."""
@@ -184,11 +191,13 @@ class CacheFolder:
         self._holder = self._holder_fd = None
 
     def close_descriptors(self) -> None:
-        """Close this process's descriptors (its holder lock with them: others then see it dead)."""
-        for fd in (self._holder_fd, self._lock_fd):
-            if fd is not None and self._pid == os.getpid():
-                os.close(fd)
-        self._holder_fd = self._lock_fd = self._holder = None
+        """Close this process's descriptors (its holder lock with them: others then see it dead); under the
+        threads' lock, so that no other thread of the cache is between opening the state lock and taking it."""
+        with self._mutex:
+            for fd in (self._holder_fd, self._lock_fd):
+                if fd is not None and self._pid == os.getpid():
+                    os.close(fd)
+            self._holder_fd = self._lock_fd = self._holder = None
 
     def live_holders(self) -> set[str]:
         """The holders alive now (under :meth:`locked`); the lock files of dead ones are removed."""
@@ -209,6 +218,8 @@ class CacheFolder:
         live = self.live_holders()
         for holder in [h for h in state.pins if h not in live]:
             del state.pins[holder]
+        for holder in [h for h in state.ahead if h not in live]:
+            del state.ahead[holder]
         for key, (holder, _) in list(state.reserved.items()):
             if holder not in live:
                 del state.reserved[key]
@@ -224,13 +235,18 @@ class CacheFolder:
         return self.meta / _SHARD_LOCKS / f"{hashlib.sha256(key.encode()).hexdigest()[:24]}.lock"
 
     def try_shard_lock(self, key: str) -> int | None:
-        """The locked descriptor of ``key``'s download lock, or ``None`` when a download holds it."""
-        fd = os.open(self._shard_lock_path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return None
+        """The locked descriptor of ``key``'s download lock, or ``None`` when a download holds it.
+
+        Recorded until :func:`_unlock` (under a lock that a fork waits for), so that a child forked meanwhile
+        closes it: the lock then ends with this process, not with the longest-lived of its children."""
+        with _SHARD_FDS_LOCK:
+            fd = os.open(self._shard_lock_path(key), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return None
+            _SHARD_FDS.add(fd)
         return fd
 
     @contextlib.contextmanager
@@ -249,20 +265,35 @@ class CacheFolder:
 
 def _unlock(fd: int) -> None:
     """Release a download lock and close it: a forked child sharing the open file would otherwise keep it held."""
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
+    with _SHARD_FDS_LOCK:
+        _SHARD_FDS.discard(fd)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
 
 
 def _forget_parents() -> None:
+    """In a forked child: close the parent's download locks (closed, not unlocked: that would unlock the
+    parent's too) and the descriptors of its folders (:meth:`CacheFolder._forget_parent`)."""
+    for fd in list(_SHARD_FDS):
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _SHARD_FDS.clear()
+    _SHARD_FDS_LOCK.release()  # taken by the fork (os.register_at_fork's before) in the thread that forked
     for folder in list(_FOLDERS):
         folder._forget_parent()
 
 
 #: Every CacheFolder of this process, so that a forked child closes what it inherited (:meth:`CacheFolder._forget_parent`).
 _FOLDERS: "weakref.WeakSet[CacheFolder]" = weakref.WeakSet()
-os.register_at_fork(after_in_child=_forget_parents)
+#: The descriptors of the download locks this process holds, and the lock a fork takes so that none is being
+#: opened (and not yet recorded) while it copies the process.
+_SHARD_FDS: set[int] = set()
+_SHARD_FDS_LOCK = threading.Lock()
+os.register_at_fork(
+    before=_SHARD_FDS_LOCK.acquire, after_in_parent=_SHARD_FDS_LOCK.release, after_in_child=_forget_parents
+)
 
 
 def _wait_for_lock(folder: CacheFolder, key: str, wait_s: float, files: list[Path]) -> int:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Mapping
 
 from dali_pipes.dataset.fileio import sha256_file
 from dali_pipes.dataset.manifest import Manifest, Shard, human_bytes, parse_manifest
+from dali_pipes.remote.urls import redact
 from dali_pipes.staging.cache_folder import FULL_ERRNOS, CacheError, remove_leftovers
 from dali_pipes.staging.checked import TMP_PREFIX, StageItem
 from dali_pipes.staging.stage import _plan_source
@@ -51,7 +52,8 @@ def plan_entries(
     ``origin`` names the dataset with any secret taken out (it is recorded in the folder); the copier
     downloads one file through a temporary name, checked against its size and SHA-256."""
     if str(source).endswith((".h5", ".hdf5")):
-        raise CacheError(f"{source}: a merged .h5 file is not streamed; give the dataset folder (or its URL)")
+        shown = redact(str(source), storage_options)
+        raise CacheError(f"{shown}: a merged .h5 file is not streamed; give the dataset folder (or its URL)")
     _, items, (_, manifest_bytes), _, origin, copy = _plan_source(source, folder, storage_options)
     manifest = parse_manifest(json.loads(manifest_bytes), where=origin)
     by_rel = {item.rel: item for item in items}

@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, resolve_inside
 from dali_pipes.remote.dataset import load_remote_manifest
-from dali_pipes.remote.fs import filesystem
+from dali_pipes.remote.fs import FIRST_CONTACT, filesystem
 from dali_pipes.remote.transfer import download_to, retrying
 from dali_pipes.remote.urls import join, redact
 from dali_pipes.staging.checked import StageError, StageItem, write_checked
@@ -52,7 +52,8 @@ def plan_remote(
             f"{shown}: a merged .h5 file is staged from a local path only; stage the dataset folder's URL instead"
         )
     fs, root = filesystem(url, storage_options)
-    manifest, marker_bytes = load_remote_manifest(url, storage_options)
+    # The first request, with a person waiting: a server that is down is said within seconds, as inspect says it.
+    manifest, marker_bytes = load_remote_manifest(url, storage_options, FIRST_CONTACT)
     # One listing gives every size the manifest does not (index files, errors.jsonl): one request, not one per file.
     sizes = _sizes(fs, root, url, storage_options)
     items = []

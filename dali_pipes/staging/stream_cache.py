@@ -6,12 +6,15 @@ are evicted. :class:`ShardCache` does that for one dataset and one folder:
 
 - :meth:`~ShardCache.fetch` makes shards present, downloading the missing ones a few at a time with
   staging's copier (ranged reads, retried, into a temporary name renamed only when its size and
-  SHA-256 match the manifest). Room is made first by evicting the least recently used shards that no
-  process pins; the bytes of a download are reserved against the limit before its first byte is
+  SHA-256 match the manifest). Room is made first by evicting shards that no process pins, those
+  needed furthest ahead first (:meth:`~ShardCache.plan_reads`); the bytes of a download are reserved against the limit before its first byte is
   written, so the folder's shards and temporaries together never pass the limit.
 - :meth:`~ShardCache.pin` / :meth:`~ShardCache.unpin` (or :meth:`~ShardCache.hold`) keep shards from
   eviction while a reader needs them. Pins belong to the process that made them and end with it,
-  however it ends. Pins that together need more than the limit are refused at once, with what they need.
+  however it ends. Shards fetched ahead are pinned as such (:meth:`~ShardCache.set_ahead`), and give up
+  their room to pins to read (:mod:`.cache_pins`). Pins to read that together need more than the limit
+  are refused, with what they need and who holds the room (after a bounded wait when other processes
+  hold it).
 - The processes of a node (DDP ranks, reader processes) share the folder: each shard is downloaded
   once per node, by whichever process asks first; the others wait for it (:mod:`.cache_folder` has the
   locks and the shared bookkeeping).
@@ -27,42 +30,42 @@ import logging
 import os
 import shutil
 import threading
+import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-from dali_pipes.dataset.fileio import atomic_write_bytes
 from dali_pipes.dataset.manifest import human_bytes
 from dali_pipes.dataset.progress import bar_disabled, tqdm
+from dali_pipes.remote.fs import RemoteError
+from dali_pipes.remote.transfer import object_tries
 from dali_pipes.staging.cache_folder import (
-    MANIFEST_COPY,
-    SOURCE_NAME,
     CacheError,
     CacheFolder,
     CacheState,
     full_disk,
     remove_leftovers,
 )
+from dali_pipes.staging.cache_open import FolderOpening
+from dali_pipes.staging.cache_pins import holders, no_room, others_may_move, over_limit, pin_needed, set_ahead
 from dali_pipes.staging.cache_plan import (
     CacheEntry,
     full_error,
-    kept_entries,
     plan_entries,
-    read_bytes,
-    read_manifest,
     refuse_oversized,
-    whole,
 )
 from dali_pipes.staging.checked import MismatchError
 from dali_pipes.staging.stage import SOURCE_RECORD
+from dali_pipes.staging.threads import Cancelled, run_all
 
 log = logging.getLogger(__name__)
 
 #: Downloads of a shard whose bytes differ from the manifest before its error is raised (the source itself
 #: may be damaged: then every download differs).
 MISMATCH_ATTEMPTS = 2
+#: Seconds after a shard's download failed (its tries spent) during which :meth:`ShardCache.recent_failure` gives it.
+FAILED_PAUSE_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -77,9 +80,11 @@ class CacheTuning:
     wait_s: float = 600.0
     #: A progress bar in bytes while a fetch downloads (shown on a terminal only).
     progress: bool = False
+    #: Seconds a pin that finds no room waits for other processes' windows to move on before it is refused.
+    pin_wait_s: float = 60.0
 
 
-class ShardCache:
+class ShardCache(FolderOpening):
     """The shards of the dataset at ``source`` (a URL, or a dataset folder on a slow filesystem) in ``folder``,
     never more than ``limit_bytes`` of them (a shard's index counts with it).
 
@@ -107,6 +112,7 @@ class ShardCache:
             source, self.folder, storage_options
         )
         self._entries = {entry.key: entry for entry in entries}
+        self._sizes = {entry.key: entry.bytes for entry in entries}
         self._order = [entry.key for entry in entries]
         refuse_oversized(self.folder, entries, limit_bytes)
         if self.folder.exists() and not self.folder.is_dir():
@@ -116,6 +122,9 @@ class ShardCache:
                 f"{self.folder}: holds a staged copy (dali-pipes stage); give the streaming cache a folder of its own"
             )
         self._state = CacheFolder(self.folder)
+        self._cancel = threading.Event()
+        self._next_use: dict[str, int] = {}  # key: its rank in the reading order (plan_reads)
+        self._failed: dict[str, tuple[float, Exception]] = {}  # key: (when, error) of its last failed download
         self._finalizer = weakref.finalize(self, self._state.close_descriptors)
         self._open(manifest_bytes)
 
@@ -153,33 +162,66 @@ class ShardCache:
     def pin(self, shards: Iterable[int | str]) -> None:
         """Keep ``shards`` from eviction until :meth:`unpin` (counted: pin twice, unpin twice) or this process ends.
 
-        Raises :class:`CacheError` when the shards pinned on the node, these included, would need more than the
-        limit: nothing is pinned then. Pinning downloads nothing (:meth:`fetch` does)."""
-        entries = self._select(shards)
+        Shards fetched ahead by any holder of the node are given up to make room (:mod:`.cache_pins`). When
+        the shards being read on the node, these included, would still need more than the limit, waits up
+        to ``tuning.pin_wait_s`` for other processes' windows to move on, then raises :class:`CacheError`
+        naming who holds the room; at once when only this process's pins stand in the way (waiting for them
+        would never end). Nothing is pinned then. Pinning downloads nothing (:meth:`fetch` does)."""
+        keys = [entry.key for entry in self._select(shards)]
+        deadline = time.monotonic() + self.tuning.pin_wait_s
+        pause = 0.02
+        while True:
+            with self._state.locked():
+                state = self._load()
+                self._state.reap(state, self._files_of)
+                need = pin_needed(state, self._state.register(), keys, self._sizes, self.limit_bytes)
+                if not need:
+                    self._save(state)
+                    return
+                union = state.needed() | set(keys)
+                waits = others_may_move(state) and time.monotonic() < deadline
+                held = f"; held by {holders(state, self._sizes)}"
+            if not waits:
+                raise CacheError(over_limit(self.folder, self.limit_bytes, need, union, keys, held + _PIN_ADVICE))
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)
+
+    def set_ahead(self, shards: Iterable[int | str]) -> list[int | str]:
+        """Pin ``shards`` (in reading order) as fetched ahead, in place of those this cache pinned so before: the
+        first of them that fit in the room no other pin uses; returned. They are given up when a pin to read
+        needs their room (:mod:`.cache_pins`): :meth:`fetch` with ``ahead=True`` then skips them."""
+        asked = list(shards)
+        entries = self._select(asked) if asked else []
         with self._state.locked():
             state = self._load()
-            self._state.reap(state, self._files_of)
-            union = state.pinned() | {entry.key for entry in entries}
-            need = sum(self._entries[key].bytes for key in union if key in self._entries)
-            if need > self.limit_bytes:
-                raise CacheError(self._over_limit(need, union, entries))
-            mine = state.pins.setdefault(self._state.register(), {})
-            for entry in entries:
-                mine[entry.key] = mine.get(entry.key, 0) + 1
+            kept = set(
+                set_ahead(state, self._state.register(), [e.key for e in entries], self._sizes, self.limit_bytes)
+            )
             self._save(state)
+        return [shard for shard, entry in zip(asked, entries) if entry.key in kept]
+
+    def drop_pins(self) -> None:
+        """Unpin every shard this cache pins (to read or ahead): its room goes to the other loaders at once."""
+        if self._state.holder is not None:
+            with self._state.locked():
+                state = self._load()
+                state.pins.pop(self._state.holder, None)
+                state.ahead.pop(self._state.holder, None)
+                self._save(state)
 
     def unpin(self, shards: Iterable[int | str]) -> None:
-        """Let ``shards`` be evicted again (once no other pin holds them); ``ValueError`` for one not pinned here."""
+        """Let ``shards`` be evicted again (once no other pin holds them); ``ValueError`` for one not pinned here
+        (but after :meth:`cancel`, whose close may have dropped the pins already)."""
         entries = self._select(shards)
         with self._state.locked():
             state = self._load()
             mine = state.pins.get(self._state.holder or "", {})
             counts = {entry.key: mine.get(entry.key, 0) - 1 for entry in entries}
             unpinned = sorted(key for key, count in counts.items() if count < 0)
-            if unpinned:
+            if unpinned and not self._cancel.is_set():
                 raise ValueError(f"{self.folder}: {', '.join(unpinned)}: not pinned by this cache, so not unpinned")
             for key, count in counts.items():
-                if count:
+                if count > 0:
                     mine[key] = count
                 else:
                     mine.pop(key, None)
@@ -197,25 +239,22 @@ class ShardCache:
         finally:
             self.unpin([entry.key for entry in entries])
 
-    def _over_limit(self, need: int, union: set[str], asked: list[CacheEntry]) -> str:
-        names = ", ".join(entry.key for entry in asked[:4]) + (", ..." if len(asked) > 4 else "")
-        return (
-            f"{self.folder}: the shards pinned on this node would need {human_bytes(need)} ({need} bytes, "
-            f"{len(union)} shard(s), these among them: {names}), more than the cache's limit of "
-            f"{human_bytes(self.limit_bytes)} ({self.limit_bytes} bytes); raise the limit to at least {need} bytes, "
-            "or pin fewer shards at once (a smaller window, fewer batches ahead)"
-        )
-
     # --- fetching --------------------------------------------------------------------------------
 
-    def fetch(self, shards: Iterable[int | str]) -> list[Path]:
+    def fetch(self, shards: Iterable[int | str], *, ahead: bool = False) -> list[Path]:
         """Make ``shards`` present (downloading the missing ones, evicting others as needed); their paths.
 
         They are pinned while the call runs, so one does not evict another; afterwards they may be evicted by
         later fetches unless pinned (:meth:`hold`). A download that fails is retried as staging's are, then
-        raised naming the object; nothing half-written stays."""
+        raised naming the object; nothing half-written stays. ``ahead``: only those this cache still pins
+        (:meth:`set_ahead`), without pinning them again; the others are skipped."""
         entries = self._select(shards)
         keys = [entry.key for entry in entries]
+        if ahead:
+            missing = self._use(entries, ahead=True)
+            if missing:
+                self._download_all(missing, ahead=True)
+            return [self.folder / key for key in keys]
         self.pin(keys)
         try:
             missing = self._use(entries)
@@ -225,11 +264,13 @@ class ShardCache:
             self.unpin(keys)
         return [self.folder / key for key in keys]
 
-    def _use(self, entries: list[CacheEntry]) -> list[CacheEntry]:
-        """Mark the present ones used now; return the others."""
+    def _use(self, entries: list[CacheEntry], ahead: bool = False) -> list[CacheEntry]:
+        """Mark the present ones used now; return the others (with ``ahead``, those still pinned only)."""
         missing = []
         with self._state.locked():
             state = self._load()
+            if ahead:
+                entries = [entry for entry in entries if entry.key in state.pinned()]
             for entry in entries:
                 if entry.key in state.present and not all(p.exists() for p in self._files(entry)):
                     log.warning(
@@ -243,30 +284,41 @@ class ShardCache:
             self._save(state)
         return missing
 
-    def _download_all(self, missing: list[CacheEntry]) -> None:
-        lock = threading.Lock()
+    def _download_all(self, missing: list[CacheEntry], ahead: bool = False) -> None:
+        """Download ``missing``, a few at a time, in daemon threads (:func:`~dali_pipes.staging.threads.run_all`)."""
+        lock, stop = threading.Lock(), threading.Event()
         total = sum(entry.bytes for entry in missing)
         with tqdm(total=total, unit="B", unit_scale=True, desc=f"cache {self.folder}", disable=_quiet(self)) as bar:
 
             def advance(count: int) -> None:
+                if self._cancel.is_set() or stop.is_set():
+                    raise Cancelled(f"{self.folder}: download stopped")
                 with lock:
                     bar.update(count)
 
-            with ThreadPoolExecutor(max_workers=min(self.tuning.workers, len(missing))) as pool:
-                futures = [pool.submit(self._obtain, entry, advance) for entry in missing]
-                try:
-                    for future in futures:
-                        future.result()
-                except BaseException:
-                    pool.shutdown(wait=True, cancel_futures=True)  # those under way finish or fail first
-                    raise
+            calls = [lambda entry=entry: self._obtain(entry, advance, ahead) for entry in missing]
+            run_all(calls, self.tuning.workers, stop)
 
-    def _obtain(self, entry: CacheEntry, advance: Callable[[int], None]) -> None:
-        """Download ``entry`` unless another process of the node does (then wait for it)."""
+    def recent_failure(self, shard: int | str) -> Exception | None:
+        """The error of ``shard``'s last download by this cache when it failed within :data:`FAILED_PAUSE_S` (and
+        none succeeded since): a reader that asks again so soon raises it instead of downloading it once more."""
+        failed = self._failed.get(self._select([shard])[0].key)
+        return failed[1] if failed is not None and time.monotonic() - failed[0] < FAILED_PAUSE_S else None
+
+    def cancel(self) -> None:
+        """Stop this cache's downloads: those under way end at their next chunk (their temporaries removed, their
+        reservations released), none starts; for a Ctrl-C or a close that must not wait for them."""
+        self._cancel.set()
+
+    def _obtain(self, entry: CacheEntry, advance: Callable[[int], None], ahead: bool = False) -> None:
+        """Download ``entry`` unless another process of the node does (then wait for it); with ``ahead``, only
+        while it is pinned (its pin may be given up meanwhile)."""
         with self._state.shard_lock(entry.key, self.tuning.wait_s, self._files(entry)):
-            if not self._use([entry]):
-                return  # another process brought it while this one waited
-            self._reserve(entry)
+            if not self._use([entry], ahead):
+                return  # another process brought it while this one waited, or it is no longer pinned
+            advance(0)  # stopped meanwhile: not started
+            if not self._reserve(entry, ahead):
+                return
             try:
                 self._download(entry, advance)
             except BaseException as exc:
@@ -282,54 +334,72 @@ class ShardCache:
 
     def _download(self, entry: CacheEntry, advance: Callable[[int], None]) -> None:
         """Copy ``entry``'s files, once more when one arrives other than the manifest says (damaged on the way:
-        the copier's retries cover failed requests, not a body that arrived whole but wrong)."""
-        for attempt in range(1, MISMATCH_ATTEMPTS + 1):
-            try:
-                for item in entry.items:
-                    self._copy(item, self.folder / item.rel, advance)
-                return
-            except MismatchError as exc:
-                if attempt == MISMATCH_ATTEMPTS:
-                    raise
-                log.warning("cache %s: %s; downloading %s once more", self.folder, exc, entry.key)
+        the copier's retries cover failed requests, not a body that arrived whole but wrong).
 
-    def _reserve(self, entry: CacheEntry) -> None:
-        """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes."""
+        The failed requests and the wrong bodies share one budget (:func:`~dali_pipes.remote.transfer.object_tries`):
+        the shard's error says how many requests were made, and :meth:`recent_failure` gives it for a while."""
+        with object_tries(entry.bytes) as tries:
+            try:
+                for attempt in range(1, MISMATCH_ATTEMPTS + 1):
+                    try:
+                        for item in entry.items:
+                            self._copy(item, self.folder / item.rel, advance)
+                        return
+                    except MismatchError as exc:
+                        if attempt == MISMATCH_ATTEMPTS or tries.failed():
+                            raise
+                        log.warning("cache %s: %s; downloading %s once more", self.folder, exc, entry.key)
+            except (MismatchError, RemoteError) as exc:
+                said = type(exc)(f"{exc} (gave up after {tries.made} request(s) for {entry.key})")
+                self._failed[entry.key] = (time.monotonic(), said)
+                raise said from exc
+
+    def _reserve(self, entry: CacheEntry, ahead: bool = False) -> bool:
+        """Make room for ``entry`` (evicting the least recently used unpinned shards) and reserve its bytes;
+        with ``ahead``, False (nothing reserved) when its pin was given up meanwhile."""
         with self._state.locked():
             state = self._load()
             self._state.reap(state, self._files_of)
+            if ahead and entry.key not in state.pinned():
+                return False
             remove_leftovers(self._files(entry), keep_final=False)  # this process holds its lock: all of it is stale
             short = self._make_room(state, entry)
             if short > 0 or _free(self.folder) < entry.bytes:
                 self._save(state)  # what was evicted is gone
                 raise CacheError(
-                    self._no_room(state, entry)
+                    no_room(self.folder, self.limit_bytes, state.held, entry.key, entry.bytes)
                     if short > 0
                     else full_disk(self.folder, self.limit_bytes, f"making room for {entry.key}")
                 )
             state.reserved[entry.key] = [self._state.register(), entry.bytes]
             state.peak = max(state.peak, state.held)
             self._save(state)
+        return True
+
+    def plan_reads(self, shards: Iterable[int | str]) -> None:
+        """Tell the order the shards will be read in from now on (a streamer knows its epochs' orders): room is
+        then made by evicting the shard needed furthest ahead (never, first), so that what is read soon stays
+        (a rerun reads first what the interrupted run kept). Without it, or for shards not in it, the least
+        recently used go first."""
+        entries = self._select(list(shards))
+        self._next_use = {entry.key: rank for rank, entry in reversed(list(enumerate(entries)))}
 
     def _make_room(self, state: CacheState, entry: CacheEntry) -> int:
-        """Evict the least recently used unpinned shards until ``entry`` fits; the bytes still missing then."""
+        """Evict unpinned shards until ``entry`` fits, those needed furthest ahead first (:meth:`plan_reads`), else
+        the least recently used; the bytes still missing then."""
         short = state.held + entry.bytes - self.limit_bytes
         kept = state.pinned() | set(state.reserved)
-        for key in sorted((k for k in state.present if k not in kept), key=lambda k: state.used.get(k, 0)):
+        never = len(self._order) * 2
+
+        def last_first(key: str) -> tuple[int, int]:
+            return -self._next_use.get(key, never), state.used.get(key, 0)
+
+        for key in sorted((k for k in state.present if k not in kept), key=last_first):
             if short <= 0:
                 break
             short -= state.present[key]
             self._evict(state, key)
         return short
-
-    def _no_room(self, state: CacheState, entry: CacheEntry) -> str:
-        need = state.held + entry.bytes
-        return (
-            f"{self.folder}: no room for shard {entry.key} ({human_bytes(entry.bytes)}): the shards pinned or being "
-            f"downloaded on this node hold {human_bytes(state.held)} of the cache's limit of "
-            f"{human_bytes(self.limit_bytes)} ({self.limit_bytes} bytes); raise the limit to at least {need} bytes, "
-            "or pin fewer shards at once"
-        )
 
     def _evict(self, state: CacheState, key: str) -> None:
         for path in self._files_of(key):
@@ -343,6 +413,7 @@ class ShardCache:
             state = self._load()
             state.reserved.pop(entry.key, None)
             state.present[entry.key] = entry.bytes
+            self._failed.pop(entry.key, None)
             state.touch(entry.key)
             self._save(state)
 
@@ -356,76 +427,6 @@ class ShardCache:
                 self._save(state)
         except Exception:  # noqa: BLE001 - the download's own error is the one to raise
             log.exception("cache %s: could not release the reservation of %s", self.folder, entry.key)
-
-    # --- opening a folder ------------------------------------------------------------------------
-
-    def _open(self, manifest_bytes: bytes) -> None:
-        """Claim the folder and join the node's processes using it (the first of a run checks what it holds)."""
-        with self._state.locked():
-            self._claim()
-            state = self._state.load()
-            if not self._state.live_holders():
-                state = self._fresh(state, manifest_bytes)
-            else:
-                state = self._load()  # the state saved below: what joining reaps or evicts is kept
-                self._join(state, manifest_bytes)
-            self._state.register()
-            self._save(state)
-
-    def _claim(self) -> None:
-        record = self._state.meta / SOURCE_NAME
-        try:
-            recorded = record.read_text(encoding="utf-8").strip()
-        except FileNotFoundError:
-            atomic_write_bytes(record, (self.source + "\n").encode())
-            return
-        if recorded != self.source:
-            raise CacheError(
-                f"{self.folder}: already caches {recorded}, not {self.source}; give {self.source} another folder "
-                f"(or delete {self.folder} if the cache of {recorded} is no longer used)"
-            )
-
-    def _fresh(self, old: CacheState | None, manifest_bytes: bytes) -> CacheState:
-        """The state of a folder no live process uses: what is half-written removed, the complete shards kept."""
-        previous = read_manifest(self._state.meta / MANIFEST_COPY)
-        entries = [self._entries[key] for key in self._order]
-        state = CacheState(limit=self.limit_bytes, clock=old.clock if old else 0, verified=self.tuning.verify)
-        for entry in kept_entries(self.folder, entries, previous, self.tuning.verify):
-            state.present[entry.key] = entry.bytes
-            state.used[entry.key] = old.used.get(entry.key, 0) if old else 0
-        for key in sorted(state.present, key=lambda k: state.used[k]):  # a smaller limit than the last run's
-            if state.held <= self.limit_bytes:
-                break
-            self._evict(state, key)
-        state.peak = state.held
-        atomic_write_bytes(self._state.meta / MANIFEST_COPY, manifest_bytes)
-        if state.present:
-            log.info(
-                "cache %s: %d shard(s) kept from an earlier run (%s)",
-                self.folder,
-                len(state.present),
-                human_bytes(state.held),
-            )
-        return state
-
-    def _join(self, state: CacheState, manifest_bytes: bytes) -> None:
-        """Join the live processes using the folder: same limit, same manifest; hashes checked once if asked."""
-        if state.limit != self.limit_bytes:
-            raise CacheError(
-                f"{self.folder}: other processes of this node use it with a limit of {state.limit} bytes, not "
-                f"{self.limit_bytes}; give every process of the node the same limit"
-            )
-        if read_bytes(self._state.meta / MANIFEST_COPY) != manifest_bytes:
-            raise CacheError(
-                f"{self.folder}: other processes of this node cache another version of {self.source} (its index.json "
-                "changed since they started); let them finish, then start again"
-            )
-        self._state.reap(state, self._files_of)
-        if self.tuning.verify and not state.verified:
-            for key in [k for k in state.present if k in self._entries]:
-                if not whole(self.folder, self._entries[key], hashed=True):
-                    self._evict(state, key)
-            state.verified = True
 
     # --- helpers ---------------------------------------------------------------------------------
 
@@ -469,6 +470,7 @@ class ShardCache:
                 state = self._state.load()
                 if state is not None:
                     state.pins.pop(self._state.holder, None)
+                    state.ahead.pop(self._state.holder, None)
                     self._save(state)
                 self._state.unregister()
         self._finalizer()
@@ -480,6 +482,13 @@ class ShardCache:
         self.close()
 
 
+#: What to do when a pin to read finds no room, said after who holds it.
+_PIN_ADVICE = (
+    "; close the loaders no longer read (two loaders of one dataset fit on a node, each window sized by its share "
+    "of the limit; more do not), or count every loader of the node in StreamOptions(node_ranks=N)"
+)
+
+
 def _free(folder: Path) -> int:
     return shutil.disk_usage(folder).free
 
@@ -488,4 +497,4 @@ def _quiet(cache: ShardCache) -> bool:
     return bar_disabled(cache.tuning.progress)
 
 
-__all__ = ["CacheError", "CacheTuning", "ShardCache"]
+__all__ = ["CacheError", "CacheTuning", "Cancelled", "ShardCache"]
