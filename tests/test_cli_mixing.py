@@ -56,7 +56,8 @@ def by_class(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("by-class")
     images = make_imagefolder(root / "images", 120, size=(16, 16), classes=6, seed=0, workers=1)
-    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False, samples_per_shard=10)
+    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False, samples_per_shard=10,
+            order="source")  # fmt: skip
     return root / "shards"
 
 
