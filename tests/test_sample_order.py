@@ -177,3 +177,19 @@ def test_a_report_line_says_how_the_samples_were_written():
     assert order_line(SampleOrder("shuffled", 7)) == "written in a shuffled order (convert's seed 7)"
     assert order_line(SOURCE_ORDER).startswith("written in source order")
     assert order_line(None).startswith("order not recorded")
+
+
+def test_mixing_says_whether_the_samples_were_written_shuffled_or_in_source_order(class_folder, tmp_path, capsys):
+    from dali_pipes.cli.command import main
+
+    options = dict(format="lmdb", samples_per_shard=PER_SHARD, workers=1, progress=False)
+    convert(ImageFolderSource(class_folder), tmp_path / "shuffled", **options)
+    convert(ImageFolderSource(class_folder), tmp_path / "source", order="source", **options)
+    said = {}
+    for name in ("shuffled", "source"):
+        assert main(["mixing", str(tmp_path / name), "--windows", "1", "--batch-size", "8"]) == 0
+        said[name] = capsys.readouterr().out.splitlines()[0]
+    assert said["shuffled"].endswith("; written in a shuffled order (convert's seed 0)"), said
+    assert said["source"].endswith("; written in source order (convert --order shuffled mixes a class-ordered input)")
+    assert main(["mixing", str(tmp_path / "source"), "--json", "--windows", "1", "--batch-size", "8"]) == 0
+    assert json.loads(capsys.readouterr().out)["order"].startswith("written in source order")
