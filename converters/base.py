@@ -147,6 +147,9 @@ class Source(ABC):
     """
 
     kind: ClassVar[str]
+    #: Whether the source's own order groups samples by class (an image folder: class after class), so that a
+    #: conversion shuffles it by default (:func:`converters.order.choose_order`).
+    class_ordered: ClassVar[bool] = False
 
     @abstractmethod
     def items(self) -> list[Item]:

@@ -30,6 +30,7 @@ from dali_pipes.dataset.manifest import (
     Shard,
     load_manifest,
 )
+from dali_pipes.dataset.sample_order import SOURCE_ORDER, SampleOrder
 
 LOCK_NAME = ".dali-pipes.lock"
 #: Appended to a shard's name while it is written.
@@ -84,15 +85,18 @@ def remove_paths(paths: Iterable[Path]) -> None:
             path.unlink(missing_ok=True)
 
 
-def job_digest(source: Source, fmt: str, plans: Sequence[ShardPlan]) -> str:
+def job_digest(source: Source, fmt: str, plans: Sequence[ShardPlan], identity: Mapping[str, Any] | None = None) -> str:
     """A hash of everything that determines the output bytes, to recognise the same job on a re-run.
 
     The shards' fingerprints stand for the items (their names and sizes), so the digest needs no pass of its own.
+    ``identity``: what else decides the output (:attr:`~converters.input_plan.InputPlan.identity`: a shuffled
+    order and the input's fingerprint); none keeps the digest a job in the source's order always had.
     """
     header = {
         "format": fmt,
         "source": source.recorded(),
         "shards": [[p.start, p.stop, p.fingerprint] for p in plans],
+        **(identity or {}),
     }
     return hashlib.sha256(json.dumps(header, sort_keys=True, default=str).encode()).hexdigest()
 
@@ -108,11 +112,14 @@ def legacy_job_digest(source: Source, fmt: str, items: Iterable[Item], plans: Se
     return digest.hexdigest()
 
 
-def finished_dataset(out: Path, digest: str, legacy: Callable[[], str] | None = None) -> Manifest | None:
+def finished_dataset(
+    out: Path, digest: str, legacy: Callable[[], str] | None = None, order: SampleOrder | None = None
+) -> Manifest | None:
     """The manifest of ``out`` when it is a complete conversion of this very job.
 
     ``legacy`` computes the digest an older version would have written for this job (one more pass over the
-    input, so only asked when the manifest's digest is not ``digest``).
+    input, so only asked when the manifest's digest is not ``digest``). ``order``: the job's; a dataset written
+    in another is refused saying so.
     """
     if not (out / MANIFEST_NAME).exists():
         return None
@@ -124,10 +131,37 @@ def finished_dataset(out: Path, digest: str, legacy: Callable[[], str] | None = 
         ) from exc
     recorded = manifest.source.get("job")
     if recorded != digest and (legacy is None or recorded != legacy()):
+        written = manifest.order or SOURCE_ORDER  # a manifest without an order: the source's, as all were then
+        hint = "" if order in (None, written) else f" (written {written.describe()}, not {order.describe()}: --order)"
         raise ConversionError(
-            f"{out} already holds a different dataset; choose another output folder or delete this one"
+            f"{out} already holds a different dataset{hint}; choose another output folder or delete this one"
         )
     return manifest
+
+
+def make_output(out: Path) -> bool:
+    """Make the output folder; whether this job created it. A file in its place is a one-line error."""
+    created = not out.exists()
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConversionError(
+            f"{out}: the output must be a folder, but this path (or a folder above it) is a file; "
+            "choose another output folder"
+        ) from None
+    return created
+
+
+def refuse_output_inside_input(source: Source, out: Path) -> None:
+    """An output inside a folder the source reads would be read as input by the next conversion."""
+    target = out.resolve()
+    for folder in source.input_folders():
+        folder = folder.resolve()
+        if target == folder or folder in target.parents:
+            raise ConversionError(
+                f"{out}: the output folder is inside the input folder {folder}, so the next conversion of that "
+                "input would read it as input too (a new class, for an image folder); write it elsewhere"
+            )
 
 
 def claim_output(out: Path, digest: str, source: Source, fmt: str, created: bool) -> None:

@@ -2,9 +2,10 @@
 
 How a run proceeds, and why it survives a crash or a kill at any point:
 
-1. The input is enumerated and cut into shards (:mod:`converters.planner`). The
-   job's identity (source, options, format and plan) is hashed into a digest and
-   kept in ``OUT/.dali-pipes-job/job.json``.
+1. The input is enumerated and cut into shards (:mod:`converters.planner`), in its
+   order or a seeded shuffle of it (:mod:`converters.order`). The job's identity
+   (source, options, format, order and plan) is hashed into a digest and kept in
+   ``OUT/.dali-pipes-job/job.json``.
 2. Each shard is written by a worker process under ``shard-NNNNN.EXT.tmp-<attempt>``, flushed,
    renamed to its final name, and only then recorded as done by an atomic
    ``.dali-pipes-job/shard-NNNNN.json``. A shard without that record is redone.
@@ -53,13 +54,16 @@ from converters.jobdir import (
     finished_dataset,
     job_digest,
     legacy_job_digest,
+    make_output,
     read_errors,
+    refuse_output_inside_input,
     remove_paths,
     remove_temporaries,
     save_record,
     shard_name,
     tidy_finished,
 )
+from converters.order import choose_order
 from converters.planner import ShardPlan
 from converters.writers import writer_class
 from dali_pipes._version import __version__
@@ -107,6 +111,8 @@ def convert(
     engine: str = "local",
     scheduler: str | None = None,
     uploader: Any = None,
+    order: str = "auto",
+    order_seed: int = 0,
 ) -> ConvertResult:
     """Convert ``source`` into a dataset folder ``out`` of ``format`` shards.
 
@@ -121,29 +127,26 @@ def convert(
     (``workers`` is then unused); the output is the same bytes, and either engine
     resumes what the other left unfinished.
     ``uploader``: see :func:`converters.upload.convert_to_url` (each shard uploaded once written).
+    ``order``/``order_seed``: the samples' order, recorded in the manifest (:func:`converters.order.choose_order`).
     """
     started = time.perf_counter()
     workers = _checked_options(format, on_error, workers)
     runner = make_engine(engine, workers=workers, scheduler=scheduler, initializer=_init_worker)
-
     out = Path(out)
-    _refuse_output_inside_input(source, out)
-    inputs = plan_input(source, samples_per_shard=samples_per_shard, shard_size=shard_size)
+    refuse_output_inside_input(source, out)
+    inputs, digest, finished = _planned(source, format, out, samples_per_shard, shard_size, order, order_seed)
     plans = inputs.plans
-    digest = job_digest(source, format, plans)
-
-    finished = finished_dataset(out, digest, lambda: legacy_job_digest(source, format, inputs.stream(source), plans))
     if finished is not None:
         # Said once, by the caller (the CLI's summary line); here only for debugging.
         log.debug("%s is already a complete conversion of this input; nothing to do", out)
         tidy_finished(out)
         return ConvertResult(out, finished, read_errors(out), time.perf_counter() - started, already_complete=True)
-
-    created = _make_output(out)
+    created = make_output(out)
     job_dir = out / JOB_DIR
     with OutputLock(out):
         claim_output(out, f"{digest}:layout-{SHARD_LAYOUT_VERSION}", source, format, created)
         results, todo = _resume(out, format, plans, uploader)
+        inputs = inputs.spilled(source, job_dir, todo)  # a shuffled order: each shard's items, in the job folder
         try:
             write = write_shard if uploader is None else uploader.after(write_shard)
             _run_shards(_Job(source, format, inputs, out, on_error, write), todo, runner, progress, results)
@@ -151,9 +154,26 @@ def convert(
             # --on-error fail: nothing of this job may look usable afterwards.
             discard_job(out, created)
             raise
-        manifest = _assemble(out, source, format, plans, results, digest, created)
+        manifest = _assemble(out, source, format, inputs, results, digest, created)
         shutil.rmtree(job_dir, ignore_errors=True)
     return _written(out, manifest, plans, results, len(plans) - len(todo), started)
+
+
+def _planned(
+    source: Source, fmt: str, out: Path, per_shard: int | None, size: int | None, order: str, seed: int
+) -> tuple[InputPlan, str, Manifest | None]:
+    """The input's plan, the job's digest, and the manifest of ``out`` when it is this job finished already."""
+    inputs = plan_input(source, samples_per_shard=per_shard, shard_size=size, order=choose_order(source, order, seed))
+    digest = job_digest(source, fmt, inputs.plans, inputs.identity)
+    return inputs, digest, finished_dataset(out, digest, _legacy_digest(source, fmt, inputs), inputs.order)
+
+
+def _legacy_digest(source: Source, fmt: str, inputs: InputPlan) -> Callable[[], str] | None:
+    """How to compute the digest versions before streamed planning wrote for this job (none for a shuffled order:
+    they wrote none)."""
+    if inputs.order.shuffled:
+        return None
+    return lambda: legacy_job_digest(source, fmt, inputs.stream(source), inputs.plans)
 
 
 def _resume(
@@ -195,24 +215,11 @@ def _written(out: Path, manifest: Manifest, plans, results, resumed: int, starte
 SHARD_LAYOUT_VERSION = 3
 
 
-def _make_output(out: Path) -> bool:
-    """Make the output folder; whether this job created it. A file in its place is a one-line error."""
-    created = not out.exists()
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConversionError(
-            f"{out}: the output must be a folder, but this path (or a folder above it) is a file; "
-            "choose another output folder"
-        ) from None
-    return created
-
-
-def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str, created: bool) -> Manifest:
+def _assemble(out: Path, source: Source, fmt: str, inputs, results, digest: str, created: bool) -> Manifest:
     """Write ``errors.jsonl`` and then the manifest, in shard order; or refuse the result, leaving nothing behind."""
     shards = []
     errors = []
-    for plan in plans:
+    for plan in inputs.plans:
         record = results[plan.number]
         shards.append(record.shard())
         errors.extend(record.errors)
@@ -235,6 +242,7 @@ def _assemble(out: Path, source: Source, fmt: str, plans, results, digest: str, 
         classes=source.classes(),
         extra=source.extra(),
         created_by=f"dali-pipes {__version__}",
+        order=inputs.order,
     )
     write_manifest(out, manifest)
     return manifest
@@ -257,18 +265,6 @@ def _checked_options(format: str, on_error: str, workers: int | None) -> int:
     if workers < 1:
         raise ConversionError(f"--workers must be at least 1, got {workers}")
     return workers
-
-
-def _refuse_output_inside_input(source: Source, out: Path) -> None:
-    """An output inside a folder the source reads would be read as input by the next conversion."""
-    target = out.resolve()
-    for folder in source.input_folders():
-        folder = folder.resolve()
-        if target == folder or folder in target.parents:
-            raise ConversionError(
-                f"{out}: the output folder is inside the input folder {folder}, so the next conversion of that "
-                "input would read it as input too (a new class, for an image folder); write it elsewhere"
-            )
 
 
 def _init_worker(progress_queue: Any, stop_event: Any) -> None:

@@ -43,6 +43,8 @@ def from_dataset(
     ``max_size``/``quality`` resize large images as ``convert --max-size`` does.
     ``options`` go to :func:`converters.runner.convert` (``workers``,
     ``samples_per_shard``, ``shard_size``, ``on_error``, ``progress``, ``engine``, ...).
+    ``dataset[i]`` is sample ``i`` unless ``order="shuffled"`` (seeded by ``order_seed``, default 0): for a dataset
+    ordered class by class (torchvision's ``ImageFolder``), so that each shard holds many classes.
 
     Example::
 

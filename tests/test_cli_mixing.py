@@ -14,8 +14,9 @@ from test_convert import run_cli  # noqa: E402 - shared helpers
 def test_bigger_windows_mix_more_and_the_global_shuffle_is_last(tmp_path):
     images, shards = tmp_path / "images", tmp_path / "shards"
     run_cli("synth", images, "--num", "240", "--classes", "12", "--size", "16x16", "--workers", "1")
-    # Class folders are converted in order: 24 shards of 10 samples, each of one class.
-    run_cli("convert", "imagefolder", images, shards, "--samples-per-shard", "10", "--workers", "1", "--no-progress")
+    # Class folders converted in their order (not the default shuffle): 24 shards of 10 samples, each of one class.
+    run_cli("convert", "imagefolder", images, shards, "--samples-per-shard", "10", "--workers", "1", "--no-progress",
+            "--order", "source")  # fmt: skip
 
     report = json.loads(run_cli("mixing", shards, "--windows", "1", "4", "24", "--batch-size", "16", "--json").stdout)
     assert (report["num_samples"], report["num_shards"], report["num_classes"]) == (240, 24, 12)
@@ -55,7 +56,8 @@ def by_class(tmp_path_factory) -> Path:
 
     root = tmp_path_factory.mktemp("by-class")
     images = make_imagefolder(root / "images", 120, size=(16, 16), classes=6, seed=0, workers=1)
-    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False, samples_per_shard=10)
+    convert(ImageFolderSource(images), root / "shards", format="lmdb", workers=1, progress=False, samples_per_shard=10,
+            order="source")  # fmt: skip
     return root / "shards"
 
 

@@ -170,7 +170,7 @@ class SlowLoggedSource(ImageFolderSource):
 started = time.monotonic()
 try:
     convert(SlowLoggedSource(root), out, format="lmdb", samples_per_shard=int(sys.argv[5]), on_error="fail",
-            engine="dask", scheduler=address, progress=False)
+            engine="dask", scheduler=address, progress=False, order="source")  # the bad input 4th in shard 0
 except SampleError as exc:
     print(json.dumps({"input": exc.name, "seconds": time.monotonic() - started}))
 else:

@@ -64,6 +64,8 @@ def test_full_disk_mid_job_is_a_clear_error_and_a_rerun_completes(images, tmp_pa
         "--workers",
         workers,
         "--no-progress",
+        "--order",
+        "source",  # the large images in the third shard
     ]
     reference = tmp_path / "reference"
     run_cli(*args[:3], reference, *args[3:])
@@ -197,15 +199,18 @@ def test_a_worker_that_crashes_is_named_by_its_shard_and_a_rerun_completes(crash
 
     from crashing_source import CrashingSource
 
+    options = dict(
+        format="hdf5", samples_per_shard=10, workers=2, progress=False, order="source"
+    )  # CRASH_ON opens shard 1
     reference = tmp_path / "reference"
-    convert(ImageFolderSource(crash_images), reference, format="hdf5", samples_per_shard=10, workers=2, progress=False)
+    convert(ImageFolderSource(crash_images), reference, **options)
 
     flag = tmp_path / "crash-now"
     flag.touch()
     out = tmp_path / "out"
     source = CrashingSource(crash_images, crash_on=CRASH_ON, flag=str(flag))
     with pytest.raises(ConversionError) as failure:
-        convert(source, out, format="hdf5", samples_per_shard=10, workers=2, progress=False)
+        convert(source, out, **options)
     message = str(failure.value)
     assert "\n" not in message
     assert message.startswith(f"{out / 'shard-00001.h5'}: the worker writing this shard died (signal SIGSEGV"), message
@@ -213,7 +218,7 @@ def test_a_worker_that_crashes_is_named_by_its_shard_and_a_rerun_completes(crash
     assert not (out / "index.json").exists() and not list(out.glob("*.tmp*"))
 
     flag.unlink()  # the cause is gone: the same job resumes and completes
-    result = convert(source, out, format="hdf5", samples_per_shard=10, workers=2, progress=False)
+    result = convert(source, out, **options)
     assert result.num_samples == 20
     assert shard_digests(out) == shard_digests(reference)
     assert (out / "index.json").read_bytes() == (reference / "index.json").read_bytes()

@@ -147,7 +147,10 @@ def imbalanced_dataset(tmp_path_factory) -> Path:
         (root / "images" / name).mkdir(parents=True)
         for i in range(count):
             render(i * 3 + c, size=(48, 40), classes=3).save(root / "images" / name / f"{i}.jpg")
-    convert(ImageFolderSource(root / "images"), root / "shards", format="lmdb", workers=1, progress=False)
+    # In the folder's order: the test draws sample indices and names their labels by it.
+    convert(
+        ImageFolderSource(root / "images"), root / "shards", format="lmdb", workers=1, progress=False, order="source"
+    )
     return root / "shards"
 
 

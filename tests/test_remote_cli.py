@@ -159,7 +159,7 @@ def test_input_storage_options_reach_the_workers_and_their_secret_shows_nowhere(
     options = [f"endpoint_url={s3.proxy.url}", f"key={ACCESS_KEY}", f"secret={CANARY}"]
     options += ["client_kwargs.region_name=eu-west-1"]
     argv = ["-v", "convert", "list", listed, str(tmp_path / "out"), "--format", "lmdb"]
-    argv += ["--workers", "2", "--samples-per-shard", "3", "--no-progress"]
+    argv += ["--workers", "2", "--samples-per-shard", "3", "--no-progress", "--order", "source"]  # rows in order
     done = cli(*argv, *[arg for option in options for arg in ("--input-storage-option", option)], env=env)
     assert done.returncode == 0, done.stderr
     assert_converted(tmp_path / "out", rows)

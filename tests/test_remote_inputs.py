@@ -109,10 +109,11 @@ def test_a_list_file_in_s3_reads_its_images_from_beside_it(imagenet_mini, tmp_pa
     (tmp_path / "data" / "train.txt").write_text("\n".join(lines) + "\n")
     bucket = s3_env.new_bucket()
     s3_env.fs().put(f"{tmp_path / 'data'}/", f"{bucket}/data/", recursive=True)
-    convert(ListFileSource(f"s3://{bucket}/data/train.txt"), tmp_path / "out", format="lmdb", progress=False)
+    source = ListFileSource(f"s3://{bucket}/data/train.txt")
+    convert(source, tmp_path / "out", format="lmdb", progress=False, order="source")  # the rows in order
     assert_converted(tmp_path / "out", rows)
     argv = ["convert", "list", f"s3://{bucket}/data/train.txt", str(tmp_path / "cli"), "--format", "lmdb"]
-    assert cli([*argv, "--no-progress"]) == 0
+    assert cli([*argv, "--no-progress", "--order", "source"]) == 0
     assert_converted(tmp_path / "cli", rows)
 
 

@@ -214,14 +214,18 @@ def test_a_dataset_finished_before_streamed_planning_is_still_recognised_and_a_l
     listing = tmp_path / "list.txt"
     listing.write_text("".join(f"k{i} photo.jpg {i % 3}\n" for i in range(12)))
     out = tmp_path / "out"
-    convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+    old = dict(format="lmdb", samples_per_shard=5, workers=1, progress=False, order="source")  # as they wrote it
+    convert(ListFileSource(listing), out, **old)
     manifest = json.loads((out / "index.json").read_text())
     source = ListFileSource(listing)
     inputs = plan_input(source, samples_per_shard=5)
     manifest["source"]["job"] = legacy_job_digest(source, "lmdb", inputs.stream(source), inputs.plans)
+    del manifest["order"]
     (out / "index.json").write_text(json.dumps(manifest))
-    again = convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
-    assert again.already_complete
+    assert convert(ListFileSource(listing), out, **old).already_complete
+    # In the shuffled order this version writes a labelled list by default, it is another dataset.
+    with pytest.raises(ConversionError, match="already holds a different dataset"):
+        convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
 
     # A dataset of this version: its digest covers the labels (the old one only names and sizes, so for a dataset
     # an older version finished, an edited label still goes unseen, as it did then).
@@ -233,7 +237,7 @@ def test_a_dataset_finished_before_streamed_planning_is_still_recognised_and_a_l
     manifest["source"]["job"] = "0" * 64  # and a digest of no job at all is another dataset
     (out / "index.json").write_text(json.dumps(manifest))
     with pytest.raises(ConversionError, match="already holds a different dataset"):
-        convert(ListFileSource(listing), out, format="lmdb", samples_per_shard=5, workers=1, progress=False)
+        convert(ListFileSource(listing), out, **old)
 
 
 def test_a_worker_lets_go_of_the_arrays_it_read_once_each_shard_is_written(tmp_path):

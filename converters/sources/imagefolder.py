@@ -47,6 +47,7 @@ class ImageFolderSource(StreamingSource):
     """
 
     kind: ClassVar[str] = "imagefolder"
+    class_ordered: ClassVar[bool] = True  # class after class
 
     def __init__(
         self,

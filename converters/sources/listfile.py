@@ -99,6 +99,11 @@ class ListFileSource(StreamingSource):
             self._checked = _check(self._where(), self.columns)
         return self._checked
 
+    @property
+    def class_ordered(self) -> bool:  # type: ignore[override]
+        """A list with labels is usually written class by class (ImageNet's train list is); one without has none."""
+        return "label" in self._layout_checked()
+
     def fields(self) -> dict[str, Field]:
         fields = {"image": Field.image()}
         if "label" in self._layout_checked():

@@ -200,6 +200,14 @@ def _add_output_options(p: argparse.ArgumentParser, *, images: bool, positional_
         default="skip",
         help="bad inputs: leave out and list (skip) or stop (fail)",
     )
+    p.add_argument(
+        "--order",
+        choices=("auto", "shuffled", "source"),
+        default="auto",
+        help="sample order: shuffled (seeded), or the source's; auto: shuffled for class-ordered inputs (image "
+        "folders, list files with labels), else the source's (default: auto)",
+    )
+    p.add_argument("--order-seed", type=int, default=0, metavar="S", help="the shuffled order's seed (default: 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_output_url_options(p)
     if images:
@@ -277,6 +285,8 @@ def _convert(source, out: Path, args) -> int:
         progress=not args.no_progress,
         engine=args.engine,
         scheduler=args.scheduler,
+        order=args.order,
+        order_seed=args.order_seed,
     )
     # One summary line, always with the count of inputs left out (also when it is 0); the parts of kept inputs
     # that were left out (a degenerate COCO polygon) are counted apart: their images are in the dataset.

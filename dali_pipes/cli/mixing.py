@@ -19,6 +19,7 @@ from typing import Any, Mapping
 
 from dali_pipes.cli.remote_args import add_storage_options, dataset_arg, storage_options
 from dali_pipes.cli.words import counted
+from dali_pipes.dataset.sample_order import order_line
 
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16)
 
@@ -115,6 +116,7 @@ def measure_mixing(
         "max_entropy_bits": round(math.log2(min(batch_size, len(labels))), 3),
         "epoch": epoch,
         "seed": seed,
+        "order": order_line(manifest.order),  # how convert wrote the samples (shuffled or in source order)
         "stream": stream,
         "rows": rows,
     }
@@ -153,6 +155,7 @@ def format_mixing(report: dict[str, Any]) -> str:
         f"{counted(report['num_classes'], 'class')} of {report['field']!r}; batches of {report['batch_size']} "
         f"(entropy at most {report['max_entropy_bits']:.2f} bits), epoch {report['epoch']}, seed {report['seed']}",
     ]
+    lines[0] += f"; {report['order']}"  # shuffled or in source order, from the manifest
     stream = report.get("stream")
     if stream:
         lines.append(

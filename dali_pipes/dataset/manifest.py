@@ -37,6 +37,7 @@ from dali_pipes.dataset.fileio import atomic_write_bytes
 from dali_pipes.dataset.folder import JOB_DIR as JOB_DIR
 from dali_pipes.dataset.folder import MANIFEST_NAME as MANIFEST_NAME
 from dali_pipes.dataset.folder import no_manifest_message
+from dali_pipes.dataset.sample_order import SampleOrder, parse_order
 
 ERRORS_NAME = "errors.jsonl"
 KIND = "dali-pipes"
@@ -206,6 +207,8 @@ class Manifest:
     version: int = VERSION
     #: What the shards carry (see :data:`CHECKSUMS`); the default is what this version's writers write.
     checksums: tuple[str, ...] = CHECKSUMS
+    #: The order the samples were written in; ``None``: not recorded (older versions wrote the source's order).
+    order: SampleOrder | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shards", tuple(self.shards))
@@ -253,6 +256,7 @@ class Manifest:
             "extra": dict(self.extra),
             "created_by": self.created_by,
             "checksums": list(self.checksums),
+            "order": self.order.to_json() if self.order is not None else None,
         }
 
 
@@ -358,6 +362,7 @@ def parse_manifest(data: Any, *, where: str = MANIFEST_NAME) -> Manifest:
         created_by=created_by,
         version=version,
         checksums=_parse_checksums(data, fmt, where),
+        order=parse_order(data.get("order"), where, ManifestError),
     )
 
 
