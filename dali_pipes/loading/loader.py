@@ -140,7 +140,7 @@ class DALILoader(DataLoaderSurface):
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
         self._rules = EpochRules(self.batch_size, self.world, self.seed, self.shuffle, self.last_batch)
-        self.store, self.staged, self.cache = prepare_store(path, data, self._rules, device_id)
+        self.store, self.staged, self.cache = prepare_store(path, data, self._rules)
         try:
             self.pipeline = bind_spec(pipeline, self.store)
             self._fields = required_fields(self.pipeline, self.store)
