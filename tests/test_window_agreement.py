@@ -5,7 +5,8 @@ ranks only makes those ranks fail within :data:`~dali_pipes.loading.stream_setup
 ranks that did not build theirs, and issues no collective, so the collectives that the ranks make next still match
 (an ``all_reduce`` left queued on rank 0 met rank 1's ``DDP(model)`` broadcast instead). Checked with two real
 processes in a gloo group: rank 0 builds its loader, rank 1 does not and broadcasts as DDP does; rank 0, after its
-error, makes the same broadcast.
+error, makes the same broadcast. And a rank that failed to open its stream still makes the others fail at once,
+naming it (the store's key of its window says 0), not after the bound.
 """
 
 from __future__ import annotations
@@ -83,6 +84,50 @@ def test_a_loader_built_on_one_rank_only_fails_in_bounded_time_and_the_next_coll
         # No collective was left behind: the broadcast that both ranks make next carries rank 0's value.
         assert first.get("received") == SENT and second.get("received") == SENT, (first, second)
         assert [proc.exitcode for proc in ranks] == [0, 0]  # and both leave
+    finally:
+        for proc in ranks:
+            if proc.is_alive():
+                proc.kill()
+
+
+def one_rank_fails_to_open(rank: int, port: int, out_dir: str) -> None:
+    """One rank of a 2-rank gloo job agreeing on a window: rank 1 failed to open its stream (``None``), rank 0 had
+    a window of 8 and a bound far above the test's; each writes what it met and when to ``rank-N.json``."""
+    import torch.distributed as dist
+
+    from dali_pipes.loading import stream_setup
+
+    stream_setup.AGREEMENT_TIMEOUT_S = 120.0
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    start = time.monotonic()
+    report: dict = {"error": None}
+    try:
+        report["window"] = stream_setup.agree_on_window(8 if rank == 0 else None)
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        report["error"] = f"{type(exc).__name__}: {exc}"
+    report["seconds"] = time.monotonic() - start
+    (Path(out_dir) / f"rank-{rank}.json").write_text(json.dumps(report))
+    dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_rank_that_failed_to_open_its_stream_makes_the_others_fail_at_once(tmp_path):
+    ctx = multiprocessing.get_context("spawn")
+    port = free_port()
+    ranks = [ctx.Process(target=one_rank_fails_to_open, args=(r, port, str(tmp_path))) for r in (0, 1)]
+    for proc in ranks:
+        proc.start()
+    try:
+        for proc in ranks:
+            proc.join(90)
+        first, second = (json.loads((tmp_path / f"rank-{r}.json").read_text()) for r in (0, 1))
+        assert first["error"] == (
+            "LoaderError: rank 0: rank 1 of the job could not open its stream (its error says why); this rank stops "
+            "with it"
+        ), first
+        assert first["seconds"] < 60  # not the 120 s bound: rank 1 said so at once
+        assert second == {"error": None, "window": 0, "seconds": second["seconds"]}
     finally:
         for proc in ranks:
             if proc.is_alive():
