@@ -89,7 +89,8 @@ class DALILoader(DataLoaderSurface):
     batch reads, a ``dali-pipes tune`` settings file). ``data``: where it reads the data
     from (:class:`~dali_pipes.DataOptions`: a staged copy, a RAM cache, object storage's
     options). Both default to what suits this machine; an INFO line says what was chosen. Under ``torch.distributed``
-    every rank builds its streaming loader (``DataOptions(stream=...)``) at the same point: the ranks agree on its window.
+    every rank builds its streaming loaders (``DataOptions(stream=...)``) at the same point, in the same order: the ranks
+    agree on each one's window (through the process group's store).
 
     Every rank yields ``len(loader)`` batches per pass; with ``"pad"`` every
     sample is seen exactly once per epoch across the ranks; the last batch may
@@ -140,7 +141,7 @@ class DALILoader(DataLoaderSurface):
         self.with_index = self.batch_format.with_index
         self.batch_format.check_spec(pipeline)
         self._rules = EpochRules(self.batch_size, self.world, self.seed, self.shuffle, self.last_batch)
-        self.store, self.staged, self.cache = prepare_store(path, data, self._rules, device_id)
+        self.store, self.staged, self.cache = prepare_store(path, data, self._rules)
         try:
             self.pipeline = bind_spec(pipeline, self.store)
             self._fields = required_fields(self.pipeline, self.store)

@@ -15,7 +15,7 @@ __all__ = ["epoch_sampling", "prepare_store"]
 
 
 def prepare_store(
-    path: str | os.PathLike | Mixture, data: DataOptions, rules: EpochRules, device_id: int | None = None
+    path: str | os.PathLike | Mixture, data: DataOptions, rules: EpochRules
 ) -> tuple[Store | MixtureStore, Any, Any]:
     """``(store, staged, ram_cache)``: the dataset staged (``data.stage_to``, or a URL), opened, and cached
     (``data.cache="ram"``); the loader's epoch ``rules`` say which shards this rank reads, for the cache.
@@ -27,10 +27,9 @@ def prepare_store(
     reused), ``ram_cache`` the shards the RAM cache holds and its budget; each is
     ``None`` when not asked for. One process per destination copies; the others on
     the node wait and reuse its copy. The RAM cache is made before the workers start.
-    ``device_id``: the loader's GPU, where a stream's ranks agree on its window in an NCCL group.
     """
     if data.stream:
-        return _open_streamed(path, data, rules, device_id)
+        return _open_streamed(path, data, rules)
     if isinstance(path, Mixture):
         return _prepare_mixture(path, stage_to=data.stage_to, cache=data.cache, storage_options=data.storage_options)
     store, staged = _stage_and_open(path, data.stage_to, data.storage_options)
@@ -42,7 +41,7 @@ def prepare_store(
     return store, staged, ram_cache
 
 
-def _open_streamed(path: Any, data: DataOptions, rules: EpochRules, device_id: int | None) -> tuple[Store, None, Any]:
+def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Store, None, Any]:
     """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
     if isinstance(path, Mixture):
         raise ValueError(
@@ -52,9 +51,7 @@ def _open_streamed(path: Any, data: DataOptions, rules: EpochRules, device_id: i
     from dali_pipes.loading.stream_setup import open_streaming  # the cache machinery only when streaming
 
     world_size = rules.world.world_size
-    store = open_streaming(
-        path, data, seed=rules.seed, shuffle=rules.shuffle, world_size=world_size, device_id=device_id
-    )
+    store = open_streaming(path, data, seed=rules.seed, shuffle=rules.shuffle, world_size=world_size)
     return store, None, store.streamer
 
 

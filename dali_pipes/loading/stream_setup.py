@@ -9,19 +9,21 @@ Every rank must read with the same window, or the ranks' slices of the epoch wou
 orders (samples read twice, others never). The window follows from the cache limit, the node's ranks and
 the shard sizes, which may differ between nodes (a node of 8 GPUs beside one of 4, a limit taken from each
 node's free disk). So, when a ``torch.distributed`` process group is up, the ranks agree on the smallest
-window (:func:`agree_on_window`: one ``all_reduce``, in which a rank that failed to open its cache takes part
-too, so that the others fail with it instead of waiting). So every rank of the job builds its streaming loader at
-the same point of the script; a rank whose peers never come (a loader built on some ranks only) fails after
-:data:`AGREEMENT_TIMEOUT_S` with an error saying so, instead of hanging. Without a process group the ranks cannot
+window (:func:`agree_on_window`) through the default group's key-value store, not a collective: each rank writes
+its window (0: it failed to open its cache, and the others fail with it at once) and reads the others'. So every
+rank of the job builds its streaming loaders at the same point of the script, in the same order; a rank whose peers
+never come (a loader built on some ranks only) fails after :data:`AGREEMENT_TIMEOUT_S` with an error naming them,
+instead of hanging, and the collectives both sides make next still match. Without a process group the ranks cannot
 talk: give each the same ``cache_limit`` and ``node_ranks``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
+import itertools
 import logging
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,7 +33,7 @@ from dali_pipes.remote.urls import check_dataset_path, is_url, redact
 from dali_pipes.sampling.windowed import rank_window
 
 if TYPE_CHECKING:
-    import torch
+    import torch.distributed as dist
 
     from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
     from dali_pipes.staging.stream_cache import ShardCache
@@ -39,10 +41,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = [
+    "AGREEMENT_KEY",
     "AGREEMENT_TIMEOUT_S",
     "STREAM_FOLDER",
     "agree_on_window",
-    "agreement_device",
     "cache_folder",
     "node_ranks",
     "open_streaming",
@@ -51,8 +53,15 @@ __all__ = [
 ]
 
 #: The most seconds a rank waits for the others to agree on the window (:func:`agree_on_window`): the ranks build
-#: their loaders at the same point, so a peer later than this is one that never builds its loader.
+#: their loaders at the same point, so a peer later than this is one that never builds its loader. Not shorter: a
+#: rank may come minutes late without fault (its cache's index read from a slow server, a checkpoint loaded first).
 AGREEMENT_TIMEOUT_S = 300.0
+
+#: The prefix of the store keys of the window agreement (:func:`agree_on_window`).
+AGREEMENT_KEY = "dali-pipes/stream-window"
+
+#: The streaming loaders this process has agreed on (the n-th of every rank agree with each other).
+_AGREEMENTS = itertools.count()
 
 #: The sub-folder of the cache base (``$DALI_PIPES_CACHE`` or ``~/.cache/dali-pipes``) that holds streamed datasets.
 STREAM_FOLDER = "stream"
@@ -154,13 +163,12 @@ def open_streaming(
     seed: int,
     shuffle: bool,
     world_size: int = 1,
-    device_id: int | None = None,
 ) -> StreamStore:
     """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
     ``stream.folder`` (default :func:`stream_folder`; a network filesystem checked: :func:`cache_folder`) within
     ``stream.cache_limit``, this rank's pins within its share of the limit (the streaming module's docstring says
-    why), the window and the shards fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`, a collective on
-    the loader's GPU ``device_id`` in an NCCL group: every rank opens its stream at the same point)."""
+    why), the window and the shards fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`,
+    through the process group's store: every rank opens its stream at the same point)."""
     from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
     stream = data.stream
@@ -172,12 +180,12 @@ def open_streaming(
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
         window, ahead, budget = _window_of_rank(cache, stream, ranks)
     except BaseException:
-        agree_on_window(None, device_id)  # the other ranks fail too, and do not wait for this one
+        agree_on_window(None)  # the other ranks fail too, and do not wait for this one
         if cache is not None:
             cache.close()
         raise
     try:
-        agreed = agree_on_window(window, device_id)
+        agreed = agree_on_window(window)
         shown = redact(str(path), data.storage_options)  # the dataset by what the user gave, then its cache
         if agreed < window:
             logger.info(
@@ -217,50 +225,69 @@ def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int) ->
     return plan.window, plan.ahead, plan.budget
 
 
-def agreement_device(backend: str, device_id: int | None) -> "torch.device":
-    """Where the window agreement's tensor lives: the loader's GPU (``device_id``) in an NCCL process group, which
-    reduces GPU tensors only (the process's current GPU for a loader on the CPU); the CPU for any other backend."""
-    import torch
-
-    if backend != "nccl":
-        return torch.device("cpu")
-    return torch.device("cuda", torch.cuda.current_device() if device_id is None else device_id)
-
-
-def agree_on_window(window: int | None, device_id: int | None = None) -> int:
+def agree_on_window(window: int | None) -> int:
     """The smallest ``window`` of the job's ranks when a ``torch.distributed`` process group is up, else ``window``.
 
-    ``None``: this rank failed to open its stream; it still takes part (so that no rank waits for it) and the
-    others raise a :class:`~dali_pipes.LoaderError` saying so. A collective of the default group, on the loader's
-    device (``device_id``, :func:`agreement_device`): every rank of the job must build its streaming loader at the
-    same point of the script. A rank whose peers do not come within :data:`AGREEMENT_TIMEOUT_S` raises a
-    :class:`~dali_pipes.LoaderError` saying so, instead of waiting for ever.
+    Through the default group's key-value store, not a collective: each rank writes its window under a key of this
+    agreement (the n-th streaming loader of each rank: every rank builds its loaders in the same order) and waits
+    up to :data:`AGREEMENT_TIMEOUT_S` for the others'. So a rank whose peers never build their loader raises a
+    :class:`~dali_pipes.LoaderError` naming them, and the collectives that both sides make next (``DDP(model)``'s
+    broadcast) still match. ``None``: this rank failed to open its stream; it says so at once (the others raise
+    a :class:`~dali_pipes.LoaderError` naming it, without waiting) and returns ``0``.
     """
     import torch.distributed as dist
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return 0 if window is None else window
-    import torch
+    from torch.distributed.distributed_c10d import _get_default_store
 
-    device = agreement_device(dist.get_backend(), device_id)
-    least = torch.tensor([0 if window is None else window], dtype=torch.int64, device=device)
-    work = dist.all_reduce(least, op=dist.ReduceOp.MIN, async_op=True)
-    deadline = time.monotonic() + AGREEMENT_TIMEOUT_S
-    while not work.is_completed():  # NCCL's wait() returns before the GPU is done: polled for both backends
-        if time.monotonic() > deadline:
-            if window is None:  # this rank fails anyway, with its own error
-                return 0
-            raise LoaderError(
-                f"rank {dist.get_rank()}: the other ranks of the job did not agree on the stream's window within "
-                f"{AGREEMENT_TIMEOUT_S:g} s: every rank must build its streaming loader (DataOptions(stream=...)) at "
-                "the same point of the script, as for any collective; build it on every rank, not on some only"
-            )
-        time.sleep(0.01)
-    work.wait()  # raises what the collective met (a peer gone)
-    agreed = int(least.item())
-    if window is not None and agreed == 0:
+    store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    # Keys left in the store: a few bytes a rank per loader, and no rank knows when the others have read them.
+    prefix = f"{AGREEMENT_KEY}/{next(_AGREEMENTS)}"
+    store.set(f"{prefix}/{rank}", str(0 if window is None else window))
+    done = f"{prefix}/outcome"  # set once: "all", "failed R" or "abandoned R" (compare_set keeps the first)
+    if window is None:
+        store.compare_set(done, "", f"failed {rank}")
+        return 0
+    if store.add(f"{prefix}/arrived", 1) == world:
+        store.compare_set(done, "", "all")
+    outcome = _await_outcome(store, done, rank)
+    if outcome == f"abandoned {rank}":
+        late = [r for r in range(world) if not store.check([f"{prefix}/{r}"])]
         raise LoaderError(
-            f"rank {dist.get_rank()}: another rank of the job could not open its stream (its error says why); "
-            "this rank stops with it"
+            f"rank {rank}: rank(s) {_ranks(late)} did not build their streaming loader within "
+            f"{AGREEMENT_TIMEOUT_S:g} s of this one: {_SAME_POINT}"
         )
-    return agreed
+    kind, _, who = outcome.partition(" ")
+    if kind == "failed":
+        raise LoaderError(
+            f"rank {rank}: rank {who} of the job could not open its stream (its error says why); this rank stops with it"
+        )
+    if kind == "abandoned":
+        raise LoaderError(f"rank {rank}: rank {who} stopped waiting for this rank's streaming loader: {_SAME_POINT}")
+    return min(int(store.get(f"{prefix}/{r}")) for r in range(world))  # multi_get: torch >= 2.4 only
+
+
+_SAME_POINT = (
+    "every rank must build its streaming loader (DataOptions(stream=...)) at the same point of the script, "
+    "in the same order, so that the ranks agree on its window; build it on every rank, not on some only"
+)
+
+
+def _await_outcome(store: "dist.Store", done: str, rank: int) -> str:
+    """The agreement's outcome at ``done``, waited for up to :data:`AGREEMENT_TIMEOUT_S`; ``"abandoned RANK"``
+    (this rank's) when it timed out, unless another outcome came first."""
+    import torch.distributed as dist
+
+    try:
+        store.wait([done], datetime.timedelta(seconds=AGREEMENT_TIMEOUT_S))
+    except getattr(dist, "DistStoreError", RuntimeError):  # torch < 2.2: a RuntimeError
+        # Said in the store, so that a rank that comes later fails at once instead of reading alone.
+        return store.compare_set(done, "", f"abandoned {rank}").decode()
+    return store.get(done).decode()
+
+
+def _ranks(ranks: list[int]) -> str:
+    """``ranks`` for a message: the first eight, then how many more."""
+    shown = ", ".join(map(str, ranks[:8]))
+    return shown if len(ranks) <= 8 else f"{shown} and {len(ranks) - 8} more"
