@@ -60,10 +60,9 @@ from dali_pipes import (
     open_store,
 )
 from dali_pipes.cli.remote_args import add_storage_options, storage_options
-from dali_pipes.dataset.sizes import format_size
+from dali_pipes.dataset.sizes import GivenSize, format_size, size_flag
 from dali_pipes.examples.long_runs import Checkpoints, Progress, add_long_run_flags
 from dali_pipes.examples.usage import (
-    GivenSize,
     UsageError,
     check_batch,
     class_difference,
@@ -80,7 +79,6 @@ from dali_pipes.examples.usage import (
     require_fields,
     say,
     short,
-    size_flag,
     user_errors,
 )
 from dali_pipes.loading.state import restored_position
