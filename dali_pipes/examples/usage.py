@@ -72,6 +72,25 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+#: The exit status of a run stopped by Ctrl-C, as a shell reports it (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+@contextlib.contextmanager
+def interrupts(note: Callable[[], str | None] = lambda: None) -> Iterator[None]:
+    """Inside: Ctrl-C ends the script with one line on stderr, ``PROG: interrupted`` and ``note()`` when it says
+    something (where a rerun resumes from), and exit status 130, not a traceback. The loaders opened inside are
+    closed on the way out by their own ``with`` or ``finally``; what a run killed harder leaves in a stream cache
+    folder (temporaries) the next run removes."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        told = note()
+        prog = os.path.basename(sys.argv[0]) or "python"
+        print(f"{prog}: interrupted{'; ' + told if told else ''}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+
+
 @contextlib.contextmanager
 def user_errors() -> Iterator[None]:
     """Inside: a :class:`UsageError` or a refusal of the data (:data:`DATA_REFUSALS`) becomes :func:`fail`'s one line.
