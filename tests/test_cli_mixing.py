@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from pathlib import Path
 
@@ -69,10 +70,13 @@ def mixing(capsys, *args) -> str:
 
 
 @pytest.mark.slow  # a conversion of 120 images, and each shard downloaded once
-def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(by_class, s3, tmp_path, monkeypatch, capsys):
+def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(
+    by_class, s3, tmp_path, monkeypatch, capsys, caplog
+):
     from test_remote_stage import upload
 
     from dali_pipes.dataset.manifest import load_manifest
+    from dali_pipes.dataset.sizes import format_size
     from dali_pipes.sampling.windowed import rank_window
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where the shards pass through, one at a time
@@ -93,7 +97,21 @@ def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(by_class
         remote["num_classes"] == 6 and remote["rows"][0]["classes_per_batch"] < remote["rows"][1]["classes_per_batch"]
     )
     assert list((tmp_path / "tmp").iterdir()) == []  # the shards read went as they came
+    caplog.set_level(logging.INFO, logger="dali_pipes.cli.shard_labels")
     table = mixing(capsys, url, "--cache-limit", limit, "--node-ranks", "2", *options).splitlines()
+    total = sum(s.bytes + ((by_class / s.index_path).stat().st_size if s.index_path else 0)
+                for s in load_manifest(by_class).shards)  # fmt: skip
+    said = [r.getMessage() for r in caplog.records]
+    assert any(f"downloading {format_size(total, 'GB')} ({total:,} bytes)" in m for m in said), said
+    assert said.index(next(m for m in said if "downloading" in m)) < said.index(
+        next(m for m in said if "reading the label of shard 1 of 12" in m)
+    )
+    caplog.clear()  # a cache too small for 2 ranks is refused from the manifest's sizes, before any download
+    from dali_pipes.cli.command import main
+
+    assert main(["mixing", url, "--cache-limit", f"{2 * largest}B", "--node-ranks", "2", *options]) != 0
+    assert "over --node-ranks 2 leaves" in capsys.readouterr().err  # one largest shard a rank
+    assert not [r for r in caplog.records if "reading the label" in r.getMessage() or "downloading" in r.getMessage()]
     assert table[1].startswith(f"a stream cache of {limit} over 2 ranks a node: ") and "window of" in table[1], table
     assert s3.options["secret"] not in "".join(table)
 

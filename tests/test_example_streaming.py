@@ -79,8 +79,18 @@ def test_a_stream_cache_too_small_for_the_nodes_ranks_is_one_line_in_the_flags_u
     least = re.search(r"give --stream-cache (\S+) or more", err)[1]
     assert least.endswith("KB") and "StreamOptions" not in err and "bytes" not in err
     manifest = load_manifest(shards)
+    capsys.readouterr()
     window = check_stream_cache(parse_args([str(shards), "--stream-cache", least]).stream_cache, manifest)
     assert window.window == 1  # the least that works is enough, and no more than a window of one shard
+    said = capsys.readouterr().out  # ...but fetches nothing ahead: said once, in the flag's unit
+    more = re.fullmatch(
+        rf"--stream-cache {least} leaves nothing to fetch ahead of the window being read: the first batches of each "
+        r"window wait for downloads; (\S+KB) or more fetches the next window meanwhile\n",
+        said,
+    )
+    assert more, said
+    assert check_stream_cache(parse_args([str(shards), "--stream-cache", more[1]]).stream_cache, manifest).ahead > 0
+    assert capsys.readouterr().out == ""
 
 
 @pytest.fixture
@@ -152,11 +162,15 @@ def test_the_example_takes_storage_options_a_cache_folder_and_resumes_a_streamed
             raise KeyboardInterrupt
 
     monkeypatch.setattr(long_runs.Checkpoints, "after_step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(SystemExit) as exit:
         main([url, *COMMON, "--stream-cache", f"{4 * max(shard_bytes(shards))}B", *flags])
-    gc.collect()  # the interrupted loader's pins go with it
+    assert exit.value.code == 130  # Ctrl-C's status, as a shell gives it
+    gc.collect()
     monkeypatch.setattr(long_runs.Checkpoints, "after_step", save)
     first = capsys.readouterr()
+    assert "Traceback" not in first.err and first.err.strip().splitlines()[-1].endswith(
+        f": interrupted; the checkpoint {checkpoint} holds step 2; --resume continues from it"
+    ), first.err
     assert re.search(r"^rank 0 of 1: 6 batches of 4 per epoch on cpu, streamed through --stream-cache \S+: "
                      r"\d+ shards? a window of 6, \d+ fetched ahead$", first.out, re.M), first.out  # fmt: skip
     assert "epoch 0: step 2 of 6, " in first.out and "images/s" in first.out

@@ -88,6 +88,11 @@ def test_stage_inspect_and_verify_take_urls(tmp_path, s3):
     assert out.returncode != 0 and out.stderr.startswith(
         "dali-pipes: error: s3://no-such-bucket/ds/index.json: the bucket no-such-bucket does not exist"
     )  # as a conversion into it says
+    out = cli("inspect", f"{url}/nope", env=env)  # a wrong path in a bucket that exists says which is wrong
+    bucket = url.removeprefix("s3://").split("/")[0]
+    assert out.returncode != 0 and out.stderr.startswith(
+        f"dali-pipes: error: no index.json under {url}/nope (the bucket {bucket} exists): check the path"
+    ), out.stderr
 
 
 def test_redact_takes_out_url_passwords_queries_and_option_values():

@@ -60,3 +60,18 @@ def test_the_examples_stream_cache_takes_units_and_keeps_a_bare_number_in_gb(cap
     with pytest.raises(SystemExit):
         parse_args(["ds", "--stream-cache", "10XB"])
     assert "--stream-cache: unknown size unit in '10XB'" in capsys.readouterr().err
+
+
+def test_a_bare_number_on_the_command_line_is_gb_for_every_size_flag():
+    from dali_pipes.cli.command import build_parser
+
+    mixing = build_parser().parse_args(["mixing", "ds", "--cache-limit", "40"]).cache_limit
+    assert mixing == parse_args(["ds", "--stream-cache", "40"]).stream_cache == (40 * 10**9, "GB")
+    assert build_parser().parse_args(["mixing", "ds", "--cache-limit", "4MiB"]).cache_limit == (4 << 20, "MiB")
+
+
+def test_a_python_size_string_without_a_unit_and_below_a_byte_asks_for_one():
+    with pytest.raises(ValueError, match=r"the size '0.004' needs a unit: write 4MB or 4000000$"):
+        StreamOptions(cache_limit="0.004")
+    with pytest.raises(SizeError, match=r"the size '1.5' needs a unit: write 1.5GB or 1500000000$"):
+        parse_size("1.5")

@@ -487,3 +487,28 @@ def test_shards_fetched_ahead_give_up_their_room_to_a_pin_to_read(tmp_path, s3, 
     train.close()
     evaluation.pin([7, 3])  # the room of a closed cache
     evaluation.close()
+
+
+def test_a_limit_that_fetches_nothing_ahead_is_warned_of_once_a_node_naming_the_url(tmp_path, s3, dataset, caplog,
+                                                                                   monkeypatch):  # fmt: skip
+    from dali_pipes.loading.config import StreamOptions
+    from dali_pipes.loading.stream_setup import _window_of_rank
+    from dali_pipes.sampling.windowed import rank_window
+
+    url = dataset[1]
+    stream = StreamOptions(cache_limit=2 * SHARD)
+    with ShardCache(url, tmp_path / "cache", 2 * SHARD, storage_options=s3.options) as cache:
+        for local_rank, said in (("1", 0), ("0", 1), (None, 1)):  # LOCAL_RANK 0 or none: the node's first rank
+            if local_rank is None:
+                monkeypatch.delenv("LOCAL_RANK", raising=False)
+            else:
+                monkeypatch.setenv("LOCAL_RANK", local_rank)
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="dali_pipes.loading.stream_setup"):
+                assert _window_of_rank(cache, stream, 1, url)[1] == 0
+            warned = [r.getMessage() for r in caplog.records if "nothing to fetch ahead" in r.getMessage()]
+            assert len(warned) == said, (local_rank, warned)
+    message = warned[0]
+    assert message.startswith(f"stream {url}: cache_limit={2 * SHARD} ") and str(tmp_path / "cache") not in message
+    least = int(message.split("; cache_limit=")[1].split()[0])
+    assert rank_window(least, [SHARD] * 8, 1).ahead > 0 and rank_window(least - SHARD, [SHARD] * 8, 1).ahead == 0

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 from dali_pipes.cli.remote_args import add_storage_options, dataset_arg, storage_options
 from dali_pipes.cli.words import counted
 from dali_pipes.dataset.sample_order import order_line
+from dali_pipes.dataset.sizes import size_flag
 
 DEFAULT_WINDOWS = (1, 2, 4, 8, 16)
 
@@ -32,10 +33,10 @@ def add_mixing(commands: argparse._SubParsersAction) -> None:
     p.add_argument("dataset", type=dataset_arg, help="a dataset folder written by 'dali-pipes convert', or its URL")
     p.add_argument(
         "--cache-limit",
-        type=_size,
+        type=size_flag("GB"),
         metavar="SIZE",
-        help="the node's stream cache (StreamOptions(cache_limit=...)), e.g. 40GiB or 400GB (a bare number is bytes): "
-        "measure the window it gives each rank",
+        help="the node's stream cache (StreamOptions(cache_limit=...)), e.g. 40GiB or 400GB (a bare number is GB, "
+        "10**9 bytes, as train_imagenet's --stream-cache): measure the window it gives each rank",
     )
     p.add_argument("--node-ranks", type=int, default=1, help="the ranks of a node sharing the cache (default: 1)")
     p.add_argument(
@@ -53,15 +54,6 @@ def add_mixing(commands: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON for machines")
     add_storage_options(p)
     p.set_defaults(handler=_mixing)
-
-
-def _size(text: str) -> tuple[int, str]:
-    from dali_pipes.dataset.sizes import SizeError, parse_size, unit_of
-
-    try:
-        return parse_size(text), unit_of(text)
-    except SizeError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def measure_mixing(
@@ -89,9 +81,14 @@ def measure_mixing(
         raise ValueError(f"--windows must be shard counts of at least 1, got {windows}")
     if epoch < 0 or seed < 0 or node_ranks < 1:
         raise ValueError("--epoch and --seed must be at least 0, --node-ranks at least 1")
-    manifest, labels, shard_bytes = labels_and_shard_bytes(dataset, field, storage_options)
+    stream: dict[str, Any] | None = None
+
+    def check_cache(shard_bytes: list[int]) -> None:  # before a URL's shards are downloaded for their labels
+        nonlocal stream
+        stream = _stream_window(cache, shard_bytes, node_ranks) if cache else None
+
+    manifest, labels, _ = labels_and_shard_bytes(dataset, field, storage_options, check_cache)
     sizes = [s.num_samples for s in manifest.shards]
-    stream = _stream_window(cache, shard_bytes, node_ranks) if cache else None
     measured = ([stream["window"]] if stream else []) + [w for w in windows if not stream or w != stream["window"]]
     shards = len(sizes)
     results = compare_mixing(labels, sizes, batch_size, measured, epoch=epoch, seed=seed)

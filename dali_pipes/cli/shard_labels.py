@@ -14,11 +14,12 @@ import logging
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
 from dali_pipes.dataset.manifest import Manifest
+from dali_pipes.dataset.sizes import format_size
 from dali_pipes.remote.urls import is_url, redact
 from dali_pipes.stores import Store, open_store
 
@@ -37,27 +38,37 @@ def check_label_field(manifest: Manifest, field: str, shown: str) -> None:
 
 
 def labels_and_shard_bytes(
-    dataset: str | os.PathLike, field: str, storage_options: Mapping[str, Any] | None = None
+    dataset: str | os.PathLike,
+    field: str,
+    storage_options: Mapping[str, Any] | None = None,
+    before_reading: Callable[[list[int]], object] | None = None,
 ) -> tuple[Manifest, np.ndarray, list[int]]:
     """``(manifest, labels, bytes)``: the dataset's manifest, every sample's ``field`` (one integer each) and the
-    bytes each shard takes in a stream cache (the shard and its index file), for a folder or a URL."""
+    bytes each shard takes in a stream cache (the shard and its index file), for a folder or a URL.
+
+    ``before_reading(bytes)`` is called before any label is read (a URL's shards downloaded): a check that can
+    refuse from the sizes alone refuses before the downloads."""
     if is_url(dataset):
-        return _remote(str(dataset), field, storage_options)
+        return _remote(str(dataset), field, storage_options, before_reading)
     root = Path(dataset)
     store = open_store(root)
     try:
         check_label_field(store.manifest, field, str(root))
+        sizes = [
+            shard.bytes + ((root / shard.index_path).stat().st_size if shard.index_path else 0)
+            for shard in store.manifest.shards
+        ]
+        if before_reading:
+            before_reading(sizes)
         labels = store.column(field).reshape(len(store), -1)[:, 0]
     finally:
         store.close()
-    sizes = [
-        shard.bytes + ((root / shard.index_path).stat().st_size if shard.index_path else 0)
-        for shard in store.manifest.shards
-    ]
     return store.manifest, labels, sizes
 
 
-def _remote(url: str, field: str, storage_options: Mapping[str, Any] | None) -> tuple[Manifest, np.ndarray, list[int]]:
+def _remote(
+    url: str, field: str, storage_options: Mapping[str, Any] | None, before_reading: Callable | None
+) -> tuple[Manifest, np.ndarray, list[int]]:
     from dali_pipes.remote.dataset import load_remote_manifest
     from dali_pipes.remote.fs import LOOK
     from dali_pipes.staging.download import plan_remote
@@ -68,11 +79,18 @@ def _remote(url: str, field: str, storage_options: Mapping[str, Any] | None) -> 
     with tempfile.TemporaryDirectory(prefix="dali-pipes-labels-") as tmp:
         items, _, _, _, copy = plan_remote(url, Path(tmp), storage_options)
         by_rel = {item.rel: item for item in items}
+        files_of = [[by_rel[rel] for rel in (shard.path, shard.index_path) if rel] for shard in manifest.shards]
+        sizes = [sum(item.bytes for item in files) for files in files_of]
+        if before_reading:
+            before_reading(sizes)
+        log.info(
+            "%s: the %s of each sample lies inside its shard: downloading %s (%s), one shard at a time, to read them",
+            shown, field, format_size(sum(sizes), "GB"), f"{sum(sizes):,} bytes",
+        )  # fmt: skip
         store = Store(tmp, manifest)  # its readers open a shard's files on its first read
-        parts, sizes = [], []
+        parts = []
         for number, (shard, reader) in enumerate(zip(manifest.shards, store.shard_readers)):
-            files = [by_rel[rel] for rel in (shard.path, shard.index_path) if rel]
-            sizes.append(sum(item.bytes for item in files))
+            files = files_of[number]
             log.info("%s: reading the %s of shard %d of %d", shown, field, number + 1, len(manifest.shards))
             try:
                 for item in files:

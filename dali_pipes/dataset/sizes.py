@@ -3,17 +3,19 @@
 Decimal units are powers of 1000 (``GB``: 10**9 bytes, what a disk's label and
 ``df -H`` say), binary ones powers of 1024 (``GiB``: 2**30, what ``40 << 30``
 is). The ``B`` is optional and case does not matter (``10g`` is ``10GB``). A bare
-number is in ``bare_unit`` (bytes unless a caller keeps an older meaning: the
-example's ``--stream-cache 40`` is 40 GB).
+number is in ``bare_unit``: bytes for a Python option, GB for a command-line flag
+(:func:`size_flag`: ``--stream-cache 40`` and ``--cache-limit 40`` are both 40 GB).
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import numbers
 import re
+from typing import Callable, NamedTuple
 
-__all__ = ["SizeError", "format_size", "parse_size", "unit_of"]
+__all__ = ["GivenSize", "SizeError", "format_size", "parse_size", "size_flag", "unit_of"]
 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]*)\s*$", re.IGNORECASE)
 #: The factor of each unit, keyed by its lower-case spelling without the trailing ``b``.
@@ -63,6 +65,9 @@ def parse_size(text: str | int | float, *, bare_unit: str = "B") -> int:
     else:
         number, unit = float(text), ""
     factor = _factor(unit or bare_unit, str(text))
+    if isinstance(text, str) and not unit and factor == 1 and number != int(number):  # "0.004": GB meant?
+        meant = int(number * _UNITS["g"])
+        raise SizeError(f"the size {text!r} needs a unit: write {_decimal(meant)} or {meant}")
     if not math.isfinite(number) or number * factor < 1:
         raise SizeError(f"the size {text!r} must be at least one byte")
     if isinstance(text, numbers.Integral):
@@ -84,6 +89,12 @@ def format_size(size: int, unit: str = "GB", *, up: bool = False) -> str:
     return f"{shown}{_SPELLED[_unit_key(unit)]}"
 
 
+def _decimal(size: int) -> str:
+    """``size`` bytes in the largest decimal unit it fills at least once (``4_000_000`` -> ``"4MB"``)."""
+    unit = next((key for key in ("p", "t", "g", "m", "k") if size >= _UNITS[key]), "")
+    return format_size(size, _SPELLED[unit])
+
+
 def _unit_key(unit: str) -> str:
     key = unit.lower()
     return key[:-1] if key.endswith("b") else key
@@ -95,3 +106,24 @@ def unit_of(text: str | int | float, bare_unit: str = "B") -> str:
     match = _SIZE_RE.match(text) if isinstance(text, str) else None
     key = _unit_key((match[2] if match else "") or bare_unit)
     return _SPELLED.get(key, "B")
+
+
+class GivenSize(NamedTuple):
+    """A size flag's value: its bytes, and the unit the user wrote it in (so an answer about it uses that unit)."""
+
+    bytes: int
+    unit: str
+
+
+def size_flag(bare_unit: str = "GB") -> Callable[[str], GivenSize]:
+    """An argparse type for a size such as ``40GiB``, ``10GB`` or ``512MB``; a bare number is in ``bare_unit``
+    (GB for every command-line flag of the package, so that one number means one size everywhere)."""
+
+    def parse(text: str) -> GivenSize:
+        try:
+            return GivenSize(parse_size(text, bare_unit=bare_unit), unit_of(text, bare_unit))
+        except SizeError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse.__name__ = "size"  # argparse names the type in its "invalid ... value" message
+    return parse

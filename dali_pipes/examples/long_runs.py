@@ -46,20 +46,27 @@ class Checkpoints:
     def __init__(self, args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DALILoader, rank: int):
         self.path, self.every = args.checkpoint, args.checkpoint_every
         self.net, self.optimizer, self.loader, self.rank = net, optimizer, loader, rank
+        self.held: str | None = None  # where the saved checkpoint resumes, said when the run is interrupted
 
-    def save(self) -> None:
-        """Write the checkpoint through a temporary name: a run killed while saving keeps the previous one."""
+    def save(self, held: str) -> None:
+        """Write the checkpoint through a temporary name: a run killed while saving keeps the previous one.
+        ``held``: what it holds, in words (``step 4``), for the line of an interrupted run."""
         if not self.path or self.rank != 0:  # every rank's loader state is the same; one writes it
             return
         state = {"model": self.net.state_dict(), "optimizer": self.optimizer.state_dict()}
         state["loader"] = self.loader.state_dict()
         torch.save(state, f"{self.path}.tmp")
         os.replace(f"{self.path}.tmp", self.path)
+        self.held = held
+
+    def where(self) -> str | None:
+        """What a rerun with ``--resume`` continues from, or ``None`` before the first save."""
+        return f"the checkpoint {self.path} holds {self.held}; --resume continues from it" if self.held else None
 
     def after_step(self, step: int) -> None:
         """Save when the epoch's ``step`` (counted from 1) is a multiple of ``--checkpoint-every``."""
         if self.every and step % self.every == 0:
-            self.save()
+            self.save(f"step {step}")
 
 
 class Progress:

@@ -35,6 +35,7 @@ from dali_pipes.examples.usage import (
     counted,
     dataset_manifest,
     description,
+    interrupts,
     non_negative_int,
     positive_float,
     positive_int,
@@ -189,4 +190,5 @@ def main(argv=None) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    with interrupts():  # Ctrl-C: one line and exit 130, not a traceback
+        main()

@@ -60,10 +60,9 @@ from dali_pipes import (
     open_store,
 )
 from dali_pipes.cli.remote_args import add_storage_options, storage_options
-from dali_pipes.dataset.sizes import format_size
+from dali_pipes.dataset.sizes import GivenSize, format_size, size_flag
 from dali_pipes.examples.long_runs import Checkpoints, Progress, add_long_run_flags
 from dali_pipes.examples.usage import (
-    GivenSize,
     UsageError,
     check_batch,
     class_difference,
@@ -71,6 +70,7 @@ from dali_pipes.examples.usage import (
     dataset_manifest,
     description,
     fail,
+    interrupts,
     non_negative_float,
     non_negative_int,
     positive_float,
@@ -80,12 +80,11 @@ from dali_pipes.examples.usage import (
     require_fields,
     say,
     short,
-    size_flag,
     user_errors,
 )
 from dali_pipes.loading.state import restored_position
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
-from dali_pipes.sampling.windowed import RankWindow, rank_window
+from dali_pipes.sampling.windowed import RankWindow, least_limit_fetching_ahead, rank_window
 
 #: What to do with a dataset of another kind, said when one is given.
 KIND_ADVICE = (
@@ -239,7 +238,7 @@ def check_stream_cache(cache: GivenSize, manifest: Any) -> RankWindow:
     sizes = [s.bytes + (s.num_samples * 2 * (len(str(s.bytes)) + 1) if s.index_path else 0) for s in manifest.shards]
     ranks = node_ranks()
     try:
-        return rank_window(cache.bytes, sizes, ranks)
+        plan = rank_window(cache.bytes, sizes, ranks)
     except ValueError:  # the one refusal of rank_window for a positive limit and no fetch_ahead
         largest, least = max(sizes), 2 * max(sizes) * ranks
         shared = f", shared by the {ranks} ranks of this node," if ranks > 1 else ""
@@ -249,6 +248,14 @@ def check_stream_cache(cache: GivenSize, manifest: Any) -> RankWindow:
             f"({format_size(largest, cache.unit, up=True)}: one to read and one read outside the window); "
             f"give --stream-cache {format_size(least, cache.unit, up=True)} or more"
         ) from None
+    if plan.ahead == 0 and plan.window < len(sizes) and os.environ.get("RANK", "0") == "0":  # said once a job
+        more = format_size(least_limit_fetching_ahead(sizes, ranks), cache.unit, up=True)
+        say(
+            f"--stream-cache {format_size(cache.bytes, cache.unit)} leaves nothing to fetch ahead of the window being "
+            f"read: the first batches of each window wait for downloads; {more} or more fetches the next window "
+            "meanwhile"
+        )
+    return plan
 
 
 def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
@@ -401,13 +408,23 @@ def train(args: argparse.Namespace, model: nn.Module, net: nn.Module, loader: DA
     first_epoch = resume(args, net, optimizer, loader)
     checkpoints = Checkpoints(args, net, optimizer, loader, rank)
     progress = Progress(args.progress_every, world, rank)
+    # One line per rank, at its start and its end: under torchrun each process shows it ran.
+    say(start_line(rank, world, loader, args, device))
+    with interrupts(checkpoints.where):  # Ctrl-C: one line saying where --resume continues from, exit 130
+        _epochs(args, model, optimizer, loader, device, (first_epoch, rank, world), (checkpoints, progress))
+    say(f"rank {rank} of {world}: done")
+
+
+def _epochs(args, model, optimizer, loader, device, where: tuple[int, int, int], savers: tuple) -> None:
+    """:func:`train`'s epochs, from ``where`` = ``(first epoch, rank, world)``."""
+    first_epoch, rank, world = where
+    checkpoints, progress = savers
+    distributed = world > 1
 
     def after_step(step: int, images: int) -> None:
         progress.after_step(step, images)
         checkpoints.after_step(step)
 
-    # One line per rank, at its start and its end: under torchrun each process shows it ran.
-    say(start_line(rank, world, loader, args, device))
     for epoch in range(first_epoch, args.epochs):
         loader.set_epoch(epoch)  # was: sampler.set_epoch(epoch)
         done = progress.begin(epoch, loader)
@@ -422,12 +439,16 @@ def train(args: argparse.Namespace, model: nn.Module, net: nn.Module, loader: DA
                 f"at {loader.pipeline.size_at(epoch)} px, {samples / elapsed:.1f} images/s on "
                 f"{counted(world, 'process')}"
             )
-        checkpoints.save()
-    say(f"rank {rank} of {world}: done")
+        checkpoints.save(f"the end of epoch {epoch}")
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
+    with interrupts():  # Ctrl-C anywhere: one line and exit 130 (train() says where --resume continues from)
+        _main(args)
+
+
+def _main(args: argparse.Namespace) -> None:
     with user_errors():
         check_data(args)  # before the process group: every rank refuses alike, at once
     distributed = "RANK" in os.environ  # set by torchrun
@@ -452,8 +473,10 @@ def main(argv=None) -> None:
     model = net
     if distributed:
         model = nn.parallel.DistributedDataParallel(net, device_ids=[local_rank] if device.type == "cuda" else None)
-    train(args, model, net, loader, device)
-    loader.close()
+    try:
+        train(args, model, net, loader, device)
+    finally:  # an interrupted run too: its downloads stop, its pins go
+        loader.close()
     if distributed:
         dist.destroy_process_group()
 

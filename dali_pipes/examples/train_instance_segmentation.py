@@ -37,7 +37,7 @@ from dali_pipes.examples.train_detection import (
     grid_targets,
     open_data,
 )
-from dali_pipes.examples.usage import counted, description, fail
+from dali_pipes.examples.usage import counted, description, fail, interrupts
 from dali_pipes.pipelines import InstanceSegmentation
 
 ROI = 14
@@ -201,4 +201,5 @@ def main(argv=None) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    with interrupts():  # Ctrl-C: one line and exit 130, not a traceback
+        main()

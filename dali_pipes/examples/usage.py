@@ -28,10 +28,9 @@ import logging
 import os
 import re
 import sys
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, NoReturn, Sequence
+from typing import Any, Callable, Iterator, Mapping, NoReturn, Sequence
 
 from dali_pipes import Manifest, ManifestError, RemoteError, StoreError, open_store
-from dali_pipes.dataset.sizes import SizeError, parse_size, unit_of
 from dali_pipes.remote.dataset import load_remote_manifest
 from dali_pipes.remote.fs import LOOK
 from dali_pipes.remote.urls import is_url
@@ -71,6 +70,25 @@ def say(line: str) -> None:
     separate write of the newline lets two ranks' lines run together on one line."""
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
+
+
+#: The exit status of a run stopped by Ctrl-C, as a shell reports it (128 + SIGINT).
+EXIT_INTERRUPTED = 130
+
+
+@contextlib.contextmanager
+def interrupts(note: Callable[[], str | None] = lambda: None) -> Iterator[None]:
+    """Inside: Ctrl-C ends the script with one line on stderr, ``PROG: interrupted`` and ``note()`` when it says
+    something (where a rerun resumes from), and exit status 130, not a traceback. The loaders opened inside are
+    closed on the way out by their own ``with`` or ``finally``; what a run killed harder leaves in a stream cache
+    folder (temporaries) the next run removes."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        told = note()
+        prog = os.path.basename(sys.argv[0]) or "python"
+        print(f"{prog}: interrupted{'; ' + told if told else ''}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 @contextlib.contextmanager
@@ -148,27 +166,6 @@ non_negative_int = _number(int, lambda v: v >= 0, "a whole number >= 0")
 positive_float = _number(float, lambda v: v > 0 and v != float("inf"), "a number > 0")
 non_negative_float = _number(float, lambda v: 0 <= v < float("inf"), "a number >= 0")
 probability = _number(float, lambda v: 0 <= v <= 1, "a probability between 0 and 1")
-
-
-class GivenSize(NamedTuple):
-    """A size flag's value: its bytes, and the unit the user wrote it in (so an answer about it uses that unit)."""
-
-    bytes: int
-    unit: str
-
-
-def size_flag(bare_unit: str) -> Callable[[str], GivenSize]:
-    """An argparse type for a size such as ``40GiB``, ``10GB`` or ``512MB`` (:mod:`dali_pipes.dataset.sizes`); a
-    bare number is in ``bare_unit``."""
-
-    def parse(text: str) -> GivenSize:
-        try:
-            return GivenSize(parse_size(text, bare_unit=bare_unit), unit_of(text, bare_unit))
-        except SizeError as exc:
-            raise argparse.ArgumentTypeError(str(exc)) from None
-
-    parse.__name__ = "size"
-    return parse
 
 
 # --- the data the flags name ------------------------------------------------------------------------------------

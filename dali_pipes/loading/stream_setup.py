@@ -27,10 +27,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from dali_pipes.dataset.sizes import format_size
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.streaming import Streamer, StreamStore
 from dali_pipes.remote.urls import check_dataset_path, is_url, redact
-from dali_pipes.sampling.windowed import rank_window
+from dali_pipes.sampling.windowed import least_limit_fetching_ahead, rank_window
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -178,7 +179,7 @@ def open_streaming(
         ranks = node_ranks(stream, world_size)
         tuning = CacheTuning(workers=stream.downloads)
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
-        window, ahead, budget = _window_of_rank(cache, stream, ranks)
+        window, ahead, budget = _window_of_rank(cache, stream, ranks, redact(str(path), data.storage_options))
     except BaseException:
         agree_on_window(None)  # the other ranks fail too, and do not wait for this one
         if cache is not None:
@@ -208,19 +209,24 @@ def open_streaming(
         raise
 
 
-def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int) -> tuple[int, int, int]:
+def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int, shown: str) -> tuple[int, int, int]:
     """``(window, ahead, budget)`` for one of ``ranks`` ranks sharing ``cache`` (:func:`rank_window`); refused with
-    what to change, naming the cache folder."""
+    what to change, naming the cache folder. A limit that fetches nothing ahead is warned of once a node, naming
+    the dataset as ``shown`` (its URL, redacted)."""
     try:
         plan = rank_window(cache.limit_bytes, cache.shard_bytes, ranks, stream.fetch_ahead)
     except ValueError as exc:
         prefix = "StreamOptions." if str(exc).startswith("fetch_ahead") else ""
         raise ValueError(f"{cache.folder}: {prefix}{exc} ({ranks} rank(s) a node share the cache)") from None
-    if plan.ahead == 0 and plan.window < len(cache.shard_bytes):
+    first_of_node = os.environ.get("LOCAL_RANK", "0") == "0"  # each rank of a node would say the same
+    if plan.ahead == 0 and plan.window < len(cache.shard_bytes) and first_of_node:
+        least = least_limit_fetching_ahead(cache.shard_bytes, ranks)
         logger.warning(
-            "stream %s: a rank's share of %d bytes (cache limit %d, %d rank(s) a node) leaves nothing to fetch "
-            "ahead of the window being read; its first batches will wait for downloads (raise cache_limit)",
-            cache.folder, cache.limit_bytes // ranks, cache.limit_bytes, ranks,
+            "stream %s: cache_limit=%d (%s) over %d rank(s) a node leaves nothing to fetch ahead of the window being "
+            "read: the first batches of each window wait for downloads; cache_limit=%d (%s) or more fetches the "
+            "next window meanwhile",
+            shown, cache.limit_bytes, format_size(cache.limit_bytes, "GB"), ranks, least,
+            format_size(least, "GB", up=True),
         )  # fmt: skip
     return plan.window, plan.ahead, plan.budget
 

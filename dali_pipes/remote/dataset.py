@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, Manifest, ManifestError, parse_manifest
 from dali_pipes.dataset.manifest import load_manifest as load_local_manifest
-from dali_pipes.remote.fs import JOB, Patience, filesystem, remote_errors
+from dali_pipes.remote.fs import JOB, Patience, RemoteError, filesystem, remote_errors
 from dali_pipes.remote.transfer import retrying
 from dali_pipes.remote.urls import is_url, join, redact
 
@@ -41,7 +41,15 @@ def load_remote_manifest(
     fs, root = filesystem(url, storage_options, patience)
     manifest_url = join(url, MANIFEST_NAME)
     shown = redact(manifest_url, storage_options)
-    data = retrying(lambda: fs.cat_file(join(root, MANIFEST_NAME)), manifest_url, "reading", storage_options, patience)
+
+    def read() -> bytes:
+        try:
+            return fs.cat_file(join(root, MANIFEST_NAME))
+        except FileNotFoundError:
+            _refuse_a_wrong_path(fs, url, root, storage_options)
+            raise  # no bucket, or none that can be looked at: said as any missing object is
+
+    data = retrying(read, manifest_url, "reading", storage_options, patience)
     try:
         manifest = parse_manifest(json.loads(data), where=shown)
     except ManifestError:
@@ -55,6 +63,23 @@ def load_remote_manifest(
             if rel is not None and (PurePosixPath(rel).is_absolute() or ".." in PurePosixPath(rel).parts):
                 raise ManifestError(f"{shown}: shard path {rel!r} leaves the dataset; shard paths must stay inside it")
     return manifest, data
+
+
+def _refuse_a_wrong_path(fs: Any, url: str, root: str, storage_options: Mapping[str, Any] | None) -> None:
+    """No index.json at ``url``: raise :class:`RemoteError` saying so when its bucket exists (the path is wrong, not
+    the bucket, which a missing bucket's message would say); return when it does not or cannot be looked at."""
+    bucket = root.split("/", 1)[0]
+    if bucket == root.rstrip("/"):  # the URL is a bucket's root: nothing to tell apart
+        return
+    try:
+        exists = fs.exists(bucket)
+    except Exception:  # noqa: BLE001 - a bucket that cannot be looked at (denied, unreachable): the plain message
+        return
+    if exists:
+        raise RemoteError(
+            f"no {MANIFEST_NAME} under {redact(url, storage_options)} (the bucket {redact(bucket, storage_options)} "
+            "exists): check the path, and that the dataset was uploaded whole (its index.json is written last)"
+        )
 
 
 def read_errors(url: str, storage_options: Mapping[str, Any] | None = None, patience: Patience = JOB) -> list[str]:

@@ -49,6 +49,7 @@ __all__ = [
     "choose_window",
     "window_and_ahead",
     "compare_mixing",
+    "least_limit_fetching_ahead",
     "rank_window",
     "shard_of",
     "shards_needed",
@@ -262,6 +263,19 @@ def rank_window(
         )
     window, ahead = window_and_ahead(share - largest, sizes, fetch_ahead)
     return RankWindow(window, ahead, share - largest)
+
+
+def least_limit_fetching_ahead(shard_bytes: Sequence[int] | np.ndarray, ranks: int) -> int:
+    """The least ``cache_limit``, in whole largest shards a rank, whose :func:`rank_window` fetches shards ahead of
+    the window being read (or holds the whole dataset in one window): what to raise a limit to when it fetches none."""
+    sizes = checked_shard_sizes(shard_bytes)
+    step = int(sizes.max()) * check_int("ranks", ranks, 1)
+    limit = 2 * step
+    while True:  # ends at the latest when a rank's share holds every shard: at most len(sizes) + 2 steps
+        plan = rank_window(limit, sizes, ranks)
+        if plan.ahead > 0 or plan.window >= len(sizes):
+            return limit
+        limit += step
 
 
 @dataclass(frozen=True)
