@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
 import os
 import re
 from concurrent.futures import ProcessPoolExecutor
@@ -113,7 +114,8 @@ def write_chunks(write: Callable[[Any], None], chunks: list, workers: int | None
         for chunk in chunks:
             write(chunk)
         return
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    # Spawned: forked from a process whose other threads hold locks (DALI's, downloads), a worker can die at its start.
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for _ in pool.map(write, chunks):
             pass
 

@@ -80,7 +80,8 @@ def test_a_folder_of_only_broken_images_leaves_nothing_and_names_every_reason(tm
     assert "2 x truncated JPEG (image file is truncated (" in error[0]
     for name, reason in REASONS.items():
         assert reason in error[0], reason
-        assert name == "cut-b.jpg" or f"(e.g. {root / 'cls' / name})" in error[0], name
+    # One example a reason: the first input refused for it, in the (shuffled) order the conversion read them.
+    assert sum(f"(e.g. {root / 'cls' / name})" in error[0] for name in REASONS) == 6
     # Not the advice to allow empty classes, which would fail the same way.
     assert "--allow-empty-classes" not in error[0]
     assert not out.exists()

@@ -72,7 +72,6 @@ def measure_mixing(
     of ``node_ranks`` ranks, and one row per window size, then the global shuffle's."""
     from dali_pipes.cli.shard_labels import labels_and_shard_bytes
     from dali_pipes.remote.urls import redact
-    from dali_pipes.sampling.windowed import compare_mixing
 
     windows = list(windows if windows is not None else ([] if cache else DEFAULT_WINDOWS))
     if batch_size < 1:
@@ -81,28 +80,18 @@ def measure_mixing(
         raise ValueError(f"--windows must be shard counts of at least 1, got {windows}")
     if epoch < 0 or seed < 0 or node_ranks < 1:
         raise ValueError("--epoch and --seed must be at least 0, --node-ranks at least 1")
-    stream: dict[str, Any] | None = None
 
-    def check_cache(shard_bytes: list[int]) -> None:  # before a URL's shards are downloaded for their labels
-        nonlocal stream
-        stream = _stream_window(cache, shard_bytes, node_ranks) if cache else None
+    windowed: list[dict[str, Any] | None] = [None]  # the cache's window, checked before a URL's labels are read
+
+    def check_cache(shard_bytes: list[int]) -> None:
+        windowed[0] = _stream_window(cache, shard_bytes, node_ranks) if cache else None
 
     manifest, labels, _ = labels_and_shard_bytes(dataset, field, storage_options, check_cache)
+    stream = windowed[0]
     sizes = [s.num_samples for s in manifest.shards]
-    measured = ([stream["window"]] if stream else []) + [w for w in windows if not stream or w != stream["window"]]
     shards = len(sizes)
-    results = compare_mixing(labels, sizes, batch_size, measured, epoch=epoch, seed=seed)
-    rows = []
-    for w, (key, mix) in zip([*measured, shards], results.items()):
-        used = min(w, shards)
-        rows.append({
-            "window": "global" if key == "global" else w,
-            "shards_per_window": used,
-            "samples_per_window": round(len(labels) * used / shards, 1),
-            "classes_per_batch": round(mix.distinct_classes, 2),
-            "entropy_bits": round(mix.entropy_bits, 3),
-            "batches": mix.batches,
-        })  # fmt: skip
+    measured = ([stream["window"]] if stream else []) + [w for w in windows if not stream or w != stream["window"]]
+    rows = _mixing_rows(labels, sizes, batch_size, measured, epoch=epoch, seed=seed)
     return {
         "path": redact(str(dataset), storage_options),
         "field": field,
@@ -117,6 +106,26 @@ def measure_mixing(
         "stream": stream,
         "rows": rows,
     }
+
+
+def _mixing_rows(labels: Any, sizes: list[int], batch_size: int, measured: list[int], *, epoch: int, seed: int) -> list:
+    """One row per window size in ``measured``, then the global shuffle's."""
+    from dali_pipes.sampling.windowed import compare_mixing
+
+    shards = len(sizes)
+    results = compare_mixing(labels, sizes, batch_size, measured, epoch=epoch, seed=seed)
+    rows = []
+    for w, (key, mix) in zip([*measured, shards], results.items()):
+        used = min(w, shards)
+        rows.append({
+            "window": "global" if key == "global" else w,
+            "shards_per_window": used,
+            "samples_per_window": round(len(labels) * used / shards, 1),
+            "classes_per_batch": round(mix.distinct_classes, 2),
+            "entropy_bits": round(mix.entropy_bits, 3),
+            "batches": mix.batches,
+        })  # fmt: skip
+    return rows
 
 
 def _stream_window(cache: tuple[int, str], shard_bytes: list[int], node_ranks: int) -> dict[str, Any]:
