@@ -173,13 +173,14 @@ def open_streaming(
     from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
     stream = data.stream
+    shown = redact(str(path), data.storage_options)  # the dataset by what the user gave, credentials taken out
     cache: ShardCache | None = None
     try:
         folder = cache_folder(path, stream)
         ranks = node_ranks(stream, world_size)
         tuning = CacheTuning(workers=stream.downloads)
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
-        window, ahead, budget = _window_of_rank(cache, stream, ranks, redact(str(path), data.storage_options))
+        window, ahead, budget = _window_of_rank(cache, stream, ranks, shown)
     except BaseException:
         agree_on_window(None)  # the other ranks fail too, and do not wait for this one
         if cache is not None:
@@ -187,7 +188,6 @@ def open_streaming(
         raise
     try:
         agreed = agree_on_window(window)
-        shown = redact(str(path), data.storage_options)  # the dataset by what the user gave, then its cache
         if agreed < window:
             logger.info(
                 "stream %s: %d shard(s) per window, the smallest of the job's ranks (this one: %d)",
