@@ -501,8 +501,9 @@ def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: d
     (``options["stream"]`` a list: one per rank) from the node's shared cache folder (``DALI_PIPES_CACHE``,
     inherited): the rest of the epoch of ``options["state"]`` when given, else one epoch, stopping after
     ``options["stop"]`` batches when given (its ``state_dict()`` then reported). In a gloo process group
-    when ``options["group"]``, else without one. Writes ``out_dir/rank-R.json``: the batches (indices,
-    is_pad), the window, and the cache's peak bytes and limit.
+    when ``options["group"]``, else without one; ``options["env"]`` (a list: one dict per rank) sets what a
+    launcher would (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``: a simulated node). Writes ``out_dir/rank-R.json``: the
+    batches (indices, is_pad), the node window, and the cache's peak bytes and limit.
     """
     import json
 
@@ -511,6 +512,7 @@ def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: d
     from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
 
     quiet_dali_logs()
+    os.environ.update(options["env"][rank] if options.get("env") else {})
     if options.get("group"):
         store = f"file://{os.path.join(out_dir, 'group-store')}"
         dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world_size)
@@ -524,7 +526,7 @@ def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: d
         with DALILoader(url, TinySpec(), batch_format=BatchFormat(with_index=True), **kwargs) as loader:
             if options.get("state"):
                 loader.load_state_dict(options["state"])
-            report: dict = {"len": len(loader), "window": loader.sampling.window, "batches": []}
+            report: dict = {"len": len(loader), "window": loader.sampling.node_window, "batches": []}
             for batch in loader:
                 report["batches"].append([batch["index"].tolist(), batch["is_pad"].tolist()])
                 if len(report["batches"]) == options.get("stop"):

@@ -19,7 +19,7 @@ from test_remote_stage import upload
 
 from dali_pipes import BatchFormat, DALILoader, DataOptions, LoaderError, RunOptions, StreamOptions
 from dali_pipes.loading.stream_setup import STREAM_FOLDER
-from dali_pipes.sampling import num_batches, window_spans
+from dali_pipes.sampling import num_batches
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, stream_worker, write_dataset
 
@@ -65,7 +65,8 @@ def test_one_epoch_reads_every_sample_once_within_the_limit_and_a_second_epoch_w
     url, data = streamed
     with stream_loader(url, data) as loader:
         assert loader.store.root.parent.name == STREAM_FOLDER
-        assert 1 <= loader.sampling.window < SHARDS
+        order = loader.sampling
+        assert 1 <= order.node_window < SHARDS
         rows = []
         for batch in loader:
             rows.extend(batch_rows(batch))
@@ -74,12 +75,17 @@ def test_one_epoch_reads_every_sample_once_within_the_limit_and_a_second_epoch_w
         # Each shard once, but the next epoch's first shards (which DALI reads ahead into, and the shards fetched
         # ahead of them). The last batch's padding comes from the epoch's end, which the cache holds: it downloads
         # nothing (issue 54 item 5; it was the epoch's first samples, long evicted).
-        window, ahead = loader.sampling.window, loader.store.streamer.ahead
+        ahead = loader.store.streamer.ahead
         assert set(gets) == {f"shard-{k:05d}.lmdb" for k in range(SHARDS)}
-        following = [k for span in window_spans(loader.sampling.shard_sizes, 1, 3, window, True) for k in span.shards]
+        # DALI reads at most 6 batches ahead into the next epoch: the shards of their windows and those fetched
+        # ahead of them may come again.
+        spans = order.node_windows(1)[0]
+        early = [k for span in spans if span.start < 6 * BATCH for k in span.shards]
+        later = [k for span in spans if span.start >= 6 * BATCH for k in span.shards]
+        following = {f"shard-{k:05d}.lmdb" for k in early + later[:ahead]}
         again = {name for name in gets if gets.count(name) > 1}
-        assert again <= {f"shard-{k:05d}.lmdb" for k in following[: ahead + 2 * window]}, again
-        assert len(gets) <= SHARDS + window + ahead
+        assert again <= following, again
+        assert len(gets) <= SHARDS + len(following)
         assert sorted(row[0] for row in rows if not row[2]) == list(range(N))
         assert all(label == index % 5 for index, label, _, _ in rows)
         second = real_indices(loader)
@@ -103,12 +109,12 @@ def test_a_state_saved_mid_epoch_resumes_the_rest_of_it(streamed):
         assert resumed.cache.peak_bytes <= LIMIT
     seen = real_indices(first) + real_indices(rest)
     assert sorted(seen) == list(range(N))
-    halves = DataOptions(stream=StreamOptions(cache_limit=LIMIT, node_ranks=2), storage_options=data.storage_options)
-    with (
-        stream_loader(url, halves) as other,
-        pytest.raises(ValueError, match=r"StreamOptions\(cache_limit, node_ranks"),
-    ):
-        other.load_state_dict(state)  # another window: named with the options it follows from
+    # A cache of another size gives other windows: the rest of the saved epoch keeps the saved ones.
+    wider = DataOptions(stream=StreamOptions(cache_limit=2 * LIMIT), storage_options=data.storage_options)
+    with stream_loader(url, wider) as other:
+        assert other.sampling.node_window > state["stream"]["window"]
+        other.load_state_dict(state)
+        assert sorted(real_indices(other)) == sorted(real_indices(rest))  # read more partitions at once
 
 
 def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
@@ -146,11 +152,10 @@ def test_the_cache_folder_the_shards_fetched_ahead_and_the_downloads_are_the_use
     wide = DataOptions(stream=stream, storage_options=data.storage_options)
     with stream_loader(url, wide) as loader, stream_loader(url, data) as default:
         assert Path(loader.store.root).parent == tmp_path / "nvme"
-        assert loader.store.streamer.ahead == 1 and default.store.streamer.ahead >= default.sampling.window
-        assert loader.sampling.window > default.sampling.window  # the room not fetched ahead widens the window
+        assert loader.store.streamer.ahead == 1 and default.store.streamer.ahead == default.sampling.node_window
         assert sorted(real_indices(loader)) == list(range(N))
         assert loader.cache.peak_bytes <= LIMIT
-    with pytest.raises(ValueError, match="StreamOptions.fetch_ahead=.* leaves no room for a window"):
+    with pytest.raises(ValueError, match="StreamOptions.fetch_ahead=.* does not fit"):
         stream_loader(
             url,
             DataOptions(
@@ -188,11 +193,11 @@ def test_close_does_not_wait_for_the_downloads_ahead(s3, streamed):
     # released when those downloads end.
 
     url, data = streamed
-    wide = dataclasses.replace(data, stream=StreamOptions(cache_limit=3 * LIMIT))  # the first batches in window 0
+    # One partition, one loader: windows one after the other, the first batches in window 0.
+    wide = dataclasses.replace(data, stream=StreamOptions(cache_limit=3 * LIMIT, partitions=1, loaders=1))
     loader = stream_loader(url, wide)
-    sizes, window = loader.sampling.shard_sizes, loader.sampling.window
-    assert 4 * BATCH < 4 * window  # what DALI reads ahead of the first batch (4 samples a shard)
-    ahead = window_spans(sizes, 0, 3, window, True)[1].shards  # seed 3, as stream_loader reads
+    assert 4 * BATCH < 4 * loader.sampling.node_window  # what DALI reads ahead of the first batch (4 samples a shard)
+    ahead = loader.sampling.node_windows(0)[0][1].shards
     s3.proxy.stall = 60.0
     s3.proxy.add("stall", path="|".join(rf"shard-{k:05d}\.lmdb$" for k in ahead), times=None)
     next(iter(loader))
@@ -244,7 +249,7 @@ def test_ranks_of_one_node_read_every_sample_once_within_the_shared_limit(tmp_pa
 @pytest.mark.timeout(240)
 def test_a_state_saved_mid_epoch_on_two_ranks_resumes_on_three(tmp_path, streamed):
     url, data = streamed
-    options = {"stream": {"cache_limit": LIMIT, "node_ranks": 3}, "storage": data.storage_options}  # one window
+    options = {"stream": {"cache_limit": LIMIT}, "storage": data.storage_options}  # other windows: the saved ones kept
     first = run_ranks(2, url, tmp_path / "two", **options, stop=9)
     assert first[0]["state"] == first[1]["state"] and first[0]["state"]["samples_consumed"] == 9 * 4 * 2
     rest = run_ranks(3, url, tmp_path / "three", **options, state=first[0]["state"])
@@ -268,25 +273,27 @@ def test_ranks_with_other_limits_agree_on_one_window_in_a_process_group(tmp_path
     assert [r["peak"] <= r["limit"] for r in reports] == [True, True] and reports[1]["limit"] == 3 * LIMIT
 
 
-def test_the_ranks_of_a_node_share_the_limit(tmp_path, streamed, monkeypatch):
-    from dali_pipes.loading.stream_setup import node_ranks
+def test_a_rank_finds_its_node_as_torchrun_numbers_them(tmp_path, streamed, monkeypatch):
+    from dali_pipes.loading.stream_layout import node_ranks, rank_place
+    from dali_pipes.sampling import EpochRules, World
 
     url, data = streamed
-    assert node_ranks(data.stream, 4) == 4
+    assert node_ranks(data.stream, 4) == 4  # without a launcher's word: the job on one node
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
-    assert node_ranks(data.stream, 4) == 2
-    with pytest.raises(ValueError, match="give node_ranks >= 2"):
+    assert node_ranks(data.stream, 4) == 2 and node_ranks(data.stream, 1) == 1
+    with pytest.raises(ValueError, match="LOCAL_WORLD_SIZE=2 ranks run on this node"):
         node_ranks(StreamOptions(cache_limit=LIMIT, node_ranks=1), 4)
-    with pytest.raises(ValueError, match="raise cache_limit to at least"):
-        DALILoader(
-            url,
-            TinySpec(),
-            batch_size=BATCH,
-            run=RUN,
-            data=DataOptions(
-                stream=StreamOptions(cache_limit=LIMIT, node_ranks=5), storage_options=data.storage_options
-            ),
-        )
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    with pytest.raises(ValueError, match="6 ranks do not fill nodes of 4"):
+        node_ranks(StreamOptions(cache_limit=LIMIT, node_ranks=4), 6)
+    place = rank_place(StreamOptions(cache_limit=LIMIT, node_ranks=2), EpochRules(8, World(3, 4)))
+    assert (place.node, place.local_rank, place.layout.nodes, place.layout.ranks) == (1, 1, 2, 2)
+    monkeypatch.setenv("GROUP_RANK", "0")
+    with pytest.raises(ValueError, match="GROUP_RANK=0"):
+        rank_place(StreamOptions(cache_limit=LIMIT, node_ranks=2), EpochRules(8, World(3, 4)))
+    small = DataOptions(stream=StreamOptions(cache_limit=5 * SHARD), storage_options=data.storage_options)
+    with pytest.raises(ValueError, match=f"raise cache_limit to at least {6 * SHARD} bytes.*loaders=1"):
+        DALILoader(url, TinySpec(), batch_size=BATCH, run=RUN, data=small)
 
 
 def test_a_local_dataset_has_one_cache_folder_however_its_path_is_written(tmp_path, monkeypatch):

@@ -90,20 +90,21 @@ class StreamOptions:
 
     ``cache_limit``: the most bytes of shards the node's cache folder holds, a number of bytes or a size
     such as ``"40GiB"`` (2**30 bytes a GiB) or ``"400GB"`` (10**9 a GB) (for example a tenth of the
-    dataset; at least two of its largest shards per rank of the node). The epoch order is then
-    shard-windowed (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
-    within windows of ``W`` shards, ``W`` the most that fit in a rank's share of the limit beside what
-    is fetched ahead (``dali-pipes mixing`` shows what a window size does to the classes of a batch).
+    dataset; at least six of its largest shards). The epoch order is then partitioned
+    (:mod:`dali_pipes.sampling.partitioned`): the shards are dealt to ``partitions``, each node reads only
+    its own partitions' shards, window by window, its ranks together, the samples of a window shuffled
+    together (``dali-pipes mixing`` shows what that does to the classes of a batch). A node's windows are
+    as wide as its cache allows (:func:`~dali_pipes.sampling.node_room.node_window`), whatever its ranks.
 
     ``folder``: the cache folder (default: ``stream/`` under ``$DALI_PIPES_CACHE``, else
     ``~/.cache/dali-pipes``, a sub-folder per dataset); put it on a local disk, not a network one.
-    ``node_ranks``: the ranks of the job that share a node's cache, each pinning at most
-    ``cache_limit // node_ranks`` bytes (default ``LOCAL_WORLD_SIZE``, which torchrun sets, else the
-    job's world size); ``W`` follows from it, so give the same value (the most ranks a node will run)
-    to resume a state on another number of ranks per node. ``fetch_ahead``: the shards after the
-    window being read that are downloaded while it is read (default: a whole window, so that the next
-    window is there when the reads reach it; fewer leave room for a wider window, whose first batches
-    may then wait for downloads). ``downloads``: shards downloaded at once.
+    ``node_ranks``: the job's ranks on each node (default ``LOCAL_WORLD_SIZE``, which torchrun sets, else the
+    whole job on one node). ``fetch_ahead``: shards downloaded ahead of the windows being read (default: a
+    node window, so the next one is there when the reads reach it). ``downloads``: shards downloaded at
+    once. ``partitions``: how many parts the shards are dealt to (default 8, a multiple of the node count:
+    1, 2, 4 and 8 nodes resume each other's states mid-epoch). ``loaders``: the loaders of this dataset that
+    may read on a node at once (default 2: training and an evaluation of the training set, or two jobs of a
+    sweep), each within ``cache_limit // loaders``.
     """
 
     cache_limit: int | str
@@ -111,6 +112,8 @@ class StreamOptions:
     node_ranks: int | None = None
     fetch_ahead: int | None = None
     downloads: int = 4
+    partitions: int | None = None
+    loaders: int = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.cache_limit, str):  # "40GiB", "10GB": read as every size flag is
@@ -125,10 +128,11 @@ class StreamOptions:
                 f"got {self.cache_limit!r}"
             )
         object.__setattr__(self, "cache_limit", int(self.cache_limit))
-        for name, least in (("node_ranks", 1), ("fetch_ahead", 0)):  # None: chosen when the stream opens
+        for name, least in (("node_ranks", 1), ("fetch_ahead", 0), ("partitions", 1)):  # None: chosen at the open
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, int(check_int(f"StreamOptions.{name}", getattr(self, name), least)))
         object.__setattr__(self, "downloads", int(check_int("StreamOptions.downloads", self.downloads, 1)))
+        object.__setattr__(self, "loaders", int(check_int("StreamOptions.loaders", self.loaders, 1)))
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from dali_pipes.loading.pipeline_build import (
 )
 from dali_pipes.loading.sources import EpochControl, StoreSource
 from dali_pipes.loading.start_method import choose_start_method, main_hidden_from_spawn
-from dali_pipes.loading.state import loader_state, restored_position
+from dali_pipes.loading.state import loader_state, restored_position, restored_stream, stream_record
 from dali_pipes.loading.store_setup import epoch_sampling, prepare_store
 from dali_pipes.loading.stream_setup import streaming_run
 from dali_pipes.loading.streams import DaliStream
@@ -222,7 +222,8 @@ class DALILoader(DataLoaderSurface):
             self.store, self._fields, self.world, self._workers, self._source, self.batch_size, run.prefetch
         )
         self._stream = GuardedStream(stream, diagnosis, caller, device_id, self._stop_workers)
-        steps = EpochSteps(self.epoch_length, self._rules)
+        streamed_order = self.sampling if hasattr(self.sampling, "rank_indices") else None
+        steps = EpochSteps(self.epoch_length, self._rules, streamed_order)
         # Training epochs read on in one stream epoch, without a refill between them (loading/epoch_chain.py).
         chain = EpochChain(self._control, self._source, self._sizes, steps.batches(0), ahead)
         where = f"{self.store.root} (rank {self.world.rank})"
@@ -254,7 +255,10 @@ class DALILoader(DataLoaderSurface):
         position part-way through an epoch: then the batches left in it.
         """
         current = self._epochs.pass_under_way()
-        return current.batches if current is not None else self._epochs.steps.batches(self._epochs.next_pass()[1])
+        if current is not None:
+            return current.batches
+        epoch, start = self._epochs.next_pass()
+        return self._epochs.steps.batches(start, epoch)
 
     @property
     def epoch(self) -> int:
@@ -280,11 +284,13 @@ class DALILoader(DataLoaderSurface):
         adds the epoch's output ``size``, which a resumed epoch keeps.
         """
         epoch, consumed = self._epochs.saved_position()
-        return self._sizes.record(loader_state(epoch, consumed, **self._state_identity()))
+        state = loader_state(epoch, consumed, **self._state_identity())
+        return self._sizes.record(stream_record(state, self._epochs.steps.order))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue from :meth:`state_dict`: the next pass covers the rest of the saved epoch."""
         position = restored_position(state, self.store.root, **self._state_identity())
+        position = restored_stream(state, position, self._epochs.steps.order, self.store.root)
         self._epochs.restore(position)
         self._sizes.restore(state, position)
 

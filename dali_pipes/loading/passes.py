@@ -23,28 +23,37 @@ __all__ = ["EpochState", "EpochSteps", "Pass"]
 
 @dataclass(frozen=True)
 class EpochSteps:
-    """How an epoch of ``samples`` (over all ranks) splits into this rank's batches: the sampling rules, bound."""
+    """How an epoch of ``samples`` (over all ranks) splits into this rank's batches: the sampling rules, bound;
+    ``order``: a streamed order that counts its own steps (:class:`~dali_pipes.sampling.node_order.NodeOrder`:
+    each node reads its own partitions, so the counts depend on the epoch's partitions)."""
 
     samples: int
     rules: EpochRules
+    order: Any = None
 
     @property
     def batch_size(self) -> int:
         """Samples in a batch of this rank (the last one may hold fewer real ones)."""
         return self.rules.batch_size
 
-    def batches(self, start: int) -> int:
-        """Batches per rank in the epoch after ``start`` samples of it were consumed."""
+    def batches(self, start: int, epoch: int = 0) -> int:
+        """Batches per rank in ``epoch`` after ``start`` samples of it were consumed."""
+        if self.order is not None:
+            return self.order.batches(epoch, start)
         r = self.rules
         return num_batches(self.samples, r.batch_size, r.world.world_size, r.last_batch, start)
 
-    def per_rank(self, start: int) -> int:
-        """This rank's samples, padding included, in the epoch after ``start``."""
+    def per_rank(self, start: int, epoch: int = 0) -> int:
+        """This rank's samples, padding included, in ``epoch`` after ``start``."""
+        if self.order is not None:
+            return self.order.per_rank(epoch, start)
         r = self.rules
         return samples_per_rank(self.samples, r.batch_size, r.world.world_size, r.last_batch, start)
 
-    def consumed(self, handed: int, start: int) -> int:
-        """The epoch's global samples consumed once every rank has taken ``handed`` batches from ``start``."""
+    def consumed(self, handed: int, start: int, epoch: int = 0) -> int:
+        """``epoch``'s global samples consumed once every rank has taken ``handed`` batches from ``start``."""
+        if self.order is not None:
+            return self.order.consumed(epoch, handed, start, self.samples)
         r = self.rules
         return samples_consumed(self.samples, r.batch_size, r.world.world_size, handed, r.last_batch, start)
 
@@ -160,7 +169,7 @@ class EpochState:
         continues = self._chain.continues(epoch, start, handed_out=handed_out)
         if not continues:
             self._finish_stream_epoch()
-        current = self.current = Pass(epoch, start, self.steps.batches(start), self.steps.per_rank(start))
+        current = self.current = Pass(epoch, start, self.steps.batches(start, epoch), self.steps.per_rank(start, epoch))
         self.position = (epoch, start)
         if current.batches == 0:
             self.position = (epoch + 1, 0)
@@ -189,7 +198,7 @@ class EpochState:
             )
         current.handed += 1
         if current.under_way:
-            self.position = (current.epoch, self.steps.consumed(current.handed, current.start))
+            self.position = (current.epoch, self.steps.consumed(current.handed, current.start, current.epoch))
             return batch
         self.position = (current.epoch + 1, 0)
         last_size = current.samples - (current.batches - 1) * self.steps.batch_size

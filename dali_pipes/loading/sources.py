@@ -266,6 +266,8 @@ class StoreSource:
 
     def indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(indices, is_pad)`` for ``epoch`` from ``start``, padded to whole batches."""
+        if hasattr(self.sampling, "rank_indices"):  # a streamed order: each node reads its own partitions
+            return self._padded(*self.sampling.rank_indices(epoch, start), "end")
         if self.sampling is not None:
             order = self.sampling.order(len(self.store), epoch, self.seed)
             pad_from = getattr(self.sampling, "pad_from", "start")

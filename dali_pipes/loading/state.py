@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 from dali_pipes.sampling import check_int
 
-__all__ = ["STATE_VERSION", "loader_state", "restored_position"]
+__all__ = ["STATE_VERSION", "loader_state", "restored_position", "restored_stream", "stream_record"]
 
 STATE_VERSION = 1
 #: What :func:`loader_state` writes, each checked by :func:`restored_position`.
@@ -72,11 +72,43 @@ def restored_position(
 
 
 def _window_hint(saved: Any, mine: Any) -> str:
-    """What to change when a streamed state's window differs (it follows from the stream's options)."""
-    streamed = isinstance(saved, dict) and isinstance(mine, dict) and "window" in mine
-    if streamed and saved.get("window") != mine["window"]:
+    """What to do when a state of dali-pipes 0.2's streamed order (shard windows over the whole dataset) meets the
+    partitioned one."""
+    if isinstance(saved, dict) and "window" in saved and isinstance(mine, dict) and "order" in mine:
         return (
-            ". A streamed window follows from StreamOptions(cache_limit, node_ranks, fetch_ahead): give the values "
-            "of the run that saved the state (node_ranks: the most ranks a node runs, on both)"
+            ". The state was saved by dali-pipes 0.2, whose streamed order was not partitioned: resume from its "
+            "epoch's start (set_epoch(epoch) without load_state_dict)"
         )
     return ""
+
+
+def stream_record(state: dict, order: Any) -> dict:
+    """``state`` with ``"stream"``, each partition's progress, when a streamed ``order`` is part-way through its epoch
+    (:class:`~dali_pipes.sampling.node_order.NodeOrder`): what resumes on another node count."""
+    if order is not None and 0 < state["samples_consumed"] < state["num_samples"]:
+        state["stream"] = order.progress(state["epoch"], state["samples_consumed"]).as_dict()
+    return state
+
+
+def restored_stream(
+    state: Mapping[str, Any], position: tuple[int, int], order: Any, root: str | os.PathLike
+) -> tuple[int, int]:
+    """``position`` resumed in a streamed ``order``: from the state's partition progress, checked against it."""
+    from dali_pipes.sampling.node_order import check_progress
+
+    epoch, consumed = position
+    if order is None:
+        return position
+    if consumed == 0:
+        order.restore(check_progress({"window": 1, "consumed": []}, epoch))
+        return position
+    progress = check_progress(state.get("stream"), epoch)
+    if sum(progress.consumed) != consumed:
+        raise ValueError(
+            f"{root}: the saved state's stream progress adds up to {sum(progress.consumed)} samples but it says "
+            f"samples_consumed={consumed}; pass the dict that state_dict() returned, unchanged"
+        )
+    try:
+        return epoch, order.restore(progress)
+    except ValueError as exc:
+        raise ValueError(f"{root}: the saved loader state's stream progress: {exc}") from None

@@ -50,8 +50,7 @@ def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Sto
         )
     from dali_pipes.loading.stream_setup import open_streaming  # the cache machinery only when streaming
 
-    world_size = rules.world.world_size
-    store = open_streaming(path, data, seed=rules.seed, shuffle=rules.shuffle, world_size=world_size)
+    store = open_streaming(path, data, rules)
     return store, None, store.streamer
 
 

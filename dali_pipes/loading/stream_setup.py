@@ -1,20 +1,20 @@
-"""Opening a stream (:mod:`dali_pipes.loading.streaming`): its cache folder, the ranks sharing it, the window size.
+"""Opening a stream (:mod:`dali_pipes.loading.streaming`): its cache folder, this rank's place, the windows' width.
 
 ``DataOptions(stream=StreamOptions(...))`` is turned here into a :class:`~dali_pipes.loading.streaming.StreamStore`:
-the cache folder of the dataset (:func:`stream_folder`, or ``StreamOptions.folder``), the node's ranks that
-share it (:func:`node_ranks`), and the window and the shards fetched ahead, sized to fit a rank's share of
-the limit (:func:`~dali_pipes.sampling.windowed.rank_window`).
+the cache folder of the dataset (:func:`stream_folder`, or ``StreamOptions.folder``), this rank's node and the
+partitions (:mod:`dali_pipes.loading.stream_layout`), and the node's windows and the shards fetched ahead, sized
+from the node's limit (:func:`~dali_pipes.sampling.node_room.node_window`).
 
-Every rank must read with the same window, or the ranks' slices of the epoch would come from different
-orders (samples read twice, others never). The window follows from the cache limit, the node's ranks and
-the shard sizes, which may differ between nodes (a node of 8 GPUs beside one of 4, a limit taken from each
-node's free disk). So, when a ``torch.distributed`` process group is up, the ranks agree on the smallest
-window (:func:`agree_on_window`) through the default group's key-value store, not a collective: each rank writes
-its window (0: it failed to open its cache, and the others fail with it at once) and reads the others'. So every
-rank of the job builds its streaming loaders at the same point of the script, in the same order; a rank whose peers
-never come (a loader built on some ranks only) fails after :data:`AGREEMENT_TIMEOUT_S` with an error naming them,
-instead of hanging, and the collectives both sides make next still match. Without a process group the ranks cannot
-talk: give each the same ``cache_limit`` and ``node_ranks``.
+Every rank must read with the same windows, or the ranks' slices of the epoch would come from different
+orders (samples read twice, others never). The window follows from the cache limit and the shard sizes, and
+the limit may differ between nodes (a limit taken from each node's free disk). So, when a
+``torch.distributed`` process group is up, the ranks agree on the smallest node window (:func:`agree_on_window`)
+through the default group's key-value store, not a collective: each rank writes its window (0: it failed to open
+its cache, and the others fail with it at once) and reads the others'. So every rank of the job builds its
+streaming loaders at the same point of the script, in the same order; a rank whose peers never come (a loader built
+on some ranks only) fails after :data:`AGREEMENT_TIMEOUT_S` with an error naming them, instead of hanging, and the
+collectives both sides make next still match. Without a process group the ranks cannot talk: give each the same
+``cache_limit``.
 """
 
 from __future__ import annotations
@@ -27,16 +27,20 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dali_pipes.dataset.sizes import format_size
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.streaming import Streamer, StreamStore
 from dali_pipes.remote.urls import check_dataset_path, is_url, redact
-from dali_pipes.sampling.windowed import least_limit_fetching_ahead, rank_window
+from dali_pipes.loading.stream_layout import choose_partitions, rank_place
+from dali_pipes.sampling.node_order import NodeOrder
+from dali_pipes.sampling.node_room import node_window
+from dali_pipes.sampling.partitioned import PartitionedSampling, partition_window
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
     from dali_pipes.loading.config import DataOptions, RunOptions, StreamOptions
+    from dali_pipes.sampling import EpochRules
+    from dali_pipes.sampling.node_room import NodeWindow
     from dali_pipes.staging.stream_cache import ShardCache
 
 logger = logging.getLogger(__name__)
@@ -47,7 +51,6 @@ __all__ = [
     "STREAM_FOLDER",
     "agree_on_window",
     "cache_folder",
-    "node_ranks",
     "open_streaming",
     "stream_folder",
     "streaming_run",
@@ -135,41 +138,12 @@ def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
     return dataclasses.replace(run, py_num_workers=0)
 
 
-def node_ranks(stream: "StreamOptions", world_size: int) -> int:
-    """The ranks that share this node's cache: ``stream.node_ranks``, else ``LOCAL_WORLD_SIZE``, else ``world_size``.
-
-    Without either the whole job is taken to be on this node: never fewer ranks than share the folder
-    (a bound within the limit), perhaps more (a smaller window than needed on a job of several nodes).
-    ``LOCAL_WORLD_SIZE`` above ``stream.node_ranks`` is refused: the ranks' shares would pass the limit.
-    """
-    local = os.environ.get("LOCAL_WORLD_SIZE")
-    try:
-        local_ranks = int(local) if local else None
-    except ValueError:
-        raise ValueError(f"environment variable LOCAL_WORLD_SIZE={local!r} is not an integer") from None
-    if stream.node_ranks is not None:
-        if local_ranks is not None and local_ranks > stream.node_ranks:
-            raise ValueError(
-                f"StreamOptions(node_ranks={stream.node_ranks}) but LOCAL_WORLD_SIZE={local_ranks} ranks share this "
-                f"node's cache: give node_ranks >= {local_ranks}"
-            )
-        return stream.node_ranks
-    return max(1, local_ranks if local_ranks is not None else int(world_size))
-
-
-def open_streaming(
-    path: str | os.PathLike,
-    data: "DataOptions",
-    *,
-    seed: int,
-    shuffle: bool,
-    world_size: int = 1,
-) -> StreamStore:
-    """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says: its cache in
-    ``stream.folder`` (default :func:`stream_folder`; a network filesystem checked: :func:`cache_folder`) within
-    ``stream.cache_limit``, this rank's pins within its share of the limit (the streaming module's docstring says
-    why), the window and the shards fetched ahead sized to fit in that share and agreed between the ranks (:func:`agree_on_window`,
-    through the process group's store: every rank opens its stream at the same point)."""
+def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRules") -> StreamStore:
+    """The :class:`StreamStore` of the dataset at ``path`` as ``data.stream`` says, read by the rank ``rules`` name:
+    its cache in ``stream.folder`` (default :func:`stream_folder`; a network filesystem checked:
+    :func:`cache_folder`) within ``stream.cache_limit``, this rank's place in the partitioned order, and the node's
+    windows sized from the limit and agreed between the ranks (:func:`agree_on_window`, through the process
+    group's store: every rank opens its stream at the same point)."""
     from dali_pipes.staging.stream_cache import CacheTuning, ShardCache
 
     stream = data.stream
@@ -177,58 +151,52 @@ def open_streaming(
     cache: ShardCache | None = None
     try:
         folder = cache_folder(path, stream)
-        ranks = node_ranks(stream, world_size)
+        place = rank_place(stream, rules)
         tuning = CacheTuning(workers=stream.downloads)
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
-        window, ahead, budget = _window_of_rank(cache, stream, ranks, shown)
+        plan = _node_window(cache, stream, _apart(place.layout.ranks))
+        samples = [shard.num_samples for shard in cache.manifest.shards]
+        partitions = choose_partitions(stream, samples, place.layout.nodes)
     except BaseException:
         agree_on_window(None)  # the other ranks fail too, and do not wait for this one
         if cache is not None:
             cache.close()
         raise
     try:
-        agreed = agree_on_window(window)
-        if agreed < window:
-            logger.info(
-                "stream %s: %d shard(s) per window, the smallest of the job's ranks (this one: %d)",
-                shown,
-                agreed,
-                window,
-            )
+        agreed = agree_on_window(plan.window)
+        window, together = partition_window(agreed, partitions, place.layout.nodes)
+        sampling = PartitionedSampling(samples, window, partitions, rules.shuffle)
+        order = NodeOrder(sampling, place, rules.seed, agreed)
         logger.info(
-            "stream %s: cache %s, limit %d bytes over %d rank(s) a node, %d shard(s) per window of %d, "
-            "%d fetched ahead",
-            shown, folder, cache.limit_bytes, ranks, agreed, len(cache.shard_bytes), ahead,
+            "stream %s: cache %s, limit %d bytes; node %d of %d (%d rank(s)), %d partition(s), %d at once, windows of "
+            "%d shard(s) (%d a node, the smallest of the job's: %d here), %d fetched ahead",
+            shown, folder, cache.limit_bytes, place.node, place.layout.nodes, place.layout.ranks, partitions,
+            together, window, agreed, plan.window, plan.ahead,
         )  # fmt: skip
-        streamer = Streamer(
-            cache, agreed, ahead=ahead, budget=budget, seed=seed, shuffle=shuffle, downloads=stream.downloads
-        )
+        streamer = Streamer(cache, order, ahead=plan.ahead, budget=plan.budget, downloads=stream.downloads)
         return StreamStore(streamer)
     except BaseException:
         cache.close()
         raise
 
 
-def _window_of_rank(cache: "ShardCache", stream: "StreamOptions", ranks: int, shown: str) -> tuple[int, int, int]:
-    """``(window, ahead, budget)`` for one of ``ranks`` ranks sharing ``cache`` (:func:`rank_window`); refused with
-    what to change, naming the cache folder. A limit that fetches nothing ahead is warned of once a node, naming
-    the dataset as ``shown`` (its URL, redacted)."""
+def _apart(ranks: int) -> int:
+    """How many readers of its own stream each of a node's ``ranks`` ranks counts as: 1 in a ``torch.distributed``
+    process group (DDP keeps the ranks within a step of each other, so they read the same windows); each rank
+    without one (nothing keeps processes together: each may read other windows than the rest)."""
+    import torch.distributed as dist
+
+    return 1 if ranks == 1 or (dist.is_available() and dist.is_initialized()) else ranks
+
+
+def _node_window(cache: "ShardCache", stream: "StreamOptions", apart: int) -> "NodeWindow":
+    """The node's windows in ``cache`` (:func:`node_window`) for its loaders, each of whose ranks reads ``apart``
+    from the others (:func:`_apart`); refused with what to change, naming the cache folder."""
     try:
-        plan = rank_window(cache.limit_bytes, cache.shard_bytes, ranks, stream.fetch_ahead)
+        return node_window(cache.limit_bytes, cache.shard_bytes, stream.loaders * apart, stream.fetch_ahead)
     except ValueError as exc:
         prefix = "StreamOptions." if str(exc).startswith("fetch_ahead") else ""
-        raise ValueError(f"{cache.folder}: {prefix}{exc} ({ranks} rank(s) a node share the cache)") from None
-    first_of_node = os.environ.get("LOCAL_RANK", "0") == "0"  # each rank of a node would say the same
-    if plan.ahead == 0 and plan.window < len(cache.shard_bytes) and first_of_node:
-        least = least_limit_fetching_ahead(cache.shard_bytes, ranks)
-        logger.warning(
-            "stream %s: cache_limit=%d (%s) over %d rank(s) a node leaves nothing to fetch ahead of the window being "
-            "read: the first batches of each window wait for downloads; cache_limit=%d (%s) or more fetches the "
-            "next window meanwhile",
-            shown, cache.limit_bytes, format_size(cache.limit_bytes, "GB"), ranks, least,
-            format_size(least, "GB", up=True),
-        )  # fmt: skip
-    return plan.window, plan.ahead, plan.budget
+        raise ValueError(f"{cache.folder}: {prefix}{exc}") from None
 
 
 def agree_on_window(window: int | None) -> int:

@@ -69,11 +69,12 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from dali_pipes.sampling.windowed import WindowedSampling, WindowSpan, window_spans
+from dali_pipes.sampling.windowed import WindowSpan
 from dali_pipes.staging.stream_cache import Cancelled
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
+    from dali_pipes.sampling.node_order import NodeOrder
     from dali_pipes.staging.stream_cache import ShardCache
 
 logger = logging.getLogger(__name__)
@@ -93,24 +94,20 @@ class Streamer:
     the background thread downloads at once.
     """
 
-    def __init__(
-        self, cache: "ShardCache", window: int, *, ahead: int, budget: int, seed: int, shuffle: bool, downloads: int
-    ) -> None:
+    def __init__(self, cache: "ShardCache", order: "NodeOrder", *, ahead: int, budget: int, downloads: int) -> None:
         self.cache = cache
-        self.seed = seed
         self.ahead = ahead
         self.budget = budget
         self.downloads = downloads
-        sizes = [shard.num_samples for shard in cache.manifest.shards]
-        self.sampling = WindowedSampling(sizes, window, shuffle)
-        self._sizes = np.cumsum(sizes)
+        self.sampling = order
+        self._sizes = np.cumsum([shard.num_samples for shard in cache.manifest.shards])
         self._bytes = cache.shard_bytes
-        self._spans: dict[int, tuple[WindowSpan, ...]] = {}
-        self._windows: dict[int, np.ndarray] = {}
+        self._spans: dict[tuple[int, Any], tuple[WindowSpan, ...]] = {}  # by (epoch, its base)
+        self._positions: dict[tuple[int, Any], np.ndarray] = {}  # each sample's position in the node's stream
         self._cond = threading.Condition(threading.RLock())
         self._urgent = threading.Event()  # the reading thread waits for the lock: the fetcher steps aside
-        self._at: tuple[int, int] | None = None  # (epoch, window) the pins were set for
-        self._pinned: set[int] = set()  # the window being read, pinned to be read
+        self._at: tuple[int, int, int] | None = None  # (epoch, first, last window) the pins were set for
+        self._pinned: set[int] = set()  # the windows being read, pinned to be read
         self._ahead: set[int] = set()  # pinned as fetched ahead (possibly given up since)
         self._ready: set[int] = set()  # pinned to be read and downloaded: read without the lock
         self._queue: list[tuple[bool, list[int]]] = []  # (ahead, shards of one window) to download
@@ -127,22 +124,28 @@ class Streamer:
     # --- what the source tells --------------------------------------------------------------
 
     def before_read(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
-        """A batch of ``epoch`` is about to read ``indices``: pin its (first) window and the shards ahead of it,
-        unpin those behind."""
-        real = np.asarray(indices)[~np.asarray(is_pad, dtype=bool)]
-        if len(real) == 0:
+        """A batch of ``epoch`` is about to read ``indices``: pin the node's windows its samples lie in (those of
+        the partitions read together overlap) and the shards ahead of them, unpin those behind."""
+        spans, positions = self._epoch_windows(epoch)
+        where = positions[np.asarray(indices)[~np.asarray(is_pad, dtype=bool)]]
+        where = where[where >= 0]
+        if len(where) == 0:
             return  # all padding: the guarded reads bring its shards
-        spans = self._epoch_spans(epoch)
-        windows = self._window_of(epoch)[self._shard_of(real)]
-        at = (epoch, int(windows.min()))  # a batch across two windows: both pinned
+        lo, hi = int(where.min()), int(where.max()) + 1
+        current = [s for s in spans if s.start < hi and s.stop > lo]
+        at = (epoch, current[0].window, current[-1].window)
         if at == self._at:
             return
-        groups = self._wanted(spans[at[1]].shards, self._windows_after(epoch, at[1]))
-        upcoming = [*spans[at[1]].shards, *(k for shards in self._windows_after(epoch, at[1]) for k in shards)]
+        later = (s.shards for s in spans[current[0].window :] if s.stop > lo and not (s.start < hi))
+        groups = self._wanted([k for s in current for k in s.shards], [*later, *self._next_epoch(epoch)])
         with self._locked():
-            self.cache.plan_reads(upcoming)  # the shards needed furthest ahead are evicted first
+            self.cache.plan_reads([k for group in groups for k in group])  # needed furthest ahead: evicted first
             self._repin(groups)
             self._at = at
+
+    def _next_epoch(self, epoch: int) -> Iterator[tuple[int, ...]]:
+        """The shards of the next epoch's windows, in reading order (its plan may not be made yet: from its start)."""
+        yield from (span.shards for span in self._epoch_windows(epoch + 1)[0])
 
     def _wanted(self, current: tuple[int, ...], later: Iterable[tuple[int, ...]]) -> list[list[int]]:
         """The shards to keep pinned, window by window: the ``current`` window's, then ``ahead`` shards of the
@@ -161,11 +164,6 @@ class Streamer:
                     room -= 1
             groups.append(group)
         return groups
-
-    def _windows_after(self, epoch: int, window: int) -> Iterator[tuple[int, ...]]:
-        """The shards of the windows read after ``window`` of ``epoch``, window by window: the epoch's, then the next's."""
-        yield from (span.shards for span in self._epoch_spans(epoch)[window + 1 :])
-        yield from (span.shards for span in self._epoch_spans(epoch + 1))
 
     def _repin(self, groups: list[list[int]]) -> None:
         """Pin the window being read (``groups[0]``) to read it and the shards after it as fetched ahead, unpin
@@ -266,26 +264,16 @@ class Streamer:
 
     # --- the epoch's windows ----------------------------------------------------------------
 
-    def _epoch_spans(self, epoch: int) -> tuple[WindowSpan, ...]:
-        """The windows of ``epoch`` (kept for it and the epoch before: reads run on into the next one)."""
-        if epoch not in self._spans:
-            for old in [e for e in self._spans if e < epoch - 1]:
-                del self._spans[old], self._windows[old]
-            sizes, window, shuffle = self.sampling.shard_sizes, self.sampling.window, self.sampling.shuffle
-            spans = window_spans(sizes, epoch, self.seed, window, shuffle)
-            windows = np.empty(len(self._bytes), dtype=np.int64)
-            for span in spans:
-                windows[list(span.shards)] = span.window
-            self._spans[epoch], self._windows[epoch] = spans, windows
-        return self._spans[epoch]
-
-    def _window_of(self, epoch: int) -> np.ndarray:
-        """Each shard's window in ``epoch``."""
-        self._epoch_spans(epoch)
-        return self._windows[epoch]
-
-    def _shard_of(self, indices: np.ndarray) -> np.ndarray:
-        return np.searchsorted(self._sizes, indices, side="right")
+    def _epoch_windows(self, epoch: int) -> tuple[tuple[WindowSpan, ...], np.ndarray]:
+        """The node's windows of ``epoch`` and each sample's position in its stream (:meth:`NodeOrder.node_windows
+        <dali_pipes.sampling.node_order.NodeOrder.node_windows>`), kept for it and the epoch before (reads run on
+        into the next one)."""
+        key = (epoch, self.sampling.base_of(epoch))  # a resumed epoch's windows begin at its saved progress
+        if key not in self._spans:
+            for old in [k for k in self._spans if k[0] < epoch - 1 or k[0] == epoch]:
+                del self._spans[old], self._positions[old]
+            self._spans[key], self._positions[key] = self.sampling.node_windows(epoch)
+        return self._spans[key], self._positions[key]
 
     # --- the cache's numbers and the end ----------------------------------------------------
 

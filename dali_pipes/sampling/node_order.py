@@ -1,0 +1,240 @@
+"""The partitioned order as one rank of a loader reads it: its place on its node, and its position as one number.
+
+:mod:`dali_pipes.sampling.partitioned` says what each rank reads given every partition's progress. A
+loader counts its position in one number, the epoch's samples consumed, which its passes, its epoch chain
+and its saved state carry; :class:`NodeOrder` maps between the two. After ``k`` steps from ``base`` (the
+per-partition progress a resumed epoch began at; none otherwise) the nodes have read ``sum(base) +
+sum_n min(k b R, left_n)`` samples, ``left_n`` being node ``n``'s samples after ``base``. That grows with
+``k`` until the epoch's last step (which, as everywhere, counts the whole epoch), so the number gives ``k``
+back, and ``k`` gives :func:`~dali_pipes.sampling.partitioned.partitioned_progress`: what a state saves, and
+what resumes on any layout (:class:`StreamProgress`).
+
+A resumed epoch keeps the window of the run that saved it (its streams depend on it); the epochs after it
+take this run's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dali_pipes.sampling.partitioned import (
+    NodeLayout,
+    PartitionedSampling,
+    node_partitions,
+    node_window_spans,
+    partitioned_progress,
+    partitioned_rank_indices,
+)
+
+# The epoch's dealing, the padding rule and a node's stream, written once in partitioned.py.
+from dali_pipes.sampling.partitioned import _epoch, _node_labels, _node_stream, _per_rank
+from dali_pipes.sampling.rules import check_int
+from dali_pipes.sampling.windowed import WindowSpan
+
+__all__ = ["NodeOrder", "RankPlace", "StreamProgress", "check_progress"]
+
+
+@dataclass(frozen=True)
+class RankPlace:
+    """Where a rank reads: node ``node`` of ``layout.nodes``, rank ``local_rank`` of its ``layout.ranks``."""
+
+    layout: NodeLayout
+    node: int
+    local_rank: int
+
+    def __post_init__(self) -> None:
+        if not 0 <= check_int("node", self.node, 0) < self.layout.nodes:
+            raise ValueError(f"node must be < nodes ({self.layout.nodes}), got {self.node}")
+        if not 0 <= check_int("local_rank", self.local_rank, 0) < self.layout.ranks:
+            raise ValueError(f"local_rank must be < ranks per node ({self.layout.ranks}), got {self.local_rank}")
+
+
+@dataclass(frozen=True)
+class StreamProgress:
+    """A position inside ``epoch`` of the partitioned order: ``consumed[p]`` samples of partition ``p`` read, its
+    partitions cut into windows of ``window`` shards (what a saved state holds besides the epoch)."""
+
+    epoch: int
+    consumed: tuple[int, ...]
+    window: int
+
+    def as_dict(self) -> dict[str, Any]:
+        """The state's record of it (plain ints and lists)."""
+        return {"partitions": len(self.consumed), "window": self.window, "consumed": list(self.consumed)}
+
+
+@dataclass(frozen=True)
+class _Counts:
+    lefts: np.ndarray  # samples left per node after the base
+    batches: int  # batches per rank from the base
+    length: int  # samples per rank (padding included) from the base
+    done: int  # samples read of the epoch at the base
+
+
+class NodeOrder:
+    """The partitioned order of ``sampling`` read by the rank at ``place`` with ``seed``, its node's windows
+    ``node_window`` shards wide (:func:`~dali_pipes.sampling.node_room.node_window`), in the shape the loader's
+    other orders have: ``epoch_length``, ``identity``, and the counts by the one-number position ``start``."""
+
+    def __init__(self, sampling: PartitionedSampling, place: RankPlace, seed: int, node_window: int) -> None:
+        self.sampling, self.place = sampling, place
+        self.seed = check_int("seed", seed, 0)
+        self.node_window = check_int("node_window", node_window, 1)
+        self.resumed: StreamProgress | None = None
+        self._counts: dict[tuple[int, Any], _Counts] = {}
+        self._bases: dict[int, tuple[int, ...] | None] = {}  # the base each epoch's plan was last made from
+
+    # --- what an epoch reads with -----------------------------------------------------------
+
+    def sampling_of(self, epoch: int) -> PartitionedSampling:
+        """The order's fixed part in ``epoch``: a resumed epoch's window is the saved one."""
+        r = self.resumed
+        if r is not None and r.epoch == epoch and r.window != self.sampling.window:
+            return dataclasses.replace(self.sampling, window=r.window)
+        return self.sampling
+
+    def layout_of(self, epoch: int) -> NodeLayout:
+        """The layout in ``epoch``: a node reads as many partitions at once as its window holds."""
+        window = self.sampling_of(epoch).window
+        share = len(node_partitions(0, self.place.layout.nodes, self.sampling.partitions))
+        return dataclasses.replace(self.place.layout, together=max(1, min(share, self.node_window // window)))
+
+    def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
+        r = self.resumed
+        if r is not None and r.epoch == epoch and start >= sum(r.consumed) > 0:
+            return r.consumed
+        return None
+
+    def _count(self, epoch: int, base: tuple[int, ...] | None) -> _Counts:
+        key = (epoch, base)
+        if key not in self._counts:
+            if len(self._counts) > 8:
+                self._counts.clear()
+            sampling, layout = self.sampling_of(epoch), self.layout_of(epoch)
+            ep = _epoch(sampling, epoch, self.seed, base)
+            nodes = layout.nodes
+            lefts = np.array([ep.left(node_partitions(n, nodes, sampling.partitions)) for n in range(nodes)])
+            length = _per_rank(ep, layout, sampling.partitions)
+            done = 0 if base is None else sum(base)
+            self._counts[key] = _Counts(lefts, -(-length // layout.batch_size), length, done)
+        return self._counts[key]
+
+    # --- the one-number position ------------------------------------------------------------
+
+    def steps_at(self, epoch: int, start: int) -> int:
+        """The steps taken since the epoch's base when ``start`` of its samples are consumed."""
+        counts = self._count(epoch, self._base(epoch, start))
+        want = start - counts.done
+        node_batch = self.place.layout.node_batch
+        lo, hi = 0, max(counts.batches - 1, 0)
+        while lo < hi:  # the read count grows strictly with the steps before the last one
+            mid = (lo + hi) // 2
+            if int(np.minimum(mid * node_batch, counts.lefts).sum()) < want:
+                lo = mid + 1
+            else:
+                hi = mid
+        if int(np.minimum(lo * node_batch, counts.lefts).sum()) != want:
+            raise ValueError(
+                f"{start} samples consumed of epoch {epoch} is not a step of this layout ({self.place.layout.nodes} "
+                f"node(s) of {self.place.layout.ranks} rank(s), batch {self.place.layout.batch_size}): restore a "
+                "state through the loader's load_state_dict, which keeps each partition's progress"
+            )
+        return lo
+
+    def batches(self, epoch: int, start: int) -> int:
+        """Batches every rank takes in the rest of ``epoch`` from ``start``."""
+        return self._count(epoch, self._base(epoch, start)).batches - self.steps_at(epoch, start)
+
+    def per_rank(self, epoch: int, start: int) -> int:
+        """This rank's samples, padding included, in the rest of ``epoch`` from ``start``."""
+        counts = self._count(epoch, self._base(epoch, start))
+        return counts.length - self.steps_at(epoch, start) * self.place.layout.batch_size
+
+    def consumed(self, epoch: int, handed: int, start: int, total: int) -> int:
+        """The samples of ``epoch`` (``total`` of them) consumed once every rank has taken ``handed`` batches from
+        ``start``: all of them after the last batch."""
+        counts = self._count(epoch, self._base(epoch, start))
+        steps = self.steps_at(epoch, start) + check_int("handed", handed, 0)
+        if steps >= counts.batches:
+            return total
+        return counts.done + int(np.minimum(steps * self.place.layout.node_batch, counts.lefts).sum())
+
+    def progress(self, epoch: int, start: int) -> StreamProgress:
+        """Each partition's progress at ``start`` of ``epoch``: what a saved state keeps."""
+        base = self._base(epoch, start)
+        sampling = self.sampling_of(epoch)
+        steps = self.steps_at(epoch, start)
+        done = partitioned_progress(sampling, self.layout_of(epoch), epoch, self.seed, steps, base)
+        return StreamProgress(epoch, done, sampling.window)
+
+    def restore(self, progress: StreamProgress) -> int:
+        """Resume at ``progress`` (checked against the dataset's partitions); the one-number position to start from."""
+        if not any(progress.consumed):
+            self.resumed = None
+            return 0
+        check_int("window", progress.window, 1)
+        sampling = dataclasses.replace(self.sampling, window=progress.window)
+        _epoch(sampling, progress.epoch, self.seed, progress.consumed)  # refuses another partitioning, by name
+        self.resumed = progress
+        self._counts.clear()
+        return sum(progress.consumed)
+
+    # --- what the loader reads --------------------------------------------------------------
+
+    def rank_indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(indices, is_pad)`` for the rest of ``epoch`` from ``start``."""
+        base = self._base(epoch, start)
+        skip = self.steps_at(epoch, start) * self.place.layout.batch_size
+        place = self.place
+        indices, is_pad = partitioned_rank_indices(
+            self.sampling_of(epoch), self.layout_of(epoch), place.node, place.local_rank, epoch, self.seed, base
+        )
+        self._bases[epoch] = base
+        for old in [e for e in self._bases if e < epoch - 1]:
+            del self._bases[old]
+        return indices[skip:], is_pad[skip:]
+
+    def base_of(self, epoch: int) -> tuple[int, ...] | None:
+        """The progress ``epoch``'s plan was last made from (``None``: its start)."""
+        return self._bases.get(epoch)
+
+    def node_windows(self, epoch: int) -> tuple[tuple[WindowSpan, ...], np.ndarray]:
+        """The windows this rank's node reads in ``epoch`` from where its plan began (by their start in the node's
+        stream), and each sample's position in that stream (``-1``: another node's)."""
+        base = self._bases.get(epoch)
+        sampling, layout = self.sampling_of(epoch), self.layout_of(epoch)
+        node = self.place.node
+        spans = node_window_spans(sampling, layout, node, epoch, self.seed, base)
+        ep = _epoch(sampling, epoch, self.seed, base)
+        labels = _node_labels(ep, node_partitions(node, layout.nodes, sampling.partitions), layout.together)
+        stream = _node_stream(sampling, ep, labels, epoch, self.seed)
+        positions = np.full(int(sampling.shard_sizes.sum()), -1, dtype=np.int64)
+        positions[stream] = np.arange(len(stream), dtype=np.int64)
+        return spans, positions
+
+    def epoch_length(self, dataset_size: int) -> int:
+        """Samples per epoch over all ranks: the dataset's; refuses shard sizes that do not add up to it."""
+        total = int(self.sampling.shard_sizes.sum())
+        if total != dataset_size:
+            raise ValueError(f"the stream's shards hold {total} samples but the dataset has {dataset_size}")
+        return total
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved state must agree on: the shards (by digest) and the shuffle; the partitions and the window
+        are the saved progress's (:meth:`restore` checks them)."""
+        ident = self.sampling.identity()
+        return {"order": "partitioned", **{k: ident[k] for k in ("shard_sizes_sha256", "shuffle", "redeal")}}
+
+
+def check_progress(record: Any, epoch: int) -> StreamProgress:
+    """A state's ``"stream"`` record as a :class:`StreamProgress` of ``epoch``; ValueError saying what is wrong."""
+    if not isinstance(record, dict) or not {"window", "consumed"} <= set(record):
+        raise ValueError(f"loader state: 'stream' must be the record state_dict() wrote, got {record!r}")
+    consumed: Sequence[Any] = record["consumed"]
+    if not isinstance(consumed, (list, tuple)) or not all(isinstance(c, int) and c >= 0 for c in consumed):
+        raise ValueError(f"loader state: stream 'consumed' must be a list of counts >= 0, got {consumed!r}")
+    return StreamProgress(epoch, tuple(int(c) for c in consumed), check_int("window", record["window"], 1))
