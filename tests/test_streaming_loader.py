@@ -314,8 +314,7 @@ def test_a_shard_that_keeps_failing_is_asked_for_a_bounded_number_of_times(s3, s
 
     url, data = streamed
     with stream_loader(url, data) as loader:
-        sizes, window = loader.sampling.shard_sizes, loader.sampling.window
-        bad = window_spans(sizes, 0, 3, window, True)[1].shards[0]  # fetched ahead while window 0 is read
+        bad = loader.sampling.node_windows(0)[0][1].shards[0]  # fetched ahead while window 0 is read
         name = f"shard-{bad:05d}.lmdb"
         s3.proxy.add("corrupt", path=rf"/{name}$", times=None)  # every answer damaged on the way
         with pytest.raises(LoaderError, match=rf"{name}: .*gave up after {ATTEMPTS} request\(s\) for {name}"):
@@ -373,8 +372,7 @@ def test_a_loader_made_again_right_after_close_reads_its_epoch(s3, streamed):
 
     url, data = streamed
     loader = stream_loader(url, data)
-    sizes, window = loader.sampling.shard_sizes, loader.sampling.window
-    ahead = [k for span in window_spans(sizes, 0, 3, window, True)[2:4] for k in span.shards]
+    ahead = [k for span in loader.sampling.node_windows(0)[0][2:4] for k in span.shards]
     s3.proxy.stall = 5.0
     s3.proxy.add("stall", path="|".join(rf"shard-{k:05d}\.lmdb$" for k in ahead), times=len(ahead))
     next(iter(loader))

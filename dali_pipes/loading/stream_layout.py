@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from dali_pipes.sampling import EpochRules
-from dali_pipes.sampling.partitioned import DEFAULT_PARTITIONS, NodeLayout
 from dali_pipes.sampling.node_order import RankPlace
+from dali_pipes.sampling.partitioned import DEFAULT_PARTITIONS, NodeLayout
 
 if TYPE_CHECKING:
     from dali_pipes.loading.config import StreamOptions

@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dali_pipes.loading.errors import LoaderError
+from dali_pipes.loading.stream_layout import choose_partitions, rank_place
 from dali_pipes.loading.streaming import Streamer, StreamStore
 from dali_pipes.remote.urls import check_dataset_path, is_url, redact
-from dali_pipes.loading.stream_layout import choose_partitions, rank_place
 from dali_pipes.sampling.node_order import NodeOrder
 from dali_pipes.sampling.node_room import node_window
 from dali_pipes.sampling.partitioned import PartitionedSampling, partition_window

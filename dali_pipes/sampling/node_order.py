@@ -21,17 +21,19 @@ from typing import Any, Sequence
 
 import numpy as np
 
+# The epoch's dealing, the padding rule and a node's stream, written once in partitioned.py.
 from dali_pipes.sampling.partitioned import (
     NodeLayout,
     PartitionedSampling,
+    _epoch,
+    _node_labels,
+    _node_stream,
+    _per_rank,
     node_partitions,
     node_window_spans,
     partitioned_progress,
     partitioned_rank_indices,
 )
-
-# The epoch's dealing, the padding rule and a node's stream, written once in partitioned.py.
-from dali_pipes.sampling.partitioned import _epoch, _node_labels, _node_stream, _per_rank
 from dali_pipes.sampling.rules import check_int
 from dali_pipes.sampling.windowed import WindowSpan
 

@@ -98,4 +98,3 @@ def node_window(
             "cache's limit"
         )
     return NodeWindow(window, ahead, budget, room)
-
