@@ -27,7 +27,7 @@ from typing import Sequence
 import numpy as np
 
 from dali_pipes.sampling.rules import check_int
-from dali_pipes.sampling.windowed import checked_shard_sizes
+from dali_pipes.sampling.windowed import _largest_that_fit, checked_shard_sizes  # the one count of fitting shards
 
 __all__ = ["DEFAULT_LOADERS", "NodeWindow", "least_cache_limit", "node_window"]
 
@@ -45,11 +45,6 @@ class NodeWindow:
     ahead: int
     budget: int
     read_room: int
-
-
-def _largest_that_fit(budget: int, sizes: np.ndarray) -> int:
-    """How many of the largest shards fit in ``budget`` bytes together (any that many shards then fit)."""
-    return int(np.searchsorted(np.cumsum(np.sort(sizes)[::-1]), budget, side="right"))
 
 
 def least_cache_limit(shard_bytes: Sequence[int] | np.ndarray, loaders: int = DEFAULT_LOADERS) -> int:

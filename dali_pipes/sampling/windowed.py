@@ -41,7 +41,6 @@ from dali_pipes.sampling.rules import check_int, epoch_order
 
 __all__ = [
     "BatchMixing",
-    "RankWindow",
     "WindowSpan",
     "WindowedSampling",
     "batch_mixing",
@@ -49,8 +48,6 @@ __all__ = [
     "choose_window",
     "window_and_ahead",
     "compare_mixing",
-    "least_limit_fetching_ahead",
-    "rank_window",
     "shard_of",
     "shards_needed",
     "spans_between",
@@ -229,53 +226,6 @@ def window_and_ahead(
             f"({int(sizes.max())} bytes); fetch at most {max(0, fitting - 1)} ahead, or raise the cache's limit"
         )
     return fitting - ahead, ahead
-
-
-@dataclass(frozen=True)
-class RankWindow:
-    """What one of a node's ranks reads a stream with: ``window`` shards per window, ``ahead`` shards fetched
-    ahead of it, all pinned within ``budget`` bytes (its share of the cache less the largest shard)."""
-
-    window: int
-    ahead: int
-    budget: int
-
-
-def rank_window(
-    cache_limit: int, shard_bytes: Sequence[int] | np.ndarray, ranks: int, fetch_ahead: int | None = None
-) -> RankWindow:
-    """The window of one of ``ranks`` ranks of a node sharing a cache of ``cache_limit`` bytes (the one rule the
-    loader and ``dali-pipes mixing`` both use).
-
-    A rank's share is ``cache_limit // ranks``; one largest shard of it is kept for a read outside the
-    pinned windows (an epoch's padding), the rest shared by :func:`window_and_ahead`. Refuses
-    (``ValueError``, saying what to raise) a share below two of the largest shard."""
-    limit = check_int("cache_limit", cache_limit, 1)
-    sizes = checked_shard_sizes(shard_bytes)
-    ranks = check_int("ranks", ranks, 1)
-    share, largest = limit // ranks, int(sizes.max())
-    if share < 2 * largest:
-        raise ValueError(
-            f"a cache_limit of {limit} bytes shared by {ranks} rank(s) of a node leaves {share} bytes a rank, less "
-            f"than two of the largest shard ({largest} bytes: one window of one shard and one read outside it); "
-            f"raise cache_limit to at least {2 * largest * ranks} bytes, or give StreamOptions(node_ranks=N) when "
-            "fewer ranks than that share a node"
-        )
-    window, ahead = window_and_ahead(share - largest, sizes, fetch_ahead)
-    return RankWindow(window, ahead, share - largest)
-
-
-def least_limit_fetching_ahead(shard_bytes: Sequence[int] | np.ndarray, ranks: int) -> int:
-    """The least ``cache_limit``, in whole largest shards a rank, whose :func:`rank_window` fetches shards ahead of
-    the window being read (or holds the whole dataset in one window): what to raise a limit to when it fetches none."""
-    sizes = checked_shard_sizes(shard_bytes)
-    step = int(sizes.max()) * check_int("ranks", ranks, 1)
-    limit = 2 * step
-    while True:  # ends at the latest when a rank's share holds every shard: at most len(sizes) + 2 steps
-        plan = rank_window(limit, sizes, ranks)
-        if plan.ahead > 0 or plan.window >= len(sizes):
-            return limit
-        limit += step
 
 
 @dataclass(frozen=True)
