@@ -77,7 +77,7 @@ def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(
 
     from dali_pipes.dataset.manifest import load_manifest
     from dali_pipes.dataset.sizes import format_size
-    from dali_pipes.sampling.windowed import rank_window
+    from dali_pipes.sampling.node_room import node_window
 
     monkeypatch.setenv("TMPDIR", str(tmp_path / "tmp"))  # where the shards pass through, one at a time
     (tmp_path / "tmp").mkdir()
@@ -85,11 +85,11 @@ def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(
     url = upload(s3, by_class)
     options = [f"--storage-option={key}={value}" for key, value in s3.options.items() if isinstance(value, str)]
     largest = max(s.bytes for s in load_manifest(by_class).shards)
-    limit = f"{16 * largest // 1000}KB"  # 8 largest shards a rank of 2
-    common = ["--cache-limit", limit, "--node-ranks", "2", "--batch-size", "16", "--json"]
+    limit = f"{16 * largest // 1000}KB"  # 8 largest shards a loader of 2
+    common = ["--cache-limit", limit, "--loaders", "2", "--batch-size", "16", "--json"]
     remote = json.loads(mixing(capsys, url, *common, *options))
     local = json.loads(mixing(capsys, by_class, *common))
-    expected = rank_window(16 * largest // 1000 * 1000, [s.bytes for s in load_manifest(by_class).shards], 2)
+    expected = node_window(16 * largest // 1000 * 1000, [s.bytes for s in load_manifest(by_class).shards], 2)
     assert remote["stream"]["window"] == expected.window == local["stream"]["window"] > 1
     assert remote["stream"]["fetched_ahead"] == expected.ahead and remote["stream"]["cache_limit_shown"] == limit
     assert remote["rows"] == local["rows"] and [r["window"] for r in remote["rows"]] == [expected.window, "global"]
@@ -98,7 +98,7 @@ def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(
     )
     assert list((tmp_path / "tmp").iterdir()) == []  # the shards read went as they came
     caplog.set_level(logging.INFO, logger="dali_pipes.cli.shard_labels")
-    table = mixing(capsys, url, "--cache-limit", limit, "--node-ranks", "2", *options).splitlines()
+    table = mixing(capsys, url, "--cache-limit", limit, *options).splitlines()  # --loaders 2 by default
     total = sum(s.bytes + ((by_class / s.index_path).stat().st_size if s.index_path else 0)
                 for s in load_manifest(by_class).shards)  # fmt: skip
     said = [r.getMessage() for r in caplog.records]
@@ -106,21 +106,23 @@ def test_a_url_and_a_cache_limit_give_the_loaders_window_and_its_mixing(
     assert said.index(next(m for m in said if "downloading" in m)) < said.index(
         next(m for m in said if "reading the label of shard 1 of 12" in m)
     )
-    caplog.clear()  # a cache too small for 2 ranks is refused from the manifest's sizes, before any download
+    caplog.clear()  # a cache too small for 2 loaders is refused from the manifest's sizes, before any download
     from dali_pipes.cli.command import main
 
-    assert main(["mixing", url, "--cache-limit", f"{2 * largest}B", "--node-ranks", "2", *options]) != 0
-    assert "over --node-ranks 2 leaves" in capsys.readouterr().err  # one largest shard a rank
+    assert main(["mixing", url, "--cache-limit", f"{5 * largest}B", "--loaders", "2", *options]) != 0
+    assert "read by --loaders 2 leaves" in capsys.readouterr().err  # 2.5 largest shards a loader, 3 needed
     assert not [r for r in caplog.records if "reading the label" in r.getMessage() or "downloading" in r.getMessage()]
-    assert table[1].startswith(f"a stream cache of {limit} over 2 ranks a node: ") and "window of" in table[1], table
+    assert table[1].startswith(f"a stream cache of {limit} a node, read by 2 loaders at once") and (
+        f"a node window of {expected.window} shards" in table[1]
+    ), table
     assert s3.options["secret"] not in "".join(table)
 
 
 @pytest.mark.slow  # the conversion of by_class
-def test_a_cache_limit_below_two_shards_a_rank_is_one_line_in_its_own_words(by_class, capsys):
+def test_a_cache_limit_below_three_shards_a_loader_is_one_line_in_its_own_words(by_class, capsys):
     from dali_pipes.cli.command import main
 
-    assert main(["mixing", str(by_class), "--cache-limit", "1KB", "--node-ranks", "8"]) != 0
+    assert main(["mixing", str(by_class), "--cache-limit", "1KB", "--loaders", "8"]) != 0
     err = capsys.readouterr().err
-    assert "--cache-limit 1KB over --node-ranks 8 leaves" in err and "give --cache-limit" in err, err
-    assert len(err.strip().splitlines()) == 1 and "StreamOptions" not in err
+    assert "--cache-limit 1KB read by --loaders 8 leaves" in err and "give --cache-limit" in err, err
+    assert "--loaders 1" in err and len(err.strip().splitlines()) == 1 and "StreamOptions" not in err, err
