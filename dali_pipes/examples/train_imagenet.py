@@ -29,9 +29,9 @@ when its classes are not the first dataset's.
 Data larger than a node's disk: ``--stream-cache 40GB`` reads DATASET (a URL such as
 ``s3://bucket/shards/train``, or a folder on a slow filesystem) through a cache of
 40 GB on each node (``40GiB`` is 40 * 2**30 bytes; a bare ``40`` is 40 GB) instead of a full copy (``DataOptions(stream=StreamOptions(...))``):
-shards are permuted every epoch and samples shuffled within windows of shards (each rank's
-start line says how many). Only ``index.json`` is read before training: nothing is copied
-beyond the stream cache. ``--stream-folder DIR`` puts the cache on a local disk,
+each node reads only its share of the shards, a window of shards at a time, their samples
+shuffled (each rank's start line says how many shards a window). Only ``index.json`` is read
+before training: nothing is copied beyond the stream cache. ``--stream-folder DIR`` puts the cache on a local disk,
 ``--storage-option KEY=VALUE`` passes the backend's options (``endpoint_url=...``), and a long
 epoch is kept with ``--checkpoint ck.pt --checkpoint-every 1000`` (``--resume`` goes on from the
 saved step) while rank 0 says its step and images/s every ``--progress-every`` seconds.
@@ -84,7 +84,7 @@ from dali_pipes.examples.usage import (
 )
 from dali_pipes.loading.state import restored_position
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
-from dali_pipes.sampling.windowed import RankWindow, least_limit_fetching_ahead, rank_window
+from dali_pipes.sampling.node_room import DEFAULT_LOADERS, NodeWindow, least_cache_limit, node_window
 
 #: What to do with a dataset of another kind, said when one is given.
 KIND_ADVICE = (
@@ -224,38 +224,24 @@ def check_data(args: argparse.Namespace) -> None:
             )
 
 
-def node_ranks() -> int:
-    """The ranks of this node that share its stream cache, as the loader counts them (torchrun sets the variables)."""
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("WORLD_SIZE") or 1))
-
-
-def check_stream_cache(cache: GivenSize, manifest: Any) -> RankWindow:
-    """The window each rank streams with (:func:`~dali_pipes.sampling.windowed.rank_window`, the loader's rule), or
-    a refusal of a ``--stream-cache`` too small for this node's ranks, in the flag's own unit with the least that
-    works (the loader would say it in bytes and in the words of ``StreamOptions``)."""
+def check_stream_cache(cache: GivenSize, manifest: Any) -> NodeWindow:
+    """The node window the loader streams with (:func:`~dali_pipes.sampling.node_room.node_window`, its rule, for
+    ``StreamOptions``' default of two loaders of the dataset a node), or a refusal of a ``--stream-cache`` too small
+    for it, in the flag's own unit with the least that works (the loader would say it in bytes and in the words of
+    ``StreamOptions``). A node's ranks read one window together, so their count does not matter."""
     # A shard takes its bytes in the cache, and its index file's: DALI's TFRecord index, a line "OFFSET SIZE" a
     # record, which the manifest does not size, counted at its longest so that no limit passed here is refused later.
     sizes = [s.bytes + (s.num_samples * 2 * (len(str(s.bytes)) + 1) if s.index_path else 0) for s in manifest.shards]
-    ranks = node_ranks()
     try:
-        plan = rank_window(cache.bytes, sizes, ranks)
-    except ValueError:  # the one refusal of rank_window for a positive limit and no fetch_ahead
-        largest, least = max(sizes), 2 * max(sizes) * ranks
-        shared = f", shared by the {ranks} ranks of this node," if ranks > 1 else ""
+        return node_window(cache.bytes, sizes, DEFAULT_LOADERS)
+    except ValueError:  # the one refusal of node_window for a positive limit and no fetch_ahead
+        given, largest = format_size(cache.bytes, cache.unit), format_size(max(sizes), cache.unit, up=True)
+        least = format_size(least_cache_limit(sizes, DEFAULT_LOADERS), cache.unit, up=True)
         raise UsageError(
-            f"--stream-cache {format_size(cache.bytes, cache.unit)}{shared} leaves "
-            f"{format_size(cache.bytes // ranks, cache.unit)} a rank, less than two of the dataset's largest shard "
-            f"({format_size(largest, cache.unit, up=True)}: one to read and one read outside the window); "
-            f"give --stream-cache {format_size(least, cache.unit, up=True)} or more"
+            f"--stream-cache {given} leaves {format_size(cache.bytes // DEFAULT_LOADERS, cache.unit)} to each of the "
+            f"{DEFAULT_LOADERS} loaders of the dataset a node may run at once, less than three of its largest shard "
+            f"({largest}: two windows of one shard and one read outside them); give --stream-cache {least} or more"
         ) from None
-    if plan.ahead == 0 and plan.window < len(sizes) and os.environ.get("RANK", "0") == "0":  # said once a job
-        more = format_size(least_limit_fetching_ahead(sizes, ranks), cache.unit, up=True)
-        say(
-            f"--stream-cache {format_size(cache.bytes, cache.unit)} leaves nothing to fetch ahead of the window being "
-            f"read: the first batches of each window wait for downloads; {more} or more fetches the next window "
-            "meanwhile"
-        )
-    return plan
 
 
 def check_mixture(args: argparse.Namespace, ours: Any, theirs: Any) -> None:
@@ -387,15 +373,16 @@ def train_epoch(
 
 
 def start_line(rank: int, world: int, loader: DALILoader, args: argparse.Namespace, device: Any) -> str:
-    """What each rank says at its start: its batches, its device, and with ``--stream-cache`` the window it
-    streams with (the shards a window and fetched ahead, from the cache's share of this rank)."""
+    """What each rank says at its start: its batches, its device, and with ``--stream-cache`` the node window it
+    streams with (the shards its node reads at once, over the partitions it reads together) and fetched ahead."""
     line = f"rank {rank} of {world}: {counted(len(loader), 'batch')} of {args.batch_size} per epoch on {device}"
     streamer = getattr(loader.store, "streamer", None)
     if args.stream_cache and streamer is not None:
         shards = len(loader.store.manifest.shards)
         line += (
             f", streamed through --stream-cache {format_size(args.stream_cache.bytes, args.stream_cache.unit)}: "
-            f"{counted(loader.sampling.window, 'shard')} a window of {shards}, {streamer.ahead} fetched ahead"
+            f"a node window of {counted(loader.sampling.node_window, 'shard')} of {shards}, {streamer.ahead} fetched "
+            "ahead"
         )
     return line
 
