@@ -15,7 +15,6 @@ from dali_pipes.sampling import (
     compare_mixing,
     epoch_order,
     num_batches,
-    rank_window,
     samples_consumed,
     shard_of,
     shards_needed,
@@ -292,11 +291,3 @@ def test_bad_arguments_are_refused_by_name(call, message):
     with pytest.raises(ValueError, match=message):
         call()
 
-
-def test_rank_window_shares_the_node_cache_between_its_ranks():
-    one = rank_window(2000, [100] * 50, ranks=1)
-    assert (one.window, one.ahead, one.budget) == (9, 10, 1900)  # one shard kept for a read outside the windows
-    four = rank_window(2000, [100] * 50, ranks=4)
-    assert (four.window, four.ahead, four.budget) == (2, 2, 400)  # a quarter each
-    with pytest.raises(ValueError, match="leaves 100 bytes a rank, less than two of the largest shard .*at least 800"):
-        rank_window(400, [100] * 50, ranks=4)
