@@ -8,6 +8,7 @@ from test_remote_stage import upload
 from test_streaming_loader import INDEXED, RUN, real_indices
 
 from dali_pipes import DALILoader, DataOptions, StreamOptions
+from dali_pipes.sampling import shard_of
 
 from loader_helpers import TinySpec, quiet_dali_logs, write_dataset
 
@@ -23,24 +24,30 @@ def test_a_rerun_after_an_interrupted_epoch_downloads_only_what_the_cache_did_no
     source = write_dataset(tmp_path / "src", N, fmt="lmdb", samples_per_shard=4)
     url = upload(s3, source)
     limit = SHARDS * SHARD * 65 // 100  # 7 shards of 12
-    data = DataOptions(stream=StreamOptions(cache_limit=limit, folder=tmp_path / "cache"), storage_options=s3.options)
+    # One partition, one loader: windows of 3 shards read one after the other, 3 shards fetched ahead.
+    stream = StreamOptions(cache_limit=limit, folder=tmp_path / "cache", partitions=1, loaders=1)
+    data = DataOptions(stream=stream, storage_options=s3.options)
 
     def loader() -> DALILoader:
         return DALILoader(url, TinySpec(), batch_size=4, seed=1, batch_format=INDEXED, run=RUN, data=data)
 
     with loader() as first:
         stream = iter(first)
-        for _ in range(2 * first.sampling.window + 1):  # into the third window (a shard a batch): interrupted there
+        assert (first.sampling.node_window, first.store.streamer.ahead) == (3, 3)
+        for _ in range(
+            2 * first.sampling.node_window + 1
+        ):  # into the third window (a shard a batch): interrupted there
             next(stream)
     kept = {p.name for p in next((tmp_path / "cache").iterdir()).glob("shard-*.lmdb")}
     s3.proxy.clear()
     with loader() as rerun:
         streamer, requests = rerun.store.streamer, {}
-        last = streamer._epoch_spans(0)[-1].shards[0]  # the epoch's last window: fetched ahead of it from there on
+        spans = rerun.sampling.node_windows(0)[0]
+        last = spans[-1].shards[0]  # the epoch's last window: fetched ahead of it from there on
         before_read = streamer.before_read
 
         def noting(epoch, indices, is_pad):  # the downloads until the epoch reaches its last window
-            if epoch > 0 or last in streamer._shard_of(indices):
+            if epoch > 0 or last in shard_of(indices, [4] * SHARDS):
                 requests.setdefault("then", list(s3.proxy.requests))
             before_read(epoch, indices, is_pad)
 
@@ -51,7 +58,6 @@ def test_a_rerun_after_an_interrupted_epoch_downloads_only_what_the_cache_did_no
     # window and the next (fetched ahead) are pinned from the start, and beside them `room` shards stay. Those
     # evicted are the ones needed last; the least recently used would be those the interrupted run read first.
     assert len(kept) >= 4 and len(gets) < SHARDS, (kept, gets)
-    spans = streamer._epoch_spans(0)
     first = {f"shard-{k:05d}.lmdb" for k in spans[0].shards + spans[1].shards}
     room = limit // SHARD - len(first)
     assert len(set(gets) & kept) <= max(0, len(kept - first) - room), (kept, gets)
