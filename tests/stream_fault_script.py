@@ -2,7 +2,7 @@
 
 Reads its settings as JSON from stdin (so that the credentials are in no command line nor file):
 ``url``, ``storage`` (the storage_options), ``cache_limit``, ``folder`` (the cache folder),
-``seed``, ``batch_size``, and optionally ``fsize`` (the most bytes any file it writes may take:
+``seed``, ``batch_size``, and optionally ``partitions`` and ``loaders`` (``StreamOptions``'), ``fsize`` (the most bytes any file it writes may take:
 ``RLIMIT_FSIZE`` with ``SIGXFSZ`` ignored, a disk that fills as the cache's writes see it) and
 ``state`` (a ``state_dict()`` to resume from). Streams one epoch, printing ``batch N`` after each
 batch and writing ``out`` (JSON, replaced whole after each batch): the batches (indices, is_pad) and
@@ -41,7 +41,12 @@ def main() -> int:
     from loader_helpers import TinySpec, quiet_dali_logs
 
     quiet_dali_logs()
-    stream = StreamOptions(cache_limit=settings["cache_limit"], folder=settings["folder"])
+    stream = StreamOptions(
+        cache_limit=settings["cache_limit"],
+        folder=settings["folder"],
+        partitions=settings.get("partitions"),
+        loaders=settings.get("loaders", 2),
+    )
     data = DataOptions(stream=stream, storage_options=settings["storage"])
     run = RunOptions(device="cpu", py_num_workers=0)
     report: dict = {"batches": [], "state": None}

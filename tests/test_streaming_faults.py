@@ -33,7 +33,7 @@ from test_remote_stage import upload
 from test_streaming_loader import INDEXED, RUN, open_but_evicted, real_indices, shard_gets
 
 from dali_pipes import DALILoader, DataOptions, LoaderError, StreamOptions
-from dali_pipes.sampling.windowed import window_spans
+from dali_pipes.sampling.partitioned import NodeLayout, PartitionedSampling, node_window_spans
 from dali_pipes.staging.checked import TMP_PREFIX
 
 from loader_helpers import TinySpec, batch_rows, grey_level, quiet_dali_logs, write_dataset
@@ -41,7 +41,7 @@ from loader_helpers import TinySpec, batch_rows, grey_level, quiet_dali_logs, wr
 SHARD = 12288  # every LMDB shard of 4 samples here: 3 pages
 SHARDS = 16
 N = SHARDS * 4 - 3  # odd: on 2 ranks the last batch pads (with a sample of the epoch's end)
-LIMIT = 8 * SHARD  # on 2 ranks of a node: windows of 1 shard, 2 shards fetched ahead
+LIMIT = 8 * SHARD  # on 2 ranks of a node without a process group: windows of 1 shard, 1 fetched ahead
 BATCH = 8
 RANKS = 2
 SEED = 3
@@ -51,7 +51,8 @@ SCRIPT = Path(__file__).with_name("stream_fault_script.py")
 
 @pytest.fixture
 def streamed(tmp_path, s3, monkeypatch) -> tuple[str, DataOptions]:
-    """A 16-shard dataset in the bucket and the options that stream it (the cache in ``tmp_path/cache``).
+    """A 16-shard dataset in the bucket and the options that stream it (the cache in ``tmp_path/cache``): one
+    partition and one loader a node, so that a node reads its windows one after the other (:func:`spans`).
 
     Retries are quick (``BACKOFF``) and few (``ATTEMPTS``), and botocore's own are off (s3fs's remain):
     a fault that outlasts them all fails in a few seconds."""
@@ -62,7 +63,7 @@ def streamed(tmp_path, s3, monkeypatch) -> tuple[str, DataOptions]:
     quiet_dali_logs()
     source = write_dataset(tmp_path / "src", N, fmt="lmdb", samples_per_shard=4)
     assert {p.stat().st_size for p in source.glob("shard-*")} == {SHARD}
-    stream = StreamOptions(cache_limit=LIMIT, folder=tmp_path / "cache")
+    stream = StreamOptions(cache_limit=LIMIT, folder=tmp_path / "cache", partitions=1, loaders=1)
     config = {"connect_timeout": 3, "read_timeout": 5, "retries": {"max_attempts": 1, "mode": "standard"}}
     return upload(s3, source), DataOptions(stream=stream, storage_options=options(s3.proxy.url, config_kwargs=config))
 
@@ -89,8 +90,10 @@ def name(shard: int) -> str:
 
 
 def spans(epoch: int, window: int = 1) -> list[tuple[int, ...]]:
-    """The shards of each window of ``epoch``, in reading order (the order is a pure function of its inputs)."""
-    return [span.shards for span in window_spans([4] * (SHARDS - 1) + [1], epoch, SEED, window, True)]
+    """The shards of each window of ``epoch`` in reading order, one partition's windows of ``window`` shards (the
+    order is a pure function of its inputs)."""
+    sampling = PartitionedSampling([4] * (SHARDS - 1) + [1], window, partitions=1)
+    return [span.shards for span in node_window_spans(sampling, NodeLayout(), 0, epoch, SEED)]
 
 
 def fetching_threads() -> list[str]:
@@ -152,8 +155,9 @@ def test_throttling_and_dropped_connections_mid_epoch_lose_and_repeat_no_sample(
     faults = record_faults(s3, monkeypatch)
     with job(url, data) as loaders:
         streamer = loaders[0].store.streamer
-        assert (loaders[0].sampling.window, streamer.ahead) == (1, 2)
-        ahead_into_next = {k for shards in spans(1)[:2] for k in shards}
+        assert (loaders[0].sampling.node_window, streamer.ahead) == (1, 1)
+        assert [s.shards for s in loaders[0].sampling.node_windows(0)[0]] == spans(0)
+        ahead_into_next = {k for shards in spans(1)[:1] for k in shards}
         assert not first_window & ahead_into_next  # so only a padding from the epoch's start would fetch them again
         rules = [s3.proxy.add("slowdown" if k % 2 else "drop", path=rf"/{name(k)}$", times=1) for k in range(SHARDS)]
         steps_read = list(steps(loaders))
@@ -201,7 +205,7 @@ def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(
     caplog.set_level(logging.DEBUG, logger="dali_pipes")  # the package's records too, which the fixture quietened
     with open_loader(url, data) as loader:
         streamer = loader.store.streamer
-        last = spans(0, loader.sampling.window)[-1][0]  # read last in the epoch: far from downloaded yet
+        last = loader.sampling.node_windows(0)[0][-1].shards[0]  # read last in the epoch: far from downloaded yet
         stream = iter(loader)
         seen = real_indices([next(stream)])
         expected = spoil(s3, url, tmp_path / "src", last, how)
@@ -247,7 +251,8 @@ def start_run(tmp_path: Path, url: str, data: DataOptions, out: str, **settings)
     stderr in the file ``out`` + ``.err``."""
     settings = dict(
         url=url, storage=data.storage_options, cache_limit=LIMIT, folder=str(data.stream.folder), seed=SEED,
-        batch_size=BATCH, out=str(tmp_path / out), **settings,
+        partitions=data.stream.partitions, loaders=data.stream.loaders, batch_size=BATCH, out=str(tmp_path / out),
+        **settings,
     )  # fmt: skip
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
@@ -282,7 +287,7 @@ def resume(s3, url: str, data: DataOptions, state: dict) -> tuple[list[int], lis
     """The real indices of the rest of the epoch of ``state``, and the shards downloaded meanwhile."""
     s3.proxy.clear()
     with open_loader(url, data) as loader:
-        assert loader.sampling.window == 3
+        assert loader.sampling.node_window == 3
         loader.load_state_dict(state)
         rest = real_indices(loader)
     return rest, shard_gets(s3)
@@ -336,7 +341,7 @@ def test_the_secret_key_is_in_no_log_record_message_repr_or_file(tmp_path, s3, s
     with open_loader(url, data) as loader:
         texts.append(repr(loader))
         s3.proxy.add("drop", path=r"/shard-\d+\.lmdb$", times=1)  # retried, and logged
-        s3.proxy.add("deny", path=rf"/{name(spans(0, loader.sampling.window)[-1][0])}$", times=None)
+        s3.proxy.add("deny", path=rf"/{name(loader.sampling.node_windows(0)[0][-1].shards[0])}$", times=None)
         with pytest.raises(LoaderError, match="InvalidAccessKeyId|credentials|access") as denied:
             list(loader)
         texts.append(repr(loader))
