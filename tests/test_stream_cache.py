@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from s3_helpers import SECRET_KEY
 from stream_cache_helpers import fetch_in_process, fork_mid_download
@@ -489,26 +490,26 @@ def test_shards_fetched_ahead_give_up_their_room_to_a_pin_to_read(tmp_path, s3, 
     evaluation.close()
 
 
-def test_a_limit_that_fetches_nothing_ahead_is_warned_of_once_a_node_naming_the_url(tmp_path, s3, dataset, caplog,
-                                                                                   monkeypatch):  # fmt: skip
+def test_every_limit_a_stream_takes_fetches_the_next_shards_ahead(tmp_path, s3, dataset):
+    # The rule of dali-pipes 0.2 (a rank's share of the limit: a window and what it left) took a limit of two
+    # shards and fetched nothing ahead: the first batches of every window waited for its downloads, with a warning.
+    # A node window leaves room beside two windows for a shard ahead at least, for every limit it takes.
     from dali_pipes.loading.config import StreamOptions
-    from dali_pipes.loading.stream_setup import _window_of_rank
-    from dali_pipes.sampling.windowed import rank_window
+    from dali_pipes.loading.stream_setup import _node_window
+    from dali_pipes.sampling.node_room import least_cache_limit, node_window
 
     url = dataset[1]
-    stream = StreamOptions(cache_limit=2 * SHARD)
-    with ShardCache(url, tmp_path / "cache", 2 * SHARD, storage_options=s3.options) as cache:
-        for local_rank, said in (("1", 0), ("0", 1), (None, 1)):  # LOCAL_RANK 0 or none: the node's first rank
-            if local_rank is None:
-                monkeypatch.delenv("LOCAL_RANK", raising=False)
-            else:
-                monkeypatch.setenv("LOCAL_RANK", local_rank)
-            caplog.clear()
-            with caplog.at_level(logging.WARNING, logger="dali_pipes.loading.stream_setup"):
-                assert _window_of_rank(cache, stream, 1, url)[1] == 0
-            warned = [r.getMessage() for r in caplog.records if "nothing to fetch ahead" in r.getMessage()]
-            assert len(warned) == said, (local_rank, warned)
-    message = warned[0]
-    assert message.startswith(f"stream {url}: cache_limit={2 * SHARD} ") and str(tmp_path / "cache") not in message
-    least = int(message.split("; cache_limit=")[1].split()[0])
-    assert rank_window(least, [SHARD] * 8, 1).ahead > 0 and rank_window(least - SHARD, [SHARD] * 8, 1).ahead == 0
+    for loaders, readers in ((1, 1), (2, 1), (1, 2)):  # readers: ranks without a process group each read apart
+        least = least_cache_limit([SHARD] * 8, loaders * readers)
+        with ShardCache(url, tmp_path / f"cache-{loaders}-{readers}", least, storage_options=s3.options) as cache:
+            plan = _node_window(cache, StreamOptions(cache_limit=least, loaders=loaders), readers)
+        assert (plan.window, plan.ahead) == (1, 1), (loaders, readers, plan)
+        with pytest.raises(ValueError, match=f"raise cache_limit to at least {least} bytes"):
+            node_window(least - 1, [SHARD] * 8, loaders * readers)
+    rng = np.random.default_rng(0)
+    for _ in range(2000):
+        sizes = rng.integers(1, 100, int(rng.integers(1, 30)))
+        limit, loaders = int(rng.integers(1, 3 * sizes.sum())), int(rng.integers(1, 5))
+        if limit >= least_cache_limit(sizes, loaders):
+            plan = node_window(limit, sizes, loaders)
+            assert plan.ahead >= 1 or plan.window == len(sizes), (sizes.tolist(), limit, loaders, plan)
