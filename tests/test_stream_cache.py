@@ -498,14 +498,16 @@ def test_every_limit_a_stream_takes_fetches_the_next_shards_ahead(tmp_path, s3, 
     from dali_pipes.loading.stream_setup import _node_window
     from dali_pipes.sampling.node_room import least_cache_limit, node_window
 
-    url = dataset[1]
-    for loaders, readers in ((1, 1), (2, 1), (1, 2)):  # readers: ranks without a process group each read apart
-        least = least_cache_limit([SHARD] * 8, loaders * readers)
-        with ShardCache(url, tmp_path / f"cache-{loaders}-{readers}", least, storage_options=s3.options) as cache:
+    least = least_cache_limit([SHARD] * 8, 2)  # 6 shards: two windows of one and one more, for 2 readers
+    with ShardCache(dataset[1], tmp_path / "cache", least, storage_options=s3.options) as cache:
+        for loaders, readers in ((2, 1), (1, 2)):  # readers: ranks without a process group each read apart
             plan = _node_window(cache, StreamOptions(cache_limit=least, loaders=loaders), readers)
-        assert (plan.window, plan.ahead) == (1, 1), (loaders, readers, plan)
-        with pytest.raises(ValueError, match=f"raise cache_limit to at least {least} bytes"):
-            node_window(least - 1, [SHARD] * 8, loaders * readers)
+            assert (plan.window, plan.ahead) == (1, 1), (loaders, readers, plan)
+    one = node_window(3 * SHARD, [SHARD] * 8, 1)  # one loader: 3 shards
+    assert (one.window, one.ahead) == (1, 1)
+    for loaders in (1, 2):
+        with pytest.raises(ValueError, match=f"raise cache_limit to at least {3 * SHARD * loaders} bytes"):
+            node_window(3 * SHARD * loaders - 1, [SHARD] * 8, loaders)
     rng = np.random.default_rng(0)
     for _ in range(2000):
         sizes = rng.integers(1, 100, int(rng.integers(1, 30)))
