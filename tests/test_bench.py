@@ -238,7 +238,7 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
         # From a local S3 server (skipped without moto): the copies, then a loader staged and one streamed.
         assert [row.name for row in s3_rows] == object_storage.row_names() + stream_rows.row_names()
         stream = report.row(stream_rows.STREAM)
-        if stream.skipped is None or "moto" not in stream.skipped:  # 3 shards: a tenth holds less than two
+        if stream.skipped is None or "moto" not in stream.skipped:  # 3 shards: a tenth holds less than three
             assert "--samples-per-shard" in stream.skipped and report.row(stream_rows.STAGED).timing is not None
         assert all(row.extra["MB_s"] > 0 for row in s3_rows if row.timing is not None)
         # Through the latency proxy, and the report says with which latency.

@@ -79,9 +79,9 @@ def test_staged_and_streamed_rows_report_consistent_figures(tmp_path):
     assert stream.timing.images == (SAMPLES - BATCH) + 2 * SAMPLES
 
 
-def test_a_cache_too_small_for_two_shards_skips_the_streamed_row_saying_how_to_fix_it(tmp_path):
+def test_a_cache_too_small_for_three_shards_skips_the_streamed_row_saying_how_to_fix_it(tmp_path):
     dataset = _shards(tmp_path, per_shard=10)  # 4 shards: a tenth of the dataset is less than one
     staged, stream = _rows(_inputs(dataset))
     assert staged.error is None and staged.timing is not None  # the staged row still runs
     assert stream.timing is None and stream.error is None
-    assert "--samples-per-shard" in stream.skipped and "fewer than two of its largest shard" in stream.skipped
+    assert "--samples-per-shard" in stream.skipped and "fewer than three of its largest shard" in stream.skipped

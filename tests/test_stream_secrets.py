@@ -79,7 +79,8 @@ def planted(tmp_path, monkeypatch, caplog) -> Path:
 
 
 def stream(url: str, storage_options: dict | None) -> DALILoader:
-    data = DataOptions(stream=StreamOptions(cache_limit=4 * SHARD), storage_options=storage_options)
+    # One loader of the dataset on the node: its windows may take the whole limit (4 of the 6 shards).
+    data = DataOptions(stream=StreamOptions(cache_limit=4 * SHARD, loaders=1), storage_options=storage_options)
     return DALILoader(url, TinySpec(), batch_size=4, batch_format=BatchFormat(with_index=True), run=RUN, data=data)
 
 
@@ -111,7 +112,7 @@ def test_a_streamed_epoch_and_its_failure_show_and_write_no_secret(tmp_path, s3,
     given = options(s3.proxy.url, secret=OPTION_SECRET, token=OPTION_TOKEN)
     if credentials == "environment":  # botocore reads AWS_* (the planted ones); the options name only the server
         given = {k: v for k, v in given.items() if k not in ("key", "secret", "token")}
-    texts = [repr(StreamOptions(cache_limit=4 * SHARD)), repr(DataOptions(storage_options=given))]
+    texts = [repr(StreamOptions(cache_limit=4 * SHARD, loaders=1)), repr(DataOptions(storage_options=given))]
     s3.proxy.add("drop", path=r"/shard-\d+\.lmdb$", times=1)  # retried, and logged
     s3.proxy.add("deny", path=rf"/shard-{SHARDS - 1:05d}\.lmdb$", times=None)  # refused for good, mid-epoch
     with stream(url, given) as loader:

@@ -6,7 +6,7 @@ the suite's read-only graph and the same loader settings:
 
 - ``s3 staged``: ``DataOptions(stage_to=TMP)``: the whole dataset is downloaded before the first batch;
 - ``s3 stream cache=10%``: ``DataOptions(stream=StreamOptions(cache_limit=a tenth of the shards' bytes,
-  folder=TMP))`` from an empty cache: shards downloaded while the epochs are read, each epoch again.
+  folder=TMP, loaders=1))`` from an empty cache: shards downloaded while the epochs are read, each epoch again.
 
 Streaming reads in the loader's own process (``py_num_workers=0``); the staged row does too, so that
 the reading, not the number of processes, is what the two rows compare. Each row reports
@@ -17,8 +17,10 @@ the rest of epoch 1 and the later epochs (downloads run during all of them: the 
 The streamed row adds ``ratio`` (its steady rate over the staged row's), the cache's ``peak_MB``,
 ``limit_MB``, ``shard_MB`` (the largest shard) and ``peak_ok`` (peak <= limit + one shard).
 
-A dataset whose shards are too large for a tenth of it (streaming needs two of the largest in the
-cache) gets the streamed row skipped, saying which ``--samples-per-shard`` would do.
+The streamed row is the node's one loader of the dataset (``StreamOptions(loaders=1)``: the rows run one after
+the other), so its windows take the whole cache. A dataset whose shards are too large for a tenth of it
+(streaming needs three of the largest in the cache: two windows of one shard and a read outside them) gets the
+streamed row skipped, saying which ``--samples-per-shard`` would do.
 """
 
 from __future__ import annotations
@@ -42,6 +44,8 @@ log = logging.getLogger(__name__)
 CACHE_SHARE = 0.10
 STAGED = "s3 staged"
 STREAM = f"s3 stream cache={CACHE_SHARE:.0%}"
+#: Loaders of the dataset reading on the node at once: the streamed row's alone.
+LOADERS = 1
 #: Epochs read after the first in each run.
 LATER_EPOCHS = 3
 
@@ -91,15 +95,19 @@ def shard_bytes(dataset: Path, manifest: Any) -> list[int]:
 
 
 def too_small(limit: int, shards: list[int], manifest: Any) -> str | None:
-    """Why a cache of ``limit`` bytes cannot stream these shards (it needs two of the largest); ``None`` if it can."""
-    largest = max(shards)
-    if limit >= 2 * largest:
+    """Why a cache of ``limit`` bytes cannot stream these shards (it needs three of the largest:
+    :func:`~dali_pipes.sampling.node_room.least_cache_limit`); ``None`` if it can."""
+    from dali_pipes.sampling.node_room import least_cache_limit
+
+    least = least_cache_limit(shards, LOADERS)
+    if limit >= least:
         return None
+    largest = max(shards)
     per_shard = max(shard.num_samples for shard in manifest.shards)
-    fits = max(1, int(per_shard * limit / (2 * largest)))
+    fits = max(1, int(per_shard * limit / least))
     return (
-        f"a cache of {CACHE_SHARE:.0%} of the dataset ({limit} bytes) holds fewer than two of its largest shard "
-        f"({largest} bytes), and streaming needs two: convert the dataset into smaller shards "
+        f"a cache of {CACHE_SHARE:.0%} of the dataset ({limit} bytes) holds fewer than three of its largest shard "
+        f"({largest} bytes), and streaming needs three: convert the dataset into smaller shards "
         f"(dali-pipes convert ... --samples-per-shard {fits} or fewer; now up to {per_shard} a shard)"
     )
 
@@ -118,7 +126,8 @@ def _staged_text(workers: int) -> str:
 
 def _stream_text() -> str:
     return (
-        f"DataOptions(stream=StreamOptions(cache_limit={CACHE_SHARE:.0%} of the shards' bytes, folder=TMP)) from an "
+        f"DataOptions(stream=StreamOptions(cache_limit={CACHE_SHARE:.0%} of the shards' bytes, folder=TMP, "
+        f"loaders={LOADERS})) from an "
         f"empty cache (first byte {LATENCY_MS:g} ms late); steady rate over epoch 1 after its first batch and the "
         "later epochs, downloads included; py_num_workers=0 (streaming reads in the loader's own process)"
     )
@@ -155,7 +164,8 @@ def _data(tmp: str, options: dict[str, Any], stream_limit: int | None) -> Any:
 
     if stream_limit is None:
         return DataOptions(stage_to=str(Path(tmp) / "staged"), storage_options=options)
-    return DataOptions(stream=StreamOptions(cache_limit=stream_limit, folder=tmp), storage_options=options)
+    stream = StreamOptions(cache_limit=stream_limit, folder=tmp, loaders=LOADERS)
+    return DataOptions(stream=stream, storage_options=options)
 
 
 def _count(batch: Any) -> int:
