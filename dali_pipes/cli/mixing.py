@@ -144,13 +144,15 @@ def _mixing_rows(labels: Any, sizes: list[int], batch_size: int, measured: list[
 
 
 def _node_order(sizes: list[int], node_window: int, batch_size: int, *, epoch: int, seed: int) -> tuple[int, Any]:
-    """The shards one node reads at once with windows of ``node_window`` shards, and the samples it reads in
-    ``epoch``, in order: the loader's partitioned order (its default partitions, one node of one rank; a rank of
-    several reads a slice of each step of the same stream)."""
+    """The shards one node reads at once with windows of ``node_window`` shards (on average: a partition's shards
+    are cut into windows as even as they go, at most ``W`` each), and the samples it reads in ``epoch``, in order:
+    the loader's partitioned order (its default partitions, one node of one rank; a rank of several reads a slice
+    of each step of the same stream)."""
     from dali_pipes.sampling.partitioned import (
         NodeLayout,
         PartitionedSampling,
         default_partitions,
+        node_window_spans,
         partition_window,
         partitioned_rank_indices,
     )
@@ -160,7 +162,9 @@ def _node_order(sizes: list[int], node_window: int, batch_size: int, *, epoch: i
     sampling = PartitionedSampling(sizes, window, partitions)
     layout = NodeLayout(1, 1, batch_size, "pad", together)
     indices, is_pad = partitioned_rank_indices(sampling, layout, 0, 0, epoch, seed)
-    return min(window * together, len(sizes)), indices[~is_pad]
+    spans = node_window_spans(sampling, layout, 0, epoch, seed)
+    held = round(sum(len(s.shards) for s in spans) / len(spans) * together)
+    return min(held, len(sizes)), indices[~is_pad]
 
 
 def _stream_window(cache: tuple[int, str], shard_bytes: list[int], loaders: int) -> dict[str, Any]:
