@@ -290,4 +290,3 @@ def test_windowed_sampling_plugs_in_like_the_other_orders():
 def test_bad_arguments_are_refused_by_name(call, message):
     with pytest.raises(ValueError, match=message):
         call()
-
