@@ -179,6 +179,14 @@ class NodeOrder:
             self.resumed = None
             return 0
         check_int("window", progress.window, 1)
+        saved, mine, nodes = len(progress.consumed), self.sampling.partitions, self.place.layout.nodes
+        if saved != mine:
+            fits = ", ".join(str(n) for n in range(1, saved + 1) if saved % n == 0)
+            raise ValueError(
+                f"epoch {progress.epoch} was saved part-way in {saved} partitions, and this run of {nodes} node(s) "
+                f"has {mine}: resume it on {fits} node(s) with StreamOptions(partitions={saved}), or from the "
+                "epoch's start (set_epoch without load_state_dict)"
+            )
         sampling = dataclasses.replace(self.sampling, window=progress.window)
         _epoch(sampling, progress.epoch, self.seed, progress.consumed)  # refuses another partitioning, by name
         self.resumed = progress
