@@ -113,7 +113,8 @@ class NodeOrder:
 
     def _count(self, epoch: int, base: tuple[int, ...] | None) -> _Counts:
         key = (epoch, base)
-        if key not in self._counts:
+        counts = self._counts.get(key)  # read once: the streamer's thread may clear the dict meanwhile
+        if counts is None:
             if len(self._counts) > 8:
                 self._counts.clear()
             sampling, layout = self.sampling_of(epoch), self.layout_of(epoch)
@@ -122,8 +123,8 @@ class NodeOrder:
             lefts = np.array([ep.left(node_partitions(n, nodes, sampling.partitions)) for n in range(nodes)])
             length = _per_rank(ep, layout, sampling.partitions)
             done = 0 if base is None else sum(base)
-            self._counts[key] = _Counts(lefts, -(-length // layout.batch_size), length, done)
-        return self._counts[key]
+            counts = self._counts[key] = _Counts(lefts, -(-length // layout.batch_size), length, done)
+        return counts
 
     # --- the one-number position ------------------------------------------------------------
 
@@ -222,8 +223,10 @@ class NodeOrder:
         ep = _epoch(sampling, epoch, self.seed, base)
         labels = _node_labels(ep, node_partitions(node, layout.nodes, sampling.partitions), layout.together)
         stream = _node_stream(sampling, ep, labels, epoch, self.seed)
-        positions = np.full(int(sampling.shard_sizes.sum()), -1, dtype=np.int64)
-        positions[stream] = np.arange(len(stream), dtype=np.int64)
+        total = int(sampling.shard_sizes.sum())
+        dtype = np.int32 if total < 2**31 else np.int64  # held per epoch by the streamer: 4 bytes a sample
+        positions = np.full(total, -1, dtype=dtype)
+        positions[stream] = np.arange(len(stream), dtype=dtype)
         return spans, positions
 
     def epoch_length(self, dataset_size: int) -> int:
