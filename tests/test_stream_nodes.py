@@ -32,9 +32,10 @@ def test_four_nodes_download_the_dataset_once_and_a_state_resumes_on_two(tmp_pat
     gets = shard_gets(s3)
     assert sorted(sum((real_of(r) for r in whole), [])) == list(range(N))
     assert len({len(r["batches"]) for r in whole}) == 1
-    # Each shard by one node, once (every node reading every shard: 320 here). Batches of 8: 5 steps an epoch, too
-    # few for DALI to read on into the next epoch, whose first shards would come again.
-    assert sorted(gets) == [f"shard-{k:05d}.lmdb" for k in range(SHARDS)]
+    # Each shard by one node: at most 5% more than the dataset (every node reading every shard: 320 here; a padding
+    # row may bring back a shard its node read). Batches of 8: 5 steps an epoch, too few for DALI to read on into
+    # the next epoch, whose first shards would come again.
+    assert set(gets) == {f"shard-{k:05d}.lmdb" for k in range(SHARDS)} and len(gets) <= 1.05 * SHARDS, len(gets)
     assert all(0 < r["peak"] <= r["limit"] == LIMIT for r in whole)
 
     first = run_ranks(8, url, tmp_path / "first", **layout(4, 2, tmp_path / "b", data, stop=2))
