@@ -113,6 +113,17 @@ def test_a_state_saved_mid_epoch_resumes_the_rest_of_it(streamed):
     wider = DataOptions(stream=StreamOptions(cache_limit=2 * LIMIT), storage_options=data.storage_options)
     with stream_loader(url, wider) as other:
         assert other.sampling.node_window > state["stream"]["window"]
+        # A state of 0.2's streamed order (shard windows over the whole dataset, no partitions) as it wrote them.
+        former = {k: v for k, v in state.items() if k != "stream"}
+        former["sampling"] = {
+            "shard_sizes_sha256": state["sampling"]["shard_sizes_sha256"],
+            "window": 3,
+            "shuffle": True,
+        }
+        with pytest.raises(ValueError, match=r"saved by dali-pipes 0.2.*set_epoch\(epoch\)"):
+            other.load_state_dict(former)
+        other.load_state_dict({**former, "epoch": 4, "samples_consumed": N})  # an epoch's end: the next one starts
+        assert other.epoch == 5 and len(other) == other.batches_per_epoch
         other.load_state_dict(state)
         assert sorted(real_indices(other)) == sorted(real_indices(rest))  # read more partitions at once
 

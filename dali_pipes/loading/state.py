@@ -57,6 +57,8 @@ def restored_position(
         raise ValueError(f"loader state version {state['version']!r} is not {STATE_VERSION}")
     mine_all = {"num_samples": num_samples, "seed": seed, "shuffle": shuffle, "last_batch": last_batch}
     for key, mine in (*mine_all.items(), ("sampling", sampling)):
+        if key == "sampling" and _former_stream_at_an_epochs_end(state, mine):
+            continue  # the order of the next epoch is this version's, whichever wrote the state
         if state.get(key) != mine:
             raise ValueError(
                 f"{root}: the saved loader state has {key}={state.get(key)!r} but this loader has "
@@ -71,10 +73,27 @@ def restored_position(
     return epoch, consumed
 
 
+def _former_stream(saved: Any, mine: Any) -> bool:
+    """True for a state of dali-pipes 0.2's streamed order (shard windows over the whole dataset) met by the
+    partitioned one."""
+    return (
+        isinstance(saved, dict) and "window" in saved and isinstance(mine, dict) and mine.get("order") == "partitioned"
+    )
+
+
+def _former_stream_at_an_epochs_end(state: Mapping[str, Any], mine: Any) -> bool:
+    """A 0.2 streamed state of the same shards saved where an epoch ends (nothing of an epoch read): it resumes."""
+    saved = state.get("sampling")
+    same_shards = isinstance(saved, dict) and isinstance(mine, dict)
+    same_shards = same_shards and saved.get("shard_sizes_sha256") == mine.get("shard_sizes_sha256")
+    at_an_end = state.get("samples_consumed") in (0, state.get("num_samples"))
+    return _former_stream(saved, mine) and same_shards and at_an_end
+
+
 def _window_hint(saved: Any, mine: Any) -> str:
     """What to do when a state of dali-pipes 0.2's streamed order (shard windows over the whole dataset) meets the
     partitioned one."""
-    if isinstance(saved, dict) and "window" in saved and isinstance(mine, dict) and "order" in mine:
+    if _former_stream(saved, mine):
         return (
             ". The state was saved by dali-pipes 0.2, whose streamed order was not partitioned: resume from its "
             "epoch's start (set_epoch(epoch) without load_state_dict)"

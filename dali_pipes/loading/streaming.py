@@ -2,55 +2,53 @@
 
 With ``DataOptions(stream=StreamOptions(cache_limit=BYTES))`` the dataset (a URL, or a folder on a slow
 filesystem) is never copied whole. A :class:`~dali_pipes.staging.stream_cache.ShardCache` holds at
-most ``cache_limit`` bytes of its shards in a folder of the node, and the epoch order is the
-shard-windowed one (:mod:`dali_pipes.sampling.windowed`): shards permuted per epoch, samples shuffled
-within windows of ``W`` shards, ``W`` chosen so that the window being read and the shards fetched
-ahead of it (by default the next window) fit in a rank's share of the cache with room for one more shard.
+most ``cache_limit`` bytes of its shards in a folder of the node, and the epoch order is partitioned
+(:mod:`dali_pipes.sampling.partitioned`, bound to this rank by :mod:`dali_pipes.sampling.node_order`): the
+shards are dealt to partitions, each node reads only its own partitions' shards, a window of each of those
+it reads at once, and its ranks read its stream together, in slices of each step. So a node downloads its
+share of the dataset an epoch, not all of it, and one download per shard serves all its ranks.
 
-Several ranks of a node share its cache folder (one download per shard per node). Each of the node's
-``R`` ranks (:func:`~dali_pipes.loading.stream_setup.node_ranks`) may pin at most ``cache_limit // R`` bytes: its windows within
-``cache_limit // R - largest shard`` (the budget :func:`window_and_ahead` sizes them by), plus the
-one shard a guarded read pins outside them. So the node's pins together stay within ``R *
-(cache_limit // R) <= cache_limit`` however far apart the ranks are: the ranks of a job read the same
-windowed order in slices of each global batch, but nothing keeps them in lockstep (a rank a window
-ahead of another near a boundary pins a third window; processes without a process group may be
-epochs apart), and a bound that counted on lockstep (three shared windows) could be passed and a
-pin refused (a CacheError). The price is a window ``R`` times smaller than one rank alone would get,
-the shuffle within it correspondingly narrower. Shards the ranks share count once, so the node
-usually holds less than the bound.
+The node's windows are as wide as its cache allows, whatever its ranks (:mod:`dali_pipes.sampling.node_room`):
+a loader's reads pin at most two node windows (the reads crossing from one into the next) and a shard, within
+``cache_limit // loaders``; the rest holds the shards fetched ahead. The ranks of a ``torch.distributed``
+process group step together (DDP), so they read the same windows and a shard pinned by several counts once;
+ranks without a process group may be anywhere, so each counts as a loader of its own (the windows are then
+narrower). A rank that runs ahead further than that waits for room while the others move on
+(:meth:`~dali_pipes.staging.stream_cache.ShardCache.pin`).
 
 Other loaders share the folder too: an evaluation loader of the training set that the same thread reads
-between training steps, the single-rank jobs of a sweep, a loader re-made after ``close()``. Each sizes
-its window by its whole share, so together they would pin more than the limit. Only the window being
-read (and a guarded read) is pinned to be read; the shards fetched ahead are pinned as *ahead*, from the
-room no other pin uses, and given up to a window of any loader of the node that needs their room
-(:mod:`dali_pipes.staging.cache_pins`), to be downloaded again when their window comes. So two loaders'
-windows fit beside each other (each within half its share); a third is refused, after waiting a while for
-other processes' windows to move on, with a message naming what holds the room. ``close()`` unpins at
-once, though a download under way may end later. The order and the window stay what the options make them.
+between training steps, the single-rank jobs of a sweep, a loader re-made after ``close()``. Each one's reads
+fit in ``cache_limit // loaders`` (``StreamOptions(loaders=...)``, 2 by default). Only the windows being read
+(and a guarded read) are pinned to be read; the shards fetched ahead are pinned as *ahead*, from the room no
+other pin uses, and given up to a window of any loader of the node that needs their room
+(:mod:`dali_pipes.staging.cache_pins`), to be downloaded again when their window comes. A loader beyond
+``loaders`` is refused when the room runs out, after waiting a while for other processes' windows to move on,
+with a message naming what holds the room. ``close()`` unpins at once, though a download under way may end
+later.
 
-``W`` is a pure function of ``(cache_limit, shard sizes, R, fetch_ahead)``, agreed between the ranks of a
-process group (:mod:`dali_pipes.loading.stream_setup`): a state resumes on another world size when ``R`` is the same; pass ``StreamOptions(node_ranks=...)``, the most ranks a node will run, to resume
-on fewer or more ranks per node (a rank that holds less than its share only leaves room unused).
+The windows are a pure function of ``(cache_limit, shard sizes, loaders, fetch_ahead)``, agreed between the
+ranks of a process group (:mod:`dali_pipes.loading.stream_setup`). A state saved part-way through an epoch
+holds each partition's progress: it resumes on any ranks per node and on any node count that divides the
+partitions, the rest of its epoch read with its windows, the epochs after with this run's.
 
 How the pieces meet (one reading thread, in the loader's own process: ``py_num_workers=0``):
 
-- :class:`Streamer` keeps the shards of the window being read and those read after it (``fetch_ahead``
-  of them, by default the next window) pinned, and a background thread downloads them in reading
-  order, in groups of at most ``downloads`` shards of one window: the current window first, then the
+- :class:`Streamer` keeps the shards of the node's windows being read and those read after them (``fetch_ahead``
+  of them, by default a node window) pinned, and a background thread downloads them in reading
+  order, in groups of at most ``downloads`` shards: the windows being read first, then the
   ones ahead (a slow shard ahead never holds up the window being read). :meth:`Streamer.close` stops
   the downloads under way at their next chunk and does not wait for one past :data:`CLOSE_WAIT_S`: the
   thread releases the cache after it. A Ctrl-C never waits for them either (their threads are daemons,
   :mod:`dali_pipes.staging.threads`).
-  The window being read is told by the external source before each batch
-  (:meth:`StreamStore.before_read`: the batch's epoch and samples); when it moves on, the shards
-  of the windows behind it are unpinned (the cache may then evict them) and their readers closed.
+  The windows being read are told by the external source before each batch
+  (:meth:`StreamStore.before_read`: the batch's epoch and samples, placed in the node's stream); when they
+  move on, the shards of the windows behind are unpinned (the cache may then evict them) and their readers closed.
 - Nothing refers back from the streamer to its store, and its thread holds it weakly: a loader dropped
   without ``close()`` frees its pins as soon as it is collected.
 - :class:`StreamStore` is a :class:`~dali_pipes.stores.Store` over the cache folder whose every shard
   read is guarded: a shard not yet downloaded (or outside the pinned window) is pinned, fetched and
   read on the spot, its reader closed afterwards. The padding of an epoch's last batch is taken from the
-  epoch's end (``WindowedSampling.pad_from``), so it reads shards the cache holds, not the epoch's first
+  node's own stream, its last samples (:mod:`dali_pipes.sampling.partitioned`), so it reads shards the cache holds, not the epoch's first
   ones, long evicted. So a read never finds an evicted shard, and the store never holds open a
   shard the cache may evict.
 
@@ -88,10 +86,10 @@ CLOSE_WAIT_S = 0.5
 class Streamer:
     """Keeps the windows being read pinned and downloaded ahead, in a background thread (see the module docstring).
 
-    ``window``: shards per window of the epoch order; ``ahead``: the shards read after the window being read
-    that are pinned and downloaded meanwhile; ``budget``: the bytes the pinned shards may take (this rank's
-    share of the cache's limit less one shard, the room a read outside them needs); ``downloads``: shards
-    the background thread downloads at once.
+    ``order``: this rank's place in the partitioned order (its node's windows); ``ahead``: the shards read after
+    the windows being read that are pinned and downloaded meanwhile; ``budget``: the bytes the pinned shards
+    may take (the cache's limit less one shard, the room a read outside them needs); ``downloads``: shards the
+    background thread downloads at once.
     """
 
     def __init__(self, cache: "ShardCache", order: "NodeOrder", *, ahead: int, budget: int, downloads: int) -> None:

@@ -113,7 +113,8 @@ class NodeOrder:
 
     def _count(self, epoch: int, base: tuple[int, ...] | None) -> _Counts:
         key = (epoch, base)
-        if key not in self._counts:
+        counts = self._counts.get(key)  # read once: the streamer's thread may clear the dict meanwhile
+        if counts is None:
             if len(self._counts) > 8:
                 self._counts.clear()
             sampling, layout = self.sampling_of(epoch), self.layout_of(epoch)
@@ -122,8 +123,8 @@ class NodeOrder:
             lefts = np.array([ep.left(node_partitions(n, nodes, sampling.partitions)) for n in range(nodes)])
             length = _per_rank(ep, layout, sampling.partitions)
             done = 0 if base is None else sum(base)
-            self._counts[key] = _Counts(lefts, -(-length // layout.batch_size), length, done)
-        return self._counts[key]
+            counts = self._counts[key] = _Counts(lefts, -(-length // layout.batch_size), length, done)
+        return counts
 
     # --- the one-number position ------------------------------------------------------------
 
@@ -179,6 +180,14 @@ class NodeOrder:
             self.resumed = None
             return 0
         check_int("window", progress.window, 1)
+        saved, mine, nodes = len(progress.consumed), self.sampling.partitions, self.place.layout.nodes
+        if saved != mine:
+            fits = ", ".join(str(n) for n in range(1, saved + 1) if saved % n == 0)
+            raise ValueError(
+                f"epoch {progress.epoch} was saved part-way in {saved} partitions, and this run of {nodes} node(s) "
+                f"has {mine}: resume it on {fits} node(s) with StreamOptions(partitions={saved}), or from the "
+                "epoch's start (set_epoch without load_state_dict)"
+            )
         sampling = dataclasses.replace(self.sampling, window=progress.window)
         _epoch(sampling, progress.epoch, self.seed, progress.consumed)  # refuses another partitioning, by name
         self.resumed = progress
@@ -214,8 +223,10 @@ class NodeOrder:
         ep = _epoch(sampling, epoch, self.seed, base)
         labels = _node_labels(ep, node_partitions(node, layout.nodes, sampling.partitions), layout.together)
         stream = _node_stream(sampling, ep, labels, epoch, self.seed)
-        positions = np.full(int(sampling.shard_sizes.sum()), -1, dtype=np.int64)
-        positions[stream] = np.arange(len(stream), dtype=np.int64)
+        total = int(sampling.shard_sizes.sum())
+        dtype = np.int32 if total < 2**31 else np.int64  # held per epoch by the streamer: 4 bytes a sample
+        positions = np.full(total, -1, dtype=dtype)
+        positions[stream] = np.arange(len(stream), dtype=dtype)
         return spans, positions
 
     def epoch_length(self, dataset_size: int) -> int:

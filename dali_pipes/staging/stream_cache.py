@@ -484,8 +484,8 @@ class ShardCache(FolderOpening):
 
 #: What to do when a pin to read finds no room, said after who holds it.
 _PIN_ADVICE = (
-    "; close the loaders no longer read (two loaders of one dataset fit on a node, each window sized by its share "
-    "of the limit; more do not), or count every loader of the node in StreamOptions(node_ranks=N)"
+    "; close the loaders no longer read (StreamOptions(loaders=N) loaders of one dataset fit on a node, 2 by "
+    "default; more do not), or count every loader of the node in StreamOptions(loaders=N)"
 )
 
 
