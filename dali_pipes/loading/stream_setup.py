@@ -27,6 +27,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
+
+from dali_pipes.dataset.manifest import human_bytes
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.stream_layout import choose_partitions, rank_place
 from dali_pipes.loading.streaming import Streamer, StreamStore
@@ -164,6 +167,7 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
         raise
     try:
         agreed = agree_on_window(plan.window)
+        read_cap = _read_cap(cache, stream, agreed, rules.batch_size, place.layout.ranks, shown)
         window, together = partition_window(agreed, partitions, place.layout.nodes)
         sampling = PartitionedSampling(samples, window, partitions, rules.shuffle)
         order = NodeOrder(sampling, place, rules.seed, agreed)
@@ -173,7 +177,9 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
             shown, folder, cache.limit_bytes, place.node, place.layout.nodes, place.layout.ranks, partitions,
             together, window, agreed, plan.window, plan.ahead,
         )  # fmt: skip
-        streamer = Streamer(cache, order, ahead=plan.ahead, budget=plan.budget, downloads=stream.downloads)
+        streamer = Streamer(
+            cache, order, ahead=plan.ahead, budget=plan.budget, read_cap=read_cap, downloads=stream.downloads
+        )
         return StreamStore(streamer)
     except BaseException:
         cache.close()
@@ -187,6 +193,32 @@ def _apart(ranks: int) -> int:
     import torch.distributed as dist
 
     return 1 if ranks == 1 or (dist.is_available() and dist.is_initialized()) else ranks
+
+
+def _read_cap(cache: "ShardCache", stream: "StreamOptions", window: int, batch: int, ranks: int, shown: str) -> int:
+    """The most bytes one of a node's ``ranks`` ranks pins to read for a batch of ``batch`` samples: two node windows
+    of ``window`` shards (the reads crossing from one into the next), when a window holds the samples a step of the
+    node reads. A window of fewer (small shards, a small cache, a large batch) would have a batch pin many windows
+    and the ranks more than the limit together: then a rank pins at most its share of its loader's room and reads
+    the rest of a batch shard by shard, each waiting for its download; said once a node, with the limit that
+    avoids it."""
+    largest = np.sort(np.asarray(cache.shard_bytes))[::-1]
+    samples = np.sort([shard.num_samples for shard in cache.manifest.shards])
+    step = batch * (ranks if _apart(ranks) == 1 else 1)  # ranks apart: each one's batch its own
+    held = int(samples[:window].sum())
+    if held >= step or window >= len(largest):
+        return int(largest[: 2 * window].sum())
+    cap = max(int(largest[0]), cache.limit_bytes // (stream.loaders * ranks) - int(largest[0]))
+    need = min(int(np.searchsorted(np.cumsum(samples), step)) + 1, len(samples))  # the fewest shards holding a step
+    least = stream.loaders * (int(largest[: 2 * need].sum()) + int(largest[0]))
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        logger.warning(
+            "stream %s: a node window of %d shard(s) holds as few as %d samples, fewer than the %d of a step: a batch "
+            "pins at most %d bytes to read and reads the rest shard by shard, waiting for each download; "
+            "cache_limit=%d (%s) or more, or a smaller batch, gives windows that hold a step",
+            shown, window, held, step, cap, least, human_bytes(least),
+        )  # fmt: skip
+    return cap
 
 
 def _node_window(cache: "ShardCache", stream: "StreamOptions", apart: int) -> "NodeWindow":

@@ -88,14 +88,18 @@ class Streamer:
 
     ``order``: this rank's place in the partitioned order (its node's windows); ``ahead``: the shards read after
     the windows being read that are pinned and downloaded meanwhile; ``budget``: the bytes the pinned shards
-    may take (the cache's limit less one shard, the room a read outside them needs); ``downloads``: shards the
-    background thread downloads at once.
+    may take (the cache's limit less one shard, the room a read outside them needs); ``read_cap``: the most
+    bytes of windows a batch pins to read (:func:`~dali_pipes.loading.stream_setup.open_streaming` says why);
+    ``downloads``: shards the background thread downloads at once.
     """
 
-    def __init__(self, cache: "ShardCache", order: "NodeOrder", *, ahead: int, budget: int, downloads: int) -> None:
+    def __init__(
+        self, cache: "ShardCache", order: "NodeOrder", *, ahead: int, budget: int, read_cap: int, downloads: int
+    ) -> None:
         self.cache = cache
         self.ahead = ahead
         self.budget = budget
+        self.read_cap = read_cap
         self.downloads = downloads
         self.sampling = order
         self._sizes = np.cumsum([shard.num_samples for shard in cache.manifest.shards])
@@ -130,16 +134,27 @@ class Streamer:
         if len(where) == 0:
             return  # all padding: the guarded reads bring its shards
         lo, hi = int(where.min()), int(where.max()) + 1
-        current = [s for s in spans if s.start < hi and s.stop > lo]
+        touched = [s for s in spans if s.start < hi and s.stop > lo]
+        current = self._within_cap(touched)  # the rest of the batch's windows: fetched ahead, read shard by shard
         at = (epoch, current[0].window, current[-1].window)
         if at == self._at:
             return
-        later = (s.shards for s in spans[current[0].window :] if s.stop > lo and not (s.start < hi))
+        later = [s.shards for s in touched[len(current) :]]
+        later += [s.shards for s in spans[touched[-1].window + 1 :] if s.start >= hi]
         groups = self._wanted([k for s in current for k in s.shards], [*later, *self._next_epoch(epoch)])
         with self._locked():
             self.cache.plan_reads([k for group in groups for k in group])  # needed furthest ahead: evicted first
             self._repin(groups)
             self._at = at
+
+    def _within_cap(self, spans: list[WindowSpan]) -> list[WindowSpan]:
+        """The first of ``spans`` (at least one) whose shards fit in ``read_cap`` bytes together."""
+        held = 0
+        for i, span in enumerate(spans):
+            held += sum(self._bytes[k] for k in span.shards)
+            if held > self.read_cap and i > 0:
+                return spans[:i]
+        return spans
 
     def _next_epoch(self, epoch: int) -> Iterator[tuple[int, ...]]:
         """The shards of the next epoch's windows, in reading order (its plan may not be made yet: from its start)."""
