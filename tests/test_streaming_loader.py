@@ -128,6 +128,22 @@ def test_a_state_saved_mid_epoch_resumes_the_rest_of_it(streamed):
         assert sorted(real_indices(other)) == sorted(real_indices(rest))  # read more partitions at once
 
 
+def test_windows_of_fewer_samples_than_a_batch_are_read_within_the_limit(tmp_path, monkeypatch, caplog):
+    # 40 shards of one sample, a cache of 3.9 of them: a batch of 4 touches 4 windows of one shard, which pinned
+    # together pass the limit (a LoaderError before): the batch pins two and reads the others shard by shard.
+    import logging
+
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    source = write_dataset(tmp_path / "src", 40, fmt="lmdb", samples_per_shard=1)
+    limit = int(3.9 * max(p.stat().st_size for p in source.glob("shard-*")))
+    data = DataOptions(stream=StreamOptions(cache_limit=limit, loaders=1))
+    with caplog.at_level(logging.WARNING, logger="dali_pipes.loading.stream_setup"):
+        with DALILoader(str(source), TinySpec(), batch_size=4, batch_format=INDEXED, run=RUN, data=data) as loader:
+            assert sorted(real_indices(loader)) == list(range(40))
+            assert loader.cache.peak_bytes <= limit
+    assert "holds as few as 1 samples, fewer than the 4 of a step" in caplog.text
+
+
 def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
     url, data = streamed
     with pytest.raises(TypeError, match=r"StreamOptions\(cache_limit=BYTES\)"):

@@ -25,6 +25,7 @@ import numpy as np
 
 from dali_pipes.dataset.sizes import SizeError, parse_size
 from dali_pipes.sampling import check_int
+from dali_pipes.sampling.node_room import DEFAULT_LOADERS
 from dali_pipes.staging.ramcache import CACHE_KINDS
 
 __all__ = ["DEVICES", "START_METHODS", "DataOptions", "RunOptions", "StreamOptions"]
@@ -113,7 +114,7 @@ class StreamOptions:
     fetch_ahead: int | None = None
     downloads: int = 4
     partitions: int | None = None
-    loaders: int = 2
+    loaders: int = DEFAULT_LOADERS
 
     def __post_init__(self) -> None:
         if isinstance(self.cache_limit, str):  # "40GiB", "10GB": read as every size flag is
