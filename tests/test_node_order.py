@@ -117,3 +117,40 @@ def test_a_node_window_fits_two_windows_and_a_shard_of_each_loader_in_the_limit(
         node_window(599, shards)
     whole = node_window(10_000, [100] * 40)
     assert (whole.window, whole.ahead) == (40, 0)  # the dataset in the read room: one window, nothing ahead
+
+
+def test_a_state_saved_where_a_resumed_epoch_has_no_full_step_left_resumes_again():
+    # "drop" on a layout that leaves the rest of the saved epoch no full step: nothing more is read, and the state
+    # saved then is the one restored (it was the whole epoch, which its own count contradicted).
+    before = orders(1, 1, 4, last="drop")[0]
+    position = before.consumed(0, before.batches(0, 0) - 1, 0, N)
+    progress = before.progress(0, position)
+    after = orders(2, 2, 4, last="drop")[0]
+    assert after.restore(progress) == position and after.batches(0, position) == 0
+    assert after.progress(0, position).consumed == progress.consumed
+
+
+def test_a_saved_window_wider_than_this_runs_cache_holds_is_refused_by_name():
+    saved = orders(2, 2, 3, window=3, node_window=6)[0]
+    progress = saved.progress(0, saved.consumed(0, 2, 0, N))
+    narrow = orders(2, 2, 3, window=1, node_window=2)[0]
+    with pytest.raises(ValueError, match="windows of 3 shard.*holds windows of 2 shard.*cache_limit it was saved with"):
+        narrow.restore(progress)
+
+
+def test_the_resumed_epoch_read_again_from_its_start_forgets_the_saved_progress():
+    before = orders(2, 1, 3)[0]
+    progress = before.progress(1, before.consumed(1, 3, 0, N))
+    order = orders(1, 2, 4)[0]
+    order.restore(progress)
+    whole = order.rank_indices(1, 0)  # the epoch again from its start (set_epoch(1) with no state)
+    later = order.consumed(1, 5, 0, N)
+    assert sum(order.progress(1, later).consumed) == later
+    assert np.array_equal(order.rank_indices(1, later)[0], whole[0][5 * 4 :])
+
+
+def test_a_cache_that_holds_every_shard_reads_each_partition_as_one_window():
+    order = orders(1, 2, 4, window=len(SIZES), node_window=len(SIZES))[0]
+    assert order.holds_all and order.layout_of(0).together == 8
+    spans = order.node_windows(0)[0]
+    assert len(spans) == 8 and all(s.start == 0 or s.start < 8 for s in spans)  # all begun at once

@@ -325,6 +325,31 @@ def test_a_rank_finds_its_node_as_torchrun_numbers_them(tmp_path, streamed, monk
         DALILoader(url, TinySpec(), batch_size=BATCH, run=RUN, data=small)
 
 
+def test_ranks_whose_windows_hold_less_than_a_step_pin_within_their_share_or_are_refused(tmp_path):
+    # Windows of one sample and a batch of 4 on 8 ranks of a process group: each rank's batch lies in windows of its
+    # own, so each pins within its share of its loader's room; below one shard a rank, refused by name.
+    import torch.distributed as dist
+
+    from dali_pipes.loading.stream_setup import _read_cap
+    from dali_pipes.staging.stream_cache import ShardCache
+
+    source = write_dataset(tmp_path / "src", 40, fmt="lmdb", samples_per_shard=1)
+    largest = max(p.stat().st_size for p in source.glob("shard-*"))
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for shards, cap in ((40, 40 * largest // 16 - largest), (6, None)):
+            stream = StreamOptions(cache_limit=shards * largest)
+            with ShardCache(source, tmp_path / f"cache-{shards}", stream.cache_limit) as cache:
+                if cap is None:
+                    with pytest.raises(ValueError, match=f"raise cache_limit to at least {16 * largest} bytes"):
+                        _read_cap(cache, stream, 1, 4, 8, "ds")
+                else:
+                    assert _read_cap(cache, stream, 1, 4, 8, "ds") == cap  # 8 ranks x 2 loaders share the limit
+                    assert _read_cap(cache, stream, 8, 4, 1, "ds") == 16 * largest  # a window holds the step: two
+    finally:
+        dist.destroy_process_group()
+
+
 def test_a_local_dataset_has_one_cache_folder_however_its_path_is_written(tmp_path, monkeypatch):
     from dali_pipes.loading.stream_setup import stream_folder
 

@@ -82,7 +82,7 @@ from dali_pipes.examples.usage import (
     short,
     user_errors,
 )
-from dali_pipes.loading.state import restored_position
+from dali_pipes.loading.state import restored_position, restored_stream
 from dali_pipes.pipelines import ClassificationTrain, Mix, RandomErasing, ResolutionSchedule
 from dali_pipes.sampling.node_room import DEFAULT_LOADERS, NodeWindow, least_cache_limit, node_window
 
@@ -341,9 +341,9 @@ def resume(args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DAL
     try:
         loader.load_state_dict(state["loader"])
     except ValueError as exc:
-        if not raised_by(exc, restored_position):  # not the check of the saved state: a bug of the loader's restore
-            raise
-        refuse(f"it was saved reading another dataset: {short(exc)}", exc)
+        if not any(raised_by(exc, check) for check in (restored_position, restored_stream)):
+            raise  # not a check of the saved state: a bug of the loader's restore
+        refuse(f"the loader cannot resume it here: {short(exc, 400)}", exc)
     return int(state["loader"]["epoch"])
 
 

@@ -35,7 +35,7 @@ from dali_pipes.loading.stream_layout import choose_partitions, rank_place
 from dali_pipes.loading.streaming import Streamer, StreamStore
 from dali_pipes.remote.urls import check_dataset_path, is_url, redact
 from dali_pipes.sampling.node_order import NodeOrder
-from dali_pipes.sampling.node_room import node_window
+from dali_pipes.sampling.node_room import least_cache_limit, node_window
 from dali_pipes.sampling.partitioned import PartitionedSampling, partition_window
 
 if TYPE_CHECKING:
@@ -169,6 +169,8 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
         agreed = agree_on_window(plan.window)
         read_cap = _read_cap(cache, stream, agreed, rules.batch_size, place.layout.ranks, shown)
         window, together = partition_window(agreed, partitions, place.layout.nodes)
+        if agreed >= len(samples):  # the cache holds every shard: each partition one window, all read at once
+            window, together = len(samples), partitions // place.layout.nodes
         sampling = PartitionedSampling(samples, window, partitions, rules.shuffle)
         order = NodeOrder(sampling, place, rules.seed, agreed)
         logger.info(
@@ -204,13 +206,24 @@ def _read_cap(cache: "ShardCache", stream: "StreamOptions", window: int, batch: 
     avoids it."""
     largest = np.sort(np.asarray(cache.shard_bytes))[::-1]
     samples = np.sort([shard.num_samples for shard in cache.manifest.shards])
-    step = batch * (ranks if _apart(ranks) == 1 else 1)  # ranks apart: each one's batch its own
+    apart = _apart(ranks)
+    step = batch * (ranks if apart == 1 else 1)  # ranks apart: each one's batch its own
     held = int(samples[:window].sum())
     if held >= step or window >= len(largest):
         return int(largest[: 2 * window].sum())
-    cap = max(int(largest[0]), cache.limit_bytes // (stream.loaders * ranks) - int(largest[0]))
+    # Each rank's batch in windows of its own: a rank's pins, a shard read outside them included, within its share.
+    share = cache.limit_bytes // (stream.loaders * ranks)
+    if share < int(largest[0]):
+        raise ValueError(
+            f"{cache.folder}: a node window of {window} shard(s) holds {held} samples, fewer than the {step} of a "
+            f"step, so each of the node's {ranks} rank(s) reads shards of its own, {stream.loaders} loader(s) of "
+            f"them: a cache_limit of {cache.limit_bytes} bytes leaves {share} a rank, less than the largest shard "
+            f"({int(largest[0])} bytes); raise cache_limit to at least {stream.loaders * ranks * int(largest[0])} "
+            "bytes, or use a smaller batch"
+        )
+    cap = share - int(largest[0])
     need = min(int(np.searchsorted(np.cumsum(samples), step)) + 1, len(samples))  # the fewest shards holding a step
-    least = stream.loaders * (int(largest[: 2 * need].sum()) + int(largest[0]))
+    least = stream.loaders * apart * (int(largest[: 2 * need].sum()) + int(largest[0]))
     if os.environ.get("LOCAL_RANK", "0") == "0":
         logger.warning(
             "stream %s: a node window of %d shard(s) holds as few as %d samples, fewer than the %d of a step: a batch "
@@ -227,6 +240,14 @@ def _node_window(cache: "ShardCache", stream: "StreamOptions", apart: int) -> "N
     try:
         return node_window(cache.limit_bytes, cache.shard_bytes, stream.loaders * apart, stream.fetch_ahead)
     except ValueError as exc:
+        if apart > 1 and not str(exc).startswith("fetch_ahead"):
+            least = least_cache_limit(cache.shard_bytes, stream.loaders * apart)
+            raise ValueError(
+                f"{cache.folder}: a cache_limit of {cache.limit_bytes} bytes read by {apart} ranks without a process "
+                f"group (nothing keeps them together, so each reads windows of its own) and {stream.loaders} "
+                f"loader(s) of the dataset at once: raise cache_limit to at least {least} bytes, or start a "
+                "torch.distributed process group (DDP), whose ranks read one node window together"
+            ) from None
         prefix = "StreamOptions." if str(exc).startswith("fetch_ahead") else ""
         raise ValueError(f"{cache.folder}: {prefix}{exc}") from None
 

@@ -136,7 +136,7 @@ class Streamer:
         lo, hi = int(where.min()), int(where.max()) + 1
         touched = [s for s in spans if s.start < hi and s.stop > lo]
         current = self._within_cap(touched)  # the rest of the batch's windows: fetched ahead, read shard by shard
-        at = (epoch, current[0].window, current[-1].window)
+        at = (epoch, touched[0].window, current[-1].window if current else -1)
         if at == self._at:
             return
         later = [s.shards for s in touched[len(current) :]]
@@ -148,11 +148,12 @@ class Streamer:
             self._at = at
 
     def _within_cap(self, spans: list[WindowSpan]) -> list[WindowSpan]:
-        """The first of ``spans`` (at least one) whose shards fit in ``read_cap`` bytes together."""
+        """The first of ``spans`` whose shards fit in ``read_cap`` bytes together (perhaps none: then every read
+        of the batch pins its one shard)."""
         held = 0
         for i, span in enumerate(spans):
             held += sum(self._bytes[k] for k in span.shards)
-            if held > self.read_cap and i > 0:
+            if held > self.read_cap:
                 return spans[:i]
         return spans
 
@@ -283,6 +284,8 @@ class Streamer:
         into the next one)."""
         key = (epoch, self.sampling.base_of(epoch))  # a resumed epoch's windows begin at its saved progress
         if key not in self._spans:
+            if self._at is not None and self._at[0] == epoch:
+                self._at = None  # another plan of this epoch: its windows' numbers mean other windows
             for old in [k for k in self._spans if k[0] < epoch - 1 or k[0] == epoch]:
                 del self._spans[old], self._positions[old]
             self._spans[key], self._positions[key] = self.sampling.node_windows(epoch)

@@ -103,7 +103,13 @@ class NodeOrder:
         """The layout in ``epoch``: a node reads as many partitions at once as its window holds."""
         window = self.sampling_of(epoch).window
         share = len(node_partitions(0, self.place.layout.nodes, self.sampling.partitions))
-        return dataclasses.replace(self.place.layout, together=max(1, min(share, self.node_window // window)))
+        together = share if self.holds_all else max(1, min(share, self.node_window // window))
+        return dataclasses.replace(self.place.layout, together=together)
+
+    @property
+    def holds_all(self) -> bool:
+        """Whether a node window holds every shard: each partition is then one window, all read at once."""
+        return self.node_window >= len(self.sampling.shard_sizes)
 
     def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
         r = self.resumed
@@ -188,6 +194,13 @@ class NodeOrder:
                 f"has {mine}: resume it on {fits} node(s) with StreamOptions(partitions={saved}), or from the "
                 "epoch's start (set_epoch without load_state_dict)"
             )
+        if progress.window > self.node_window and not self.holds_all:
+            raise ValueError(
+                f"epoch {progress.epoch} was saved part-way reading windows of {progress.window} shard(s) a "
+                f"partition, and this run's cache holds windows of {self.node_window} shard(s) a node: resume it with "
+                "the cache_limit it was saved with (or more), or from the epoch's start (set_epoch without "
+                "load_state_dict)"
+            )
         sampling = dataclasses.replace(self.sampling, window=progress.window)
         _epoch(sampling, progress.epoch, self.seed, progress.consumed)  # refuses another partitioning, by name
         self.resumed = progress
@@ -199,6 +212,9 @@ class NodeOrder:
     def rank_indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
         """This rank's ``(indices, is_pad)`` for the rest of ``epoch`` from ``start``."""
         base = self._base(epoch, start)
+        if base is None and self.resumed is not None and self.resumed.epoch == epoch:
+            self.resumed = None  # the resumed epoch read again from its start: the saved progress is spent
+            self._counts.clear()
         skip = self.steps_at(epoch, start) * self.place.layout.batch_size
         place = self.place
         indices, is_pad = partitioned_rank_indices(

@@ -412,7 +412,7 @@ def partitioned_progress(
     steps = check_int("steps", steps, 0)
     if steps > total:
         raise ValueError(f"steps must be <= {total} (the batches per rank left in this epoch), got {steps}")
-    if steps == total:
+    if steps == total and steps:  # every batch taken: the whole epoch (none left to take: nothing more read)
         return tuple(int(s) for s in ep.sizes)
     done = ep.start.copy()
     for n in range(layout.nodes):
