@@ -266,6 +266,8 @@ class Streamer:
             if not self._queue or self._urgent.is_set():
                 return True
             ahead, chunk = self._queue.pop(0)
+            # A shard whose tries were just spent is asked for again only by the read that needs it, which raises.
+            chunk = [k for k in chunk if self.cache.recent_failure(k) is None]
             try:
                 self.cache.fetch(chunk, ahead=ahead)
                 if not ahead:
