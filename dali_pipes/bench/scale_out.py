@@ -31,6 +31,7 @@ import dataclasses
 import json
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -56,10 +57,10 @@ MDS = "MosaicML Streaming"
 class ScaleOutPlan:
     """The suite's sizes (the defaults run in about 10 minutes on 2 cores; :meth:`quick` in about 2)."""
 
-    images: int = 2000
-    classes: int = 50
+    images: int = 1200
+    classes: int = 20
     image_size: tuple[int, int] = (64, 48)
-    samples_per_shard: int = 20
+    samples_per_shard: int = 10
     batch_size: int = 16
     nodes: tuple[int, ...] = (1, 2, 4)
     ranks_per_node: int = 2
@@ -158,7 +159,10 @@ def _run_row(
         try:
             results = _launch(Path(tmp), base, plan, port, python, plan.row_timeout_s)
         except Exception as exc:  # noqa: BLE001 - the row shows it, the others still run
-            log.warning("scale-out: %s on %d node(s) failed: %s", kind, nodes, exc)
+            logs = workdir / f"logs-{kind}-{nodes}x{plan.ranks_per_node}"
+            shutil.rmtree(logs, ignore_errors=True)
+            shutil.copytree(tmp, logs, ignore=lambda _, names: [n for n in names if not n.endswith(".log")])
+            log.warning("scale-out: %s on %d node(s) failed (the ranks' logs: %s): %s", kind, nodes, logs, exc)
             return {"error": str(exc)}
     return {"figures": row_figures(results, entry["bytes"], entry["samples"], reference), "cache_limit": limit}
 
@@ -177,11 +181,39 @@ def _proxies(tmp: Path, port: int, nodes: int) -> Iterator[list[tuple[int, Path]
         yield [(stack.enter_context(latency_proxy(port, count)), count) for count in counts]
 
 
+@contextlib.contextmanager
+def _machines(tmp: Path, nodes: int, isolate: bool) -> Iterator[list[list[str]]]:
+    """Per node, the command prefix that runs a rank on its own "machine": with ``isolate``, in a mount namespace
+    of the node's own (``unshare``, as root) with a ``/dev/shm`` of its own, held by a process started here and
+    ended on exit; else nothing (``[]``).
+
+    MosaicML Streaming finds a node's ranks through ``/dev/shm`` names and lock files in the temporary folder, one
+    node per machine: two simulated nodes sharing them collide (``FileExistsError: '/000001_locals'``)."""
+    if not isolate:
+        yield [[] for _ in range(nodes)]
+        return
+    holders = []
+    try:
+        for _ in range(nodes):
+            script = "mount -t tmpfs -o size=2g tmpfs /dev/shm && echo ready && exec sleep 86400"
+            holder = subprocess.Popen(
+                ["unshare", "-m", "--propagation", "private", "sh", "-c", script], stdout=subprocess.PIPE, text=True
+            )
+            holders.append(holder)
+            if (holder.stdout.readline() if holder.stdout else "").strip() != "ready":
+                raise RuntimeError("could not give a simulated node a /dev/shm of its own (unshare -m needs root)")
+        yield [["nsenter", "-t", str(holder.pid), "-m"] for holder in holders]
+    finally:
+        for holder in holders:
+            holder.kill()
+            holder.wait(timeout=10)
+
+
 def _launch(tmp: Path, base: dict, plan: ScaleOutPlan, port: int, python: str, timeout: float) -> list[dict]:
     """Start the row's ranks (module docstring), wait for them, and return their results."""
-    nodes, per_node = base["nodes"], plan.ranks_per_node
+    nodes, per_node, mds = base["nodes"], plan.ranks_per_node, base["kind"] == "mds"
     master = _free_port()
-    with _proxies(tmp, port, nodes) as proxies:
+    with _proxies(tmp, port, nodes) as proxies, _machines(tmp, nodes, isolate=mds) as machines:
         processes = []
         for rank in range(nodes * per_node):
             node, local = divmod(rank, per_node)
@@ -189,8 +221,17 @@ def _launch(tmp: Path, base: dict, plan: ScaleOutPlan, port: int, python: str, t
             config.update(_endpoint(base["kind"], proxies[node][0]), out=str(tmp / f"rank{rank}.json"))
             (tmp / f"rank{rank}.config.json").write_text(json.dumps(config))
             env = _rank_env(rank, node, local, nodes, per_node, master, proxies[node][0])
+            if mds:  # its lock files too, one temporary folder a node (see _machines)
+                env["TMPDIR"] = str(tmp / f"node{node}.tmp")
+                os.makedirs(env["TMPDIR"], exist_ok=True)
             log_file = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed with the process below
-            command = [python, "-m", "dali_pipes.bench.scale_out_rank", str(tmp / f"rank{rank}.config.json")]
+            command = [
+                *machines[node],
+                python,
+                "-m",
+                "dali_pipes.bench.scale_out_rank",
+                f"{tmp}/rank{rank}.config.json",
+            ]
             processes.append((subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_file))
         _wait(processes, tmp, timeout)
     return [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(len(processes))]
@@ -219,15 +260,11 @@ def _wait(processes: list[tuple[subprocess.Popen, Any]], tmp: Path, timeout: flo
     deadline = time.monotonic() + timeout
     try:
         while any(p.poll() is None for p, _ in processes):
-            failed = [(i, p.returncode) for i, (p, _) in enumerate(processes) if p.returncode not in (None, 0)]
-            if failed:
-                raise RuntimeError(f"rank {failed[0][0]} exited {failed[0][1]}: {_last_line(tmp, failed[0][0])}")
+            _raise_failed(processes, tmp)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"the ranks did not finish within {timeout:g} s")
             time.sleep(0.2)
-        failed = [(i, p.returncode) for i, (p, _) in enumerate(processes) if p.returncode != 0]
-        if failed:
-            raise RuntimeError(f"rank {failed[0][0]} exited {failed[0][1]}: {_last_line(tmp, failed[0][0])}")
+        _raise_failed(processes, tmp)
     finally:
         for process, log_file in processes:
             if process.poll() is None:
@@ -236,25 +273,19 @@ def _wait(processes: list[tuple[subprocess.Popen, Any]], tmp: Path, timeout: flo
             log_file.close()
 
 
+def _raise_failed(processes: list[tuple[subprocess.Popen, Any]], tmp: Path) -> None:
+    """Raise the error of a rank that exited non-zero: one whose peers did not fail first, where known."""
+    failed = [i for i, (p, _) in enumerate(processes) if p.returncode not in (None, 0)]
+    if failed:
+        lines = {i: _last_line(tmp, i) for i in failed}
+        # A rank whose peer crashed ends with gloo's "Connection closed by peer": the peer's error is the one to show.
+        first = next((i for i in failed if "closed by peer" not in lines[i]), failed[0])
+        raise RuntimeError(f"rank {first} exited {processes[first][0].returncode}: {lines[first]}")
+
+
 def _last_line(tmp: Path, rank: int) -> str:
     lines = (tmp / f"rank{rank}.log").read_text(errors="replace").strip().splitlines()
     return lines[-1] if lines else "(no output)"
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m dali_pipes.bench.scale_out [WORKDIR] [--quick] [--mds-python PY] [--json OUT]``."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="python -m dali_pipes.bench.scale_out", description=__doc__.splitlines()[0])
-    p.add_argument("workdir", type=Path, nargs="?", help="where the data is made (default: a temporary folder)")
-    p.add_argument("--quick", action="store_true", help="tiny data, 1 and 2 nodes, one epoch")
-    p.add_argument("--mds-python", help=f"a Python with mosaicml-streaming (default: ${MDS_PYTHON_ENV})")
-    p.add_argument("--json", type=Path, help="write the report here")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    report = scale_out_report(args.workdir, args.quick, args.mds_python, args.json)
-    print(report["table"])
-    return 1 if any(row.get("error") for row in report["rows"]) else 0
 
 
 def scale_out_report(workdir: Path | None, quick: bool, mds_python: str | None, json_out: Path | None) -> dict:
@@ -268,7 +299,3 @@ def scale_out_report(workdir: Path | None, quick: bool, mds_python: str | None, 
     if json_out is not None:
         json_out.write_text(json.dumps(report, indent=1, default=str))
     return report
-
-
-if __name__ == "__main__":
-    sys.exit(main())

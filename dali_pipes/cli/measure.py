@@ -57,15 +57,23 @@ def add_bench(commands) -> None:
         "dataset",
         type=Path,
         nargs="?",
-        help="a dataset folder written by 'dali-pipes convert' (--suite scale: the folder for its synthetic data)",
+        help="a dataset folder written by 'dali-pipes convert' (--suite scale, scale-out: the folder for its data)",
     )
-    p.add_argument("--suite", choices=(*SUITES, "scale"), default="main", help="which comparison (default: main)")
+    p.add_argument(
+        "--suite", choices=(*SUITES, "scale", "scale-out"), default="main", help="which comparison (default: main)"
+    )
     p.add_argument(
         "--max-n",
         type=int,
         default=1_000_000,
         metavar="N",
         help="--suite scale: the largest sample count (10k, 100k, 1M, 10M up to it; default 1M)",
+    )
+    p.add_argument(
+        "--mds-python",
+        metavar="PYTHON",
+        help="--suite scale-out: a Python with mosaicml-streaming for the peer rows (default: "
+        "$DALI_PIPES_BENCH_MDS_PYTHON; without one they are skipped)",
     )
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
@@ -177,6 +185,12 @@ def _bench(args) -> int:
 
     if args.suite == "scale":
         return _bench_scale(args)
+    if args.suite == "scale-out":
+        from dali_pipes.bench.scale_out import scale_out_report
+
+        report = scale_out_report(args.dataset, args.quick, args.mds_python, args.json)
+        print(report["table"])
+        return EXIT_FAILED if any(row.get("error") for row in report["rows"]) else 0
     if args.dataset is None:
         raise SystemExit("dali-pipes bench: give the dataset folder to benchmark")
     report = _measure(run_bench, args, "suite", "batch_size", "images", "quick", "settings", "dtype", "rows", "repeats")
