@@ -225,13 +225,8 @@ def _launch(tmp: Path, base: dict, plan: ScaleOutPlan, port: int, python: str, t
                 env["TMPDIR"] = str(tmp / f"node{node}.tmp")
                 os.makedirs(env["TMPDIR"], exist_ok=True)
             log_file = open(tmp / f"rank{rank}.log", "wb")  # noqa: SIM115 - closed with the process below
-            command = [
-                *machines[node],
-                python,
-                "-m",
-                "dali_pipes.bench.scale_out_rank",
-                f"{tmp}/rank{rank}.config.json",
-            ]
+            module = ["dali_pipes.bench.scale_out_mds", "rank"] if mds else ["dali_pipes.bench.scale_out_rank"]
+            command = [*machines[node], python, "-m", *module, f"{tmp}/rank{rank}.config.json"]
             processes.append((subprocess.Popen(command, env=env, stdout=log_file, stderr=subprocess.STDOUT), log_file))
         _wait(processes, tmp, timeout)
     return [json.loads((tmp / f"rank{rank}.json").read_text()) for rank in range(len(processes))]

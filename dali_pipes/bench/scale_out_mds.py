@@ -7,7 +7,8 @@ package; :mod:`dali_pipes.bench.scale_out` takes it as ``--mds-python``):
   after class (sorted folders, sorted files: the order a script over an image folder writes them in), as
   MDS shards of at most ``SIZE_LIMIT`` bytes (``MDSWriter``, columns ``image: bytes``, ``label: int``,
   ``index: int``, no compression); prints the package's version;
-- a rank (:func:`run_mds`, started by :mod:`dali_pipes.bench.scale_out_rank`): ``StreamingDataset(remote=s3://...,
+- ``python -m dali_pipes.bench.scale_out_mds rank CONFIG.json``, a rank (:func:`run_mds`, its environment
+  as :mod:`dali_pipes.bench.scale_out_rank` says): ``StreamingDataset(remote=s3://...,
   local=the node's folder, cache_limit=..., num_canonical_nodes=the nodes, batch_size=..., shuffle=True)``
   with its defaults otherwise (``shuffle_algo="py1e"``), read in the rank's own process as its users read it
   without workers: each JPEG decoded with PIL and resized to the same small size as this package's rows,
@@ -17,13 +18,14 @@ package; :mod:`dali_pipes.bench.scale_out` takes it as ``--mds-python``):
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
 
-from dali_pipes.bench.scale_out_rank import Batch, init_group, record_epochs
+from dali_pipes.bench.scale_out_rank import Batch, init_group, record_epochs, write_result
 
 #: The MDS columns written.
 COLUMNS = {"image": "bytes", "label": "int", "index": "int"}
@@ -105,12 +107,19 @@ def run_mds(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``write IMAGES OUT SIZE_LIMIT`` (the rank is started through :mod:`dali_pipes.bench.scale_out_rank`)."""
-    if len(argv) != 4 or argv[0] != "write":
-        print("usage: python -m dali_pipes.bench.scale_out_mds write IMAGES OUT SIZE_LIMIT", file=sys.stderr)
-        return 2
-    print(write_mds(Path(argv[1]), Path(argv[2]), int(argv[3])))
-    return 0
+    """``write IMAGES OUT SIZE_LIMIT``, or ``rank CONFIG.json`` (see the module docstring)."""
+    if len(argv) == 4 and argv[0] == "write":
+        print(write_mds(Path(argv[1]), Path(argv[2]), int(argv[3])))
+        return 0
+    if len(argv) == 2 and argv[0] == "rank":
+        config = json.loads(Path(argv[1]).read_text())
+        write_result(config, run_mds(config))
+        return 0
+    print(
+        "usage: python -m dali_pipes.bench.scale_out_mds write IMAGES OUT SIZE_LIMIT | rank CONFIG.json",
+        file=sys.stderr,
+    )
+    return 2
 
 
 if __name__ == "__main__":

@@ -9,8 +9,8 @@ the distinct labels of each full batch, its images and seconds and, on a node's 
 node's latency proxy forwarded so far (:func:`~dali_pipes.bench.latency_proxy.read_count`; one proxy per
 simulated node, so these are the node's downloads). All ranks meet at a barrier after each epoch, so the
 counter is read when the whole job has finished the epoch (downloads fetched ahead of the next epoch before
-then count in this one). The MosaicML Streaming rank (:mod:`dali_pipes.bench.scale_out_mds`) uses the same
-loop with its own batches.
+then count in this one). The MosaicML Streaming rank (``python -m dali_pipes.bench.scale_out_mds rank
+CONFIG.json``) uses the same loop with its own batches.
 
 Nothing heavy is imported at module level: the MosaicML rank imports this module from its own environment.
 """
@@ -178,15 +178,9 @@ def _cache_figures(loader: Any) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> int:
-    """``CONFIG.json``: run the rank it describes (``kind``: ``ours`` or ``mds``) and write its result."""
+    """``CONFIG.json``: run the rank of this package's loader it describes and write its result."""
     config = json.loads(Path(argv[0]).read_text())
-    if config["kind"] == "mds":
-        from dali_pipes.bench.scale_out_mds import run_mds
-
-        result = run_mds(config)
-    else:
-        result = run_ours(config)
-    write_result(config, result)
+    write_result(config, run_ours(config))
     return 0
 
 

@@ -59,9 +59,7 @@ def add_bench(commands) -> None:
         nargs="?",
         help="a dataset folder written by 'dali-pipes convert' (--suite scale, scale-out: the folder for its data)",
     )
-    p.add_argument(
-        "--suite", choices=(*SUITES, "scale", "scale-out"), default="main", help="which comparison (default: main)"
-    )
+    p.add_argument("--suite", choices=(*SUITES, "scale", "scale-out"), default="main", help="which comparison")
     p.add_argument(
         "--max-n",
         type=int,
@@ -69,12 +67,7 @@ def add_bench(commands) -> None:
         metavar="N",
         help="--suite scale: the largest sample count (10k, 100k, 1M, 10M up to it; default 1M)",
     )
-    p.add_argument(
-        "--mds-python",
-        metavar="PYTHON",
-        help="--suite scale-out: a Python with mosaicml-streaming for the peer rows (default: "
-        "$DALI_PIPES_BENCH_MDS_PYTHON; without one they are skipped)",
-    )
+    _add_scale_out(p)
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
     p.add_argument(
@@ -112,6 +105,16 @@ def add_bench(commands) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
+
+
+def _add_scale_out(p: argparse.ArgumentParser) -> None:
+    """``--mds-python``, the scale-out suite's peer (:mod:`dali_pipes.bench.scale_out`)."""
+    p.add_argument(
+        "--mds-python",
+        metavar="PYTHON",
+        help="--suite scale-out: a Python with mosaicml-streaming for the peer rows (default: "
+        "$DALI_PIPES_BENCH_MDS_PYTHON; without one they are skipped)",
+    )
 
 
 def _add_dtype(p: argparse.ArgumentParser, text: str) -> None:
