@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dali_pipes.bench.scale_out_table import format_table, global_classes, once, row_figures
+from dali_pipes.bench.scale_out_table import format_table, global_classes, goal_lines, once, row_figures
 
 
 def rank(node: int, indices: list[list[int]], classes: list[list[int]], nbytes: list[int | None], **extra):
@@ -62,6 +62,14 @@ def test_row_figures_add_each_nodes_bytes_and_check_every_epoch():
     assert lines[2].startswith("| ours | 2x2 | 0.60 / 0.30 | 1.10 / 0.40 | 1.6 (0.81x) | 16 / 16 |")
     assert lines[2].endswith("| 0.95 | no (1 missing, 1 repeated) |")
     assert "not run: no peer" in lines[3] and lines[3].count("|") == lines[0].count("|")
+    one_node = {**f, "nodes": 1, "epochs": [{**one, "total_x": 1.02, "exactly_once": {"ok": True}}], "classes_x": 0.95}
+    rows = [{"name": "ours", "layout": "1x2", "figures": one_node}, {"name": "ours", "layout": "2x2", "figures": f}]
+    widest, mixing = goal_lines(rows, "ours")
+    assert widest.startswith("goal: 2x2,") and "1.10 / 0.40x, NOT exactly once" in widest
+    assert widest.endswith("not met")  # 1.10x downloaded in epoch 1, and a sample missed in epoch 2
+    assert "0.81x at the least -> not met" in mixing
+    rows[1]["figures"] = {**f, "epochs": [{**one, "total_x": 1.04}], "classes_x": 0.91}
+    assert all(line.endswith("-> met") for line in goal_lines(rows, "ours"))
 
 
 @pytest.mark.slow

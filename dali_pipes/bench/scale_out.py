@@ -43,7 +43,7 @@ from typing import Any, Iterator
 
 from dali_pipes.bench import scale_out_data as data
 from dali_pipes.bench.object_storage import latency_proxy, s3_server, server_options, upload
-from dali_pipes.bench.scale_out_table import format_table, global_classes, row_figures
+from dali_pipes.bench.scale_out_table import format_table, global_classes, goal_lines, row_figures
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,7 @@ def run_scale_out(workdir: Path, plan: ScaleOutPlan, mds_python: str | None = No
         "global_classes": reference,
         "rows": rows,
         "table": format_table(rows, reference, plan.batch_size),
+        "goals": goal_lines(rows, OURS["ours-shuffled"]),
     }
 
 

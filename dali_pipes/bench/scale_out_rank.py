@@ -73,11 +73,12 @@ def record_epochs(
 ) -> dict[str, Any]:
     """Read each epoch of ``epochs`` to its end, between barriers; what was read, per epoch (module docstring).
 
-    ``shards()`` counts the shards downloaded so far by this process (``None``: not known); ``extra()`` adds
+    ``shards()`` counts the shards downloaded so far by this process (``None``: not known; an epoch's figure is
+    what it adds between the barriers); ``extra()`` adds
     the rank's figures once all epochs are read (the cache's peak and limit)."""
     counter = config["count_file"] if node_leader() else None
     dist.barrier()
-    before = _count(counter)
+    before, shards_before = _count(counter), shards()
     out: list[dict[str, Any]] = []
     for epoch, batches in enumerate(epochs):
         indices: list[np.ndarray] = []
@@ -89,7 +90,7 @@ def record_epochs(
                 classes.append(len(np.unique(labels)))
         seconds = time.perf_counter() - start
         dist.barrier()
-        after = _count(counter)
+        after, shards_after = _count(counter), shards()
         read = np.concatenate(indices) if indices else np.zeros(0, np.int64)
         out.append(
             {
@@ -100,10 +101,10 @@ def record_epochs(
                 "seconds": seconds,
                 "bytes": None if counter is None else after[0] - before[0],
                 "answers": None if counter is None else after[1] - before[1],
-                "shards": shards(),
+                "shards": None if shards_after is None else shards_after - (shards_before or 0),
             }
         )
-        before = after
+        before, shards_before = after, shards_after
     return {"rank": dist.get_rank(), "node": int(os.environ["GROUP_RANK"]), "epochs": out, **extra()}
 
 

@@ -133,4 +133,25 @@ def format_table(rows: list[dict[str, Any]], global_mean: float, batch_size: int
     return "\n".join(lines)
 
 
-__all__ = ["format_table", "global_classes", "once", "row_figures"]
+def goal_lines(rows: list[dict[str, Any]], name: str) -> list[str]:
+    """Issue 55's goals, checked on the rows named ``name`` (this package's default conversion): at the most nodes,
+    all nodes together download at most 1.05x the dataset an epoch, every sample once; each row's batches hold at
+    least 0.9x the classes of a global permutation."""
+    measured = [row for row in rows if row["name"] == name and row.get("figures")]
+    if not measured:
+        return [f"goals: no measured row of {name}"]
+    widest = max(measured, key=lambda row: row["figures"]["nodes"])
+    f = widest["figures"]
+    totals = [e["total_x"] for e in f["epochs"]]
+    once_ok = all(e["exactly_once"]["ok"] for e in f["epochs"])
+    mixing = min(row["figures"]["classes_x"] for row in measured)
+    return [
+        f"goal: {widest['layout']}, all nodes download <= 1.05x an epoch and each sample once: "
+        f"{_xs(totals)}x, {'exactly once' if once_ok else 'NOT exactly once'} -> "
+        f"{'met' if once_ok and max(totals) <= 1.05 else 'not met'}",
+        f"goal: classes a batch >= 0.9x a global permutation's: {mixing:.2f}x at the least -> "
+        f"{'met' if mixing >= 0.9 else 'not met'}",
+    ]
+
+
+__all__ = ["format_table", "global_classes", "goal_lines", "once", "row_figures"]

@@ -192,7 +192,7 @@ def _bench(args) -> int:
         from dali_pipes.bench.scale_out import scale_out_report
 
         report = scale_out_report(args.dataset, args.quick, args.mds_python, args.json)
-        print(report["table"])
+        print("\n".join([report["table"], *report["goals"]]))
         return EXIT_FAILED if any(row.get("error") for row in report["rows"]) else 0
     if args.dataset is None:
         raise SystemExit("dali-pipes bench: give the dataset folder to benchmark")
