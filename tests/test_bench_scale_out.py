@@ -8,6 +8,8 @@ processes write (:mod:`dali_pipes.bench.scale_out_rank`); the slow one runs the 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -73,11 +75,15 @@ def test_row_figures_add_each_nodes_bytes_and_check_every_epoch():
 
 
 @pytest.mark.slow
-def test_the_quick_plan_runs_every_row_exactly_once(tmp_path):
-    from dali_pipes.bench.scale_out import ScaleOutPlan, run_scale_out
+def test_the_quick_plan_runs_every_row_exactly_once(tmp_path, capsys):
+    from dali_pipes.bench.scale_out import ScaleOutPlan
+    from dali_pipes.cli import main
 
     plan = ScaleOutPlan.quick()
-    report = run_scale_out(tmp_path, plan)
+    out = tmp_path / "scale-out.json"
+    assert main(["bench", "--suite", "scale-out", "--quick", "--json", str(out), str(tmp_path / "work")]) == 0
+    report = json.loads(out.read_text())
+    assert report["table"] in capsys.readouterr().out
     ours = [row for row in report["rows"] if row["name"].startswith("dali-pipes")]
     assert len(ours) == 4 and all("figures" in row for row in ours), report["table"]
     for row in ours:
