@@ -88,7 +88,8 @@ def run_scale_out(workdir: Path, plan: ScaleOutPlan, mds_python: str | None = No
         for name, entry in [*datasets.items(), ("mds", mds)]:
             if entry is not None:
                 entry["url"] = upload(entry["folder"], server_options(port), name)[0]
-        for name, kind, entry in [*((OURS[o], "ours", d) for o, d in datasets.items()), (MDS, "mds", mds)]:
+        peer = f"{MDS} {mds['version']}" if mds else MDS
+        for name, kind, entry in [*((OURS[o], "ours", d) for o, d in datasets.items()), (peer, "mds", mds)]:
             for nodes in plan.nodes:
                 row = {"name": name, "layout": f"{nodes}x{plan.ranks_per_node}"}
                 if entry is None:
