@@ -73,7 +73,7 @@ class ScaleOutPlan:
     @classmethod
     def quick(cls) -> "ScaleOutPlan":
         """Tiny data, 1 and 2 nodes, one epoch: checks that every row runs; the figures mean little."""
-        return cls(images=240, classes=12, samples_per_shard=4, batch_size=8, nodes=(1, 2), epochs=1)
+        return cls(images=240, classes=12, samples_per_shard=4, batch_size=8, nodes=(1, 2), epochs=1, row_timeout_s=180)
 
 
 def run_scale_out(workdir: Path, plan: ScaleOutPlan, mds_python: str | None = None) -> dict[str, Any]:
@@ -156,6 +156,7 @@ def _run_row(
         base = {
             "kind": kind, "url": entry["url"], "cache_limit": limit, "batch_size": plan.batch_size,
             "epochs": plan.epochs, "out_size": plan.out_size, "seed": plan.seed, "nodes": nodes,
+            "dump_at": time.time() + plan.row_timeout_s - 10,
         }  # fmt: skip
         python = mds_python if kind == "mds" else sys.executable
         try:
@@ -259,7 +260,7 @@ def _wait(processes: list[tuple[subprocess.Popen, Any]], tmp: Path, timeout: flo
         while any(p.poll() is None for p, _ in processes):
             _raise_failed(processes, tmp)
             if time.monotonic() > deadline:
-                raise RuntimeError(f"the ranks did not finish within {timeout:g} s")
+                raise RuntimeError(f"the ranks did not finish within {timeout:g} s (their stacks are in their logs)")
             time.sleep(0.2)
         _raise_failed(processes, tmp)
     finally:

@@ -79,7 +79,7 @@ def run_mds(config: dict[str, Any]) -> dict[str, Any]:
     import streaming
     from streaming import StreamingDataset
 
-    dist = init_group()
+    dist = init_group(config)
     dataset = StreamingDataset(
         remote=config["url"],
         local=config["folder"],

@@ -35,9 +35,16 @@ Batch = tuple[np.ndarray, np.ndarray, bool]
 DOWNLOADED = "cache %s: downloaded %s (%s)"
 
 
-def init_group() -> Any:
-    """The gloo process group of ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``; ``torch.distributed``."""
+def init_group(config: dict[str, Any]) -> Any:
+    """The gloo process group of ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE``; ``torch.distributed``.
+
+    A rank still running at ``config["dump_at"]`` (a ``time.time()``, shortly before the suite ends the row) writes
+    every thread's stack to its log: a hang says where it hangs."""
+    import faulthandler
+
     import torch.distributed as dist
+
+    faulthandler.dump_traceback_later(max(1.0, config["dump_at"] - time.time()))
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=300))
     return dist
@@ -143,7 +150,7 @@ def run_ours(config: dict[str, Any]) -> dict[str, Any]:
     """This package's streaming loader over ``config["url"]`` (see the module docstring)."""
     from dali_pipes import BatchFormat, ClassificationVal, DALILoader, DataOptions, RunOptions, StreamOptions
 
-    dist = init_group()
+    dist = init_group(config)
     log = DownloadLog()
     stream = StreamOptions(cache_limit=config["cache_limit"], folder=config["folder"])
     data = DataOptions(stream=stream, storage_options=config["storage_options"])
