@@ -12,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+from dali_pipes.bench.latency_proxy import read_count
+
 BODY = b"x" * (2 << 20)
 
 
@@ -38,8 +40,9 @@ def upstream():
     server.server_close()
 
 
-def start_proxy(upstream: int, delay_ms: float, mb_s: float = 0) -> tuple[subprocess.Popen, int]:
+def start_proxy(upstream: int, delay_ms: float, mb_s: float = 0, count=None) -> tuple[subprocess.Popen, int]:
     args = [sys.executable, "-m", "dali_pipes.bench.latency_proxy", str(upstream), str(delay_ms), str(mb_s)]
+    args += [str(count)] if count else []
     process = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
     return process, int(process.stdout.readline())
 
@@ -71,6 +74,21 @@ def test_each_answer_is_late_by_the_delay_and_paced(upstream):
     try:
         (took,) = timed_gets(port, ["/big"])
         assert took >= len(BODY) / 4e6 - 0.05
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_the_count_file_holds_the_bytes_and_answers_forwarded(upstream, tmp_path):
+    # The scale-out suite reads each simulated node's downloads here: every answer's bytes, headers included.
+    count = tmp_path / "node0.count"
+    process, port = start_proxy(upstream, 0, count=count)
+    try:
+        assert read_count(count) == (0, 0)
+        timed_gets(port, ["/big", "/small", "/small"])
+        size, answers = read_count(count)
+        assert answers == 3
+        assert len(BODY) + 2 * len(b"ok") < size < len(BODY) + 4 + 3 * 400  # three short header blocks
     finally:
         process.terminate()
         process.wait(timeout=10)

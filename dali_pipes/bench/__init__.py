@@ -18,7 +18,8 @@ streaming from it through a bounded cache), ``models`` (what trains in ``doctor`
 ``train`` suite).
 
 The suites, one module each in ``suites`` (``dali-pipes bench DATASET --suite
-NAME``), and ``scale`` (``--suite scale``). The tools: ``tune`` (``dali-pipes tune``
+NAME``), ``scale`` (``--suite scale``) and ``scale_out`` (``--suite scale-out``: streaming on simulated
+nodes, with ``scale_out_data``, ``scale_out_rank``, ``scale_out_mds`` and ``scale_out_table``). The tools: ``tune`` (``dali-pipes tune``
 and the settings file ``DALILoader`` takes as ``RunOptions(settings=...)``) and
 ``doctor`` (``dali-pipes doctor``: is training data-bound).
 

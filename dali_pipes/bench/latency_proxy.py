@@ -4,22 +4,27 @@ A server on the loopback interface answers at once; a real S3 region answers a G
 20 to 50 ms (the first byte), and one connection carries some tens of MB/s. Against the first,
 parallel downloads gain nothing that one connection does not already have; against the second,
 waiting is most of the time of a sequential copy. This proxy, run as a process of its own
-(``python -m dali_pipes.bench.latency_proxy UPSTREAM_PORT DELAY_MS [MB_PER_S]``, printing the port it
-listens on), forwards every connection to ``127.0.0.1:UPSTREAM_PORT`` and, on each connection:
+(``python -m dali_pipes.bench.latency_proxy UPSTREAM_PORT DELAY_MS [MB_PER_S [COUNT_FILE]]``, printing the port
+it listens on), forwards every connection to ``127.0.0.1:UPSTREAM_PORT`` and, on each connection:
 
 - holds the first byte of each answer until ``DELAY_MS`` after its request arrived (an HTTP/1.1
   client sends its next request on a connection only once the answer is read, so each request
   is delayed once);
 - with ``MB_PER_S``, paces each answer to at most that many MB (10^6 bytes) per second.
 
-Connection set-up itself is not delayed.
+Connection set-up itself is not delayed. With ``COUNT_FILE``, the bytes of all answers forwarded so far
+(HTTP headers and bodies: what a client downloaded through this proxy) and the number of answers are kept
+in that file, rewritten after every block (:func:`read_count` reads it): the scale-out suite runs one proxy
+per simulated node and reads what each node downloaded there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 #: Bytes moved per read; also the granularity of the pacing.
 _BLOCK = 1 << 20
@@ -30,6 +35,30 @@ class _Exchange:
     """The state of one connection: when the request now waiting for its answer arrived (``None``: none waits)."""
 
     asked: float | None = None
+
+
+class Counter:
+    """The bytes and the answers forwarded to clients, kept in a file (``None``: not kept)."""
+
+    def __init__(self, path: str | None) -> None:
+        self.bytes = self.answers = 0
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) if path else None
+        self._write()
+
+    def add(self, size: int, answer: bool) -> None:
+        self.bytes += size
+        self.answers += int(answer)
+        self._write()
+
+    def _write(self) -> None:
+        if self._fd is not None:  # fixed width: a reader never sees a shorter, half-replaced line
+            os.pwrite(self._fd, f"{self.bytes:20d} {self.answers:20d}\n".encode(), 0)
+
+
+def read_count(path: str | os.PathLike) -> tuple[int, int]:
+    """``(bytes, answers)`` a proxy started with ``COUNT_FILE=path`` has forwarded so far."""
+    size, answers = Path(path).read_text().split()
+    return int(size), int(answers)
 
 
 async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Exchange) -> None:
@@ -45,16 +74,23 @@ async def _requests(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, 
 
 
 async def _answers(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, state: _Exchange, delay: float, rate: float | None
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    state: _Exchange,
+    delay: float,
+    rate: float | None,
+    counter: Counter,
 ) -> None:
     loop = asyncio.get_running_loop()
     started, sent = loop.time(), 0
     try:
         while data := await reader.read(_BLOCK):
-            if state.asked is not None:  # the first bytes of an answer
+            first = state.asked is not None
+            if first:  # the first bytes of an answer
                 await asyncio.sleep(max(0.0, state.asked + delay - loop.time()))
                 state.asked = None
                 started, sent = loop.time(), 0
+            counter.add(len(data), first)
             if rate:
                 sent += len(data)
                 await asyncio.sleep(max(0.0, started + sent / rate - loop.time()))
@@ -64,8 +100,9 @@ async def _answers(
         writer.close()
 
 
-async def serve(upstream_port: int, delay: float, rate: float | None) -> None:
+async def serve(upstream_port: int, delay: float, rate: float | None, count_file: str | None = None) -> None:
     """Listen on a free loopback port, print it, and forward every connection (see the module docstring)."""
+    counter = Counter(count_file)
 
     async def connection(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
         try:
@@ -76,7 +113,7 @@ async def serve(upstream_port: int, delay: float, rate: float | None) -> None:
         state = _Exchange()
         await asyncio.gather(
             _requests(client_reader, server_writer, state),
-            _answers(server_reader, client_writer, state, delay, rate),
+            _answers(server_reader, client_writer, state, delay, rate, counter),
             return_exceptions=True,
         )
 
@@ -87,10 +124,10 @@ async def serve(upstream_port: int, delay: float, rate: float | None) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``UPSTREAM_PORT DELAY_MS [MB_PER_S]``."""
+    """``UPSTREAM_PORT DELAY_MS [MB_PER_S [COUNT_FILE]]``."""
     port, delay_ms = int(argv[0]), float(argv[1])
     rate = float(argv[2]) * 1e6 if len(argv) > 2 and float(argv[2]) > 0 else None
-    asyncio.run(serve(port, delay_ms / 1000.0, rate))
+    asyncio.run(serve(port, delay_ms / 1000.0, rate, argv[3] if len(argv) > 3 else None))
 
 
 if __name__ == "__main__":

@@ -94,19 +94,24 @@ def local_s3(dataset: Path) -> Iterator[tuple[str, int, dict[str, Any]]]:
     The server and the proxy run while the block does; ``bytes`` is the dataset's size, and the
     ``storage_options`` (no secret of any account: the server takes any key) reach it through the proxy."""
     with s3_server() as port, latency_proxy(port) as proxy_port:
-        url, size = upload(dataset, _options(port))
-        yield url, size, _options(proxy_port)
+        url, size = upload(dataset, server_options(port))
+        yield url, size, server_options(proxy_port)
 
 
-def _options(port: int) -> dict[str, Any]:
+def server_options(port: int) -> dict[str, Any]:
+    """s3fs storage options for the local server (or a proxy) on ``port``: any key does, none is a secret."""
     return {"endpoint_url": f"http://127.0.0.1:{port}", "skip_instance_cache": True, **_KEYS}
 
 
 @contextlib.contextmanager
-def latency_proxy(upstream: int) -> Iterator[int]:
-    """The latency proxy (a process of its own) in front of ``127.0.0.1:upstream``; the port it listens on."""
+def latency_proxy(upstream: int, count_file: str | os.PathLike | None = None) -> Iterator[int]:
+    """The latency proxy (a process of its own) in front of ``127.0.0.1:upstream``; the port it listens on.
+
+    With ``count_file`` the proxy keeps the bytes it forwarded to clients there
+    (:func:`~dali_pipes.bench.latency_proxy.read_count`)."""
+    args = [str(upstream), str(LATENCY_MS), str(CONNECTION_MB_S)] + ([str(count_file)] if count_file else [])
     process = subprocess.Popen(
-        [sys.executable, "-m", "dali_pipes.bench.latency_proxy", str(upstream), str(LATENCY_MS), str(CONNECTION_MB_S)],
+        [sys.executable, "-m", "dali_pipes.bench.latency_proxy", *args],
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -148,15 +153,17 @@ def s3_server() -> Iterator[int]:
         process.wait(timeout=10)
 
 
-def upload(dataset: Path, options: dict[str, Any]) -> tuple[str, int]:
-    """Put ``dataset``'s files into the bucket ``bench`` of the server ``options`` name: ``(its URL, its bytes)``."""
+def upload(dataset: Path, options: dict[str, Any], name: str = "ds") -> tuple[str, int]:
+    """Put ``dataset``'s files into ``name/`` of the bucket ``bench`` of the server ``options`` name: ``(its URL, its
+    bytes)``."""
     import s3fs
 
     fs = s3fs.S3FileSystem(**options)
-    fs.mkdir("bench")
-    fs.put(f"{dataset}/", "bench/ds/", recursive=True)
+    if not fs.exists("bench"):
+        fs.mkdir("bench")
+    fs.put(f"{dataset}/", f"bench/{name}/", recursive=True)
     size = sum(p.stat().st_size for p in dataset.rglob("*") if p.is_file() and not p.name.startswith("."))
-    return "s3://bench/ds", size
+    return f"s3://bench/{name}", size
 
 
 def _time(name: str, url: str, options: dict[str, Any]) -> float:
@@ -189,6 +196,7 @@ __all__ = [
     "missing",
     "row_names",
     "s3_server",
+    "server_options",
     "s3_stage_rows",
     "upload",
 ]

@@ -57,9 +57,9 @@ def add_bench(commands) -> None:
         "dataset",
         type=Path,
         nargs="?",
-        help="a dataset folder written by 'dali-pipes convert' (--suite scale: the folder for its synthetic data)",
+        help="a dataset folder written by 'dali-pipes convert' (--suite scale, scale-out: the folder for its data)",
     )
-    p.add_argument("--suite", choices=(*SUITES, "scale"), default="main", help="which comparison (default: main)")
+    p.add_argument("--suite", choices=(*SUITES, "scale", "scale-out"), default="main", help="which comparison")
     p.add_argument(
         "--max-n",
         type=int,
@@ -67,6 +67,7 @@ def add_bench(commands) -> None:
         metavar="N",
         help="--suite scale: the largest sample count (10k, 100k, 1M, 10M up to it; default 1M)",
     )
+    _add_scale_out(p)
     p.add_argument("--json", type=Path, metavar="OUT.json", help="write every figure and the machine description here")
     p.add_argument("--plot", type=Path, metavar="OUT.png", help="write a bar chart here (needs matplotlib)")
     p.add_argument(
@@ -104,6 +105,16 @@ def add_bench(commands) -> None:
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_bench)
+
+
+def _add_scale_out(p: argparse.ArgumentParser) -> None:
+    """``--mds-python``, the scale-out suite's peer (:mod:`dali_pipes.bench.scale_out`)."""
+    p.add_argument(
+        "--mds-python",
+        metavar="PYTHON",
+        help="--suite scale-out: a Python with mosaicml-streaming for the peer rows (default: "
+        "$DALI_PIPES_BENCH_MDS_PYTHON; without one they are skipped)",
+    )
 
 
 def _add_dtype(p: argparse.ArgumentParser, text: str) -> None:
@@ -177,6 +188,12 @@ def _bench(args) -> int:
 
     if args.suite == "scale":
         return _bench_scale(args)
+    if args.suite == "scale-out":
+        from dali_pipes.bench.scale_out import scale_out_report
+
+        report = scale_out_report(args.dataset, args.quick, args.mds_python, args.json)
+        print("\n".join([report["table"], *report["goals"]]))
+        return EXIT_FAILED if any(row.get("error") for row in report["rows"]) else 0
     if args.dataset is None:
         raise SystemExit("dali-pipes bench: give the dataset folder to benchmark")
     report = _measure(run_bench, args, "suite", "batch_size", "images", "quick", "settings", "dtype", "rows", "repeats")
