@@ -341,9 +341,11 @@ def resume(args: argparse.Namespace, net: nn.Module, optimizer: Any, loader: DAL
     try:
         loader.load_state_dict(state["loader"])
     except ValueError as exc:
-        if not any(raised_by(exc, check) for check in (restored_position, restored_stream)):
-            raise  # not a check of the saved state: a bug of the loader's restore
-        refuse(f"the loader cannot resume it here: {short(exc, 400)}", exc)
+        if raised_by(exc, restored_position):
+            refuse(f"it was saved reading another dataset: {short(exc)}", exc)
+        if raised_by(exc, restored_stream):  # another partitioning, or a window this cache does not hold
+            refuse(f"its streamed epoch cannot resume here: {short(exc, 400)}", exc)
+        raise  # not a check of the saved state: a bug of the loader's restore
     return int(state["loader"]["epoch"])
 
 
