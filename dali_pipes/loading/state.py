@@ -121,13 +121,13 @@ def restored_stream(
     if consumed == 0:
         order.restore(check_progress({"window": 1, "consumed": []}, epoch))
         return position
-    progress = check_progress(state.get("stream"), epoch)
-    if sum(progress.consumed) != consumed:
-        raise ValueError(
-            f"{root}: the saved state's stream progress adds up to {sum(progress.consumed)} samples but it says "
-            f"samples_consumed={consumed}; pass the dict that state_dict() returned, unchanged"
-        )
-    try:
+    try:  # every refusal raised here, in one frame: the examples tell them from a bug by it
+        progress = check_progress(state.get("stream"), epoch)
+        if sum(progress.consumed) != consumed:
+            raise ValueError(
+                f"it adds up to {sum(progress.consumed)} samples but the state says samples_consumed={consumed}; "
+                "pass the dict that state_dict() returned, unchanged"
+            )
         return epoch, order.restore(progress)
     except ValueError as exc:
         raise ValueError(f"{root}: the saved loader state's stream progress: {exc}") from None

@@ -262,8 +262,8 @@ class NodeOrder:
 def check_progress(record: Any, epoch: int) -> StreamProgress:
     """A state's ``"stream"`` record as a :class:`StreamProgress` of ``epoch``; ValueError saying what is wrong."""
     if not isinstance(record, dict) or not {"window", "consumed"} <= set(record):
-        raise ValueError(f"loader state: 'stream' must be the record state_dict() wrote, got {record!r}")
+        raise ValueError(f"'stream' must be the record state_dict() wrote, got {record!r}")
     consumed: Sequence[Any] = record["consumed"]
     if not isinstance(consumed, (list, tuple)) or not all(isinstance(c, int) and c >= 0 for c in consumed):
-        raise ValueError(f"loader state: stream 'consumed' must be a list of counts >= 0, got {consumed!r}")
+        raise ValueError(f"'consumed' must be a list of counts >= 0, got {consumed!r}")
     return StreamProgress(epoch, tuple(int(c) for c in consumed), check_int("window", record["window"], 1))
