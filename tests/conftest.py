@@ -4,7 +4,7 @@
 where every process has initialised the CUDA driver (``torch.cuda.is_available()`` does) and so
 every loader's DALI workers spawn instead of forking: DALI's driver test says True in this
 process and, through ``tests/driver_initialised/sitecustomize.py``, in every Python process the
-tests start.
+tests start. CI reruns that way the tests marked ``driver_init`` (``-m driver_init``).
 """
 
 from __future__ import annotations

@@ -31,6 +31,19 @@ def photos_dataset(tmp_path_factory, imagenet_mini):
     return write_photo_dataset(write_dataset.__wrapped__(), tmp_path_factory.mktemp("erase") / "ds", imagenet_mini)
 
 
+@pytest.fixture(scope="module")
+def plain_batches(photos_dataset):
+    """``(epoch, layout)`` -> that epoch's batches without erasing, read once for all the tests of the module."""
+    read: dict[tuple[int, str], list[dict]] = {}
+
+    def batches(epoch: int, layout: str = "NCHW") -> list[dict]:
+        if (epoch, layout) not in read:
+            read[epoch, layout] = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE, layout=layout), epoch)
+        return read[epoch, layout]
+
+    return batches
+
+
 def timm_erasing(erasing: RandomErasing, mode: str):
     return timm_module("random_erasing").RandomErasing(
         probability=erasing.prob,
@@ -67,10 +80,10 @@ ERASINGS = [
 
 
 @pytest.mark.parametrize("erasing", ERASINGS, ids=range(len(ERASINGS)))
-def test_const_erasing_equals_timms_given_the_same_draws(photos_dataset, erasing):
+def test_const_erasing_equals_timms_given_the_same_draws(photos_dataset, plain_batches, erasing):
     erased_any = False
     for epoch in (0, 1):
-        plain = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE), epoch)
+        plain = plain_batches(epoch)
         ours = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE, erasing=erasing), epoch)
         for mine, theirs, before in zip(ours, timm_erased(plain, erasing, epoch, "const"), plain):
             assert torch.equal(mine["image"], theirs)
@@ -85,11 +98,11 @@ def nchw(batches: list[dict], layout: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("mode, layout", [("rand", "NCHW"), ("pixel", "NCHW"), ("rand", "NHWC"), ("pixel", "NHWC")])
-def test_random_fills_cover_timms_boxes_with_standard_normal_values(photos_dataset, mode, layout):
+def test_random_fills_cover_timms_boxes_with_standard_normal_values(photos_dataset, plain_batches, mode, layout):
     erasing = RandomErasing(prob=1.0, mode=mode, min_area=0.1, max_count=2)
     fills = []
     for epoch in range(3):
-        plain = nchw(epoch_batches(photos_dataset, ClassificationTrain(size=SIZE, layout=layout), epoch), layout)
+        plain = nchw(plain_batches(epoch, layout), layout)
         spec = ClassificationTrain(size=SIZE, erasing=erasing, layout=layout)
         ours = nchw(epoch_batches(photos_dataset, spec, epoch), layout)
         for mine, before, mask in zip(ours, plain, erased_masks(plain, erasing, epoch)):
@@ -111,10 +124,10 @@ def test_random_fills_cover_timms_boxes_with_standard_normal_values(photos_datas
     assert (0.5 if mode == "rand" else 0.95) < fills.std() < (1.5 if mode == "rand" else 1.05)
 
 
-def test_erasing_then_mixing_is_timms_order(photos_dataset):
+def test_erasing_then_mixing_is_timms_order(photos_dataset, plain_batches):
     erasing = RandomErasing(prob=1.0)
     mix = Mix(mixup_alpha=1.0, cutmix_alpha=1.0, mode="elem")
-    plain = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE), 0)
+    plain = plain_batches(0)
     ours = epoch_batches(photos_dataset, ClassificationTrain(size=SIZE, erasing=erasing, mix=mix), 0)
     mixup = timm_module("mixup").Mixup(mixup_alpha=1.0, cutmix_alpha=1.0, mode="elem", num_classes=len(CLASSES))
     for number, (mine, erased, before) in enumerate(zip(ours, timm_erased(plain, erasing, 0, "const"), plain)):

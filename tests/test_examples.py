@@ -41,6 +41,7 @@ def _torchrun(*args: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.driver_init  # torchrun's ranks then spawn their DALI workers
 @pytest.mark.timeout(600)
 def test_ddp_example_trains_every_sample_once_per_epoch_and_resumes(tiny_dataset, tmp_path):
     checkpoint = tmp_path / "ckpt.pt"

@@ -4,7 +4,7 @@ Several ranks are simulated in one process with explicit ``rank``/``world_size``
 (the real multi-process runs are in ``test_ddp.py``). Loaders read the store in
 one forked DALI worker by default (cheap, and the path training takes);
 ``RunOptions(py_num_workers=0)`` (reading in the main process) and spawned workers have their
-own tests.
+own tests. Those marked ``driver_init`` run again with every worker spawned (tests/README.md).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ def lockstep(loaders, batches=None):
 # --- what a batch is ---------------------------------------------------------------------------
 
 
+@pytest.mark.driver_init
 def test_batches_are_plain_dicts_of_tensors_with_the_right_samples(dataset):
     loader = make(dataset, shuffle=False)
     batches = list(loader)
@@ -194,6 +195,7 @@ def test_resume_mid_epoch_gives_exactly_the_rest(dataset, world_before, world_af
     assert sorted(lockstep(after)) == list(range(N))
 
 
+@pytest.mark.driver_init
 def test_state_counts_batches_handed_out_not_prefetched(dataset):
     loader = make(dataset, run=cpu(py_num_workers=2, prefetch=3), seed=2)
     iterator = iter(loader)
@@ -205,6 +207,7 @@ def test_state_counts_batches_handed_out_not_prefetched(dataset):
     assert flat(first) + flat(epoch_rows(resumed)) == epoch_order(N, 0, 2).tolist()
 
 
+@pytest.mark.driver_init
 def test_leaving_a_pass_part_way_starts_the_next_epoch(tmp_path):
     n = 400
     path = write_dataset(tmp_path / "long", n, samples_per_shard=100)
@@ -219,6 +222,7 @@ def test_leaving_a_pass_part_way_starts_the_next_epoch(tmp_path):
     assert flat(epoch_rows(loader)) == epoch_order(n, 2, 4).tolist()
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(120)
 def test_the_rest_of_a_pass_left_part_way_is_not_read(tmp_path):
     # Only what DALI had read ahead of the cut is read, not the other 48 batches: sample 150 (batch 38 in
@@ -276,6 +280,7 @@ def test_spawned_workers(dataset):
     loader.close()
 
 
+@pytest.mark.driver_init
 @pytest.mark.parametrize("fmt", ["hdf5", "tfrecord"])
 def test_other_formats(tmp_path, fmt):
     path = write_dataset(tmp_path / fmt, 11, fmt=fmt, samples_per_shard=4)
@@ -407,7 +412,7 @@ def test_a_spec_may_not_take_the_loaders_output_names(dataset):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.driver_init)])
 def test_an_undecodable_image_raises_naming_the_sample(tmp_path, workers):
     path = write_dataset(tmp_path / "bad", 12, corrupt=frozenset({6}), samples_per_shard=5)
     loader = make(path, shuffle=False, run=cpu(py_num_workers=workers))
@@ -419,7 +424,7 @@ def test_an_undecodable_image_raises_naming_the_sample(tmp_path, workers):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.driver_init)])
 def test_an_unreadable_shard_raises_naming_the_shard_and_sample(tmp_path, workers):
     path = write_dataset(tmp_path / "lost", 12, samples_per_shard=5)
     loader = make(path, shuffle=False, run=cpu(py_num_workers=workers))
@@ -428,6 +433,7 @@ def test_an_unreadable_shard_raises_naming_the_shard_and_sample(tmp_path, worker
         list(loader)
 
 
+@pytest.mark.driver_init
 def test_close_removes_the_epoch_control_file(dataset):
     before = epoch_folders()
     loader = make(dataset)

@@ -22,6 +22,8 @@ What is detectable, and by whom (a flipped byte is not always detectable):
   another dataset with a different record count. Caught when the shard is
   opened: its count (LMDB's ``__len__`` record, HDF5's ``num_samples``
   attribute, the TFRecord index's lines) disagrees with the manifest.
+
+Those marked ``driver_init`` run again with the loader's workers spawned (tests/README.md).
 """
 
 from __future__ import annotations
@@ -95,9 +97,16 @@ def other_datasets(tmp_path_factory):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("workers", [0, 2])
-@pytest.mark.parametrize("how", DAMAGES)
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "fmt, how, workers",
+    [
+        # Rerun with spawned workers (driver_init): one damage per format, read in a worker.
+        pytest.param(fmt, how, workers, marks=[pytest.mark.driver_init] if workers and how == "truncate" else [])
+        for fmt in FORMATS
+        for how in DAMAGES
+        for workers in (0, 2)
+    ],
+)
 def test_a_shard_damaged_after_conversion_raises_naming_shard_and_sample(tmp_path, other_datasets, fmt, how, workers):
     path = write_dataset(tmp_path / "ds", N, fmt=fmt, samples_per_shard=PER_SHARD)
     loader = make(path, py_num_workers=workers)
@@ -190,6 +199,7 @@ def test_a_worker_killed_between_batches_raises_worker_died(big_dataset, start_m
     loader.close()
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(180)
 def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_dataset):
     """SIGKILL a worker while the training thread is inside a DALI call that cannot finish.
@@ -234,6 +244,7 @@ def test_a_worker_killed_while_the_loader_waits_on_dali_raises_worker_died(big_d
     loader.close()
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(180)
 def test_a_worker_that_exits_by_itself_is_named_with_its_status(big_dataset):
     loader = make(big_dataset, batch_size=2, py_num_workers=1)
@@ -246,6 +257,7 @@ def test_a_worker_that_exits_by_itself_is_named_with_its_status(big_dataset):
         list(iterator)
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(180)
 def test_healthy_workers_are_not_reported(big_dataset):
     # The watch must not misfire: three whole epochs with workers, the same samples every time.

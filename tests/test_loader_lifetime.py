@@ -2,7 +2,8 @@
 
 Each test runs a real script (``lifetime_script.py``) in a subprocess with a
 timeout, since the failures these guard against are a hang of the process or
-of the processes it forks, and threads or processes left behind in it.
+of the processes it forks, and threads or processes left behind in it. Those marked ``driver_init`` run again
+with the loader's workers spawned (tests/README.md).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def run_script(*args: object, timeout: float = 120) -> dict:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("collect", ["gc", "nogc"])
+# Rerun with spawned workers (driver_init) without the collector: freed by the drop alone, the harder case.
+@pytest.mark.parametrize("collect", ["gc", pytest.param("nogc", marks=pytest.mark.driver_init)])
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_a_dropped_loader_leaves_nothing_running_and_a_later_dataloader_does_not_hang(dataset, start_method, collect):
     report = run_script(dataset, start_method, collect, "plain")
@@ -50,6 +52,7 @@ def test_a_dropped_loader_leaves_nothing_running_and_a_later_dataloader_does_not
     assert report["read"] == list(range(40))
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
 def test_dataloader_workers_forked_while_a_loader_is_alive_do_not_hang(dataset, start_method):
@@ -74,6 +77,7 @@ def test_fifty_loaders_created_and_dropped_leave_threads_processes_descriptors_a
     assert after_50["rss_kib"] - after_10["rss_kib"] < 64 * 1024, seen
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(120)
 def test_close_and_the_context_manager_stop_the_workers_and_the_helper_thread(dataset):
     import threading
@@ -102,6 +106,7 @@ def _wait(condition, message: str, timeout: float = 30) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("how", ["part-way", "failed", "worker-died"])
 def test_a_loader_left_part_way_or_failed_is_freed_when_dropped_without_the_garbage_collector(tmp_path, how):
@@ -159,6 +164,7 @@ def test_forks_from_two_threads_at_once_leave_the_collector_as_it_was():
         (gc.enable if was_enabled else gc.disable)()
 
 
+@pytest.mark.driver_init
 @pytest.mark.timeout(120)
 def test_an_iterator_kept_past_close_says_the_loader_was_closed(tmp_path):
     loader = DALILoader(write_dataset(tmp_path / "ds", 40), TinySpec(), batch_size=4, run=TWO_WORKERS)

@@ -19,7 +19,8 @@ from dali_pipes.stores import open_store
 
 from test_convert import CLI, shard_digests
 
-FILES = 1000
+#: Three times the open-file limit below: one descriptor per input file would not fit (1,000 once; 300 shows it as well).
+FILES = 300
 #: Well above what Python, LMDB and the pool need, far below one descriptor per input file.
 OPEN_FILES_LIMIT = 96
 
@@ -49,7 +50,7 @@ def _convert(pattern: str, out: Path, *options: str) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_a_thousand_one_sample_tars_make_shards_of_the_target_size(tmp_path):
+def test_hundreds_of_one_sample_tars_make_shards_of_the_target_size(tmp_path):
     images = _one_sample_tars(tmp_path / "tars")
     pattern = str(tmp_path / "tars" / "part-*.tar")
     _convert(pattern, tmp_path / "auto", "--workers", "2")
@@ -65,7 +66,7 @@ def test_a_thousand_one_sample_tars_make_shards_of_the_target_size(tmp_path):
         assert sum(sizes[start : start + count]) <= 40_000 < sum(sizes[start : start + count + 1])
         start += count
     store = open_store(tmp_path / "sized")
-    assert [store[i]["image"] for i in (0, 499, FILES - 1)] == [images[0], images[499], images[FILES - 1]]
+    assert [store[i]["image"] for i in (0, FILES // 2, FILES - 1)] == [images[0], images[FILES // 2], images[FILES - 1]]
 
     # Any worker count writes the same bytes.
     _convert(pattern, tmp_path / "one-worker", "--workers", "1", "--shard-size", "40KB")
