@@ -52,7 +52,8 @@ def test_the_version_says_the_api_changed_and_the_changelog_says_how_to_move():
     major, minor = (int(part) for part in written.split(".")[:2])
     assert (major, minor) >= (0, 2)  # a minor bump at least: 0.1.0 took the keywords
     changelog = (ROOT / "CHANGELOG.md").read_text()
-    section = changelog.split(f"## {written}", 1)[1].split("\n## ", 1)[0]  # this version's own section
+    assert f"\n## {written}\n" in changelog  # every version has its section
+    section = changelog.split("\n## 0.2.0\n", 1)[1].split("\n## ", 1)[0]  # the version that moved the keywords
     for name in FORMER_KEYWORDS:  # each former keyword, with its new home, in how to move
         assert re.search(rf"\b{name}\b", section), name
     assert "StreamOptions" in section and "RunOptions(" in section and "DataOptions(" in section
