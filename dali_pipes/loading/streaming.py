@@ -228,6 +228,9 @@ class Streamer:
         if failed is not None:  # the fetch ahead (or this read, sample by sample) just spent its tries
             raise failed
         with self._locked():
+            failed = self.cache.recent_failure(shard)  # again: the fetch thread may have spent its tries meanwhile
+            if failed is not None:
+                raise failed
             self.cache.pin([shard])
             try:
                 self.cache.fetch([shard])
