@@ -168,11 +168,10 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
     try:
         agreed = agree_on_window(plan.window)
         read_cap = _read_cap(cache, stream, agreed, rules.batch_size, place.layout.ranks, shown)
-        window, together = partition_window(agreed, partitions, place.layout.nodes)
-        if agreed >= len(samples):  # the cache holds every shard: each partition one window, all read at once
-            window, together = len(samples), partitions // place.layout.nodes
-        sampling = PartitionedSampling(samples, window, partitions, rules.shuffle)
-        order = NodeOrder(sampling, place, rules.seed, agreed)
+        # A cache holding every shard reads each partition as one window, all at once (NodeOrder.holds_all).
+        window = len(samples) if agreed >= len(samples) else partition_window(agreed, partitions, place.layout.nodes)[0]
+        order = NodeOrder(PartitionedSampling(samples, window, partitions, rules.shuffle), place, rules.seed, agreed)
+        together = order.layout_of(0).together
         logger.info(
             "stream %s: cache %s, limit %d bytes; node %d of %d (%d rank(s)), %d partition(s), %d at once, windows of "
             "%d shard(s) (%d a node, the smallest of the job's: %d here), %d fetched ahead",

@@ -102,7 +102,6 @@ class Streamer:
         self.read_cap = read_cap
         self.downloads = downloads
         self.sampling = order
-        self._sizes = np.cumsum([shard.num_samples for shard in cache.manifest.shards])
         self._bytes = cache.shard_bytes
         self._spans: dict[tuple[int, Any], tuple[WindowSpan, ...]] = {}  # by (epoch, its base)
         self._positions: dict[tuple[int, Any], np.ndarray] = {}  # each sample's position in the node's stream
