@@ -33,6 +33,7 @@ from test_remote_stage import upload
 from test_streaming_loader import INDEXED, RUN, open_but_evicted, real_indices, shard_gets
 
 from dali_pipes import DALILoader, DataOptions, LoaderError, StreamOptions
+from dali_pipes.loading.stream_engine import THREAD_NAME
 from dali_pipes.sampling.partitioned import NodeLayout, PartitionedSampling, node_window_spans
 from dali_pipes.staging.checked import TMP_PREFIX
 
@@ -45,7 +46,7 @@ LIMIT = 8 * SHARD  # on 2 ranks of a node without a process group: windows of 1 
 BATCH = 8
 RANKS = 2
 SEED = 3
-FETCH_THREAD = "dali-pipes-stream-fetch"
+FETCH_THREAD = THREAD_NAME
 SCRIPT = Path(__file__).with_name("stream_fault_script.py")
 
 
@@ -132,10 +133,6 @@ def check_rows(batches) -> list[tuple[int, int, bool, int]]:
     return rows
 
 
-def fetch_threads_alive() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == FETCH_THREAD and t.is_alive()]
-
-
 def temporaries(folder: Path) -> list[Path]:
     return list(folder.rglob(f"{TMP_PREFIX}*"))
 
@@ -214,7 +211,7 @@ def test_a_shard_that_never_downloads_is_named_and_close_leaves_nothing_running(
         assert len(seen) < N and len(set(seen)) == len(seen)
         with pytest.raises(LoaderError, match="failed earlier and cannot continue"):
             iter(loader)
-    assert not streamer._thread.is_alive() and not fetch_threads_alive()
+    assert streamer.engine.threads == 0  # closed: its download threads ended
     assert not temporaries(tmp_path / "cache") and not list((tmp_path / "cache").glob(f"*/{name(last)}"))
     no_secret_in(tmp_path / "cache", str(failed.value), caplog.text)
 

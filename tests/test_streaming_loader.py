@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 from test_remote_stage import upload
 
 from dali_pipes import BatchFormat, DALILoader, DataOptions, LoaderError, RunOptions, StreamOptions
+from dali_pipes.loading.stream_engine import THREAD_NAME
 from dali_pipes.loading.stream_setup import STREAM_FOLDER
 from dali_pipes.sampling import num_batches
 
@@ -137,11 +138,16 @@ def test_windows_of_fewer_samples_than_a_batch_are_read_within_the_limit(tmp_pat
     source = write_dataset(tmp_path / "src", 40, fmt="lmdb", samples_per_shard=1)
     limit = int(3.9 * max(p.stat().st_size for p in source.glob("shard-*")))
     data = DataOptions(stream=StreamOptions(cache_limit=limit, loaders=1))
-    with caplog.at_level(logging.WARNING, logger="dali_pipes.loading.stream_setup"):
+    caplog.set_level(logging.DEBUG, logger="dali_pipes.staging.stream_cache")  # its downloads, named by thread
+    with caplog.at_level(logging.DEBUG, logger="dali_pipes.loading.stream_setup"):
         with DALILoader(str(source), TinySpec(), batch_size=4, batch_format=INDEXED, run=RUN, data=data) as loader:
             assert sorted(real_indices(loader)) == list(range(40))
             assert loader.cache.peak_bytes <= limit
+            # Issue 56: those reads (and the padding's) fetched on the reading thread; now they wait for the engine.
+            assert loader.store.streamer.blocked_reads > 0
     assert "holds as few as 1 samples, fewer than the 4 of a step" in caplog.text
+    downloads = [r for r in caplog.records if "downloaded shard-" in r.getMessage()]
+    assert len(downloads) >= 40 and {r.threadName for r in downloads} == {THREAD_NAME}
 
 
 def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
@@ -160,8 +166,8 @@ def test_streaming_refuses_what_it_does_not_do_by_name(tmp_path, streamed):
         DataOptions(stream=StreamOptions(cache_limit=LIMIT), stage_to=tmp_path / "x")
     with pytest.raises(ValueError, match="cache='ram'"):
         DataOptions(stream=StreamOptions(cache_limit=LIMIT), cache="ram")
-    with pytest.raises(ValueError, match="py_num_workers=0"):
-        DALILoader(url, TinySpec(), batch_size=BATCH, run=RunOptions(device="cpu", py_num_workers=2), data=data)
+    with pytest.raises(ValueError, match=r"reads whole batches: leave RunOptions\(batch_reads=True\)"):
+        DALILoader(url, TinySpec(), batch_size=BATCH, run=dataclasses.replace(RUN, batch_reads=False), data=data)
     from dali_pipes import Mixture
     from dali_pipes.sampling import WeightedSampling
 
@@ -197,7 +203,7 @@ def test_a_loader_dropped_without_close_releases_its_pins_and_its_thread(streame
     import gc
 
     def fetch_threads() -> int:
-        return sum(t.name == "dali-pipes-stream-fetch" and t.is_alive() for t in threading.enumerate())
+        return sum(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
 
     url, data = streamed
     before = fetch_threads()
@@ -236,9 +242,9 @@ def test_close_does_not_wait_for_the_downloads_ahead(s3, streamed):
     assert time.monotonic() - start < 15  # not the 60 s the server holds the download
     s3.proxy.clear()  # the server answers: the downloads end, then the thread releases the cache
     deadline = time.monotonic() + 30
-    while any(t.name == "dali-pipes-stream-fetch" for t in threading.enumerate()) and time.monotonic() < deadline:
+    while any(t.name == THREAD_NAME for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not any(t.name == "dali-pipes-stream-fetch" for t in threading.enumerate())
+    assert not any(t.name == THREAD_NAME for t in threading.enumerate())
     with stream_loader(url, wide) as again:  # the folder is free: a loader of the same job reads it
         assert sorted(real_indices(again)) == list(range(N))
 

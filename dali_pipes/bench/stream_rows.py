@@ -15,7 +15,8 @@ the reading, not the number of processes, is what the two rows compare. Each row
 images/s, the steady rate: the staged row's over the epochs after the first, the streamed row's over
 the rest of epoch 1 and the later epochs (downloads run during all of them: the cache holds a tenth).
 The streamed row adds ``ratio`` (its steady rate over the staged row's), the cache's ``peak_MB``,
-``limit_MB``, ``shard_MB`` (the largest shard) and ``peak_ok`` (peak <= limit + one shard).
+``limit_MB``, ``shard_MB`` (the largest shard), ``peak_ok`` (peak <= limit + one shard) and ``blocked_share``
+(the share of its steady seconds the reading thread waited for downloads: ``Streamer.blocked_s``).
 
 The streamed row is the node's one loader of the dataset (``StreamOptions(loaders=1)``: the rows run one after
 the other), so its windows take the whole cache. A dataset whose shards are too large for a tenth of it
@@ -151,12 +152,15 @@ def _run(
             next(batches)
             first_s = time.perf_counter() - start
             at_first = loader.cache.cache.bytes_held if stream_limit else loader.staged.bytes_copied
+            blocked_at_first = loader.cache.blocked_s if stream_limit else 0.0
             windows = [_timed(batches)]  # the rest of epoch 1
             windows += [_timed(iter(loader)) for _ in range(later_epochs)]
             peak = loader.cache.peak_bytes if stream_limit else None
+            # The reading thread's waits for downloads after the first batch (the first window's are the start's).
+            blocked = loader.cache.blocked_s - blocked_at_first if stream_limit else None
     # Staged: the epochs after the first (epoch 1 starts right after the copy); streamed: all but the first batch.
     steady = windows if stream_limit else windows[1:]
-    return {"first_s": first_s, "at_first": at_first, "steady": steady, "peak": peak}
+    return {"first_s": first_s, "at_first": at_first, "steady": steady, "peak": peak, "blocked": blocked}
 
 
 def _data(tmp: str, options: dict[str, Any], stream_limit: int | None) -> Any:
@@ -201,6 +205,11 @@ def _fill(rows: list[Row], runs: dict[str, list[dict[str, Any]]], limit: int, sh
         return
     peak = max(run["peak"] for run in runs[STREAM])
     stream.extra.update(peak_MB=round(peak / 1e6, 2), peak_bytes=peak, limit_bytes=limit, shard_bytes=largest)
+    # The share of the steady seconds the reading thread waited for downloads (Streamer.blocked_s).
+    blocked = sum(run["blocked"] for run in runs[STREAM])
+    stream.extra["blocked_share"] = round(
+        blocked / max(sum(s for run in runs[STREAM] for _, s in run["steady"]), 1e-9), 3
+    )
     stream.extra["peak_ok"] = peak <= limit + largest
     if staged.timing is not None:
         stream.extra["ratio"] = stream.timing.median / staged.timing.median

@@ -126,8 +126,8 @@ class DALILoader(DataLoaderSurface):
         # Imported where no frame holds this loader: a first import may leave a reference cycle.
         lifetime.import_in_thread("torch.distributed", "nvidia.dali.fn", "nvidia.dali.plugin.pytorch")
         data = data or DataOptions()
-        run = streaming_run(run or RunOptions(), data)  # streaming reads in this process (loading/streaming.py)
-        pipeline, run = options.resolve_counts(pipeline, run, streamed=data.stream is not None)
+        run = streaming_run(run or RunOptions(), data)  # streaming reads whole batches (loading/streaming.py)
+        pipeline, run = options.resolve_counts(pipeline, run)
         options.check_options(batch_size, seed, last_batch, path)
         self.world, local_rank = detect_world(run.rank, run.world_size)
         self.device, device_id = resolve_device(run.device, local_rank)
@@ -184,9 +184,8 @@ class DALILoader(DataLoaderSurface):
         """Build the pipeline (or the direct path), watch its workers, and make the epoch state over its stream."""
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
         fmt = self.store.manifest.format
-        streamed = getattr(self.store, "streamer", None) is not None
         self.num_threads, self.py_num_workers = options.choose_counts(
-            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images, streamed=streamed
+            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images
         )
         run = dataclasses.replace(
             run, device=self.device, num_threads=self.num_threads, py_num_workers=self.py_num_workers,

@@ -51,9 +51,7 @@ def refuse_former_keywords(given: Mapping[str, Any]) -> None:
     )
 
 
-def resolve_counts(
-    pipeline: "PipelineSpec", run: "RunOptions", *, streamed: bool = False
-) -> tuple["PipelineSpec", "RunOptions"]:
+def resolve_counts(pipeline: "PipelineSpec", run: "RunOptions") -> tuple["PipelineSpec", "RunOptions"]:
     """``(pipeline, run)`` with what ``run`` left unset filled in where it can be already.
 
     A ``settings`` file saved by ``dali-pipes tune`` fills in first (and its
@@ -61,9 +59,7 @@ def resolve_counts(
     where it has one (``Features``: 0, the training process reads); ``prefetch`` defaults to 2.
     ``num_threads`` and ``py_num_workers`` stay ``None`` when nothing set them: they
     depend on the device and the dataset's format (:func:`choose_counts`), known once
-    the device is chosen and the store is open. ``streamed``: the dataset is streamed, so read
-    in the loader's own process (``stream_setup.streaming_run``): a settings file's reader
-    processes are left out, with an INFO line saying so (the file was tuned for a staged read).
+    the device is chosen and the store is open.
     """
     if isinstance(pipeline, type):
         raise TypeError(
@@ -74,12 +70,6 @@ def resolve_counts(
         from dali_pipes.settings import apply_settings, load_settings
 
         tuned = load_settings(run.settings)
-        if streamed and tuned.pop("py_num_workers", 0):
-            log.info(
-                "DALILoader: %s: its py_num_workers is not used: a streamed dataset is read in the loader's own "
-                "process (DataOptions(stream=...)); its other settings are",
-                run.settings,
-            )
         counts = {name: tuned.get(name) if given is None else given for name, given in counts.items()}
         pipeline = apply_settings(pipeline, run.settings)
     if counts["py_num_workers"] is None:
@@ -129,11 +119,10 @@ def cores_per_rank() -> int:
 
 
 def choose_counts(
-    threads: int | None, workers: int | None, fmt: str, batch_reads: bool, gpu_images: bool, *, streamed: bool = False
+    threads: int | None, workers: int | None, fmt: str, batch_reads: bool, gpu_images: bool
 ) -> tuple[int, int]:
     """``(num_threads, py_num_workers)``: as given, else the defaults for the device, format and cores; one INFO
-    line says what was chosen and why (``streamed``: no reader processes, because streaming reads in the loader's
-    own process)."""
+    line says what was chosen and why."""
     cpus = cores_per_rank()  # read once: it reads the cgroup and cpuset files
     chosen_workers = default_py_num_workers(fmt, batch_reads, cpus, workers=workers, gpu_images=gpu_images)
     chosen_threads = default_num_threads(cpus, gpu_images=gpu_images) if threads is None else threads
@@ -142,7 +131,7 @@ def choose_counts(
         chosen_threads,
         _counts_reason(threads, gpu_images, cpus),
         chosen_workers,
-        "streaming reads in the loader's process" if streamed else _counts_reason(workers, gpu_images, cpus),
+        _counts_reason(workers, gpu_images, cpus),
     )
     return chosen_threads, chosen_workers
 

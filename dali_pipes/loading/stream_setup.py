@@ -19,7 +19,6 @@ collectives both sides make next still match. Without a process group the ranks 
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import itertools
 import logging
@@ -32,6 +31,7 @@ import numpy as np
 from dali_pipes.dataset.manifest import human_bytes
 from dali_pipes.loading.errors import LoaderError
 from dali_pipes.loading.stream_layout import choose_partitions, rank_place
+from dali_pipes.loading.stream_plan import WindowPlan
 from dali_pipes.loading.streaming import Streamer, StreamStore
 from dali_pipes.remote.urls import check_dataset_path, is_url, redact
 from dali_pipes.sampling.node_order import NodeOrder
@@ -125,20 +125,11 @@ _WARNED: set[str] = set()
 
 
 def streaming_run(run: "RunOptions", data: "DataOptions") -> "RunOptions":
-    """``run`` as streaming reads it: the loader's own process reads; reader processes and per-sample reads that
-    the caller asked for are refused. Called before a settings file fills in the counts: the reader processes it
-    chose are left out (``options.resolve_counts``), not refused."""
-    if data.stream is None:
-        return run
-    if run.py_num_workers not in (None, 0):
-        raise ValueError(
-            f"DataOptions(stream=...) reads in the loader's own process: pass RunOptions(py_num_workers=0) "
-            f"(got py_num_workers={run.py_num_workers}), or stage the dataset (stage_to=...) to read it with reader "
-            "processes"
-        )
-    if not run.batch_reads:
+    """``run`` as streaming reads it: whole batches (per-sample reads refused); reader processes read too, by the
+    pins of the loader's process (:mod:`dali_pipes.loading.stream_readers`)."""
+    if data.stream is not None and not run.batch_reads:
         raise ValueError("DataOptions(stream=...) reads whole batches: leave RunOptions(batch_reads=True)")
-    return dataclasses.replace(run, py_num_workers=0)
+    return run
 
 
 def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRules") -> StreamStore:
@@ -178,10 +169,8 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
             shown, folder, cache.limit_bytes, place.node, place.layout.nodes, place.layout.ranks, partitions,
             together, window, agreed, plan.window, plan.ahead,
         )  # fmt: skip
-        streamer = Streamer(
-            cache, order, ahead=plan.ahead, budget=plan.budget, read_cap=read_cap, downloads=stream.downloads
-        )
-        return StreamStore(streamer)
+        pins = WindowPlan(order, cache.shard_bytes, ahead=plan.ahead, budget=plan.budget, read_cap=read_cap)
+        return StreamStore(Streamer(cache, pins, downloads=stream.downloads))
     except BaseException:
         cache.close()
         raise

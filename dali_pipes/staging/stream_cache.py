@@ -241,19 +241,21 @@ class ShardCache(FolderOpening):
 
     # --- fetching --------------------------------------------------------------------------------
 
-    def fetch(self, shards: Iterable[int | str], *, ahead: bool = False) -> list[Path]:
+    def fetch(
+        self, shards: Iterable[int | str], *, ahead: bool = False, wanted: Callable[[], bool] | None = None
+    ) -> list[Path]:
         """Make ``shards`` present (downloading the missing ones, evicting others as needed); their paths.
 
         They are pinned while the call runs, so one does not evict another; afterwards they may be evicted by
         later fetches unless pinned (:meth:`hold`). A download that fails is retried as staging's are, then
-        raised naming the object; nothing half-written stays. ``ahead``: only those this cache still pins
-        (:meth:`set_ahead`), without pinning them again; the others are skipped."""
+        raised naming the object; nothing half-written stays. ``ahead``: only those some pin of the node holds, not
+        pinned again (others skipped). ``wanted``: asked at each chunk; the downloads stop once it says no."""
         entries = self._select(shards)
         keys = [entry.key for entry in entries]
         if ahead:
             missing = self._use(entries, ahead=True)
             if missing:
-                self._download_all(missing, ahead=True)
+                self._download_all(missing, ahead=True, wanted=wanted)
             return [self.folder / key for key in keys]
         self.pin(keys)
         try:
@@ -284,14 +286,15 @@ class ShardCache(FolderOpening):
             self._save(state)
         return missing
 
-    def _download_all(self, missing: list[CacheEntry], ahead: bool = False) -> None:
+    def _download_all(self, missing: list[CacheEntry], ahead: bool = False, wanted: Callable | None = None) -> None:
         """Download ``missing``, a few at a time, in daemon threads (:func:`~dali_pipes.staging.threads.run_all`)."""
         lock, stop = threading.Lock(), threading.Event()
         total = sum(entry.bytes for entry in missing)
-        with tqdm(total=total, unit="B", unit_scale=True, desc=f"cache {self.folder}", disable=_quiet(self)) as bar:
+        quiet = bar_disabled(self.tuning.progress)
+        with tqdm(total=total, unit="B", unit_scale=True, desc=f"cache {self.folder}", disable=quiet) as bar:
 
             def advance(count: int) -> None:
-                if self._cancel.is_set() or stop.is_set():
+                if self._cancel.is_set() or stop.is_set() or (wanted is not None and not wanted()):
                     raise Cancelled(f"{self.folder}: download stopped")
                 with lock:
                     bar.update(count)
@@ -491,10 +494,6 @@ _PIN_ADVICE = (
 
 def _free(folder: Path) -> int:
     return shutil.disk_usage(folder).free
-
-
-def _quiet(cache: ShardCache) -> bool:
-    return bar_disabled(cache.tuning.progress)
 
 
 __all__ = ["CacheError", "CacheTuning", "Cancelled", "ShardCache"]

@@ -26,7 +26,16 @@ def run_all(calls: list[Callable[[], None]], workers: int, stop: threading.Event
     once; ``stop`` is then set, and so it is when a call fails: the calls check it at each chunk they
     download (ending there, their temporaries removed and their reservations released), and none starts
     after it. A download that never reaches its next chunk ends with the process, and the next cache opened
-    on the folder reaps what it left."""
+    on the folder reaps what it left.
+
+    One call asked for by a thread other than the main one (a stream's download thread) runs in that thread: a
+    Ctrl-C reaches the main thread only, so there is nothing to return early from."""
+    if len(calls) == 1 and threading.current_thread() is not threading.main_thread():
+        try:
+            return calls[0]()
+        except BaseException:
+            stop.set()
+            raise
     pending = list(reversed(calls))
     errors: list[BaseException] = []
     done = threading.Condition()

@@ -1,0 +1,179 @@
+"""What a stream's reader processes and the loader's process tell each other, in shared memory.
+
+With ``py_num_workers > 0`` the batches are read in DALI's reader processes, but the shards are pinned and
+downloaded by the loader's process (:mod:`dali_pipes.loading.streaming`). A :class:`ReadBoard` is a small file in
+``/dev/shm`` mapped by both sides:
+
+- **ready** (a byte a shard): 1 while the loader's process holds the shard pinned to read and downloaded, 2 when
+  its download failed (the error's text in the board), 0 otherwise. The loader's process clears a shard's byte
+  *before* it unpins the shard, so a reader that pinned the shard itself and then finds 1 knows it was present
+  when its pin took hold (:meth:`ReadBoard.ready`).
+- **slots** (one a reader process, claimed with an ``flock`` held for the process's life): the batch the process
+  reads now (its epoch, samples and padding flags), under a sequence number bumped at each post.
+  The loader's process watches them to know which windows to pin (:class:`~dali_pipes.loading.stream_readers.
+  ReaderWatch`): the readers run ahead of the training loop by DALI's prefetch depth.
+
+Nothing here is pickled data read from a shard: the board holds integers only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import mmap
+import os
+import shutil
+import struct
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
+
+__all__ = ["BOARD_PREFIX", "FAILED", "NOT_READY", "READY", "Posted", "ReadBoard"]
+
+#: The prefix of a board's folder (in ``/dev/shm`` where there is one).
+BOARD_PREFIX = "dali-pipes-board-"
+
+_HEADER = struct.Struct("<4q")  # shards, slots, capacity (samples a slot), error length
+_ERROR_BYTES = 2048
+_SLOT_HEAD = 4  # int64s before a slot's samples: sequence, epoch, samples, waiting (1 until its shards are pinned)
+#: A shard's byte in ``ready``.
+NOT_READY, READY, FAILED = 0, 1, 2
+
+
+class Posted(NamedTuple):
+    """A reader process's batch (under its slot's sequence number): its ``epoch``, samples and padding flags."""
+
+    seq: int
+    epoch: int
+    indices: np.ndarray
+    is_pad: np.ndarray
+    waiting: bool
+
+
+class ReadBoard:
+    """The shared board of one streamed loader (see the module docstring); made by the loader's process, attached
+    by its reader processes when unpickled."""
+
+    def __init__(self, shards: int, slots: int, capacity: int) -> None:
+        if writable_tmpfs() is not None:  # removed after a SIGKILL too, by the next loader (as the epoch plans)
+            folder = OwnedFolder(BOARD_PREFIX)
+            self._remove: Any = folder.close
+            self.path = str(folder.path / "board")
+        else:
+            made = tempfile.mkdtemp(prefix=BOARD_PREFIX)
+            self._remove = weakref.finalize(self, shutil.rmtree, made, True)
+            self.path = str(Path(made) / "board")
+        size = _size(shards, slots, capacity)
+        with open(self.path, "wb") as f:
+            f.truncate(size)
+            f.write(_HEADER.pack(shards, slots, capacity, 0))
+        self._attach()
+        self.owner_pid = os.getpid()
+        self._claimed: int | None = None
+
+    def _attach(self) -> None:
+        fd = os.open(self.path, os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, 0)
+        finally:
+            os.close(fd)
+        self.shards, self.slots, self.capacity, _ = _HEADER.unpack_from(self._map, 0)
+        at = _HEADER.size + _ERROR_BYTES
+        self._ready = np.frombuffer(self._map, dtype=np.uint8, count=self.shards, offset=at)
+        at += -(-self.shards // 8) * 8
+        width = _SLOT_HEAD + 2 * self.capacity
+        self._slots = np.frombuffer(self._map, dtype=np.int64, count=self.slots * width, offset=at)
+        self._slots = self._slots.reshape(self.slots, width)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "owner_pid": self.owner_pid}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.path, self.owner_pid = state["path"], state["owner_pid"]
+        self._remove = None
+        self._claimed = None
+        self._attach()
+
+    # --- the loader's process -----------------------------------------------------------------
+
+    def mark(self, shard: int, state: int) -> None:
+        """Set ``shard``'s byte (:data:`READY`, :data:`NOT_READY`)."""
+        self._ready[shard] = state
+
+    def fail(self, shard: int, message: str) -> None:
+        """``shard``'s download failed with ``message``: the reader processes waiting for it raise it."""
+        data = message.encode("utf-8", "replace")[:_ERROR_BYTES]
+        self._map[_HEADER.size : _HEADER.size + len(data)] = data
+        struct.pack_into("<q", self._map, 24, len(data))
+        self._ready[shard] = FAILED
+
+    def posted(self) -> list[Posted]:
+        """Every slot's batch now (slots never posted to left out)."""
+        out = []
+        for slot in np.flatnonzero(self._slots[:, 0] > 0):
+            row = np.array(self._slots[slot])  # a copy: a post may land meanwhile, seen at the next look
+            seq, epoch, count, waiting = (int(v) for v in row[:_SLOT_HEAD])
+            if 0 <= count <= self.capacity:
+                samples = row[_SLOT_HEAD : _SLOT_HEAD + count]
+                pads = row[_SLOT_HEAD + self.capacity : _SLOT_HEAD + self.capacity + count].astype(bool)
+                out.append(Posted(seq, epoch, samples, pads, bool(waiting)))
+        return out
+
+    def seen(self) -> tuple[int, ...]:
+        """Each slot's sequence and waiting flag, a cheap look for a change."""
+        return tuple(self._slots[:, [0, 3]].ravel().tolist())
+
+    def close(self) -> None:
+        """Remove the board's file (the loader's process, at its close)."""
+        if self._remove is not None and os.getpid() == self.owner_pid:
+            self._remove()
+
+    # --- a reader process -----------------------------------------------------------------------
+
+    def post(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
+        """This process reads a batch of ``epoch``: ``indices`` (``is_pad``)."""
+        slot = self._slot()
+        count = min(len(indices), self.capacity)
+        row = self._slots[slot]
+        row[_SLOT_HEAD : _SLOT_HEAD + count] = indices[:count]
+        row[_SLOT_HEAD + self.capacity : _SLOT_HEAD + self.capacity + count] = np.asarray(is_pad[:count], dtype=bool)
+        row[1:_SLOT_HEAD] = (epoch, count, 1)
+        row[0] += 1  # last: the loader's process reads the sequence to see a new post
+
+    def holding(self) -> None:
+        """This process pinned its batch's shards itself: the loader's process need not hold them for it."""
+        self._slots[self._slot(), 3] = 0
+
+    def ready(self, shard: int) -> int:
+        """``shard``'s byte: :data:`READY`, :data:`FAILED` or :data:`NOT_READY`."""
+        return int(self._ready[shard])
+
+    def error(self) -> str:
+        """The message of the last failed download (:meth:`fail`)."""
+        (length,) = struct.unpack_from("<q", self._map, 24)
+        return bytes(self._map[_HEADER.size : _HEADER.size + length]).decode("utf-8", "replace")
+
+    def _slot(self) -> int:
+        """This process's slot, claimed at its first post with an ``flock`` held until it ends."""
+        if self._claimed is None:
+            for slot in range(self.slots):
+                fd = os.open(f"{self.path}.slot{slot}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except OSError:
+                    os.close(fd)
+                    continue
+                self._claimed = slot  # the descriptor stays open: the lock ends with the process
+                self._slots[slot, 0] = 0
+                break
+            else:
+                raise RuntimeError(f"{self.path}: more reader processes than the {self.slots} slots of the board")
+        return self._claimed
+
+
+def _size(shards: int, slots: int, capacity: int) -> int:
+    return _HEADER.size + _ERROR_BYTES + -(-shards // 8) * 8 + slots * (_SLOT_HEAD + 2 * capacity) * 8

@@ -1,0 +1,147 @@
+"""Reader processes of a stream: they read, by path, the shards the loader's process pinned and downloaded.
+
+With ``RunOptions(py_num_workers=N)`` DALI reads each batch in one of N processes. The loader's process keeps
+the pins and the downloads (:mod:`dali_pipes.loading.streaming`), so a node still downloads each shard once and
+its cache stays within its limit; the two sides meet on a :class:`~dali_pipes.loading.stream_board.ReadBoard`:
+
+- A reader process, before a batch (:func:`reader_before_read`): posts the batch to its slot, drops its pins
+  of its last batch, pins the shards of this one itself (its pins end with it, however it ends: the cache
+  reaps a dead holder's), closes the readers of shards it no longer holds, and waits until each of its shards
+  is ready. Its own pin comes first and the loader's process clears a shard's byte before it unpins: so a
+  shard found ready was present when the pin took hold, and stays (:mod:`~dali_pipes.loading.stream_board`).
+- The loader's process (:class:`ReaderWatch`, a thread): looks at the slots every few milliseconds; for the
+  furthest batch posted, it moves the windows' pins as a read in its own process would
+  (:meth:`Streamer.before_read <dali_pipes.loading.streaming.Streamer.before_read>`); the shards of any posted
+  batch outside them (a batch behind the furthest, the padding) it pins too, and has the engine download all
+  of them first. Their bytes go to 1 when downloaded, 2 when the download failed (the reader raises its error).
+
+So exactly once and resume are the plan's, as without reader processes; a reader never reads a shard the cache
+may evict; a reader process that dies leaves no pin. The price: each batch pins and unpins in the cache's state
+(two short file-locked updates a batch), and the windows follow the readers a few milliseconds late.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any
+
+import numpy as np
+
+from dali_pipes.loading.stream_board import FAILED, READY, ReadBoard
+from dali_pipes.sampling.windowed import shard_of
+from dali_pipes.stores import StoreError
+
+#: The loader's :class:`~dali_pipes.loading.streaming.Streamer` and :class:`~dali_pipes.loading.streaming.StreamStore`
+#: (not imported: that module imports this one).
+Streamer = StreamStore = Any
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["READER_SLOTS", "WATCH_INTERVAL_S", "ReaderWatch", "reader_before_read"]
+
+#: Reader processes one streamed loader serves at most (a slot each on the board).
+READER_SLOTS = 64
+#: Seconds between the loader's looks at the board.
+WATCH_INTERVAL_S = 0.002
+#: Seconds between a reader's looks at a shard's byte (doubling up to ten times that while it waits).
+_POLL_S = 0.0005
+
+
+class ReaderWatch:
+    """The loader's side (see the module docstring): a daemon thread moving ``streamer``'s pins after the batches
+    its reader processes post on ``board``. Holds the streamer weakly: a dropped loader ends it."""
+
+    def __init__(self, streamer: "Streamer", board: ReadBoard) -> None:
+        self.board = board
+        self._sizes = np.array([shard.num_samples for shard in streamer.cache.manifest.shards])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=_watch_loop, args=(weakref.ref(streamer), self), name="dali-pipes-stream-watch", daemon=True
+        )
+        self._thread.start()
+
+    def look(self, streamer: "Streamer", seen: tuple[int, ...]) -> tuple[int, ...]:
+        """One look at the board: when a slot changed, move the windows to the furthest batch posted and hold the
+        shards of the batches still waiting for them; what was seen."""
+        now = self.board.seen()
+        if now == seen:
+            return now
+        posted = self.board.posted()
+        if posted:
+            furthest = max(posted, key=lambda p: (p.epoch, _last_position(streamer, p.epoch, p.indices, p.is_pad)))
+            streamer.before_read(furthest.epoch, furthest.indices, furthest.is_pad)
+        waiting = [k for p in posted if p.waiting for k in shard_of(p.indices, self._sizes).tolist()]
+        streamer.hold_for_readers(list(dict.fromkeys(waiting)))
+        return now
+
+    def close(self) -> None:
+        """Stop watching (the board's file is removed by the streamer)."""
+        self._stop.set()
+
+
+def _last_position(streamer: "Streamer", epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> int:
+    """Where a batch ends in the node's stream of ``epoch`` (-1 for one of padding only)."""
+    positions = streamer.plan.epoch_windows(epoch)[1][indices[~is_pad]]
+    return int(positions.max()) if len(positions) else -1
+
+
+def _watch_loop(streamer_ref: "weakref.ref[Streamer]", watch: ReaderWatch) -> None:
+    seen: tuple[int, ...] = ()
+    while not watch._stop.wait(WATCH_INTERVAL_S):
+        streamer = streamer_ref()
+        if streamer is None:
+            return
+        try:
+            seen = watch.look(streamer, seen)
+        except Exception:  # noqa: BLE001 - a reader waiting on it raises its own error once the shard fails
+            logger.exception("stream %s: moving the pins after the reader processes failed", streamer.cache.folder)
+            seen = ()
+            time.sleep(0.1)
+        del streamer
+
+
+def reader_before_read(store: "StreamStore", epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
+    """A reader process's side before a batch (see the module docstring): posted, pinned, waited for."""
+    board, cache = store.board, store.pins  # set by StreamStore.serve_readers in the loader's process
+    indices = np.asarray(indices, dtype=np.int64)
+    is_pad = np.asarray(is_pad, dtype=bool)
+    board.post(epoch, indices, is_pad)
+    shards = [int(k) for k in dict.fromkeys(shard_of(indices, store.sample_counts).tolist())]
+    if store.held:
+        cache.unpin(store.held)
+        store.held = []
+    while True:  # pinned once ready: held by the loader's process already, so the pin takes no room of its own
+        for k in shards:
+            _wait_ready(board, k, store)
+        cache.pin(shards)
+        if all(board.ready(k) == READY for k in shards):
+            break
+        cache.unpin(shards)  # one was let go meanwhile (a look at the board behind this post): wait for it again
+    store.held = shards
+    board.holding()
+    for k, reader in enumerate(store.shard_readers):
+        if reader._pid is not None and k not in shards and board.ready(k) != READY:
+            reader.close()  # the cache may evict it: an open map would keep its bytes on the disk
+
+
+def _wait_ready(board: ReadBoard, shard: int, store: "StreamStore") -> None:
+    """Wait until the loader's process has ``shard`` ready; raise its download's error, or when it is gone."""
+    pause, checked = _POLL_S, time.monotonic()
+    while True:
+        state = board.ready(shard)
+        if state == READY:
+            return
+        if state == FAILED:
+            raise StoreError(f"{store.root}: shard {shard}: {board.error()}")
+        time.sleep(pause)
+        pause = min(2 * pause, 10 * _POLL_S)
+        if time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            try:
+                os.kill(board.owner_pid, 0)
+            except ProcessLookupError:
+                raise StoreError(f"{store.root}: the loader's process ended; this reader stops") from None
