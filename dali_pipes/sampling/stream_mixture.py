@@ -1,0 +1,244 @@
+"""A :class:`~dali_pipes.Mixture` streamed: each dataset read in its own partitioned order, the mixture's epochs
+drawn from those orders with exact counts, as a pure function of ``(seed, epoch)`` and the layout.
+
+Each dataset ``k`` is streamed through a cache of its own, read in its own :class:`~dali_pipes.sampling.node_order.
+NodeOrder` (its node's windows, :mod:`dali_pipes.sampling.partitioned`). An epoch of the mixture takes exactly
+``counts[k]`` samples of dataset ``k`` (:func:`~dali_pipes.sampling.mixture.exact_counts` of the proportions), and:
+
+- **Each dataset in its own streamed order.** Node ``n`` takes ``c[k, n]`` of them, its share of ``counts[k]``
+  (in proportion to the samples of ``k`` its partitions hold, by largest remainders, so that the node shares add
+  up to ``counts[k]``), from the endless sequence of its streams of ``k``'s epochs one after the other: mixture
+  epoch ``e`` takes positions ``[e c[k, n], (e + 1) c[k, n])`` of it. So the node reads each dataset's windows in
+  order, as a loader of that dataset alone would (its cache follows them: a bounded cache per dataset holds
+  what is read), every sample of a dataset is read once in each of the dataset's own epochs before any is read
+  again, and a small share of a large dataset walks on through it epoch after epoch (as
+  :mod:`dali_pipes.sampling.mixture` does when staged).
+- **Interleaved per sample.** Node ``n``'s stream of mixture epoch ``e`` is ``sum_k c[k, n]`` positions, each
+  position's dataset drawn at random with the exact counts (a permutation of ``(seed, e, n)``; without
+  ``shuffle``, the datasets one after the other), dataset ``k``'s positions taking its samples in its order.
+- **Ranks and padding** as in the partitioned order: step ``j`` of the node's ranks reads node positions
+  ``[j b R, (j+1) b R)``, rank ``r`` the ``r``-th slice of ``b`` (:func:`~dali_pipes.sampling.partitioned.
+  rank_share`), every rank the same number of samples, fillers from the node's own last samples.
+- **Progress and resume.** A state is each node's position in its stream of the epoch (:class:`MixtureProgress`):
+  it resumes exactly on any ranks per node and batch size, on the same node count, with the same windows of each
+  dataset (the streams depend on them: the same ``cache_limit``); the others are refused, naming what to keep.
+  A resumed epoch's rest is read from each node's saved position; the epochs after it read from their start.
+
+Differs from the staged mixture's draw (:func:`~dali_pipes.sampling.mixture.mixture_order`), which it keeps the
+counts of: within a dataset the samples come window by window, not as one permutation of the whole dataset.
+Tested exhaustively in ``tests/test_stream_mixture.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from dali_pipes.sampling.mixture import exact_counts
+from dali_pipes.sampling.node_order import NodeOrder, StepCounts, step_counts
+from dali_pipes.sampling.partitioned import rank_share
+from dali_pipes.sampling.rules import check_int
+
+__all__ = ["MixtureOrder", "MixtureProgress"]
+
+# The third word of the interleaving's generator seeds (partitioned.py uses 4).
+_MIXED = 5
+
+
+@dataclass(frozen=True)
+class MixtureProgress:
+    """A position inside ``epoch`` of a streamed mixture: ``consumed[n]`` positions of node ``n``'s stream read,
+    each dataset's windows ``windows[k]`` (``(W, together)``) as the stream was read with."""
+
+    epoch: int
+    consumed: tuple[int, ...]
+    windows: tuple[tuple[int, int], ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        """The state's record of it (plain ints and lists)."""
+        return {
+            "nodes": len(self.consumed),
+            "consumed": list(self.consumed),
+            "windows": [list(w) for w in self.windows],
+        }
+
+
+class MixtureOrder(StepCounts):
+    """The streamed order of a mixture read by one rank (see the module docstring).
+
+    ``orders``: each dataset's :class:`NodeOrder` (the same rank place), in index order; ``counts``: each dataset's
+    samples per epoch over all ranks; ``offsets``: each dataset's first global index; ``identity``: the
+    mixture's own (:meth:`~dali_pipes.sampling.mixture.MixtureSampling.identity`), kept in a saved state.
+    """
+
+    def __init__(
+        self,
+        orders: Sequence[NodeOrder],
+        counts: Sequence[int],
+        offsets: Sequence[int],
+        seed: int,
+        shuffle: bool = True,
+        identity: dict[str, Any] | None = None,
+    ) -> None:
+        if not len(orders) == len(counts) == len(offsets) or not orders:
+            raise ValueError(f"{len(orders)} orders, {len(counts)} counts and {len(offsets)} offsets: one each")
+        self.orders = tuple(orders)
+        self.place = self.orders[0].place
+        if any(order.place != self.place for order in self.orders):
+            raise ValueError("the datasets' orders must be read by the same rank place")
+        self.counts = np.array([check_int("counts[]", c, 0) for c in counts], dtype=np.int64)
+        self.offsets = np.asarray(offsets, dtype=np.int64)
+        self.seed, self.shuffle = check_int("seed", seed, 0), bool(shuffle)
+        self._identity = dict(identity or {})
+        #: ``c[k, n]``: samples of dataset ``k`` node ``n`` reads an epoch.
+        self.node_counts = np.stack(
+            [exact_counts(o.node_samples(0), int(c)) if c else np.zeros(self.place.layout.nodes, np.int64)
+             for o, c in zip(self.orders, self.counts)]
+        )  # fmt: skip
+        self.windows = tuple((o.sampling.window, int(o.layout_of(0).together or 0)) for o in self.orders)
+        self.resumed: MixtureProgress | None = None
+        self._ends: list[list[int]] = [[0] for _ in self.orders]  # where each dataset epoch ends in its sequence
+        self._streams: dict[tuple[int, int], np.ndarray] = {}  # (dataset, its epoch) -> this node's stream
+        self._plans: dict[tuple[int, int], np.ndarray] = {}  # (epoch, start) -> dataset epoch of each rank sample
+
+    # --- the node's stream ------------------------------------------------------------------
+
+    def node_stream(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's node's stream of ``epoch`` from its start: global sample indices, and the dataset epoch each
+        is read in (of its dataset's own order)."""
+        node = self.place.node
+        shares = self.node_counts[:, node]
+        labels = np.repeat(np.arange(len(self.orders)), shares)
+        if self.shuffle:
+            labels = np.random.Generator(np.random.PCG64([self.seed, epoch, _MIXED, node])).permutation(labels)
+        samples = np.empty(len(labels), dtype=np.int64)
+        epochs = np.empty(len(labels), dtype=np.int64)
+        for k, share in enumerate(shares.tolist()):
+            where = np.flatnonzero(labels == k)
+            d, pos = self._locate(k, epoch * share + np.arange(share, dtype=np.int64))
+            epochs[where] = d
+            for own in np.unique(d).tolist():
+                took = d == own
+                samples[where[took]] = self._stream(k, own)[pos[took]] + self.offsets[k]
+        return samples, epochs
+
+    def _locate(self, k: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(its epoch, position in that epoch's stream)`` of positions ``q`` of dataset ``k``'s endless sequence."""
+        ends = self._ends[k]
+        order = self.orders[k]
+        if len(q) and not order.sampling.redeal:  # every epoch of it as long: no walk through them
+            size = int(order.node_samples(0)[self.place.node])
+            return q // size, q % size
+        while len(q) and ends[-1] <= int(q.max()):
+            ends.append(ends[-1] + int(order.node_samples(len(ends) - 1)[self.place.node]))
+        d = np.searchsorted(np.asarray(ends), q, side="right") - 1
+        return d, q - np.asarray(ends)[d]
+
+    def _stream(self, k: int, epoch: int) -> np.ndarray:
+        key = (k, epoch)
+        if key not in self._streams:
+            if len(self._streams) > 4 * len(self.orders):
+                self._streams.pop(next(iter(self._streams)))
+            self._streams[key] = self.orders[k].node_stream(epoch)
+        return self._streams[key]
+
+    # --- the one-number position (StepCounts) -----------------------------------------------
+
+    def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
+        r = self.resumed
+        if r is not None and r.epoch == epoch and start >= sum(r.consumed) > 0:
+            return r.consumed
+        return None
+
+    def _count(self, epoch: int, base: tuple[int, ...] | None) -> Any:
+        done = np.zeros(self.place.layout.nodes, dtype=np.int64) if base is None else np.asarray(base)
+        return step_counts(self.node_counts.sum(axis=0) - done, self.place.layout, int(done.sum()))
+
+    # --- what the loader reads --------------------------------------------------------------
+
+    def rank_indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
+        """This rank's ``(indices, is_pad)`` for the rest of ``epoch`` from ``start``."""
+        base = self._base(epoch, start)
+        if base is None and self.resumed is not None and self.resumed.epoch == epoch:
+            self.resumed = None  # the resumed epoch read again from its start: the saved progress is spent
+        counts = self._count(epoch, base)
+        samples, epochs = self.node_stream(epoch)
+        first = 0 if base is None else base[self.place.node]
+        positions = np.arange(len(samples), dtype=np.int64)
+        where, is_pad = rank_share(positions[first:], counts.length, self.place.layout, self.place.local_rank,
+                                   lambda: positions)  # fmt: skip
+        skip = self.steps_at(epoch, start) * self.place.layout.batch_size
+        for old in [key for key in self._plans if key[0] < epoch - 1]:
+            del self._plans[old]
+        self._plans[(epoch, start)] = epochs[where[skip:]]
+        return samples[where[skip:]], is_pad[skip:]
+
+    def dataset_epochs(self, epoch: int, start: int) -> np.ndarray:
+        """The dataset epoch each sample of :meth:`rank_indices` ``(epoch, start)`` is read in (its own order's)."""
+        if (epoch, start) not in self._plans:
+            self.rank_indices(epoch, start)
+        return self._plans[(epoch, start)]
+
+    def progress(self, epoch: int, start: int) -> MixtureProgress:
+        """Each node's position in its stream at ``start`` of ``epoch``: what a saved state keeps."""
+        base = self._base(epoch, start)
+        counts = self._count(epoch, base)
+        steps = self.steps_at(epoch, start)
+        read = (
+            np.minimum(steps * self.place.layout.node_batch, counts.lefts) if steps < counts.batches else counts.lefts
+        )
+        done = read + (0 if base is None else np.asarray(base))
+        return MixtureProgress(epoch, tuple(int(n) for n in done), self.windows)
+
+    @staticmethod
+    def read_progress(record: Any, epoch: int) -> MixtureProgress:
+        """A state's ``"stream"`` record as a :class:`MixtureProgress` of ``epoch``; ValueError saying what is wrong."""
+        if not isinstance(record, dict) or not {"consumed", "windows"} <= set(record):
+            raise ValueError(f"'stream' must be the record state_dict() wrote, got {record!r}")
+        consumed, windows = record["consumed"], record["windows"]
+        if not isinstance(consumed, (list, tuple)) or not all(isinstance(c, int) and c >= 0 for c in consumed):
+            raise ValueError(f"'consumed' must be a list of counts >= 0, got {consumed!r}")
+        if not isinstance(windows, (list, tuple)) or not all(isinstance(w, (list, tuple)) for w in windows):
+            raise ValueError(f"'windows' must be a list of [window, together] pairs, got {windows!r}")
+        return MixtureProgress(epoch, tuple(consumed), tuple(tuple(int(v) for v in w) for w in windows))
+
+    def restore(self, progress: Any) -> int:
+        """Resume at ``progress`` (checked against this run); the one-number position to start from."""
+        if not any(progress.consumed):
+            self.resumed = None
+            return 0
+        nodes = self.place.layout.nodes
+        if len(progress.consumed) != nodes:
+            raise ValueError(
+                f"epoch {progress.epoch} of the mixture was saved part-way on {len(progress.consumed)} node(s) and "
+                f"this run has {nodes}: resume it on {len(progress.consumed)} node(s), or from the epoch's start "
+                "(set_epoch without load_state_dict)"
+            )
+        if tuple(progress.windows) != self.windows:
+            raise ValueError(
+                f"epoch {progress.epoch} of the mixture was saved part-way reading its datasets in windows "
+                f"{[list(w) for w in progress.windows]} ([shards, partitions at once] each), and this run's caches "
+                f"give {[list(w) for w in self.windows]}: resume it with the cache_limit it was saved with, or from "
+                "the epoch's start (set_epoch without load_state_dict)"
+            )
+        lengths = self.node_counts.sum(axis=0)
+        if any(c > int(m) for c, m in zip(progress.consumed, lengths)):
+            raise ValueError(
+                f"the saved progress {list(progress.consumed)} passes the nodes' {lengths.tolist()} samples of "
+                f"epoch {progress.epoch}: the state is of another mixture or seed"
+            )
+        self.resumed = MixtureProgress(progress.epoch, tuple(progress.consumed), self.windows)
+        return sum(progress.consumed)
+
+    def epoch_length(self, dataset_size: int) -> int:
+        """Samples per epoch over all ranks; refuses a store that is not this mixture's."""
+        sizes = sum(int(o.sampling.shard_sizes.sum()) for o in self.orders)
+        if sizes != dataset_size:
+            raise ValueError(f"the mixture has {sizes} samples, but the store given has {dataset_size}")
+        return int(self.counts.sum())
+
+    def identity(self) -> dict[str, Any]:
+        """What a saved state must agree on: the mixture, and each dataset's shards and shuffle."""
+        return {**self._identity, "order": "partitioned", "datasets": [o.identity() for o in self.orders]}
