@@ -42,12 +42,13 @@ def prepare_store(
 
 
 def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Store, None, Any]:
-    """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
+    """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``); a
+    :class:`Mixture`'s datasets each through its own, with its share of the room (:mod:`.mixture_stream`)."""
     if isinstance(path, Mixture):
-        raise ValueError(
-            "DataOptions(stream=...) streams one dataset, a URL or a path: a Mixture is not streamed; stage its "
-            "datasets (leave out stream=, or give stage_to=...) or read each with its own loader"
-        )
+        from dali_pipes.loading.mixture_stream import open_streamed_mixture
+
+        mixed = open_streamed_mixture(path, data, rules)
+        return mixed, None, mixed.streamer
     from dali_pipes.loading.stream_setup import open_streaming  # the cache machinery only when streaming
 
     store = open_streaming(path, data, rules)

@@ -1,0 +1,101 @@
+"""A :class:`~dali_pipes.Mixture` of two datasets in two buckets of the loopback S3-protocol server, streamed through
+bounded caches (dali_pipes/loading/mixture_stream.py): exactly 70/30 each epoch, each dataset read once in each of
+its own epochs, a resume mid-epoch exact, each cache's peak within its share of the limit.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_remote_stage import upload
+
+from dali_pipes import BatchFormat, DALILoader, DataOptions, Mixture, RunOptions, StreamOptions
+
+from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
+
+SHARD = 12288  # every LMDB shard of 4 samples here: 3 pages
+SIZES = {"a": 240, "b": 160}  # 60 and 40 shards
+EPOCH = 300  # 210 of a and 90 of b an epoch: two epochs read all of a's first epoch and of b's
+LIMIT = 15 * SHARD  # 15% of the two datasets' 100 shards
+BATCH = 8
+RUN = RunOptions(device="cpu", py_num_workers=0)
+
+
+@pytest.fixture(scope="module")
+def buckets(tmp_path_factory, s3_server) -> dict[str, str]:
+    """Each dataset in a bucket of its own (uploaded once for the module)."""
+    root = tmp_path_factory.mktemp("mixture")
+    return {
+        name: upload(s3_server, write_dataset(root / name, size, fmt="lmdb", samples_per_shard=4))
+        for name, size in SIZES.items()
+    }
+
+
+@pytest.fixture
+def mixed(tmp_path, s3, buckets, monkeypatch) -> tuple[Mixture, DataOptions]:
+    quiet_dali_logs()
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    mixture = Mixture(buckets, proportions={"a": 0.7, "b": 0.3}, num_samples=EPOCH)
+    # One loader of each dataset at a time (loaders=1): b's 30% of the room holds 4 of its shards, more than 3.
+    stream = StreamOptions(cache_limit=LIMIT, loaders=1)
+    return mixture, DataOptions(stream=stream, storage_options=s3.options)
+
+
+def mixture_loader(mixture: Mixture, data: DataOptions) -> DALILoader:
+    return DALILoader(
+        mixture, TinySpec(), batch_size=BATCH, seed=3, batch_format=BatchFormat(with_index=True), run=RUN, data=data
+    )
+
+
+def real(batches) -> list[int]:
+    rows = [row for batch in batches for row in batch_rows(batch)]
+    assert all(label == (index - (index >= SIZES["a"]) * SIZES["a"]) % 5 for index, label, _, _ in rows)
+    return [index for index, _, is_pad, _ in rows if not is_pad]
+
+
+def split(indices: list[int]) -> tuple[list[int], list[int]]:
+    """Each dataset's own sample numbers, in reading order."""
+    a = SIZES["a"]
+    return [i for i in indices if i < a], [i - a for i in indices if i >= a]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_70_30_mixture_of_two_buckets_streams_exact_counts_and_resumes_exactly(mixed):
+    mixture, data = mixed
+    with mixture_loader(mixture, data) as loader:
+        epochs = [real(loader) for _ in range(2)]
+        caches = loader.cache.by_name
+        assert {name: s.peak_bytes <= s.limit_bytes for name, s in caches.items()} == {"a": True, "b": True}
+        assert sum(s.limit_bytes for s in caches.values()) <= LIMIT
+        folders = {Path(store.root) for store in loader.store.stores.values()}
+    for indices in epochs:
+        a, b = split(indices)
+        assert (len(a), len(b)) == (210, 90)  # exactly 70/30, every epoch
+    a, b = (x + y for x, y in zip(split(epochs[0]), split(epochs[1])))
+    # Each dataset's first epoch read whole, each sample once, before any of it again.
+    assert sorted(a[:240]) == list(range(240)) and sorted(b[:160]) == list(range(160))
+    assert len(set(a[240:])) == len(a) - 240 and len(folders) == 2
+    with mixture_loader(mixture, data) as loader:
+        first, stream = [], iter(loader)
+        for _ in range(11):
+            first.append(next(stream))
+        state = loader.state_dict()
+    assert 0 < state["samples_consumed"] < EPOCH and state["stream"]["nodes"] == 1
+    with mixture_loader(mixture, data) as resumed:
+        resumed.load_state_dict(state)
+        rest = real(resumed)
+        after = real(resumed)
+        assert all(s.peak_bytes <= s.limit_bytes for s in resumed.cache.by_name.values())
+    assert real(first) + rest == epochs[0]  # the rest of the saved epoch, sample for sample
+    assert after == epochs[1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_share_too_small_for_a_datasets_shards_is_refused_naming_it(mixed):
+    mixture, data = mixed
+    small = DataOptions(stream=StreamOptions(cache_limit=6 * SHARD, loaders=1), storage_options=data.storage_options)
+    with pytest.raises(ValueError, match=r"Mixture dataset 'b' streams with \d+ bytes, its share of cache_limit"):
+        mixture_loader(mixture, small)
