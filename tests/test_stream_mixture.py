@@ -28,11 +28,13 @@ def mixture(nodes, ranks, batch, total=60, share=(0.7, 0.3), last="pad", windows
     for n in range(nodes):
         for j in range(ranks):
             place = RankPlace(layout, n, j)
+            # Each dataset's order sized for its share of a batch (the loader's): the mixture's place has the batch.
+            own = RankPlace(NodeLayout(nodes, ranks, max(1, batch // 2), last), n, j)
             orders = [
-                NodeOrder(PartitionedSampling(s, w, partitions=4, shuffle=shuffle), place, 3, 2 * w)
+                NodeOrder(PartitionedSampling(s, w, partitions=4, shuffle=shuffle), own, 3, 2 * w)
                 for s, w in zip(SIZES, windows)
             ]
-            out.append(MixtureOrder(orders, counts, OFFSETS, 3, shuffle))
+            out.append(MixtureOrder(orders, counts, OFFSETS, 3, shuffle, place=place))
     return out
 
 

@@ -69,7 +69,11 @@ class StreamedMixtureStore(MixtureStore):
         drawn = self.sampling  # the staged draw: its counts and identity are the mixture's
         counts = list(drawn.counts(len(self)).values())
         orders = [store.sampling for store in stores.values()]
-        self.sampling = MixtureOrder(orders, counts, self.offsets[:-1], rules.seed, rules.shuffle, drawn.identity())
+        place = orders[0].place  # each dataset's with its share of a batch: the mixture's batch is the loader's
+        place = dataclasses.replace(place, layout=dataclasses.replace(place.layout, batch_size=rules.batch_size))
+        self.sampling = MixtureOrder(
+            orders, counts, self.offsets[:-1], rules.seed, rules.shuffle, drawn.identity(), place=place
+        )
         self.streamer = Streamers({name: store.streamer for name, store in stores.items()})
 
     def before_batch(self, epoch: int, start: int, offset: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
@@ -110,7 +114,8 @@ def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRu
             "order with Mixture(datasets) alone (every sample once), or each with its own loader"
         )
     try:
-        limits = _limits(mixture, data)
+        limits, counts = _limits(mixture, data)
+        total = sum(counts.values())
     except BaseException:
         agree_on_window(None)  # the other ranks fail too, and do not wait for this one
         raise
@@ -118,8 +123,11 @@ def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRu
     try:
         for name, path in mixture.datasets.items():
             stream = dataclasses.replace(data.stream, cache_limit=limits[name])
+            # A batch holds about its share of the dataset's samples: the windows are sized for that many.
+            batch = -(-rules.batch_size * counts[name] // total)
             try:
-                stores[name] = open_streaming(path, dataclasses.replace(data, stream=stream), rules)
+                opened = dataclasses.replace(data, stream=stream)
+                stores[name] = open_streaming(path, opened, dataclasses.replace(rules, batch_size=batch))
             except ValueError as exc:
                 share = limits[name] / data.stream.cache_limit
                 raise ValueError(
@@ -135,9 +143,9 @@ def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRu
         raise
 
 
-def _limits(mixture: Mixture, data: "DataOptions") -> dict[str, int]:
-    """Each dataset's part of ``cache_limit``: its share of an epoch's bytes (its samples an epoch times its bytes
-    a sample), from the manifests; a dataset no epoch draws from is refused (leave it out of the mixture)."""
+def _limits(mixture: Mixture, data: "DataOptions") -> tuple[dict[str, int], dict[str, int]]:
+    """Each dataset's part of ``cache_limit`` and its samples an epoch: its share of an epoch's bytes (its samples an
+    epoch times its bytes a sample), from the manifests; a dataset no epoch draws from is refused (leave it out)."""
     from dali_pipes.remote.dataset import load_manifest
 
     manifests = {
@@ -158,4 +166,4 @@ def _limits(mixture: Mixture, data: "DataOptions") -> dict[str, int]:
         "streamed mixture: cache_limit split by each dataset's bytes an epoch: %s",
         dict(zip(mixture.names, shares.tolist())),
     )
-    return dict(zip(mixture.names, (int(s) for s in shares)))
+    return dict(zip(mixture.names, (int(s) for s in shares))), counts

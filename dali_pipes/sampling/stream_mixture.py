@@ -37,7 +37,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from dali_pipes.sampling.mixture import exact_counts
-from dali_pipes.sampling.node_order import NodeOrder, StepCounts, step_counts
+from dali_pipes.sampling.node_order import NodeOrder, RankPlace, StepCounts, step_counts
 from dali_pipes.sampling.partitioned import rank_share
 from dali_pipes.sampling.rules import check_int
 
@@ -68,9 +68,10 @@ class MixtureProgress:
 class MixtureOrder(StepCounts):
     """The streamed order of a mixture read by one rank (see the module docstring).
 
-    ``orders``: each dataset's :class:`NodeOrder` (the same rank place), in index order; ``counts``: each dataset's
-    samples per epoch over all ranks; ``offsets``: each dataset's first global index; ``identity``: the
-    mixture's own (:meth:`~dali_pipes.sampling.mixture.MixtureSampling.identity`), kept in a saved state.
+    ``orders``: each dataset's :class:`NodeOrder` (the same rank and layout, their batch sizes aside), in index order;
+    ``counts``: each dataset's samples per epoch over all ranks; ``offsets``: each dataset's first global index;
+    ``identity``: the mixture's own (:meth:`~dali_pipes.sampling.mixture.MixtureSampling.identity`), kept in a saved
+    state; ``place``: where this rank reads the mixture, its batch size (default: the first order's).
     """
 
     def __init__(
@@ -81,13 +82,15 @@ class MixtureOrder(StepCounts):
         seed: int,
         shuffle: bool = True,
         identity: dict[str, Any] | None = None,
+        place: RankPlace | None = None,
     ) -> None:
         if not len(orders) == len(counts) == len(offsets) or not orders:
             raise ValueError(f"{len(orders)} orders, {len(counts)} counts and {len(offsets)} offsets: one each")
         self.orders = tuple(orders)
-        self.place = self.orders[0].place
-        if any(order.place != self.place for order in self.orders):
-            raise ValueError("the datasets' orders must be read by the same rank place")
+        self.place = place or self.orders[0].place
+        here = (self.place.node, self.place.local_rank, self.place.layout.nodes, self.place.layout.ranks)
+        if any((o.place.node, o.place.local_rank, o.place.layout.nodes, o.place.layout.ranks) != here for o in orders):
+            raise ValueError("the datasets' orders must be read by the same rank of the same layout")
         self.counts = np.array([check_int("counts[]", c, 0) for c in counts], dtype=np.int64)
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.seed, self.shuffle = check_int("seed", seed, 0), bool(shuffle)
