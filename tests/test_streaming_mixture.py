@@ -1,6 +1,7 @@
 """A :class:`~dali_pipes.Mixture` of two datasets in two buckets of the loopback S3-protocol server, streamed through
 bounded caches (dali_pipes/loading/mixture_stream.py): exactly 70/30 each epoch, each dataset read once in each of
-its own epochs, a resume mid-epoch exact, each cache's peak within its share of the limit.
+its own epochs, a resume mid-epoch exact, each cache's peak within its share of the limit. And a weighted draw
+streamed (dali_pipes/sampling/stream_weighted.py): each epoch the staged draw's samples, resumed exactly.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 from test_remote_stage import upload
 
-from dali_pipes import BatchFormat, DALILoader, DataOptions, Mixture, RunOptions, StreamOptions
+from dali_pipes import BatchFormat, DALILoader, DataOptions, Mixture, RunOptions, StreamOptions, WeightedSampling
 
 from loader_helpers import TinySpec, batch_rows, quiet_dali_logs, write_dataset
 
@@ -109,3 +110,35 @@ def test_a_share_too_small_for_a_datasets_shards_is_refused_naming_it(mixed):
         ValueError, match=r"Mixture dataset 'b' streams with \d+ bytes, its share \(30.0%.* so that 30.0% of it"
     ):
         mixture_loader(mixture, small)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(180)
+def test_a_weighted_draw_streams_the_staged_draws_samples_and_resumes_exactly(s3, buckets, tmp_path, monkeypatch):
+    quiet_dali_logs()
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
+    size, url = SIZES["a"], buckets["a"]
+    draw = WeightedSampling([4.0 if i % 5 == 0 else 1.0 for i in range(size)], num_samples=120)
+    limit = 6 * SHARD  # 10% of the dataset
+    data = DataOptions(stream=StreamOptions(cache_limit=limit, loaders=1), storage_options=s3.options)
+
+    def weighted_loader() -> DALILoader:
+        indexed = BatchFormat(with_index=True)
+        return DALILoader(
+            url, TinySpec(), batch_size=BATCH, seed=3, batch_format=indexed, run=RUN, data=data, sampling=draw
+        )
+
+    with weighted_loader() as loader:
+        epochs = [real(loader) for _ in range(2)]
+        assert loader.cache.peak_bytes <= limit
+    gets = [path for method, path in s3.proxy.requests if "/shard-" in path and method == "GET"]
+    for epoch, indices in enumerate(epochs):  # the staged draw's samples, each as often
+        assert sorted(indices) == sorted(draw.order(size, epoch, 3).tolist())
+    assert len(gets) <= 2 * 60 + 10, len(gets)  # windows followed: about a download a shard an epoch
+    with weighted_loader() as loader:
+        stream = iter(loader)
+        first = [next(stream) for _ in range(5)]
+        state = loader.state_dict()
+    with weighted_loader() as resumed:
+        resumed.load_state_dict(state)
+        assert real(first) + real(resumed) == epochs[0]

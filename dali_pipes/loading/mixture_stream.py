@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
-from dali_pipes.loading.mixture import Mixture, MixtureStore
+from dali_pipes.loading.mixture import Mixture, MixtureStore, check_in_order
 from dali_pipes.sampling.mixture import exact_counts
 from dali_pipes.sampling.stream_mixture import MixtureOrder
 
@@ -108,11 +108,8 @@ def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRu
                 f"Mixture datasets {other!r} and {name!r} are one dataset (one cache folder): a streamed mixture "
                 "reads each dataset through a cache of its own; give each dataset once (its proportion its share)"
             )
-    if not rules.shuffle and (mixture.proportions is not None or mixture.num_samples is not None):
-        raise ValueError(
-            "shuffle=False: a Mixture with proportions or num_samples is a random draw; read the datasets in "
-            "order with Mixture(datasets) alone (every sample once), or each with its own loader"
-        )
+    if not rules.shuffle:
+        check_in_order(mixture)
     try:
         limits, counts = _limits(mixture, data)
         total = sum(counts.values())

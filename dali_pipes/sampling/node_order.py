@@ -28,6 +28,7 @@ from dali_pipes.sampling.partitioned import (
     _epoch,
     _node_labels,
     _node_stream,
+    deal_shards,
     node_partitions,
     node_window_spans,
     partitioned_progress,
@@ -272,6 +273,15 @@ class NodeOrder(StepCounts):
         ep = _epoch(sampling, epoch, self.seed, base)
         labels = _node_labels(ep, node_partitions(self.place.node, layout.nodes, sampling.partitions), layout.together)
         return _node_stream(sampling, ep, labels, epoch, self.seed)
+
+    def sample_nodes(self, epoch: int) -> np.ndarray:
+        """The node that reads each sample in ``epoch`` (its shard's partition's), one int64 per sample."""
+        sampling = self.sampling_of(epoch)
+        share = sampling.partitions // self.place.layout.nodes
+        shard_node = np.zeros(len(sampling.shard_sizes), dtype=np.int64)
+        for p, shards in enumerate(deal_shards(sampling, epoch, self.seed)):
+            shard_node[shards] = p // share
+        return np.repeat(shard_node, sampling.shard_sizes)
 
     def node_samples(self, epoch: int) -> np.ndarray:
         """The samples each node reads in the whole of ``epoch`` (int64, one per node)."""

@@ -31,41 +31,22 @@ Tested exhaustively in ``tests/test_stream_mixture.py``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 
 from dali_pipes.sampling.mixture import exact_counts
-from dali_pipes.sampling.node_order import NodeOrder, RankPlace, StepCounts, step_counts
-from dali_pipes.sampling.partitioned import rank_share
+from dali_pipes.sampling.node_order import NodeOrder, RankPlace
+from dali_pipes.sampling.node_streams import NodeStreamOrder
 from dali_pipes.sampling.rules import check_int
 
-__all__ = ["MixtureOrder", "MixtureProgress"]
+__all__ = ["MixtureOrder"]
 
 # The third word of the interleaving's generator seeds (partitioned.py uses 4).
 _MIXED = 5
 
 
-@dataclass(frozen=True)
-class MixtureProgress:
-    """A position inside ``epoch`` of a streamed mixture: ``consumed[n]`` positions of node ``n``'s stream read,
-    each dataset's windows ``windows[k]`` (``(W, together)``) as the stream was read with."""
-
-    epoch: int
-    consumed: tuple[int, ...]
-    windows: tuple[tuple[int, int], ...] = ()
-
-    def as_dict(self) -> dict[str, Any]:
-        """The state's record of it (plain ints and lists)."""
-        return {
-            "nodes": len(self.consumed),
-            "consumed": list(self.consumed),
-            "windows": [list(w) for w in self.windows],
-        }
-
-
-class MixtureOrder(StepCounts):
+class MixtureOrder(NodeStreamOrder):
     """The streamed order of a mixture read by one rank (see the module docstring).
 
     ``orders``: each dataset's :class:`NodeOrder` (the same rank and layout, their batch sizes aside), in index order;
@@ -94,6 +75,7 @@ class MixtureOrder(StepCounts):
         self.counts = np.array([check_int("counts[]", c, 0) for c in counts], dtype=np.int64)
         self.offsets = np.asarray(offsets, dtype=np.int64)
         self.seed, self.shuffle = check_int("seed", seed, 0), bool(shuffle)
+        super().__init__(self.place, "the mixture")
         self._identity = dict(identity or {})
         #: ``c[k, n]``: samples of dataset ``k`` node ``n`` reads an epoch.
         self.node_counts = np.stack(
@@ -101,10 +83,8 @@ class MixtureOrder(StepCounts):
              for o, c in zip(self.orders, self.counts)]
         )  # fmt: skip
         self.windows = tuple((o.sampling.window, int(o.layout_of(0).together or 0)) for o in self.orders)
-        self.resumed: MixtureProgress | None = None
         self._ends: list[list[int]] = [[0] for _ in self.orders]  # where each dataset epoch ends in its sequence
         self._streams: dict[tuple[int, int], np.ndarray] = {}  # (dataset, its epoch) -> this node's stream
-        self._plans: dict[tuple[int, int], np.ndarray] = {}  # (epoch, start) -> dataset epoch of each rank sample
 
     # --- the node's stream ------------------------------------------------------------------
 
@@ -127,6 +107,14 @@ class MixtureOrder(StepCounts):
                 samples[where[took]] = self._stream(k, own)[pos[took]] + self.offsets[k]
         return samples, epochs
 
+    def node_lengths(self, epoch: int) -> np.ndarray:
+        """Each node's samples of an epoch: its shares of the datasets' counts."""
+        return self.node_counts.sum(axis=0)
+
+    def fillers(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """A node that draws nothing an epoch pads with its stream of the first dataset's first epoch."""
+        return self._stream(0, 0) + self.offsets[0], np.zeros(len(self._stream(0, 0)), dtype=np.int64)
+
     def _locate(self, k: int, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(its epoch, position in that epoch's stream)`` of positions ``q`` of dataset ``k``'s endless sequence."""
         ends = self._ends[k]
@@ -146,94 +134,6 @@ class MixtureOrder(StepCounts):
                 self._streams.pop(next(iter(self._streams)))
             self._streams[key] = self.orders[k].node_stream(epoch)
         return self._streams[key]
-
-    # --- the one-number position (StepCounts) -----------------------------------------------
-
-    def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
-        r = self.resumed
-        if r is not None and r.epoch == epoch and start >= sum(r.consumed) > 0:
-            return r.consumed
-        return None
-
-    def _count(self, epoch: int, base: tuple[int, ...] | None) -> Any:
-        done = np.zeros(self.place.layout.nodes, dtype=np.int64) if base is None else np.asarray(base)
-        return step_counts(self.node_counts.sum(axis=0) - done, self.place.layout, int(done.sum()))
-
-    # --- what the loader reads --------------------------------------------------------------
-
-    def rank_indices(self, epoch: int, start: int) -> tuple[np.ndarray, np.ndarray]:
-        """This rank's ``(indices, is_pad)`` for the rest of ``epoch`` from ``start``."""
-        base = self._base(epoch, start)
-        if base is None and self.resumed is not None and self.resumed.epoch == epoch:
-            self.resumed = None  # the resumed epoch read again from its start: the saved progress is spent
-        counts = self._count(epoch, base)
-        samples, epochs = self.node_stream(epoch)
-        first = 0 if base is None else base[self.place.node]
-        positions = np.arange(len(samples), dtype=np.int64)
-        where, is_pad = rank_share(positions[first:], counts.length, self.place.layout, self.place.local_rank,
-                                   lambda: positions)  # fmt: skip
-        skip = self.steps_at(epoch, start) * self.place.layout.batch_size
-        for old in [key for key in self._plans if key[0] < epoch - 1]:
-            del self._plans[old]
-        self._plans[(epoch, start)] = epochs[where[skip:]]
-        return samples[where[skip:]], is_pad[skip:]
-
-    def dataset_epochs(self, epoch: int, start: int) -> np.ndarray:
-        """The dataset epoch each sample of :meth:`rank_indices` ``(epoch, start)`` is read in (its own order's)."""
-        if (epoch, start) not in self._plans:
-            self.rank_indices(epoch, start)
-        return self._plans[(epoch, start)]
-
-    def progress(self, epoch: int, start: int) -> MixtureProgress:
-        """Each node's position in its stream at ``start`` of ``epoch``: what a saved state keeps."""
-        base = self._base(epoch, start)
-        counts = self._count(epoch, base)
-        steps = self.steps_at(epoch, start)
-        read = (
-            np.minimum(steps * self.place.layout.node_batch, counts.lefts) if steps < counts.batches else counts.lefts
-        )
-        done = read + (0 if base is None else np.asarray(base))
-        return MixtureProgress(epoch, tuple(int(n) for n in done), self.windows)
-
-    @staticmethod
-    def read_progress(record: Any, epoch: int) -> MixtureProgress:
-        """A state's ``"stream"`` record as a :class:`MixtureProgress` of ``epoch``; ValueError saying what is wrong."""
-        if not isinstance(record, dict) or not {"consumed", "windows"} <= set(record):
-            raise ValueError(f"'stream' must be the record state_dict() wrote, got {record!r}")
-        consumed, windows = record["consumed"], record["windows"]
-        if not isinstance(consumed, (list, tuple)) or not all(isinstance(c, int) and c >= 0 for c in consumed):
-            raise ValueError(f"'consumed' must be a list of counts >= 0, got {consumed!r}")
-        if not isinstance(windows, (list, tuple)) or not all(isinstance(w, (list, tuple)) for w in windows):
-            raise ValueError(f"'windows' must be a list of [window, together] pairs, got {windows!r}")
-        return MixtureProgress(epoch, tuple(consumed), tuple(tuple(int(v) for v in w) for w in windows))
-
-    def restore(self, progress: Any) -> int:
-        """Resume at ``progress`` (checked against this run); the one-number position to start from."""
-        if not any(progress.consumed):
-            self.resumed = None
-            return 0
-        nodes = self.place.layout.nodes
-        if len(progress.consumed) != nodes:
-            raise ValueError(
-                f"epoch {progress.epoch} of the mixture was saved part-way on {len(progress.consumed)} node(s) and "
-                f"this run has {nodes}: resume it on {len(progress.consumed)} node(s), or from the epoch's start "
-                "(set_epoch without load_state_dict)"
-            )
-        if tuple(progress.windows) != self.windows:
-            raise ValueError(
-                f"epoch {progress.epoch} of the mixture was saved part-way reading its datasets in windows "
-                f"{[list(w) for w in progress.windows]} ([shards, partitions at once] each), and this run's caches "
-                f"give {[list(w) for w in self.windows]}: resume it with the cache_limit it was saved with, or from "
-                "the epoch's start (set_epoch without load_state_dict)"
-            )
-        lengths = self.node_counts.sum(axis=0)
-        if any(c > int(m) for c, m in zip(progress.consumed, lengths)):
-            raise ValueError(
-                f"the saved progress {list(progress.consumed)} passes the nodes' {lengths.tolist()} samples of "
-                f"epoch {progress.epoch}: the state is of another mixture or seed"
-            )
-        self.resumed = MixtureProgress(progress.epoch, tuple(progress.consumed), self.windows)
-        return sum(progress.consumed)
 
     def epoch_length(self, dataset_size: int) -> int:
         """Samples per epoch over all ranks; refuses a store that is not this mixture's."""
