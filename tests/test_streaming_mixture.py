@@ -107,7 +107,8 @@ def test_a_share_too_small_for_a_datasets_shards_is_refused_naming_it(mixed):
     mixture, data = mixed
     small = DataOptions(stream=StreamOptions(cache_limit=6 * SHARD, loaders=1), storage_options=data.storage_options)
     with pytest.raises(
-        ValueError, match=r"Mixture dataset 'b' streams with \d+ bytes, its share \(30.0%.* so that 30.0% of it"
+        ValueError,
+        match=r"Mixture dataset 'b' streams with \d+ bytes, its share \(30.0%.* the mixture's is 3.33 times it",
     ):
         mixture_loader(mixture, small)
 

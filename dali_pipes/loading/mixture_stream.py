@@ -129,8 +129,8 @@ def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRu
                 share = limits[name] / data.stream.cache_limit
                 raise ValueError(
                     f"Mixture dataset {name!r} streams with {limits[name]} bytes, its share ({share:.1%}, by its bytes "
-                    f"an epoch) of cache_limit={data.stream.cache_limit}: {exc}; raise cache_limit so that "
-                    f"{share:.1%} of it is that much"
+                    f"an epoch) of cache_limit={data.stream.cache_limit}: {exc} (a cache_limit named there is this "
+                    f"dataset's share: the mixture's is {1 / share:.2f} times it)"
                 ) from None
         return StreamedMixtureStore(stores, mixture, rules)
     except BaseException:
