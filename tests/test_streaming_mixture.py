@@ -143,3 +143,26 @@ def test_a_weighted_draw_streams_the_staged_draws_samples_and_resumes_exactly(s3
     with weighted_loader() as resumed:
         resumed.load_state_dict(state)
         assert real(first) + real(resumed) == epochs[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_two_ranks_of_a_process_group_read_the_mixture_exactly_and_resume_on_one(tmp_path, s3, buckets, monkeypatch):
+    from test_streaming_loader import real_of, run_ranks
+
+    monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))  # inherited by the ranks: one node's cache
+    options = {
+        "stream": {"cache_limit": LIMIT, "loaders": 1},
+        "storage": s3.options,
+        "group": True,
+        "seed": 3,
+        "mixture": {"proportions": {"a": 0.7, "b": 0.3}, "num_samples": EPOCH},
+        "stop": 6,
+    }
+    first = run_ranks(2, buckets, tmp_path / "two", **options)
+    state = first[0]["state"]
+    assert state == first[1]["state"] and state["samples_consumed"] == 2 * 6 * 4
+    assert all(r["peak"] <= r["limit"] <= LIMIT for r in first)
+    rest = run_ranks(1, buckets, tmp_path / "one", **{**options, "group": False, "stop": None, "state": state})
+    a, b = split(sum((real_of(r) for r in first + rest), []))
+    assert (len(a), len(b)) == (210, 90) and len(set(a)) == 210 and len(set(b)) == 90
