@@ -499,7 +499,8 @@ def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: d
 
     Reads ``url`` with ``DataOptions(stream=StreamOptions(**options["stream"]), storage_options=options["storage"])``
     (``options["stream"]`` a list: one per rank) from the node's shared cache folder (``DALI_PIPES_CACHE``,
-    inherited): the rest of the epoch of ``options["state"]`` when given, else one epoch, stopping after
+    inherited; ``url`` a dict of name -> URL: a ``Mixture`` of them, ``options["mixture"]`` its keywords): the rest of
+    the epoch of ``options["state"]`` when given, else one epoch, stopping after
     ``options["stop"]`` batches when given (its ``state_dict()`` then reported). In a gloo process group
     when ``options["group"]``, else without one; ``options["env"]`` (a list: one dict per rank) sets what a
     launcher would (``LOCAL_WORLD_SIZE``, ``GROUP_RANK``: a simulated node). Writes ``out_dir/rank-R.json``: the
@@ -509,7 +510,7 @@ def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: d
 
     import torch.distributed as dist
 
-    from dali_pipes import BatchFormat, DALILoader, DataOptions, RunOptions, StreamOptions
+    from dali_pipes import BatchFormat, DALILoader, DataOptions, Mixture, RunOptions, StreamOptions
 
     quiet_dali_logs()
     os.environ.update(options["env"][rank] if options.get("env") else {})
@@ -523,10 +524,12 @@ def stream_worker(rank: int, world_size: int, url: str, out_dir: str, options: d
     data = DataOptions(stream=StreamOptions(**stream), storage_options=options["storage"])
     kwargs = dict(batch_size=options["batch_size"], seed=options.get("seed", 0), run=run, data=data)
     try:
-        with DALILoader(url, TinySpec(), batch_format=BatchFormat(with_index=True), **kwargs) as loader:
+        source = Mixture(url, **options.get("mixture", {})) if isinstance(url, dict) else url
+        with DALILoader(source, TinySpec(), batch_format=BatchFormat(with_index=True), **kwargs) as loader:
             if options.get("state"):
                 loader.load_state_dict(options["state"])
-            report: dict = {"len": len(loader), "window": loader.sampling.node_window, "batches": []}
+            window = getattr(loader.sampling, "node_window", None)
+            report: dict = {"len": len(loader), "window": window, "batches": []}
             for batch in loader:
                 report["batches"].append([batch["index"].tolist(), batch["is_pad"].tolist()])
                 if len(report["batches"]) == options.get("stop"):

@@ -43,9 +43,11 @@ class BatchStoreSource(StoreSource):
         segment = self._locate(batch_info.epoch_idx, lo)  # StopIteration past the end
         j = lo - segment.first  # a segment holds whole batches
         indices = np.array(segment.plan.indices[j : j + self.batch_size], dtype=np.int64)
-        before = getattr(self.store, "before_read", None)
-        if before is not None:  # a streamed store pins the windows the batch reads (loading/streaming.py)
-            before(segment.plan.epoch, indices, segment.plan.is_pad[j : j + self.batch_size])
+        is_pad = segment.plan.is_pad[j : j + self.batch_size]
+        if hasattr(self.store, "before_batch"):  # a streamed mixture: where in the plan (loading/mixture_stream.py)
+            self.store.before_batch(segment.plan.epoch, segment.plan.start, j, indices, is_pad)
+        elif hasattr(self.store, "before_read"):  # a streamed store pins the windows the batch reads (streaming.py)
+            self.store.before_read(segment.plan.epoch, indices, is_pad)
         batch = self._read(indices)
         out: list[Any] = []
         in_process = os.getpid() == self._owner_pid
@@ -61,7 +63,7 @@ class BatchStoreSource(StoreSource):
                 out.append(TensorListCPU(value, "", False))
             else:
                 out.append([np.asarray(v) for v in value])  # a DALI worker copies them into shared memory
-        out.append(np.array(segment.plan.is_pad[j : j + self.batch_size], dtype=bool))
+        out.append(np.array(is_pad, dtype=bool))
         if self.with_index:
             out.append(indices)
         if self.batch_inputs is not None:

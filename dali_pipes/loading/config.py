@@ -105,7 +105,9 @@ class StreamOptions:
     once. ``partitions``: how many parts the shards are dealt to (default 8, a multiple of the node count:
     1, 2, 4 and 8 nodes resume each other's states mid-epoch). ``loaders``: the loaders of this dataset that
     may read on a node at once (default 2: training and an evaluation of the training set, or two jobs of a
-    sweep), each within ``cache_limit // loaders``.
+    sweep), each within ``cache_limit // loaders``. A :class:`~dali_pipes.Mixture` streams each of its datasets through
+    a cache folder of its own, with its share of ``cache_limit`` (by its bytes an epoch:
+    :mod:`dali_pipes.loading.mixture_stream`).
     """
 
     cache_limit: int | str

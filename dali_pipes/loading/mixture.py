@@ -26,7 +26,7 @@ from dali_pipes.stores.mixed import LABEL_POLICIES, MixedStore
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LABEL_POLICIES", "Mixture", "MixtureStore"]
+__all__ = ["LABEL_POLICIES", "Mixture", "MixtureStore", "check_in_order"]
 
 
 @dataclass(frozen=True)
@@ -91,3 +91,13 @@ class MixtureStore(MixedStore):
         self.mixture = mixture
         self.sampling = mixture.sampling(self.sizes)
         logger.info("%s: %s samples per epoch", self.root, self.sampling.counts(len(self)))
+
+
+def check_in_order(mixture: Mixture) -> None:
+    """Refuse reading ``mixture`` in order (``shuffle=False``) when it is a random draw (proportions or its own
+    epoch length): only a plain concatenation reads every sample once, in order."""
+    if mixture.proportions is not None or mixture.num_samples is not None:
+        raise ValueError(
+            "shuffle=False: a Mixture with proportions or num_samples is a random draw; read the datasets in "
+            "order with Mixture(datasets) alone (every sample once), or each with its own loader"
+        )

@@ -122,7 +122,7 @@ def restored_stream(
         order.restore(check_progress({"window": 1, "consumed": []}, epoch))
         return position
     try:  # every refusal raised here, in one frame: the examples tell them from a bug by it
-        progress = check_progress(state.get("stream"), epoch)
+        progress = order.read_progress(state.get("stream"), epoch)
         if sum(progress.consumed) != consumed:
             raise ValueError(
                 f"it adds up to {sum(progress.consumed)} samples but the state says samples_consumed={consumed}; "

@@ -6,7 +6,7 @@ import os
 from typing import Any, Mapping
 
 from dali_pipes.loading.config import DataOptions
-from dali_pipes.loading.mixture import Mixture, MixtureStore
+from dali_pipes.loading.mixture import Mixture, MixtureStore, check_in_order
 from dali_pipes.remote.urls import is_url
 from dali_pipes.sampling import EpochRules
 from dali_pipes.stores import Store, open_store
@@ -42,12 +42,13 @@ def prepare_store(
 
 
 def _open_streamed(path: Any, data: DataOptions, rules: EpochRules) -> tuple[Store, None, Any]:
-    """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``)."""
+    """``(store, None, streamer)``: the dataset at ``path`` read through a bounded cache (``data.stream``); a
+    :class:`Mixture`'s datasets each through its own, with its share of the room (:mod:`.mixture_stream`)."""
     if isinstance(path, Mixture):
-        raise ValueError(
-            "DataOptions(stream=...) streams one dataset, a URL or a path: a Mixture is not streamed; stage its "
-            "datasets (leave out stream=, or give stage_to=...) or read each with its own loader"
-        )
+        from dali_pipes.loading.mixture_stream import open_streamed_mixture
+
+        mixed = open_streamed_mixture(path, data, rules)
+        return mixed, None, mixed.streamer
     from dali_pipes.loading.stream_setup import open_streaming  # the cache machinery only when streaming
 
     store = open_streaming(path, data, rules)
@@ -98,35 +99,36 @@ def epoch_sampling(store: Store | MixtureStore, sampling: Any, *, shuffle: bool 
     A mixture read without shuffling (an evaluation spec) reads its datasets one after the other, every sample
     once; a mixture with proportions or its own epoch length is a random draw, and refuses ``shuffle=False``.
     So does ``sampling`` (a weighted draw is random). ``spec``: the pipeline spec when ``shuffle`` is its default
-    (``shuffle_by_default``), named in the refusal.
+    (``shuffle_by_default``), named in the refusal. A streamed store draws in its windowed order
+    (:mod:`dali_pipes.loading.streaming`; weights: :mod:`dali_pipes.sampling.stream_weighted`).
     """
-    if getattr(store, "streamer", None) is not None:  # loading/streaming.py: the windowed order
-        if sampling is not None:
-            raise ValueError(
-                f"sampling={type(sampling).__name__}(...) is not streamed: a weighted draw reads any shard at any "
-                "time, which a bounded cache cannot follow. Leave out sampling= (a streamed epoch reads every sample "
-                "once, shard window by window), or stage the dataset (leave out stream=) to draw with weights"
-            )
-        return store.sampling
-    if not isinstance(store, MixtureStore):
-        if sampling is not None and not shuffle:
-            given = f"(the default of {type(spec).__name__}, which reads in order)" if spec is not None else "was given"
-            raise ValueError(
-                f"sampling={type(sampling).__name__}(...) draws each epoch at random with its weights, but "
-                f"shuffle=False {given}: pass shuffle=True to draw with the weights, or leave out sampling= to read "
-                "every sample once, in order"
-            )
-        return sampling
+    streamed = getattr(store, "streamer", None) is not None
+    if isinstance(store, MixtureStore):
+        return _mixture_sampling(store, sampling, shuffle, streamed)
+    if sampling is not None and not shuffle:
+        given = f"(the default of {type(spec).__name__}, which reads in order)" if spec is not None else "was given"
+        raise ValueError(
+            f"sampling={type(sampling).__name__}(...) draws each epoch at random with its weights, but "
+            f"shuffle=False {given}: pass shuffle=True to draw with the weights, or leave out sampling= to read "
+            "every sample once, in order"
+        )
+    if streamed:
+        if sampling is None:
+            return store.sampling
+        from dali_pipes.sampling.stream_weighted import WeightedStreamOrder
+
+        return WeightedStreamOrder(store.sampling, sampling)
+    return sampling
+
+
+def _mixture_sampling(store: MixtureStore, sampling: Any, shuffle: bool, streamed: bool) -> Any:
+    """:func:`epoch_sampling` of a mixture: its own draw (streamed: checked when opened)."""
     if sampling is not None:
         raise ValueError(
             "a Mixture draws its own epochs (its proportions); sampling= cannot be given with it. "
             "Weight the datasets with Mixture(proportions=...)"
         )
-    if not shuffle:
-        if store.mixture.proportions is not None or store.mixture.num_samples is not None:
-            raise ValueError(
-                "shuffle=False: a Mixture with proportions or num_samples is a random draw; read the datasets in "
-                "order with Mixture(datasets) alone (every sample once), or each with its own loader"
-            )
+    if not shuffle and not streamed:
+        check_in_order(store.mixture)
         return None  # the concatenation, in order
     return store.sampling

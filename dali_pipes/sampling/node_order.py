@@ -28,16 +28,17 @@ from dali_pipes.sampling.partitioned import (
     _epoch,
     _node_labels,
     _node_stream,
-    _per_rank,
+    deal_shards,
     node_partitions,
     node_window_spans,
     partitioned_progress,
     partitioned_rank_indices,
+    per_rank_length,
 )
 from dali_pipes.sampling.rules import check_int
 from dali_pipes.sampling.windowed import WindowSpan
 
-__all__ = ["NodeOrder", "RankPlace", "StreamProgress", "check_progress"]
+__all__ = ["NodeOrder", "RankPlace", "StepCounts", "StreamProgress", "check_progress"]
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,68 @@ class _Counts:
     done: int  # samples read of the epoch at the base
 
 
-class NodeOrder:
+class StepCounts:
+    """The one-number position of an order in which each node reads a stream of its own, its ranks slicing each
+    step of it (:class:`NodeOrder`, :class:`~dali_pipes.sampling.stream_mixture.MixtureOrder`): the steps, batches
+    and samples from ``start``, given ``_count(epoch, base)`` (each node's samples left after ``base``) and
+    ``_base(epoch, start)`` (the resumed progress ``start`` lies after, or ``None``)."""
+
+    place: RankPlace
+
+    def _count(self, epoch: int, base: Any) -> _Counts:
+        raise NotImplementedError
+
+    def _base(self, epoch: int, start: int) -> Any:
+        raise NotImplementedError
+
+    # --- the one-number position ------------------------------------------------------------
+
+    def steps_at(self, epoch: int, start: int) -> int:
+        """The steps taken since the epoch's base when ``start`` of its samples are consumed."""
+        counts = self._count(epoch, self._base(epoch, start))
+        want = start - counts.done
+        node_batch = self.place.layout.node_batch
+        lo, hi = 0, max(counts.batches - 1, 0)
+        while lo < hi:  # the read count grows strictly with the steps before the last one
+            mid = (lo + hi) // 2
+            if int(np.minimum(mid * node_batch, counts.lefts).sum()) < want:
+                lo = mid + 1
+            else:
+                hi = mid
+        if int(np.minimum(lo * node_batch, counts.lefts).sum()) != want:
+            raise ValueError(
+                f"{start} samples consumed of epoch {epoch} is not a step of this layout ({self.place.layout.nodes} "
+                f"node(s) of {self.place.layout.ranks} rank(s), batch {self.place.layout.batch_size}): restore a "
+                "state through the loader's load_state_dict, which keeps each partition's progress"
+            )
+        return lo
+
+    def batches(self, epoch: int, start: int) -> int:
+        """Batches every rank takes in the rest of ``epoch`` from ``start``."""
+        return self._count(epoch, self._base(epoch, start)).batches - self.steps_at(epoch, start)
+
+    def per_rank(self, epoch: int, start: int) -> int:
+        """This rank's samples, padding included, in the rest of ``epoch`` from ``start``."""
+        counts = self._count(epoch, self._base(epoch, start))
+        return counts.length - self.steps_at(epoch, start) * self.place.layout.batch_size
+
+    def consumed(self, epoch: int, handed: int, start: int, total: int) -> int:
+        """The samples of ``epoch`` (``total`` of them) consumed once every rank has taken ``handed`` batches from
+        ``start``: all of them after the last batch."""
+        counts = self._count(epoch, self._base(epoch, start))
+        steps = self.steps_at(epoch, start) + check_int("handed", handed, 0)
+        if steps >= counts.batches:
+            return total
+        return counts.done + int(np.minimum(steps * self.place.layout.node_batch, counts.lefts).sum())
+
+
+def step_counts(lefts: np.ndarray, layout: NodeLayout, done: int) -> _Counts:
+    """The counts of an epoch whose nodes have ``lefts`` samples left after ``done`` were read."""
+    length = per_rank_length(lefts.tolist(), layout)
+    return _Counts(lefts, -(-length // layout.batch_size), length, done)
+
+
+class NodeOrder(StepCounts):
     """The partitioned order of ``sampling`` read by the rank at ``place`` with ``seed``, its node's windows
     ``node_window`` shards wide (:func:`~dali_pipes.sampling.node_room.node_window`), in the shape the loader's
     other orders have: ``epoch_length``, ``identity``, and the counts by the one-number position ``start``."""
@@ -127,50 +189,8 @@ class NodeOrder:
             ep = _epoch(sampling, epoch, self.seed, base)
             nodes = layout.nodes
             lefts = np.array([ep.left(node_partitions(n, nodes, sampling.partitions)) for n in range(nodes)])
-            length = _per_rank(ep, layout, sampling.partitions)
-            done = 0 if base is None else sum(base)
-            counts = self._counts[key] = _Counts(lefts, -(-length // layout.batch_size), length, done)
+            counts = self._counts[key] = step_counts(lefts, layout, 0 if base is None else sum(base))
         return counts
-
-    # --- the one-number position ------------------------------------------------------------
-
-    def steps_at(self, epoch: int, start: int) -> int:
-        """The steps taken since the epoch's base when ``start`` of its samples are consumed."""
-        counts = self._count(epoch, self._base(epoch, start))
-        want = start - counts.done
-        node_batch = self.place.layout.node_batch
-        lo, hi = 0, max(counts.batches - 1, 0)
-        while lo < hi:  # the read count grows strictly with the steps before the last one
-            mid = (lo + hi) // 2
-            if int(np.minimum(mid * node_batch, counts.lefts).sum()) < want:
-                lo = mid + 1
-            else:
-                hi = mid
-        if int(np.minimum(lo * node_batch, counts.lefts).sum()) != want:
-            raise ValueError(
-                f"{start} samples consumed of epoch {epoch} is not a step of this layout ({self.place.layout.nodes} "
-                f"node(s) of {self.place.layout.ranks} rank(s), batch {self.place.layout.batch_size}): restore a "
-                "state through the loader's load_state_dict, which keeps each partition's progress"
-            )
-        return lo
-
-    def batches(self, epoch: int, start: int) -> int:
-        """Batches every rank takes in the rest of ``epoch`` from ``start``."""
-        return self._count(epoch, self._base(epoch, start)).batches - self.steps_at(epoch, start)
-
-    def per_rank(self, epoch: int, start: int) -> int:
-        """This rank's samples, padding included, in the rest of ``epoch`` from ``start``."""
-        counts = self._count(epoch, self._base(epoch, start))
-        return counts.length - self.steps_at(epoch, start) * self.place.layout.batch_size
-
-    def consumed(self, epoch: int, handed: int, start: int, total: int) -> int:
-        """The samples of ``epoch`` (``total`` of them) consumed once every rank has taken ``handed`` batches from
-        ``start``: all of them after the last batch."""
-        counts = self._count(epoch, self._base(epoch, start))
-        steps = self.steps_at(epoch, start) + check_int("handed", handed, 0)
-        if steps >= counts.batches:
-            return total
-        return counts.done + int(np.minimum(steps * self.place.layout.node_batch, counts.lefts).sum())
 
     def progress(self, epoch: int, start: int) -> StreamProgress:
         """Each partition's progress at ``start`` of ``epoch``: what a saved state keeps."""
@@ -179,6 +199,11 @@ class NodeOrder:
         steps = self.steps_at(epoch, start)
         done = partitioned_progress(sampling, self.layout_of(epoch), epoch, self.seed, steps, base)
         return StreamProgress(epoch, done, sampling.window)
+
+    @staticmethod
+    def read_progress(record: Any, epoch: int) -> StreamProgress:
+        """A state's ``"stream"`` record of this order (:func:`check_progress`)."""
+        return check_progress(record, epoch)
 
     def restore(self, progress: StreamProgress) -> int:
         """Resume at ``progress`` (checked against the dataset's partitions); the one-number position to start from."""
@@ -234,16 +259,33 @@ class NodeOrder:
         stream), and each sample's position in that stream (``-1``: another node's)."""
         base = self._bases.get(epoch)
         sampling, layout = self.sampling_of(epoch), self.layout_of(epoch)
-        node = self.place.node
-        spans = node_window_spans(sampling, layout, node, epoch, self.seed, base)
-        ep = _epoch(sampling, epoch, self.seed, base)
-        labels = _node_labels(ep, node_partitions(node, layout.nodes, sampling.partitions), layout.together)
-        stream = _node_stream(sampling, ep, labels, epoch, self.seed)
+        spans = node_window_spans(sampling, layout, self.place.node, epoch, self.seed, base)
+        stream = self.node_stream(epoch, base)
         total = int(sampling.shard_sizes.sum())
         dtype = np.int32 if total < 2**31 else np.int64  # held per epoch by the streamer: 4 bytes a sample
         positions = np.full(total, -1, dtype=dtype)
         positions[stream] = np.arange(len(stream), dtype=dtype)
         return spans, positions
+
+    def node_stream(self, epoch: int, base: tuple[int, ...] | None = None) -> np.ndarray:
+        """The samples this rank's node reads in ``epoch`` after ``base`` (from its start by default), in order."""
+        sampling, layout = self.sampling_of(epoch), self.layout_of(epoch)
+        ep = _epoch(sampling, epoch, self.seed, base)
+        labels = _node_labels(ep, node_partitions(self.place.node, layout.nodes, sampling.partitions), layout.together)
+        return _node_stream(sampling, ep, labels, epoch, self.seed)
+
+    def sample_nodes(self, epoch: int) -> np.ndarray:
+        """The node that reads each sample in ``epoch`` (its shard's partition's), one int64 per sample."""
+        sampling = self.sampling_of(epoch)
+        share = sampling.partitions // self.place.layout.nodes
+        shard_node = np.zeros(len(sampling.shard_sizes), dtype=np.int64)
+        for p, shards in enumerate(deal_shards(sampling, epoch, self.seed)):
+            shard_node[shards] = p // share
+        return np.repeat(shard_node, sampling.shard_sizes)
+
+    def node_samples(self, epoch: int) -> np.ndarray:
+        """The samples each node reads in the whole of ``epoch`` (int64, one per node)."""
+        return self._count(epoch, None).lefts
 
     def epoch_length(self, dataset_size: int) -> int:
         """Samples per epoch over all ranks: the dataset's; refuses shard sizes that do not add up to it."""

@@ -62,7 +62,7 @@ import functools
 import hashlib
 import heapq
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -83,6 +83,8 @@ __all__ = [
     "partitioned_num_batches",
     "partitioned_progress",
     "partitioned_rank_indices",
+    "per_rank_length",
+    "rank_share",
 ]
 
 #: Partitions by default: a multiple of 1, 2, 4 and 8, the node counts that resume each other's states.
@@ -316,10 +318,16 @@ def _epoch(sampling: PartitionedSampling, epoch: int, seed: int, start: Sequence
 
 def _per_rank(ep: _Epoch, layout: NodeLayout, partitions: int) -> int:
     """``L``: samples every rank reads in the rest of the epoch (the module docstring's padding rule)."""
-    lefts = [ep.left(node_partitions(n, layout.nodes, partitions)) for n in range(layout.nodes)]
+    return per_rank_length([ep.left(node_partitions(n, layout.nodes, partitions)) for n in range(layout.nodes)], layout)
+
+
+def per_rank_length(lefts: Sequence[int], layout: NodeLayout) -> int:
+    """``L``: samples every rank reads when node ``n``'s stream holds ``lefts[n]`` samples still to read (the
+    module docstring's padding rule: the most any node's split needs, or with ``"drop"`` the full batches every
+    node has)."""
     if layout.last_batch == "drop":
         return min(lefts) // layout.node_batch * layout.batch_size
-    return max(samples_per_rank(s, layout.batch_size, layout.ranks) if s else 0 for s in lefts)
+    return max(samples_per_rank(int(s), layout.batch_size, layout.ranks) if s else 0 for s in lefts)
 
 
 def partitioned_num_batches(
@@ -377,6 +385,21 @@ def partitioned_rank_indices(
         raise ValueError(f"rank must be < ranks per node ({layout.ranks}), got {rank}")
     length = _per_rank(ep, layout, sampling.partitions)
     stream = _node_stream(sampling, ep, _node_labels(ep, parts, layout.together), epoch, seed)
+    return rank_share(
+        stream,
+        length,
+        layout,
+        rank,
+        lambda: _node_stream(sampling, ep, _node_labels(ep, parts, layout.together, True), epoch, seed, True),
+    )
+
+
+def rank_share(
+    stream: np.ndarray, length: int, layout: NodeLayout, rank: int, whole: Callable[[], np.ndarray]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Rank ``rank``'s ``(indices, is_pad)`` of a node's ``stream`` (what it has left to read), ``length`` samples
+    (:func:`per_rank_length`): the slices of each step, then fillers from the node's own last samples (from
+    ``whole()``, its whole epoch's stream, when nothing is left): the module docstring's rules."""
     b, ranks = layout.batch_size, layout.ranks
     indices, is_pad = np.empty(0, dtype=np.int64), np.empty(0, dtype=bool)
     if layout.last_batch == "drop" and length:
@@ -390,7 +413,7 @@ def partitioned_rank_indices(
     if len(pads):
         # The node's own last-read samples (split_order's wrap-around would reach back to its first window).
         if not len(stream):
-            stream = _node_stream(sampling, ep, _node_labels(ep, parts, layout.together, True), epoch, seed, True)
+            stream = whole()
         indices[pads] = stream[-1 - (rank + np.arange(len(pads)) * ranks) % len(stream)]
     return indices, is_pad
 
