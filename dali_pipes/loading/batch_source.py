@@ -48,7 +48,11 @@ class BatchStoreSource(StoreSource):
             self.store.before_batch(segment.plan.epoch, segment.plan.start, j, indices, is_pad)
         elif hasattr(self.store, "before_read"):  # a streamed store pins the windows the batch reads (streaming.py)
             self.store.before_read(segment.plan.epoch, indices, is_pad)
-        batch = self._read(indices)
+        try:
+            batch = self._read(indices)
+        finally:
+            if hasattr(self.store, "after_read"):  # a streamed store in a reader process lets its pins go
+                self.store.after_read()
         out: list[Any] = []
         in_process = os.getpid() == self._owner_pid
         for name in self.fields:

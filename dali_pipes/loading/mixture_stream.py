@@ -83,16 +83,34 @@ class StreamedMixtureStore(MixtureStore):
         real = ~np.asarray(is_pad, dtype=bool)[: len(told)]
         owner = self.dataset_of(indices[: len(told)])
         for k, name in enumerate(self.names):
-            mine = real & (owner == k)
+            store, mine = self.stores[name], real & (owner == k)
             if not mine.any():
                 continue
             first = int(told[mine].min())
+            if store.in_reader:  # a reader process pins every shard it reads; the windows follow ``first``'s samples
+                every = owner == k
+                local = indices[: len(told)][every] - self.offsets[k]
+                store.before_read(first, local, ~(mine & (told == first))[every])
+                continue
             mine &= told == first
             local = indices[: len(told)][mine] - self.offsets[k]
-            self.stores[name].before_read(first, local, np.zeros(len(local), dtype=bool))
+            store.before_read(first, local, np.zeros(len(local), dtype=bool))
+
+    def after_read(self) -> None:
+        """After each batch: each dataset's (:meth:`StreamStore.after_read
+        <dali_pipes.loading.streaming.StreamStore.after_read>`)."""
+        for store in self.stores.values():
+            store.after_read()
 
     def __getstate__(self) -> dict[str, Any]:
-        raise TypeError("a streamed store is read in the loader's own process only (py_num_workers=0)")
+        """For a reader process: each dataset's store as it goes there, without the streamers."""
+        return {k: v for k, v in self.__dict__.items() if k != "streamer"} | {"streamer": None}
+
+    def serve_readers(self) -> None:
+        """Let reader processes read each dataset (:meth:`StreamStore.serve_readers
+        <dali_pipes.loading.streaming.StreamStore.serve_readers>`)."""
+        for store in self.stores.values():  # a batch may draw all its samples from one dataset
+            store.serve_readers(self.sampling.place.layout.batch_size)
 
 
 def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRules") -> StreamedMixtureStore:

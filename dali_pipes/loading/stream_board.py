@@ -136,8 +136,9 @@ class ReadBoard:
 
     def post(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
         """This process reads a batch of ``epoch``: ``indices`` (``is_pad``)."""
-        slot = self._slot()
-        count = min(len(indices), self.capacity)
+        slot, count = self._slot(), len(indices)
+        if count > self.capacity:
+            raise ValueError(f"{self.path}: a batch of {count} samples, more than the board's {self.capacity}")
         row = self._slots[slot]
         row[_SLOT_HEAD : _SLOT_HEAD + count] = indices[:count]
         row[_SLOT_HEAD + self.capacity : _SLOT_HEAD + self.capacity + count] = np.asarray(is_pad[:count], dtype=bool)

@@ -4,10 +4,10 @@ With ``RunOptions(py_num_workers=N)`` DALI reads each batch in one of N processe
 the pins and the downloads (:mod:`dali_pipes.loading.streaming`), so a node still downloads each shard once and
 its cache stays within its limit; the two sides meet on a :class:`~dali_pipes.loading.stream_board.ReadBoard`:
 
-- A reader process, before a batch (:func:`reader_before_read`): posts the batch to its slot, drops its pins
-  of its last batch, pins the shards of this one itself (its pins end with it, however it ends: the cache
-  reaps a dead holder's), closes the readers of shards it no longer holds, and waits until each of its shards
-  is ready. Its own pin comes first and the loader's process clears a shard's byte before it unpins: so a
+- A reader process, before a batch (:func:`reader_before_read`): posts the batch to its slot, waits until each
+  of its shards is ready, pins them itself (its pins end with it, however it ends: the cache reaps a dead
+  holder's) and closes the readers of shards it no longer holds; after the batch (:func:`reader_after_read`:
+  its records are copied out) it unpins them, so its pins hold room only while it reads. Its own pin comes first and the loader's process clears a shard's byte before it unpins: so a
   shard found ready was present when the pin took hold, and stays (:mod:`~dali_pipes.loading.stream_board`).
 - The loader's process (:class:`ReaderWatch`, a thread): looks at the slots every few milliseconds; for the
   furthest batch posted, it moves the windows' pins as a read in its own process would
@@ -41,7 +41,7 @@ Streamer = StreamStore = Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["READER_SLOTS", "WATCH_INTERVAL_S", "ReaderWatch", "reader_before_read"]
+__all__ = ["READER_SLOTS", "WATCH_INTERVAL_S", "ReaderWatch", "reader_after_read", "reader_before_read"]
 
 #: Reader processes one streamed loader serves at most (a slot each on the board).
 READER_SLOTS = 64
@@ -111,9 +111,7 @@ def reader_before_read(store: "StreamStore", epoch: int, indices: np.ndarray, is
     is_pad = np.asarray(is_pad, dtype=bool)
     board.post(epoch, indices, is_pad)
     shards = [int(k) for k in dict.fromkeys(shard_of(indices, store.sample_counts).tolist())]
-    if store.held:
-        cache.unpin(store.held)
-        store.held = []
+    reader_after_read(store)  # a batch whose read failed: its pins go now
     while True:  # pinned once ready: held by the loader's process already, so the pin takes no room of its own
         for k in shards:
             _wait_ready(board, k, store)
@@ -126,6 +124,13 @@ def reader_before_read(store: "StreamStore", epoch: int, indices: np.ndarray, is
     for k, reader in enumerate(store.shard_readers):
         if reader._pid is not None and k not in shards and board.ready(k) != READY:
             reader.close()  # the cache may evict it: an open map would keep its bytes on the disk
+
+
+def reader_after_read(store: "StreamStore") -> None:
+    """A reader process read its batch (its records copied out): its pins go, so that they hold room only then."""
+    if store.held:
+        store.pins.unpin(store.held)
+        store.held = []
 
 
 def _wait_ready(board: ReadBoard, shard: int, store: "StreamStore") -> None:

@@ -63,9 +63,11 @@ briefly), then waits for the engine with no lock held. So the reading thread wai
   (:mod:`dali_pipes.sampling.partitioned`), so it reads shards the cache holds, not the epoch's first ones, long
   evicted. So a read never finds an evicted shard, and the store never holds open a shard the cache may evict.
 
-Refused for now, by name: reader processes (``py_num_workers > 0``), per-sample reads
-(``batch_reads=False``), a :class:`~dali_pipes.Mixture`, weighted ``sampling=``, ``cache="ram"`` and
-``stage_to``.
+Reader processes (``py_num_workers > 0``) read by the pins of the loader's process
+(:mod:`dali_pipes.loading.stream_readers`). A :class:`~dali_pipes.Mixture` streams each dataset through a cache
+of its own (:mod:`dali_pipes.loading.mixture_stream`), weighted ``sampling=`` draws within the windows
+(:mod:`dali_pipes.sampling.stream_weighted`). Refused, by name: per-sample reads (``batch_reads=False``),
+``cache="ram"`` and ``stage_to``.
 """
 
 from __future__ import annotations
@@ -83,7 +85,7 @@ import numpy as np
 from dali_pipes.loading.stream_board import NOT_READY, READY, ReadBoard
 from dali_pipes.loading.stream_engine import DownloadEngine
 from dali_pipes.loading.stream_plan import WindowPlan
-from dali_pipes.loading.stream_readers import READER_SLOTS, ReaderWatch, reader_before_read
+from dali_pipes.loading.stream_readers import READER_SLOTS, ReaderWatch, reader_after_read, reader_before_read
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
@@ -319,11 +321,12 @@ class StreamStore(Store):
         store = weakref.ref(self)
         streamer.close_reader = lambda shard: store() is not None and store()._shards[shard].close()
 
-    def serve_readers(self) -> None:
+    def serve_readers(self, batch_size: int | None = None) -> None:
         """Let reader processes read this store: the board they post their batches on and its watching thread
-        (:meth:`Streamer.serve_readers`). Called before they start (forked ones inherit the board)."""
+        (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples (default: its order's).
+        Called before they start (forked ones inherit the board)."""
         assert self.streamer is not None
-        self.board = self.streamer.serve_readers(self.sampling.place.layout.batch_size)
+        self.board = self.streamer.serve_readers(batch_size or self.sampling.place.layout.batch_size)
         self.pins = self.streamer.cache.reader_handle()
 
     @property
@@ -337,6 +340,12 @@ class StreamStore(Store):
             reader_before_read(self, epoch, indices, is_pad)
         else:
             self.streamer.before_read(epoch, indices, is_pad)
+
+    def after_read(self) -> None:
+        """Called by the external source after each batch: a reader process's pins of it go (the batch's records
+        were copied out of its shards), so they hold room only while a batch is read."""
+        if self.in_reader:
+            reader_after_read(self)
 
     def read(self, index: int, fields: Iterable[str] | None = None) -> dict[str, Any]:
         """:meth:`Store.read`, the sample's shard present and pinned meanwhile."""
