@@ -236,7 +236,7 @@ def test_each_suite_runs_and_returns_its_table(dataset, suite):
 
         s3_rows = [row for row in report.rows if "epoch" not in row.params]
         # From a local S3 server (skipped without moto): the copies, then a loader staged and one streamed.
-        assert [row.name for row in s3_rows] == object_storage.row_names() + stream_rows.row_names()
+        assert [row.name for row in s3_rows] == object_storage.row_names() + stream_rows.row_names((0,))  # quick
         stream = report.row(stream_rows.STREAM)
         if stream.skipped is None or "moto" not in stream.skipped:  # 3 shards: a tenth holds less than three
             assert "--samples-per-shard" in stream.skipped and report.row(stream_rows.STAGED).timing is not None
