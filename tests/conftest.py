@@ -18,6 +18,13 @@ import pytest
 from dali_pipes import sample_data
 
 DRIVER_INITIALISED = os.environ.get("DALI_PIPES_TEST_DRIVER_INITIALISED") == "1"
+
+# DALI's own CPU resize in this process and every process the tests start, unless the environment chooses: the
+# Numba resize compiles for about 5 CPU seconds per size in each process (each example, CLI run and DDP rank), which
+# on tiny test data costs far more than it saves. The tests whose point is the Numba resize ask for it (the
+# `numba_resize` fixture; tests/test_cpu_resize_ddp.py's scripts clear the variable). DALI_PIPES_CPU_RESIZE=numba
+# runs the whole suite with it.
+os.environ.setdefault("DALI_PIPES_CPU_RESIZE", "dali")
 if DRIVER_INITIALISED:
     _site = str(Path(__file__).resolve().parent / "driver_initialised")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_site, os.environ.get("PYTHONPATH")) if p)
@@ -58,6 +65,12 @@ def _package_log_level():
     level = logger.level
     yield
     logger.setLevel(level)
+
+
+@pytest.fixture
+def numba_resize(monkeypatch):
+    """The CPU pipelines' Numba resize, the library's default, for a test about it (see the note at the top)."""
+    monkeypatch.setenv("DALI_PIPES_CPU_RESIZE", "numba")
 
 
 @pytest.fixture(scope="session")
