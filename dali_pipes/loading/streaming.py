@@ -119,6 +119,7 @@ class Streamer:
         self._ahead: set[int] = set()  # pinned as fetched ahead (possibly given up since)
         self._ready: set[int] = set()  # pinned to be read and downloaded: read without a lock
         self._extra: set[int] = set()  # pinned for reader processes' batches outside the windows
+        self._fetched_ahead: set[int] = set()  # downloaded while pinned ahead (the pin perhaps given up since)
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         self.board: ReadBoard | None = None  # with reader processes (serve_readers)
         self._watch: ReaderWatch | None = None
@@ -170,8 +171,15 @@ class Streamer:
         add = [k for k in current if k not in self._pinned]
         if add:
             self.cache.pin(add)
+            # Downloaded while pinned ahead and still there: ready now, without a turn of the engine.
+            self._ready.update(k for k in add if k in self._fetched_ahead and self.cache.present(k))
+        self._fetched_ahead.difference_update(add)
         self._pinned = set(current)
         self._ahead = set(self.cache.set_ahead(ahead))
+        self._fetched_ahead &= self._ahead
+        if self.board is not None:
+            for k in self._pinned & self._ready:
+                self.board.mark(k, READY)
         jobs = [(k, False) for k in current if k not in self._ready] + [(k, True) for k in ahead if k in self._ahead]
         logger.debug(
             "stream %s: %d shard(s) pinned, %d ahead, %d to fetch",
@@ -181,6 +189,10 @@ class Streamer:
 
     def _downloaded(self, shard: int, ahead: bool) -> None:
         """The engine brought ``shard``: ready to read without a lock when it is pinned to be read."""
+        if ahead:
+            with self._lock:
+                if shard in self._ahead:
+                    self._fetched_ahead.add(shard)
         if not ahead or shard in self._extra:
             with self._lock:
                 if shard in self._pinned or shard in self._extra:
@@ -321,12 +333,29 @@ class StreamStore(Store):
         store = weakref.ref(self)
         streamer.close_reader = lambda shard: store() is not None and store()._shards[shard].close()
 
-    def serve_readers(self, batch_size: int | None = None) -> None:
-        """Let reader processes read this store: the board they post their batches on and its watching thread
-        (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples (default: its order's).
-        Called before they start (forked ones inherit the board)."""
+    def serve_readers(self, depth: int, batch_size: int | None = None) -> None:
+        """Let reader processes read this store, ``depth`` batches at once: the board they post their batches on
+        and its watching thread (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples
+        (default: its order's). Called before they start (forked ones inherit the board).
+
+        Their batches are pinned whole, so the node's windows must hold the batches its ranks read at once:
+        refused otherwise, with the limit that does (the loader's own process reads such a batch shard by shard).
+        """
         assert self.streamer is not None
-        self.board = self.streamer.serve_readers(batch_size or self.sampling.place.layout.batch_size)
+        layout = self.sampling.place.layout
+        batch = batch_size or layout.batch_size
+        samples = np.sort(self.sample_counts)
+        # Its own share of a batch (a mixture's dataset reads a part of each): its windows were sized for it.
+        held, step = int(samples[: self.sampling.node_window].sum()), depth * layout.batch_size * layout.ranks
+        if held < step and self.sampling.node_window < len(samples):
+            raise ValueError(
+                f"{self.root}: reader processes read {depth} batch(es) of {layout.batch_size} at once on each of the node's "
+                f"{layout.ranks} rank(s), {step} samples, but a node window of this cache_limit "
+                f"({self.streamer.limit_bytes} bytes) holds as few as {held}: raise StreamOptions(cache_limit=...) "
+                "until the windows hold them, use larger shards, or read in the loader's own process "
+                "(RunOptions(py_num_workers=0))"
+            )
+        self.board = self.streamer.serve_readers(batch)
         self.pins = self.streamer.cache.reader_handle()
 
     @property
