@@ -90,10 +90,11 @@ def s3_stream_rows(
         with local_s3(dataset) as (url, _, options):
             for _ in range(repeats):  # the rows alternate: a busier moment of the machine falls on all of them
                 for i, row in enumerate(rows):
-                    if row.skipped is None:
+                    if row.skipped is None and row.error is None:
                         settings = {**inputs.loader_settings, "py_num_workers": readers[i // 2]}
-                        stream = limit if i % 2 else None
-                        runs[row.name].append(_run(url, options, inputs, spec, settings, stream, later_epochs))
+                        _run_row(
+                            row, runs, url, options, inputs, spec, settings, limit if i % 2 else None, later_epochs
+                        )
     except Exception as exc:  # noqa: BLE001 - a failing row is shown, the suite's other rows still run
         log.warning("bench storage: the streaming rows failed", exc_info=True)
         for row in rows:
@@ -143,6 +144,16 @@ def _text(kind: str, workers: int) -> str:
         f"loaders={LOADERS})) from an empty cache (first byte {LATENCY_MS:g} ms late); steady rate over epoch 1 "
         f"after its first batch and the later epochs, downloads included; py_num_workers={workers}"
     )
+
+
+def _run_row(row: Row, runs: dict[str, list[dict[str, Any]]], *args: Any) -> None:
+    """One run of ``row`` (:func:`_run`'s arguments) added to ``runs``; a loader that refuses or fails marks the row
+    (a cache too small for its reader processes' batches, say) and the other rows still run."""
+    try:
+        runs[row.name].append(_run(*args))
+    except Exception as exc:  # noqa: BLE001 - shown in the row
+        log.warning("bench storage: %s failed", row.name, exc_info=True)
+        row.error = f"{type(exc).__name__}: {exc}"
 
 
 def _run(
