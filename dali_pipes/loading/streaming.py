@@ -86,6 +86,7 @@ from dali_pipes.loading.stream_board import NOT_READY, READY, ReadBoard
 from dali_pipes.loading.stream_engine import DownloadEngine
 from dali_pipes.loading.stream_plan import WindowPlan
 from dali_pipes.loading.stream_readers import READER_SLOTS, ReaderWatch, reader_after_read, reader_before_read
+from dali_pipes.staging.cache_folder import CacheError
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
@@ -333,29 +334,34 @@ class StreamStore(Store):
         store = weakref.ref(self)
         streamer.close_reader = lambda shard: store() is not None and store()._shards[shard].close()
 
-    def serve_readers(self, depth: int, batch_size: int | None = None) -> None:
-        """Let reader processes read this store, ``depth`` batches at once: the board they post their batches on
-        and its watching thread (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples
-        (default: its order's). Called before they start (forked ones inherit the board).
+    def readers_refusal(self, depth: int) -> str | None:
+        """Why reader processes reading ``depth`` batches at once cannot read this stream, or ``None``.
 
-        Their batches are pinned whole, so the node's windows must hold the batches its ranks read at once:
-        refused otherwise, with the limit that does (the loader's own process reads such a batch shard by shard).
-        """
-        assert self.streamer is not None
+        Their batches are pinned whole, so the node's windows must hold the batches its ranks read at once (the
+        loader's own process reads a larger batch shard by shard)."""
         layout = self.sampling.place.layout
-        batch = batch_size or layout.batch_size
         samples = np.sort(self.sample_counts)
         # Its own share of a batch (a mixture's dataset reads a part of each): its windows were sized for it.
         held, step = int(samples[: self.sampling.node_window].sum()), depth * layout.batch_size * layout.ranks
-        if held < step and self.sampling.node_window < len(samples):
-            raise ValueError(
-                f"{self.root}: reader processes read {depth} batch(es) of {layout.batch_size} at once on each of the node's "
-                f"{layout.ranks} rank(s), {step} samples, but a node window of this cache_limit "
-                f"({self.streamer.limit_bytes} bytes) holds as few as {held}: raise StreamOptions(cache_limit=...) "
-                "until the windows hold them, use larger shards, or read in the loader's own process "
-                "(RunOptions(py_num_workers=0))"
-            )
-        self.board = self.streamer.serve_readers(batch)
+        if held >= step or self.sampling.node_window >= len(samples):
+            return None
+        return (
+            f"{self.root}: reader processes read {depth} batch(es) of {layout.batch_size} at once on each of the "
+            f"node's {layout.ranks} rank(s), {step} samples, but a node window of this cache_limit "
+            f"({self.streamer.limit_bytes} bytes) holds as few as {held}: raise StreamOptions(cache_limit=...) until "
+            "the windows hold them, use larger shards, or read in the loader's own process (RunOptions(py_num_workers=0))"
+        )
+
+    def serve_readers(self, depth: int, batch_size: int | None = None) -> None:
+        """Let reader processes read this store, ``depth`` batches at once: the board they post their batches on
+        and its watching thread (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples
+        (default: its order's). Called before they start (forked ones inherit the board). Refused
+        (:class:`~dali_pipes.staging.stream_cache.CacheError`) when :meth:`readers_refusal` says why."""
+        assert self.streamer is not None
+        refusal = self.readers_refusal(depth)
+        if refusal is not None:
+            raise CacheError(refusal)
+        self.board = self.streamer.serve_readers(batch_size or self.sampling.place.layout.batch_size)
         self.pins = self.streamer.cache.reader_handle()
 
     @property
