@@ -43,3 +43,15 @@ def test_a_slow_shard_ahead_holds_up_no_read_of_the_windows_before_it(s3, stream
     finally:
         s3.proxy.clear()
         loader.close()
+
+
+def test_the_default_downloads_keep_a_latencys_worth_of_bytes_in_flight():
+    # Issue 56: 4 downloads at once paid a server's 30 ms latency in series for small shards (0.08x staged with
+    # shards of about 100 KB); the default now follows the shards' size.
+    from dali_pipes.loading.stream_engine import default_downloads
+
+    assert default_downloads([1_700_000] * 99 + [1]) == 10  # the median shard: 16 MiB in flight
+    assert default_downloads([170_000] * 100) == 32  # at most 32
+    assert default_downloads([100 << 20] * 3) == 4  # at least 4
+    assert StreamOptions(cache_limit=1 << 30).downloads is None  # chosen at the open; a number given is kept
+    assert StreamOptions(cache_limit=1 << 30, downloads=2).downloads == 2

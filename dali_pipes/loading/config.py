@@ -102,7 +102,8 @@ class StreamOptions:
     ``node_ranks``: the job's ranks on each node (default ``LOCAL_WORLD_SIZE``, which torchrun sets, else the
     whole job on one node). ``fetch_ahead``: shards downloaded ahead of the windows being read (default: a
     node window, so the next one is there when the reads reach it). ``downloads``: shards downloaded at
-    once. ``partitions``: how many parts the shards are dealt to (default 8, a multiple of the node count:
+    once (default: enough for :data:`~dali_pipes.loading.stream_engine.BYTES_IN_FLIGHT` in flight, 4 to 32: a
+    server's latency is paid for each shard, so small shards need more at once). ``partitions``: how many parts the shards are dealt to (default 8, a multiple of the node count:
     1, 2, 4 and 8 nodes resume each other's states mid-epoch). ``loaders``: the loaders of this dataset that
     may read on a node at once (default 2: training and an evaluation of the training set, or two jobs of a
     sweep), each within ``cache_limit // loaders``. A :class:`~dali_pipes.Mixture` streams each of its datasets through
@@ -114,7 +115,7 @@ class StreamOptions:
     folder: str | os.PathLike | None = None
     node_ranks: int | None = None
     fetch_ahead: int | None = None
-    downloads: int = 4
+    downloads: int | None = None
     partitions: int | None = None
     loaders: int = DEFAULT_LOADERS
 
@@ -131,10 +132,9 @@ class StreamOptions:
                 f"got {self.cache_limit!r}"
             )
         object.__setattr__(self, "cache_limit", int(self.cache_limit))
-        for name, least in (("node_ranks", 1), ("fetch_ahead", 0), ("partitions", 1)):  # None: chosen at the open
-            if getattr(self, name) is not None:
+        for name, least in (("node_ranks", 1), ("fetch_ahead", 0), ("partitions", 1), ("downloads", 1)):
+            if getattr(self, name) is not None:  # None: chosen at the open
                 object.__setattr__(self, name, int(check_int(f"StreamOptions.{name}", getattr(self, name), least)))
-        object.__setattr__(self, "downloads", int(check_int("StreamOptions.downloads", self.downloads, 1)))
         object.__setattr__(self, "loaders", int(check_int("StreamOptions.loaders", self.loaders, 1)))
 
 

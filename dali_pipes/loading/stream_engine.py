@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from dali_pipes.staging.threads import Cancelled
 
@@ -32,10 +32,24 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["THREAD_NAME", "DownloadEngine"]
+__all__ = ["BYTES_IN_FLIGHT", "THREAD_NAME", "DownloadEngine", "default_downloads"]
 
 #: The name of the engine's download threads.
 THREAD_NAME = "dali-pipes-stream-download"
+#: Bytes the default number of downloads keeps in flight (:func:`default_downloads`): a server's latency (tens of
+#: milliseconds to the first byte) is paid for each shard, so the downloads at once must cover it with bytes.
+BYTES_IN_FLIGHT = 16 << 20
+#: The fewest and the most downloads at once by default.
+MIN_DOWNLOADS, MAX_DOWNLOADS = 4, 32
+
+
+def default_downloads(shard_bytes: Sequence[int]) -> int:
+    """Downloads at once for shards of ``shard_bytes``: :data:`BYTES_IN_FLIGHT` of the median shard, between
+    :data:`MIN_DOWNLOADS` and :data:`MAX_DOWNLOADS` (1.7 MB shards: 10; 170 KB: 32)."""
+    median = max(1, int(sorted(shard_bytes)[len(shard_bytes) // 2]))
+    return max(MIN_DOWNLOADS, min(MAX_DOWNLOADS, -(-BYTES_IN_FLIGHT // median)))
+
+
 #: Seconds an idle download thread sleeps between looks at its list (it is also woken when the list changes).
 _IDLE_WAIT_S = 0.05
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from dali_pipes.dataset.manifest import human_bytes
 from dali_pipes.loading.errors import LoaderError
+from dali_pipes.loading.stream_engine import MIN_DOWNLOADS, default_downloads
 from dali_pipes.loading.stream_layout import choose_partitions, rank_place
 from dali_pipes.loading.stream_plan import WindowPlan
 from dali_pipes.loading.streaming import Streamer, StreamStore
@@ -146,7 +147,7 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
     try:
         folder = cache_folder(path, stream)
         place = rank_place(stream, rules)
-        tuning = CacheTuning(workers=stream.downloads)
+        tuning = CacheTuning(workers=stream.downloads or MIN_DOWNLOADS)
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
         plan = _node_window(cache, stream, _apart(place.layout.ranks))
         samples = [shard.num_samples for shard in cache.manifest.shards]
@@ -170,7 +171,9 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
             together, window, agreed, plan.window, plan.ahead,
         )  # fmt: skip
         pins = WindowPlan(order, cache.shard_bytes, ahead=plan.ahead, budget=plan.budget, read_cap=read_cap)
-        return StreamStore(Streamer(cache, pins, downloads=stream.downloads))
+        downloads = stream.downloads or default_downloads(cache.shard_bytes)
+        logger.info("stream %s: %d download(s) at once", shown, downloads)
+        return StreamStore(Streamer(cache, pins, downloads=downloads))
     except BaseException:
         cache.close()
         raise
