@@ -180,10 +180,14 @@ class Streamer:
         return jobs
 
     def _downloaded(self, shard: int, ahead: bool) -> None:
-        """The engine brought ``shard``: ready to read without a lock when it is pinned to be read."""
+        """The engine brought ``shard``: ready to read without a lock when it is pinned to be read, and present.
+
+        Present is checked under the pin: the engine's download skips a shard no pin held when it began (a pin
+        given up, a window moved on and back), so its end does not say the shard is there; a reader process told
+        so would read a missing file. A shard so skipped is asked for again by the next look at the board."""
         if not ahead or shard in self._extra:
             with self._lock:
-                if shard in self._pinned or shard in self._extra:
+                if (shard in self._pinned or shard in self._extra) and self.cache.present(shard):
                     self._ready.add(shard)
                     if self.board is not None:
                         self.board.mark(shard, READY)
