@@ -80,6 +80,16 @@ class ReaderWatch:
         streamer.hold_for_readers(list(dict.fromkeys(waiting)))
         return now
 
+    def fail_waiting(self, error: BaseException) -> None:
+        """Pinning for the posted batches failed (no room, the cache's state unwritable): the shards they wait for
+        fail with ``error``, so their reader processes raise it (as a read in the loader's process would) rather
+        than wait for a byte that never comes."""
+        for posted in self.board.posted():
+            if posted.waiting:
+                for k in shard_of(posted.indices, self._sizes).tolist():
+                    if self.board.ready(k) != READY:
+                        self.board.fail(k, str(error))
+
     def close(self) -> None:
         """Stop watching (the board's file is removed by the streamer)."""
         self._stop.set()
@@ -104,8 +114,9 @@ def _watch_loop(streamer_ref: "weakref.ref[Streamer]", watch: ReaderWatch) -> No
             again = time.monotonic() - last > REASK_S
             last = time.monotonic() if again else last
             seen = watch.look(streamer, seen, again)
-        except Exception:  # noqa: BLE001 - a reader waiting on it raises its own error once the shard fails
+        except Exception as exc:  # noqa: BLE001 - told to the readers waiting: they raise it, none waits for ever
             logger.exception("stream %s: moving the pins after the reader processes failed", streamer.cache.folder)
+            watch.fail_waiting(exc)
             seen = ()
             time.sleep(0.1)
         del streamer
