@@ -90,9 +90,12 @@ class ReaderWatch:
                     if self.board.ready(k) != READY:
                         self.board.fail(k, str(error))
 
-    def close(self) -> None:
-        """Stop watching (the board's file is removed by the streamer)."""
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop watching, waiting up to ``wait_s`` for a look under way (it may be pinning) to end; the board's file
+        is removed by the streamer."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
 
 def _last_position(streamer: "Streamer", epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> int:

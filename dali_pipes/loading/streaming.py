@@ -279,9 +279,9 @@ class Streamer:
         :data:`CLOSE_WAIT_S`, the last to end releases the cache.
         """
         self.cache.cancel()  # the downloads under way end at their next chunk
+        if self._watch is not None:  # first: a look under way would pin again after drop_pins
+            self._watch.close(CLOSE_WAIT_S)
         self.cache.drop_pins()  # their room goes to the node's other loaders now (one re-made at once, too)
-        if self._watch is not None:
-            self._watch.close()
         if self.board is not None:
             self.board.close()
         if self.engine.close(CLOSE_WAIT_S, released=self._finalizer):
