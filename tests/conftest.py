@@ -9,6 +9,7 @@ tests start. CI reruns that way the tests marked ``driver_init`` (``-m driver_in
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from pathlib import Path
@@ -18,6 +19,13 @@ import pytest
 from dali_pipes import sample_data
 
 DRIVER_INITIALISED = os.environ.get("DALI_PIPES_TEST_DRIVER_INITIALISED") == "1"
+
+# DALI's own CPU resize in this process and every process the tests start, unless the environment chooses: the
+# Numba resize compiles for about 5 CPU seconds per size in each process (each example, CLI run and DDP rank), which
+# on tiny test data costs far more than it saves. The tests whose point is the Numba resize ask for it (the
+# `numba_resize` fixture; tests/test_cpu_resize_ddp.py's scripts clear the variable). DALI_PIPES_CPU_RESIZE=numba
+# runs the whole suite with it.
+os.environ.setdefault("DALI_PIPES_CPU_RESIZE", "dali")
 if DRIVER_INITIALISED:
     _site = str(Path(__file__).resolve().parent / "driver_initialised")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (_site, os.environ.get("PYTHONPATH")) if p)
@@ -40,6 +48,18 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def pytest_collection_finish(session):
+    """Everything imported by collection (every test module, torch, DALI) out of the garbage collector's sight.
+
+    A full collection walks every tracked object: about 0.3 CPU seconds here once the test modules are imported,
+    paid at every loader whose workers fork (``DALILoader`` collects before it forks them), every benchmark row
+    and every ``gc.collect()`` of a test. Those objects live for the whole session anyway; what the tests create
+    and drop is still collected. Garbage is collected first, so nothing unreachable is kept.
+    """
+    gc.collect()
+    gc.freeze()
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip tests marked ``gpu`` on machines without CUDA, saying why."""
     if _cuda_available():
@@ -58,6 +78,12 @@ def _package_log_level():
     level = logger.level
     yield
     logger.setLevel(level)
+
+
+@pytest.fixture
+def numba_resize(monkeypatch):
+    """The CPU pipelines' Numba resize, the library's default, for a test about it (see the note at the top)."""
+    monkeypatch.setenv("DALI_PIPES_CPU_RESIZE", "numba")
 
 
 @pytest.fixture(scope="session")

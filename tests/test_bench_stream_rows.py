@@ -37,11 +37,11 @@ def _inputs(dataset: Path):
     return bench_inputs(dataset, batch_size=BATCH)
 
 
-def _rows(inputs, later_epochs: int = 1):
+def _rows(inputs, later_epochs: int = 1, readers: tuple[int, ...] = (0,)):
     from dali_pipes.bench.stream_rows import s3_stream_rows
     from dali_pipes.bench.suites.stages import GraphPrefix
 
-    return s3_stream_rows(inputs, GraphPrefix(inputs.spec, 0), repeats=1, later_epochs=later_epochs)
+    return s3_stream_rows(inputs, GraphPrefix(inputs.spec, 0), 1, later_epochs, readers)
 
 
 @pytest.mark.slow  # 13 s: the rows run twice over; the skip case below stays in the default suite
@@ -50,12 +50,21 @@ def test_staged_and_streamed_rows_report_consistent_figures(tmp_path):
 
     dataset = _shards(tmp_path, per_shard=1)  # 40 shards: a tenth holds 4 of them
     inputs = _inputs(dataset)
-    staged, stream = _rows(inputs, later_epochs=2)
-    assert (staged.name, stream.name) == (STAGED, STREAM) == ("s3 staged", "s3 stream cache=10%")
+    rows = _rows(inputs, later_epochs=2, readers=(0, 2))  # issue 56: each pair with 0 and 2 reader processes
+    assert [row.name for row in rows] == [STAGED, STREAM, f"{STAGED} workers=2", f"{STREAM} workers=2"]
+    assert (STAGED, STREAM) == ("s3 staged", "s3 stream cache=10%")
+    _check_pair(dataset, *rows[:2], workers=0)
+    # Windows of a tenth of 40 one-sample shards hold fewer samples than 2 reader processes' batches: that row
+    # says so and what to change; its staged row runs.
+    assert rows[2].error is None and rows[2].timing is not None and "py_num_workers=2" in rows[2].description
+    assert rows[3].timing is None and "RunOptions(py_num_workers=0)" in rows[3].error
+
+
+def _check_pair(dataset: Path, staged, stream, workers: int) -> None:
     for row in (staged, stream):
         assert row.error is None and row.skipped is None, (row.name, row.error, row.skipped)
         assert row.extra["first_batch_s"] > 0 and row.extra["latency_ms"] == 30
-        assert "py_num_workers=0" in row.description
+        assert f"py_num_workers={workers}" in row.description
 
     # The cache's limit is a tenth of the shards' bytes, its largest shard the largest file, and the peak
     # the cache folder reached stays within the limit plus one shard.
@@ -64,6 +73,7 @@ def test_staged_and_streamed_rows_report_consistent_figures(tmp_path):
     extra = stream.extra
     assert extra["limit_bytes"] == int(sum(sizes) * 0.1) and extra["shard_bytes"] == max(sizes)
     assert 0 < extra["peak_bytes"] <= extra["limit_bytes"] + extra["shard_bytes"] and extra["peak_ok"] is True
+    assert 0.0 <= extra["blocked_share"] <= 1.0  # of the steady seconds, the reading thread waited for downloads
 
     # The ratio is the streamed row's steady rate over the staged row's, the rate the table shows.
     assert extra["ratio"] == pytest.approx(stream.images_per_s / staged.images_per_s)

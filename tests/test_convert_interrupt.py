@@ -124,8 +124,11 @@ def _check_interrupted_then_resumed(args: list[str], out: Path, moment: str, exp
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("moment", ["starting", "writing", "published", "late"])
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize(
+    "fmt, moment",
+    # 'starting' lands while Python imports the command, before any format's code runs: one format covers it.
+    [("lmdb", "starting"), *((fmt, moment) for fmt in FORMATS for moment in ("writing", "published", "late"))],
+)
 def test_one_ctrl_c_stops_the_local_pool_and_resume_finishes_the_same_bytes(images, reference, tmp_path, fmt, moment):
     out = tmp_path / "out"
     args = ["convert", "imagefolder", str(images), str(out), "--format", fmt, *_shards(), "--workers", "2"]

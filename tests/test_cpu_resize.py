@@ -52,7 +52,9 @@ def test_without_antialiasing_it_is_opencvs_linear_resize_within_one_level():
         assert diff.max() <= 1, crop.shape
 
 
-def test_the_training_pipeline_on_the_cpu_takes_it_and_gives_what_dalis_resize_gives(tmp_path, imagenet_mini):
+def test_the_training_pipeline_on_the_cpu_takes_it_and_gives_what_dalis_resize_gives(
+    tmp_path, imagenet_mini, numba_resize
+):
     from converters.runner import convert
     from converters.sources.imagefolder import ImageFolderSource
 

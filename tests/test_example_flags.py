@@ -239,9 +239,17 @@ def test_the_help_is_plain_text(example, tmp_path):
     assert description.strip() and not re.search(r"``|:(class|mod|func|meth):|`", description), description
 
 
-def test_a_count_of_one_is_singular(data):
-    proc = _run("train_imagenet", "three", "--batch-size", "20", "--size", "32", cwd=data)
+@pytest.fixture(scope="module")
+def trained(data, tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """One epoch of train_imagenet on ``three`` in a single batch of 20, and the checkpoint it saved (read only)."""
+    checkpoint = tmp_path_factory.mktemp("trained") / "ckpt.pt"
+    proc = _run("train_imagenet", "three", "--size", "32", "--batch-size", "20", "--checkpoint", checkpoint, cwd=data)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc, checkpoint
+
+
+def test_a_count_of_one_is_singular(trained):
+    proc, _ = trained
     assert "rank 0 of 1: 1 batch of 20 per epoch on cpu" in proc.stdout, proc.stdout
     assert re.search(r"^epoch 0: 20 samples, .* on 1 process$", proc.stdout, re.M), proc.stdout
 
@@ -297,13 +305,9 @@ def crashed(proc: subprocess.CompletedProcess, error: str, *where: str) -> None:
 
 
 @pytest.fixture
-def checkpoint(data, tmp_path) -> Path:
-    """A checkpoint of one epoch of train_imagenet on ``three``, in a folder of its own."""
-    proc = _run(
-        "train_imagenet", "three", "--size", "32", "--batch-size", "8", "--checkpoint", tmp_path / "ckpt.pt", cwd=data
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return tmp_path / "ckpt.pt"
+def checkpoint(trained) -> Path:
+    """The checkpoint of :func:`trained` (its one epoch in batches of 20); runs resuming it crash or are refused."""
+    return trained[1]
 
 
 def test_a_plain_error_inside_user_errors_is_not_a_usage_error():
@@ -366,7 +370,7 @@ def test_a_bug_while_the_loader_is_built_keeps_its_traceback(data, tmp_path, exa
     ids=["value-error", "runtime-error"],
 )
 def test_a_bug_of_the_loaders_restore_is_not_blamed_on_the_checkpoint(data, checkpoint, tmp_path, bug):
-    args = ("three", "--size", "32", "--batch-size", "8", "--epochs", "2", "--checkpoint", checkpoint, "--resume")
+    args = ("three", "--size", "32", "--batch-size", "20", "--epochs", "2", "--checkpoint", checkpoint, "--resume")
     proc = _run_with_bug("train_imagenet", bug, *args, cwd=data, tmp_path=tmp_path)
     crashed(proc, bug.rpartition("=")[2], "simulated bug in")
 
@@ -388,7 +392,7 @@ def test_a_checkpoint_of_another_dataset_or_model_is_one_line(data, checkpoint):
         ("weights-only.pt", "it holds keys "),
     ):
         path = checkpoint.with_name(name)
-        args = ("three", "--size", "32", "--batch-size", "8", "--epochs", "2", "--checkpoint", path, "--resume")
+        args = ("three", "--size", "32", "--batch-size", "20", "--epochs", "2", "--checkpoint", path, "--resume")
         line = refused("train_imagenet", *args, cwd=data, alone=True)
         assert f"--checkpoint {path} is not a checkpoint this run can resume: {words}" in line, line
 

@@ -122,3 +122,27 @@ def test_cores_per_rank_is_the_ranks_share_of_the_quota(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(world, "quota_cpus", lambda: 2)  # two ranks share 2 CPUs' worth of time
     assert cores_per_rank() == 1
+
+
+def test_default_reader_processes_that_a_streamed_cache_cannot_serve_become_none_saying_why(caplog, monkeypatch):
+    # Issue 56 item 2: reader processes stream, their batches pinned whole; a cache whose windows hold fewer samples
+    # than those batches reads in the loader's process by default (it reads such a batch shard by shard) and says so;
+    # processes the caller chose are left to the refusal at the build.
+    import logging
+
+    from dali_pipes.loading import options
+    from dali_pipes.loading.options import choose_counts
+
+    monkeypatch.setattr(options, "cores_per_rank", lambda: 16)  # a GPU node's share: reader processes by default
+    asked = []
+
+    def refusal(workers: int) -> str | None:
+        asked.append(workers)
+        return "the windows are too small" if workers > 0 else None
+
+    caplog.set_level(logging.INFO, logger="dali_pipes.loading.options")
+    chosen = choose_counts(2, None, "lmdb", True, gpu_images=True, refusal=refusal)  # the GPU feed's default > 0
+    assert chosen == (2, 0) and asked and asked[0] > 0
+    assert "0 reader processes (none by default here: the windows are too small)" in caplog.text
+    assert choose_counts(2, 3, "lmdb", True, gpu_images=True, refusal=refusal) == (2, 3)
+    assert choose_counts(2, None, "lmdb", True, gpu_images=True, refusal=lambda workers: None)[1] == asked[0]

@@ -543,7 +543,8 @@ def test_rgba_png_and_greyscale_jpeg_come_out_rgb(photos, rgba_pngs):
 
 
 @pytest.mark.parametrize("policy", ["rand_augment", "trivial_augment"])
-def test_auto_augment_builds_and_runs_with_conditionals(same_shape_photos, policy):
+def test_auto_augment_builds_and_runs_with_conditionals(same_shape_photos, policy, numba_resize):
+    # With the Numba resize, the CPU default: the policies' operators need the layout its output is given.
     data = encoded(same_shape_photos)
     fixed = dict(
         scale=(1.0, 1.0),

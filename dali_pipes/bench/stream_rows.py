@@ -8,8 +8,9 @@ the suite's read-only graph and the same loader settings:
 - ``s3 stream cache=10%``: ``DataOptions(stream=StreamOptions(cache_limit=a tenth of the shards' bytes,
   folder=TMP, loaders=1))`` from an empty cache: shards downloaded while the epochs are read, each epoch again.
 
-Streaming reads in the loader's own process (``py_num_workers=0``); the staged row does too, so that
-the reading, not the number of processes, is what the two rows compare. Each row reports
+Each pair runs with the same reader processes (:data:`READERS`: 0, in the loader's own process, and 2), so
+that where the shards come from, not the number of processes, is what a pair compares; the rows read with
+processes are named ``... workers=2``. Each row reports
 ``first_batch_s`` (from the loader's construction to its first batch, the staging included) and
 ``MB_at_first_batch`` (staged: the bytes copied; streamed: the bytes in the cache), and, as its
 images/s, the steady rate: the staged row's over the epochs after the first, the streamed row's over
@@ -51,15 +52,30 @@ LOADERS = 1
 LATER_EPOCHS = 3
 
 
-def row_names() -> list[str]:
-    return [STAGED, STREAM]
+#: Reader processes of the rows' loaders: each count a staged and a streamed row, compared with each other.
+READERS = (0, 2)
 
 
-def s3_stream_rows(inputs: "BenchInputs", spec: Any, repeats: int = 1, later_epochs: int = LATER_EPOCHS) -> list[Row]:
-    """The staged and the streamed row (see the module docstring), each run ``repeats`` times from start."""
+def row_name(kind: str, workers: int) -> str:
+    """The row of ``kind`` (:data:`STAGED` or :data:`STREAM`) read with ``workers`` reader processes."""
+    return kind if workers == 0 else f"{kind} workers={workers}"
+
+
+def row_names(readers: tuple[int, ...] = READERS) -> list[str]:
+    return [row_name(kind, w) for w in readers for kind in (STAGED, STREAM)]
+
+
+def s3_stream_rows(
+    inputs: "BenchInputs",
+    spec: Any,
+    repeats: int = 1,
+    later_epochs: int = LATER_EPOCHS,
+    readers: tuple[int, ...] = READERS,
+) -> list[Row]:
+    """The staged and the streamed row for each count of ``readers`` (see the module docstring), each run
+    ``repeats`` times from start."""
     dataset = Path(inputs.dataset)
-    workers = int(inputs.loader_settings.get("py_num_workers") or 0)
-    rows = [Row(STAGED, _staged_text(workers)), Row(STREAM, _stream_text())]
+    rows = [Row(row_name(kind, w), _text(kind, w)) for w in readers for kind in (STAGED, STREAM)]
     why = missing(dataset)
     if why:
         for row in rows:
@@ -67,23 +83,26 @@ def s3_stream_rows(inputs: "BenchInputs", spec: Any, repeats: int = 1, later_epo
         return rows
     shards = shard_bytes(dataset, inputs.manifest)
     limit = max(1, int(sum(shards) * CACHE_SHARE))
-    rows[1].skipped = too_small(limit, shards, inputs.manifest)
-    runs: dict[str, list[dict[str, Any]]] = {STAGED: [], STREAM: []}
-    settings = {**inputs.loader_settings, "py_num_workers": 0}
+    for row in rows[1::2]:
+        row.skipped = too_small(limit, shards, inputs.manifest)
+    runs: dict[str, list[dict[str, Any]]] = {row.name: [] for row in rows}
     try:
         with local_s3(dataset) as (url, _, options):
-            for _ in range(repeats):  # the two rows alternate: a busier moment of the machine falls on both
-                for row in rows:
-                    if row.skipped is None:
-                        stream = limit if row.name == STREAM else None
-                        runs[row.name].append(_run(url, options, inputs, spec, settings, stream, later_epochs))
+            for _ in range(repeats):  # the rows alternate: a busier moment of the machine falls on all of them
+                for i, row in enumerate(rows):
+                    if row.skipped is None and row.error is None:
+                        settings = {**inputs.loader_settings, "py_num_workers": readers[i // 2]}
+                        _run_row(
+                            row, runs, url, options, inputs, spec, settings, limit if i % 2 else None, later_epochs
+                        )
     except Exception as exc:  # noqa: BLE001 - a failing row is shown, the suite's other rows still run
         log.warning("bench storage: the streaming rows failed", exc_info=True)
         for row in rows:
             if row.skipped is None:
                 row.error = f"{type(exc).__name__}: {exc}"
         return rows
-    _fill(rows, runs, limit, shards, inputs.num_samples)
+    for i in range(0, len(rows), 2):
+        _fill(rows[i : i + 2], runs, limit, shards, inputs.num_samples)
     return rows
 
 
@@ -113,25 +132,28 @@ def too_small(limit: int, shards: list[int], manifest: Any) -> str | None:
     )
 
 
-def _staged_text(workers: int) -> str:
-    fair = (
-        f" (the loader's default here is {workers} reader process(es); streaming reads in the loader's own process)"
-        if workers
-        else ""
-    )
-    return (
-        f"DataOptions(stage_to=TMP) from the S3 server (first byte {LATENCY_MS:g} ms late): the whole copy before the "
-        f"first batch, then the epochs after the first; py_num_workers=0{fair}"
-    )
-
-
-def _stream_text() -> str:
+def _text(kind: str, workers: int) -> str:
+    """A row's description: how its loader reads, with ``workers`` reader processes."""
+    if kind == STAGED:
+        return (
+            f"DataOptions(stage_to=TMP) from the S3 server (first byte {LATENCY_MS:g} ms late): the whole copy before "
+            f"the first batch, then the epochs after the first; py_num_workers={workers}"
+        )
     return (
         f"DataOptions(stream=StreamOptions(cache_limit={CACHE_SHARE:.0%} of the shards' bytes, folder=TMP, "
-        f"loaders={LOADERS})) from an "
-        f"empty cache (first byte {LATENCY_MS:g} ms late); steady rate over epoch 1 after its first batch and the "
-        "later epochs, downloads included; py_num_workers=0 (streaming reads in the loader's own process)"
+        f"loaders={LOADERS})) from an empty cache (first byte {LATENCY_MS:g} ms late); steady rate over epoch 1 "
+        f"after its first batch and the later epochs, downloads included; py_num_workers={workers}"
     )
+
+
+def _run_row(row: Row, runs: dict[str, list[dict[str, Any]]], *args: Any) -> None:
+    """One run of ``row`` (:func:`_run`'s arguments) added to ``runs``; a loader that refuses or fails marks the row
+    (a cache too small for its reader processes' batches, say) and the other rows still run."""
+    try:
+        runs[row.name].append(_run(*args))
+    except Exception as exc:  # noqa: BLE001 - shown in the row
+        log.warning("bench storage: %s failed", row.name, exc_info=True)
+        row.error = f"{type(exc).__name__}: {exc}"
 
 
 def _run(
@@ -203,16 +225,19 @@ def _fill(rows: list[Row], runs: dict[str, list[dict[str, Any]]], limit: int, sh
     stream.extra.update(limit_MB=round(limit / 1e6, 2), shard_MB=round(largest / 1e6, 2))
     if stream.timing is None:
         return
-    peak = max(run["peak"] for run in runs[STREAM])
+    streamed = runs[stream.name]
+    peak = max(run["peak"] for run in streamed)
     stream.extra.update(peak_MB=round(peak / 1e6, 2), peak_bytes=peak, limit_bytes=limit, shard_bytes=largest)
-    # The share of the steady seconds the reading thread waited for downloads (Streamer.blocked_s).
-    blocked = sum(run["blocked"] for run in runs[STREAM])
-    stream.extra["blocked_share"] = round(
-        blocked / max(sum(s for run in runs[STREAM] for _, s in run["steady"]), 1e-9), 3
-    )
+    # The share of the steady seconds the reading thread waited for downloads (Streamer.blocked_s; reader
+    # processes wait in their own processes, not counted there).
+    blocked, seconds = sum(run["blocked"] for run in streamed), sum(s for run in streamed for _, s in run["steady"])
+    stream.extra["blocked_share"] = round(blocked / max(seconds, 1e-9), 3)
     stream.extra["peak_ok"] = peak <= limit + largest
     if staged.timing is not None:
         stream.extra["ratio"] = stream.timing.median / staged.timing.median
 
 
-__all__ = ["CACHE_SHARE", "LATER_EPOCHS", "STAGED", "STREAM", "row_names", "s3_stream_rows", "shard_bytes", "too_small"]
+__all__ = [
+    "CACHE_SHARE", "LATER_EPOCHS", "READERS", "STAGED", "STREAM", "row_name", "row_names", "s3_stream_rows",
+    "shard_bytes", "too_small",
+]  # fmt: skip

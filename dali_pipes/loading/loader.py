@@ -183,10 +183,11 @@ class DALILoader(DataLoaderSurface):
     def _start(self, run: RunOptions, device_id: int | None) -> None:
         """Build the pipeline (or the direct path), watch its workers, and make the epoch state over its stream."""
         gpu_images = self.device == "gpu" and any(self.store.fields[name].is_image for name in self._fields)
-        fmt = self.store.manifest.format
+        refusal = getattr(self.store, "readers_refusal", None)  # a streamed store: do reader processes fit its cache?
         self.num_threads, self.py_num_workers = options.choose_counts(
-            run.num_threads, run.py_num_workers, fmt, run.batch_reads, gpu_images
-        )
+            run.num_threads, run.py_num_workers, self.store.manifest.format, run.batch_reads, gpu_images,
+            refusal=refusal and (lambda workers: refusal(max(run.prefetch, workers))),
+        )  # fmt: skip
         run = dataclasses.replace(
             run, device=self.device, num_threads=self.num_threads, py_num_workers=self.py_num_workers,
             py_start_method=self.py_start_method,

@@ -106,11 +106,16 @@ class StreamedMixtureStore(MixtureStore):
         """For a reader process: each dataset's store as it goes there, without the streamers."""
         return {k: v for k, v in self.__dict__.items() if k != "streamer"} | {"streamer": None}
 
-    def serve_readers(self) -> None:
-        """Let reader processes read each dataset (:meth:`StreamStore.serve_readers
+    def readers_refusal(self, depth: int) -> str | None:
+        """Why reader processes cannot read one of the datasets (:meth:`StreamStore.readers_refusal
+        <dali_pipes.loading.streaming.StreamStore.readers_refusal>`), or ``None``."""
+        return next(filter(None, (store.readers_refusal(depth) for store in self.stores.values())), None)
+
+    def serve_readers(self, depth: int) -> None:
+        """Let reader processes read each dataset, ``depth`` batches at once (:meth:`StreamStore.serve_readers
         <dali_pipes.loading.streaming.StreamStore.serve_readers>`)."""
         for store in self.stores.values():  # a batch may draw all its samples from one dataset
-            store.serve_readers(self.sampling.place.layout.batch_size)
+            store.serve_readers(depth, self.sampling.place.layout.batch_size)
 
 
 def open_streamed_mixture(mixture: Mixture, data: "DataOptions", rules: "EpochRules") -> StreamedMixtureStore:

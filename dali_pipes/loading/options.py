@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from dali_pipes.remote.urls import check_dataset_path, redact
 from dali_pipes.sampling import LAST_BATCH_POLICIES, check_int
@@ -119,19 +119,31 @@ def cores_per_rank() -> int:
 
 
 def choose_counts(
-    threads: int | None, workers: int | None, fmt: str, batch_reads: bool, gpu_images: bool
+    threads: int | None,
+    workers: int | None,
+    fmt: str,
+    batch_reads: bool,
+    gpu_images: bool,
+    *,
+    refusal: Callable[[int], str | None] | None = None,
 ) -> tuple[int, int]:
     """``(num_threads, py_num_workers)``: as given, else the defaults for the device, format and cores; one INFO
-    line says what was chosen and why."""
+    line says what was chosen and why. ``refusal(n)``: why ``n`` reader processes cannot read the dataset (a
+    streamed one whose cache is too small for their batches): then the default is none, said in that line (reader
+    processes the caller chose are refused when the pipeline is built)."""
     cpus = cores_per_rank()  # read once: it reads the cgroup and cpuset files
     chosen_workers = default_py_num_workers(fmt, batch_reads, cpus, workers=workers, gpu_images=gpu_images)
     chosen_threads = default_num_threads(cpus, gpu_images=gpu_images) if threads is None else threads
+    why = _counts_reason(workers, gpu_images, cpus)
+    refused = refusal(chosen_workers) if refusal is not None and chosen_workers and workers is None else None
+    if refused is not None:
+        chosen_workers, why = 0, f"none by default here: {refused}"
     log.info(
         "DALILoader: %d DALI threads (%s) and %d reader processes (%s)",
         chosen_threads,
         _counts_reason(threads, gpu_images, cpus),
         chosen_workers,
-        _counts_reason(workers, gpu_images, cpus),
+        why,
     )
     return chosen_threads, chosen_workers
 

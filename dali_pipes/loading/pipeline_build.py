@@ -58,7 +58,7 @@ def build_pipeline(
     if run.py_num_workers > 0:
         extra = dict(py_num_workers=run.py_num_workers, py_start_method=run.py_start_method)
         if hasattr(store, "serve_readers"):  # a streamed store: its board before the processes start (forked ones)
-            store.serve_readers()
+            store.serve_readers(max(run.prefetch, run.py_num_workers))  # the batches they read at once
         if run.py_start_method == "fork":
             # A forked worker inherits the parent's uncollected garbage; if its own GC
             # then finalizes an old DALI pipeline, the C++ destructor waits for executor

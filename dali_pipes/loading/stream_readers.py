@@ -46,11 +46,11 @@ __all__ = ["READER_SLOTS", "REASK_S", "WATCH_INTERVAL_S", "ReaderWatch", "reader
 #: Reader processes one streamed loader serves at most (a slot each on the board).
 READER_SLOTS = 64
 #: Seconds between the loader's looks at the board.
-WATCH_INTERVAL_S = 0.002
+WATCH_INTERVAL_S = 0.001
 #: Seconds between the loader's looks for the shards a waiting reader needs when no slot changed.
 REASK_S = 0.2
-#: Seconds between a reader's looks at a shard's byte (doubling up to ten times that while it waits).
-_POLL_S = 0.0005
+#: Seconds between a reader's looks at a shard's byte (doubling up to four times that while it waits).
+_POLL_S = 0.00025
 
 
 class ReaderWatch:
@@ -74,8 +74,12 @@ class ReaderWatch:
             return now
         posted = self.board.posted()
         if posted:
+            # The windows from the earliest batch still waiting to the furthest posted (of the furthest's epoch: a
+            # batch of the epoch before, at the turn of epochs, is held shard by shard below).
             furthest = max(posted, key=lambda p: (p.epoch, _last_position(streamer, p.epoch, p.indices, p.is_pad)))
-            streamer.before_read(furthest.epoch, furthest.indices, furthest.is_pad)
+            batches = [p for p in posted if p.epoch == furthest.epoch and (p.waiting or p is furthest)]
+            indices, is_pad = np.concatenate([p.indices for p in batches]), np.concatenate([p.is_pad for p in batches])
+            streamer.before_read(furthest.epoch, indices, is_pad)
         waiting = [k for p in posted if p.waiting for k in shard_of(p.indices, self._sizes).tolist()]
         streamer.hold_for_readers(list(dict.fromkeys(waiting)))
         return now
@@ -164,7 +168,7 @@ def _wait_ready(board: ReadBoard, shard: int, store: "StreamStore") -> None:
         if state == FAILED:
             raise StoreError(f"{store.root}: shard {shard}: {board.error()}")
         time.sleep(pause)
-        pause = min(2 * pause, 10 * _POLL_S)
+        pause = min(2 * pause, 4 * _POLL_S)
         if time.monotonic() - checked > 1.0:
             checked = time.monotonic()
             try:

@@ -86,6 +86,7 @@ from dali_pipes.loading.stream_board import NOT_READY, READY, ReadBoard
 from dali_pipes.loading.stream_engine import DownloadEngine
 from dali_pipes.loading.stream_plan import WindowPlan
 from dali_pipes.loading.stream_readers import READER_SLOTS, ReaderWatch, reader_after_read, reader_before_read
+from dali_pipes.staging.cache_folder import CacheError
 from dali_pipes.stores import Store
 
 if TYPE_CHECKING:
@@ -119,6 +120,7 @@ class Streamer:
         self._ahead: set[int] = set()  # pinned as fetched ahead (possibly given up since)
         self._ready: set[int] = set()  # pinned to be read and downloaded: read without a lock
         self._extra: set[int] = set()  # pinned for reader processes' batches outside the windows
+        self._fetched_ahead: set[int] = set()  # downloaded while pinned ahead (the pin perhaps given up since)
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         self.board: ReadBoard | None = None  # with reader processes (serve_readers)
         self._watch: ReaderWatch | None = None
@@ -170,8 +172,15 @@ class Streamer:
         add = [k for k in current if k not in self._pinned]
         if add:
             self.cache.pin(add)
+            # Downloaded while pinned ahead and still there: ready now, without a turn of the engine.
+            self._ready.update(k for k in add if k in self._fetched_ahead and self.cache.present(k))
+        self._fetched_ahead.difference_update(add)
         self._pinned = set(current)
         self._ahead = set(self.cache.set_ahead(ahead))
+        self._fetched_ahead &= self._ahead
+        if self.board is not None:
+            for k in self._pinned & self._ready:
+                self.board.mark(k, READY)
         jobs = [(k, False) for k in current if k not in self._ready] + [(k, True) for k in ahead if k in self._ahead]
         logger.debug(
             "stream %s: %d shard(s) pinned, %d ahead, %d to fetch",
@@ -185,6 +194,10 @@ class Streamer:
         Present is checked under the pin: the engine's download skips a shard no pin held when it began (a pin
         given up, a window moved on and back), so its end does not say the shard is there; a reader process told
         so would read a missing file. A shard so skipped is asked for again by the next look at the board."""
+        if ahead:
+            with self._lock:
+                if shard in self._ahead:
+                    self._fetched_ahead.add(shard)
         if not ahead or shard in self._extra:
             with self._lock:
                 if (shard in self._pinned or shard in self._extra) and self.cache.present(shard):
@@ -325,11 +338,33 @@ class StreamStore(Store):
         store = weakref.ref(self)
         streamer.close_reader = lambda shard: store() is not None and store()._shards[shard].close()
 
-    def serve_readers(self, batch_size: int | None = None) -> None:
-        """Let reader processes read this store: the board they post their batches on and its watching thread
-        (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples (default: its order's).
-        Called before they start (forked ones inherit the board)."""
+    def readers_refusal(self, depth: int) -> str | None:
+        """Why reader processes reading ``depth`` batches at once cannot read this stream, or ``None``.
+
+        Their batches are pinned whole, so the node's windows must hold the batches its ranks read at once (the
+        loader's own process reads a larger batch shard by shard)."""
+        layout = self.sampling.place.layout
+        samples = np.sort(self.sample_counts)
+        # Its own share of a batch (a mixture's dataset reads a part of each): its windows were sized for it.
+        held, step = int(samples[: self.sampling.node_window].sum()), depth * layout.batch_size * layout.ranks
+        if held >= step or self.sampling.node_window >= len(samples):
+            return None
+        return (
+            f"{self.root}: reader processes read {depth} batch(es) of {layout.batch_size} at once on each of the "
+            f"node's {layout.ranks} rank(s), {step} samples, but a node window of this cache_limit "
+            f"({self.streamer.limit_bytes} bytes) holds as few as {held}: raise StreamOptions(cache_limit=...) until "
+            "the windows hold them, use larger shards, or read in the loader's own process (RunOptions(py_num_workers=0))"
+        )
+
+    def serve_readers(self, depth: int, batch_size: int | None = None) -> None:
+        """Let reader processes read this store, ``depth`` batches at once: the board they post their batches on
+        and its watching thread (:meth:`Streamer.serve_readers`), for batches of at most ``batch_size`` samples
+        (default: its order's). Called before they start (forked ones inherit the board). Refused
+        (:class:`~dali_pipes.staging.stream_cache.CacheError`) when :meth:`readers_refusal` says why."""
         assert self.streamer is not None
+        refusal = self.readers_refusal(depth)
+        if refusal is not None:
+            raise CacheError(refusal)
         self.board = self.streamer.serve_readers(batch_size or self.sampling.place.layout.batch_size)
         self.pins = self.streamer.cache.reader_handle()
 

@@ -2,7 +2,7 @@
 
 A cache *entry* is one shard with its index file, if it has one (a TFRecord shard's ``.idx``): they are
 downloaded, counted against the limit and evicted together. Entries are planned where the dataset is
-(:func:`~dali_pipes.staging.stage._plan_source`: a URL's manifest and listing, or a local folder), so
+(:func:`~dali_pipes.staging.stage.plan_source`: a URL's manifest and listing, or a local folder), so
 their sizes and SHA-256 are the manifest's. :func:`kept_entries` decides, when the first process of a
 run opens a folder, which entries an earlier run left whole.
 """
@@ -14,14 +14,14 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from dali_pipes.dataset.fileio import sha256_file
 from dali_pipes.dataset.manifest import Manifest, Shard, human_bytes, parse_manifest
 from dali_pipes.remote.urls import redact
 from dali_pipes.staging.cache_folder import FULL_ERRNOS, CacheError, remove_leftovers
 from dali_pipes.staging.checked import TMP_PREFIX, StageItem
-from dali_pipes.staging.stage import _plan_source
+from dali_pipes.staging.stage import plan_source
 
 log = logging.getLogger(__name__)
 
@@ -44,24 +44,30 @@ class CacheEntry:
         return [root / item.rel for item in self.items]
 
 
-def plan_entries(
-    source: str | os.PathLike, folder: Path, storage_options: Mapping[str, Any] | None
-) -> tuple[str, Manifest, bytes, list[CacheEntry], Callable]:
-    """``(origin, manifest, its bytes, entries, copier)`` of the dataset at ``source``, read where it is.
+class CachePlan(NamedTuple):
+    """What a streaming cache holds of a dataset (:func:`plan_entries`)."""
 
-    ``origin`` names the dataset with any secret taken out (it is recorded in the folder); the copier
-    downloads one file through a temporary name, checked against its size and SHA-256."""
+    origin: str  #: the dataset's name with any secret taken out (recorded in the folder)
+    manifest: Manifest
+    manifest_bytes: bytes
+    entries: list[CacheEntry]
+    copy: Callable  #: downloads one file through a temporary name, checked against its size and SHA-256
+
+
+def plan_entries(source: str | os.PathLike, folder: Path, storage_options: Mapping[str, Any] | None) -> CachePlan:
+    """The :class:`CachePlan` of the dataset at ``source``, read where it is."""
     if str(source).endswith((".h5", ".hdf5")):
         shown = redact(str(source), storage_options)
         raise CacheError(f"{shown}: a merged .h5 file is not streamed; give the dataset folder (or its URL)")
-    _, items, (_, manifest_bytes), _, origin, copy = _plan_source(source, folder, storage_options)
+    plan = plan_source(source, folder, storage_options)
+    items, (_, manifest_bytes), origin, copy = plan.items, plan.marker, plan.origin, plan.copy
     manifest = parse_manifest(json.loads(manifest_bytes), where=origin)
     by_rel = {item.rel: item for item in items}
     entries = []
     for shard in manifest.shards:
         files = tuple(by_rel[rel] for rel in (shard.path, shard.index_path) if rel)
         entries.append(CacheEntry(shard, files, sum(item.bytes for item in files)))
-    return origin, manifest, manifest_bytes, entries, copy
+    return CachePlan(origin, manifest, manifest_bytes, entries, copy)
 
 
 def refuse_oversized(folder: Path, entries: list[CacheEntry], limit: int) -> None:

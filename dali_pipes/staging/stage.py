@@ -38,7 +38,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 from dali_pipes.dataset.fileio import atomic_write_bytes, sha256_file
 from dali_pipes.dataset.manifest import ERRORS_NAME, MANIFEST_NAME, human_bytes, load_manifest, resolve_inside
@@ -91,7 +91,7 @@ def stage_dataset(
     dest = Path(dest)
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
-    source, items, marker, target, origin, copy = _plan_source(dataset, dest, storage_options)
+    source, items, marker, target, origin, copy = plan_source(dataset, dest, storage_options)
     if dest.exists() and not dest.is_dir():
         raise StageError(f"{dest}: is a file; stage into a folder (it is made if missing)")
     dest.mkdir(parents=True, exist_ok=True)
@@ -126,10 +126,19 @@ def stage_dataset(
 # --- what to copy --------------------------------------------------------------------------------
 
 
-def _plan_source(
-    dataset: str | os.PathLike, dest: Path, storage_options: Mapping[str, Any] | None
-) -> tuple[Path | str, list[StageItem], tuple[Path, bytes], Path, str, Copier]:
-    """``(source, items, (marker path, marker bytes), path to open, origin, copier)`` for staging ``dataset`` into ``dest``.
+class SourcePlan(NamedTuple):
+    """What staging (or a streaming cache) copies of a dataset, and how."""
+
+    source: Path | str  #: where the dataset is
+    items: list[StageItem]  #: its files to copy
+    marker: tuple[Path, bytes]  #: the completion marker: (path, bytes), written last
+    target: Path  #: the path to open once copied
+    origin: str  #: the dataset's name to record and show (any secret taken out)
+    copy: "Copier"  #: copies one item, checked
+
+
+def plan_source(dataset: str | os.PathLike, dest: Path, storage_options: Mapping[str, Any] | None) -> SourcePlan:
+    """The :class:`SourcePlan` for staging ``dataset`` into ``dest``.
 
     A URL is planned by :func:`~dali_pipes.staging.download.plan_remote` (its files downloaded); a local dataset
     by :func:`_plan` (its files copied by :func:`copy_checked`), refused when ``dest`` is where it already is.
@@ -138,13 +147,13 @@ def _plan_source(
         from dali_pipes.staging.download import plan_remote
 
         items, marker, target, origin, copy = plan_remote(str(dataset), dest, storage_options)
-        return origin, items, marker, target, origin, copy
+        return SourcePlan(origin, items, marker, target, origin, copy)
     source = Path(dataset)
     items, marker, target = _plan(source, dest)
     origin = str(source.resolve())
     if dest.resolve() in {source.resolve(), source.resolve().parent}:
         raise StageError(f"{dest}: is where {source} already is; stage into another folder")
-    return source, items, marker, target, origin, copy_checked
+    return SourcePlan(source, items, marker, target, origin, copy_checked)
 
 
 def _plan(source: Path, dest: Path) -> tuple[list[StageItem], tuple[Path, bytes], Path]:

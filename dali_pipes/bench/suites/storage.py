@@ -38,9 +38,9 @@ from dali_pipes.bench.object_storage import CONNECTION_MB_S, LATENCY_MS, s3_stag
 from dali_pipes.bench.procfs import drop_page_cache, pss_bytes
 from dali_pipes.bench.report import BenchReport, figure, suite_report
 from dali_pipes.bench.runner import Row, Timing, quiet
+from dali_pipes.bench.stream_rows import READERS, row_name, s3_stream_rows
 from dali_pipes.bench.stream_rows import STAGED as S3_STAGED
 from dali_pipes.bench.stream_rows import STREAM as S3_STREAM
-from dali_pipes.bench.stream_rows import s3_stream_rows
 from dali_pipes.bench.streams import open_loader
 from dali_pipes.bench.suites import SuiteRun
 from dali_pipes.bench.suites.stages import GraphPrefix
@@ -86,7 +86,8 @@ def run(bench: SuiteRun) -> BenchReport:
         bar.set_postfix_str("object storage")
         rows.extend(s3_stage_rows(Path(inputs.dataset), inputs.num_samples, repeats=1 if quick else 2))
         bar.set_postfix_str("streaming")
-        rows.extend(s3_stream_rows(inputs, spec, repeats=1 if quick else 2, later_epochs=1 if quick else LATER_EPOCHS))
+        readers = READERS[:1] if quick else READERS  # --quick: in the loader's process only
+        rows.extend(s3_stream_rows(inputs, spec, 1 if quick else 2, 1 if quick else LATER_EPOCHS, readers))
     report = suite_report(
         "storage",
         "where the shards are read from: epoch 1 (cold, copy included) and epoch 2, read-only graph",
@@ -118,23 +119,30 @@ def run(bench: SuiteRun) -> BenchReport:
 
 
 def _streaming_notes(report: BenchReport) -> None:
-    """The streamed row's ratio to the staged one in the summary; what the two rows measure, and the cache's bound."""
-    stream = report.row(S3_STREAM)
-    ratio = stream.extra.get("ratio") if stream is not None else None
-    report.summary[f"{S3_STREAM} / {S3_STAGED} (steady images/s)"] = figure(ratio, target=">= 0.9")
+    """Each streamed row's ratio to its staged one (same reader processes) in the summary; what the rows measure,
+    and each cache's bound."""
+    for workers in READERS:
+        staged, stream = row_name(S3_STAGED, workers), row_name(S3_STREAM, workers)
+        row = report.row(stream)
+        if row is None and workers:
+            continue  # --quick
+        ratio = row.extra.get("ratio") if row is not None else None
+        report.summary[f"{stream} / {staged} (steady images/s)"] = figure(ratio, target=">= 0.9")
+        if row is not None and "peak_bytes" in row.extra:
+            extra = row.extra
+            report.notes.append(
+                f"{stream}: cache peak {extra['peak_bytes']} bytes, limit {extra['limit_bytes']} bytes, largest "
+                f"shard {extra['shard_bytes']} bytes: peak <= limit + one shard: {extra['peak_ok']}; the reading "
+                f"thread waited for downloads {extra['blocked_share']:.1%} of its steady time"
+            )
     report.notes.append(
-        f"'{S3_STAGED}' and '{S3_STREAM}': a loader from start over the S3 URL (same graph, py_num_workers=0), "
-        "the first staged into a temporary folder, the second streamed through a cache of a tenth of the shards' "
-        "bytes; first_batch_s from the loader's construction (the staged row's includes the whole copy); "
-        "images/s: steady rate (staged: the epochs after the first; streamed: after its first batch, downloads "
-        "included); MB_s: the shards' bytes read per second; ratio: streamed over staged"
+        f"'{S3_STAGED}' and '{S3_STREAM}' (each with 0 and 2 reader processes, '... workers=2'): a loader from start "
+        "over the S3 URL (same graph, same reader processes in a pair), the first staged into a temporary folder, "
+        "the second streamed through a cache of a tenth of the shards' bytes; first_batch_s from the loader's "
+        "construction (the staged row's includes the whole copy); images/s: steady rate (staged: the epochs after "
+        "the first; streamed: after its first batch, downloads included); MB_s: the shards' bytes read per second; "
+        "ratio: streamed over staged"
     )
-    if stream is not None and "peak_bytes" in stream.extra:
-        extra = stream.extra
-        report.notes.append(
-            f"stream cache: peak {extra['peak_bytes']} bytes, limit {extra['limit_bytes']} bytes, largest shard "
-            f"{extra['shard_bytes']} bytes: peak <= limit + one shard: {extra['peak_ok']}"
-        )
 
 
 def _measure_mode(mode: str, inputs: BenchInputs, spec: Any, repeats: int) -> list[Row]:
