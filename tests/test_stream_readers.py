@@ -1,4 +1,4 @@
-"""Reader processes of a streamed loader (issue 56 item 2): ``py_num_workers=2`` reading a dataset ten times the
+"""Reader processes of a streamed loader (issue 56 item 2): ``py_num_workers=2`` reading a dataset three times the
 cache from the loopback S3-protocol server, by the pins of the loader's process (dali_pipes/loading/stream_readers.py).
 
 Every sample once per epoch, fork and spawn, the cache within its limit, no more downloads than a loader without
@@ -30,7 +30,7 @@ from loader_helpers import TinySpec, quiet_dali_logs, skip_if_fork_refused, wait
 SHARD = 12288  # every LMDB shard of 4 samples here: 3 pages
 SHARDS = 80
 N = SHARDS * 4 - 2  # the last shard shorter: the last batch pads
-LIMIT = SHARDS * SHARD // 10
+LIMIT = SHARDS * SHARD * 3 // 10  # 30%: the windows must hold the batches the 2 reader processes read at once
 BATCH = 8
 INDEXED = BatchFormat(with_index=True)
 
@@ -227,7 +227,7 @@ def test_a_streamed_70_30_mixture_read_by_reader_processes_keeps_exact_counts(s3
     quiet_dali_logs()
     monkeypatch.setenv("DALI_PIPES_CACHE", str(tmp_path / "cache"))
     mixture = Mixture(buckets, proportions={"a": 0.7, "b": 0.3}, num_samples=mix.EPOCH)
-    data = DataOptions(stream=StreamOptions(cache_limit=mix.LIMIT, loaders=1), storage_options=s3.options)
+    data = DataOptions(stream=StreamOptions(cache_limit=2 * mix.LIMIT, loaders=1), storage_options=s3.options)
     with DALILoader(
         mixture, TinySpec(), batch_size=BATCH, seed=3, batch_format=INDEXED, run=run_options(2), data=data
     ) as loader:
