@@ -15,7 +15,9 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 
 from dali_pipes.loading.errors import LoaderError, ShardReadError
+from dali_pipes.remote.fs import RemoteError
 from dali_pipes.sampling import World
+from dali_pipes.staging.cache_folder import CacheError
 from dali_pipes.stores import Store, StoreError
 from dali_pipes.stores.errors import error_chain
 
@@ -105,6 +107,8 @@ def explain_failure(
         found = first_undecodable(store, fields, candidates())
     except StoreError as error:  # DALI lost the worker's error, but reading it again tells
         return ShardReadError(f"{error}{context}")
+    except (RemoteError, CacheError) as error:  # a streamed shard whose download failed: read again, it says so
+        return LoaderError(f"{error}{context}")
     where = f"epoch {current.epoch}, batch {current.handed} on rank {world.rank}"
     if found is None:
         return LoaderError(f"{store.root}: the DALI pipeline failed ({where}): {exc}")

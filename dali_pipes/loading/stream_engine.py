@@ -189,8 +189,12 @@ class DownloadEngine:
         """One shard, as long as it is wanted; the outcome recorded for a waiting reader."""
         error: BaseException | None = None
         try:
-            # A shard whose tries were just spent is asked for again only by the read that needs it, which raises.
-            if shard in self._urgent or self.cache.recent_failure(shard) is None:
+            # A shard whose tries were just spent is asked for again only by the read that needs it, which raises;
+            # the others are told it failed (a reader process waiting for it raises too, not waits for the pause).
+            error = None if shard in self._urgent else self.cache.recent_failure(shard)
+            if error is not None:
+                self._on_failed(shard, error)
+            else:
                 self.cache.fetch([shard], ahead=True, wanted=lambda: not self._closed and shard in self._wanted)
                 self._on_ready(shard, ahead)
         except Cancelled as exc:

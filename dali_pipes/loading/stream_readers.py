@@ -41,12 +41,14 @@ Streamer = StreamStore = Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["READER_SLOTS", "WATCH_INTERVAL_S", "ReaderWatch", "reader_after_read", "reader_before_read"]
+__all__ = ["READER_SLOTS", "REASK_S", "WATCH_INTERVAL_S", "ReaderWatch", "reader_after_read", "reader_before_read"]
 
 #: Reader processes one streamed loader serves at most (a slot each on the board).
 READER_SLOTS = 64
 #: Seconds between the loader's looks at the board.
 WATCH_INTERVAL_S = 0.001
+#: Seconds between the loader's looks for the shards a waiting reader needs when no slot changed.
+REASK_S = 0.2
 #: Seconds between a reader's looks at a shard's byte (doubling up to four times that while it waits).
 _POLL_S = 0.00025
 
@@ -64,11 +66,11 @@ class ReaderWatch:
         )
         self._thread.start()
 
-    def look(self, streamer: "Streamer", seen: tuple[int, ...]) -> tuple[int, ...]:
-        """One look at the board: when a slot changed, move the windows to the furthest batch posted and hold the
-        shards of the batches still waiting for them; what was seen."""
+    def look(self, streamer: "Streamer", seen: tuple[int, ...], again: bool = False) -> tuple[int, ...]:
+        """One look at the board: when a slot changed (or ``again``, while a batch waits), move the windows to the
+        furthest batch posted and hold the shards of the batches still waiting for them; what was seen."""
         now = self.board.seen()
-        if now == seen:
+        if now == seen and not (again and any(now[1::2])):
             return now
         posted = self.board.posted()
         if posted:
@@ -82,9 +84,22 @@ class ReaderWatch:
         streamer.hold_for_readers(list(dict.fromkeys(waiting)))
         return now
 
-    def close(self) -> None:
-        """Stop watching (the board's file is removed by the streamer)."""
+    def fail_waiting(self, error: BaseException) -> None:
+        """Pinning for the posted batches failed (no room, the cache's state unwritable): the shards they wait for
+        fail with ``error``, so their reader processes raise it (as a read in the loader's process would) rather
+        than wait for a byte that never comes."""
+        for posted in self.board.posted():
+            if posted.waiting:
+                for k in shard_of(posted.indices, self._sizes).tolist():
+                    if self.board.ready(k) != READY:
+                        self.board.fail(k, str(error))
+
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop watching, waiting up to ``wait_s`` for a look under way (it may be pinning) to end; the board's file
+        is removed by the streamer."""
         self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
 
 def _last_position(streamer: "Streamer", epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> int:
@@ -95,14 +110,20 @@ def _last_position(streamer: "Streamer", epoch: int, indices: np.ndarray, is_pad
 
 def _watch_loop(streamer_ref: "weakref.ref[Streamer]", watch: ReaderWatch) -> None:
     seen: tuple[int, ...] = ()
+    last = time.monotonic()
     while not watch._stop.wait(WATCH_INTERVAL_S):
         streamer = streamer_ref()
         if streamer is None:
             return
         try:
-            seen = watch.look(streamer, seen)
-        except Exception:  # noqa: BLE001 - a reader waiting on it raises its own error once the shard fails
+            # Every REASK_S while a reader waits, its shards are asked for again though nothing was posted: a
+            # download that ended without its shard (skipped, cancelled) must not leave the reader waiting for ever.
+            again = time.monotonic() - last > REASK_S
+            last = time.monotonic() if again else last
+            seen = watch.look(streamer, seen, again)
+        except Exception as exc:  # noqa: BLE001 - told to the readers waiting: they raise it, none waits for ever
             logger.exception("stream %s: moving the pins after the reader processes failed", streamer.cache.folder)
+            watch.fail_waiting(exc)
             seen = ()
             time.sleep(0.1)
         del streamer

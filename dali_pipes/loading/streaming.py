@@ -189,14 +189,18 @@ class Streamer:
         return jobs
 
     def _downloaded(self, shard: int, ahead: bool) -> None:
-        """The engine brought ``shard``: ready to read without a lock when it is pinned to be read."""
+        """The engine brought ``shard``: ready to read without a lock when it is pinned to be read, and present.
+
+        Present is checked under the pin: the engine's download skips a shard no pin held when it began (a pin
+        given up, a window moved on and back), so its end does not say the shard is there; a reader process told
+        so would read a missing file. A shard so skipped is asked for again by the next look at the board."""
         if ahead:
             with self._lock:
                 if shard in self._ahead:
                     self._fetched_ahead.add(shard)
         if not ahead or shard in self._extra:
             with self._lock:
-                if shard in self._pinned or shard in self._extra:
+                if (shard in self._pinned or shard in self._extra) and self.cache.present(shard):
                     self._ready.add(shard)
                     if self.board is not None:
                         self.board.mark(shard, READY)
@@ -288,9 +292,9 @@ class Streamer:
         :data:`CLOSE_WAIT_S`, the last to end releases the cache.
         """
         self.cache.cancel()  # the downloads under way end at their next chunk
+        if self._watch is not None:  # first: a look under way would pin again after drop_pins
+            self._watch.close(CLOSE_WAIT_S)
         self.cache.drop_pins()  # their room goes to the node's other loaders now (one re-made at once, too)
-        if self._watch is not None:
-            self._watch.close()
         if self.board is not None:
             self.board.close()
         if self.engine.close(CLOSE_WAIT_S, released=self._finalizer):
