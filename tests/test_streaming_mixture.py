@@ -72,9 +72,13 @@ def test_a_70_30_mixture_of_two_buckets_streams_exact_counts_and_resumes_exactly
             path.split("/")[1] for method, path in s3.proxy.requests if "/shard-" in path and method == "GET"
         )
         # Each dataset's windows followed: its shards downloaded about once per epoch of it read (1.75 of a's 60
-        # shards, 1.125 of b's 40), and the next ones fetched ahead.
+        # shards, 1.125 of b's 40), within 5%, and `ahead` more (the next epoch's first shards, fetched ahead before
+        # the test stops). Seen: a 112 against a bound of 114 (110 before the download engine fetched ahead across
+        # windows at once), b 48 against 48.
         buckets = {name: url.split("/")[2] for name, url in mixture.datasets.items()}
-        assert gets[buckets["a"]] <= 110 and gets[buckets["b"]] <= 55, gets
+        ahead = {name: store.streamer.ahead for name, store in loader.store.stores.items()}
+        bound = {"a": 1.05 * 105 + ahead["a"], "b": 1.05 * 45 + ahead["b"]}
+        assert all(gets[buckets[name]] <= bound[name] for name in bound), (gets, bound)
         caches = loader.cache.by_name
         assert {name: s.peak_bytes <= s.limit_bytes for name, s in caches.items()} == {"a": True, "b": True}
         assert sum(s.limit_bytes for s in caches.values()) <= LIMIT
