@@ -44,10 +44,13 @@ class WindowPlan:
         self._spans: dict[tuple[int, Any], tuple[WindowSpan, ...]] = {}  # by (epoch, its base)
         self._positions: dict[tuple[int, Any], np.ndarray] = {}  # each sample's position in the node's stream
 
-    def for_batch(self, epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> tuple[At, list[list[int]]] | None:
-        """``(where, groups)``: the shards to pin for a batch of ``epoch`` reading ``indices`` (the windows being read
-        first, then those ahead); ``None`` when the pins set last are still the ones (or the batch is all padding,
-        whose reads pin their own shards)."""
+    def for_batch(
+        self, epoch: int, indices: np.ndarray, is_pad: np.ndarray
+    ) -> tuple[At, list[list[int]], list[int]] | None:
+        """``(where, groups, order)``: the shards to pin for a batch of ``epoch`` reading ``indices`` (the windows
+        being read first, then those ahead) and every shard in the order the reads will need them from here on (this
+        epoch's and the next one's: the cache evicts the one needed furthest ahead first); ``None`` when the pins set
+        last are still the ones (or the batch is all padding, whose reads pin their own shards)."""
         spans, positions = self.epoch_windows(epoch)
         where = positions[np.asarray(indices)[~np.asarray(is_pad, dtype=bool)]]
         where = where[where >= 0]
@@ -61,7 +64,9 @@ class WindowPlan:
             return None
         later = [s.shards for s in touched[len(current) :]]
         later += [s.shards for s in spans[touched[-1].window + 1 :] if s.start >= hi]
-        return at, self._wanted([k for s in current for k in s.shards], [*later, *self._next_epoch(epoch)])
+        later += list(self._next_epoch(epoch))
+        now = [k for s in current for k in s.shards]
+        return at, self._wanted(now, later), [*now, *(k for shards in later for k in shards)]
 
     def applied(self, at: At) -> None:
         """The pins of :meth:`for_batch`'s ``at`` are set."""

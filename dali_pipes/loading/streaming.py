@@ -144,9 +144,9 @@ class Streamer:
         planned = self.plan.for_batch(epoch, indices, is_pad)
         if planned is None:
             return
-        at, groups = planned
+        at, groups, order = planned
         with self._lock:
-            self.cache.plan_reads([k for group in groups for k in group])  # needed furthest ahead: evicted first
+            self.cache.plan_reads(order)  # the shard needed furthest ahead (or never) is evicted first
             jobs = self._repin(groups[0], [k for group in groups[1:] for k in group])
             self.plan.applied(at)
         self.engine.want(jobs)
