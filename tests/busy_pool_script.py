@@ -13,6 +13,7 @@ Prints ``running`` once the first task is done, and on Ctrl-C says ``interrupted
 from __future__ import annotations
 
 import random
+import signal
 import sys
 import time
 from typing import Any
@@ -52,4 +53,7 @@ def main(count: int) -> int:
 
 
 if __name__ == "__main__":  # spawned workers import this file too
+    # As a shell starts a program: Ctrl-C raises (the test process may pass on SIGINT ignored or blocked).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     sys.exit(main(int(sys.argv[1])))
