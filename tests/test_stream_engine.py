@@ -27,7 +27,7 @@ def test_a_slow_shard_ahead_holds_up_no_read_of_the_windows_before_it(s3, stream
     spans = loader.sampling.node_windows(0)[0]
     assert len(spans) >= 4 and spans[1].stop - spans[0].start >= 4 * BATCH
     held = spans[2].shards[-1]  # a shard two windows ahead of the first batch: downloaded ahead while window 1 is read
-    s3.proxy.stall = 12.0
+    s3.proxy.stall = 30.0  # long: the old code waited for most of it; this reads the windows before it in seconds
     s3.proxy.add("stall", path=rf"/shard-{held:05d}\.lmdb$", times=1)
     try:
         stream = iter(loader)
