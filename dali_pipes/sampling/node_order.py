@@ -81,16 +81,21 @@ class _Counts:
 class StepCounts:
     """The one-number position of an order in which each node reads a stream of its own, its ranks slicing each
     step of it (:class:`NodeOrder`, :class:`~dali_pipes.sampling.stream_mixture.MixtureOrder`): the steps, batches
-    and samples from ``start``, given ``_count(epoch, base)`` (each node's samples left after ``base``) and
-    ``_base(epoch, start)`` (the resumed progress ``start`` lies after, or ``None``)."""
+    and samples from ``start``, given ``_count(epoch, base)`` (each node's samples left after ``base``, the resumed
+    progress ``start`` lies after: :meth:`_base`)."""
 
     place: RankPlace
+    resumed: Any  # the saved progress being resumed (its ``epoch`` and each node's ``consumed``), or None
 
     def _count(self, epoch: int, base: Any) -> _Counts:
         raise NotImplementedError
 
-    def _base(self, epoch: int, start: int) -> Any:
-        raise NotImplementedError
+    def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
+        """The resumed progress ``start`` of ``epoch`` lies after, or ``None`` (the epoch from its start)."""
+        r = self.resumed
+        if r is not None and r.epoch == epoch and start >= sum(r.consumed) > 0:
+            return r.consumed
+        return None
 
     # --- the one-number position ------------------------------------------------------------
 
@@ -172,12 +177,6 @@ class NodeOrder(StepCounts):
     def holds_all(self) -> bool:
         """Whether a node window holds every shard: each partition is then one window, all read at once."""
         return self.node_window >= len(self.sampling.shard_sizes)
-
-    def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
-        r = self.resumed
-        if r is not None and r.epoch == epoch and start >= sum(r.consumed) > 0:
-            return r.consumed
-        return None
 
     def _count(self, epoch: int, base: tuple[int, ...] | None) -> _Counts:
         key = (epoch, base)

@@ -67,12 +67,6 @@ class NodeStreamOrder(StepCounts):
         """What a node that reads nothing in ``epoch`` pads with (as :meth:`node_stream`)."""
         raise NotImplementedError
 
-    def _base(self, epoch: int, start: int) -> tuple[int, ...] | None:
-        r = self.resumed
-        if r is not None and r.epoch == epoch and start >= sum(r.consumed) > 0:
-            return r.consumed
-        return None
-
     def _count(self, epoch: int, base: tuple[int, ...] | None) -> Any:
         done = np.zeros(self.place.layout.nodes, dtype=np.int64) if base is None else np.asarray(base)
         return step_counts(self.node_lengths(epoch) - done, self.place.layout, int(done.sum()))
