@@ -123,24 +123,17 @@ def test_two_reader_processes_read_every_sample_once_within_the_limit_and_resume
     assert real_indices(first) + rest == epochs[0]  # the rest of the epoch, sample for sample
 
 
-def holders_of(loader: DALILoader, pid: int) -> dict:
-    """The pins the cache's state records for the holders of process ``pid``."""
-    return {holder: keys for holder, keys in cache_pins(loader).items() if holder.startswith(f"{pid}-")}
+def holds_its_batch(loader: DALILoader, pid: int) -> bool:
+    """Whether reader process ``pid`` holds its batch's shards now (reads them: the loader keeps them pinned)."""
+    return any(p.pid == pid and p.holding for p in loader.store.board.posted())
 
 
-def kill_while_it_pins(loader: DALILoader, stream, pid: int) -> list:
-    """Read batches until reader process ``pid`` is caught (stopped, between two looks) holding pins in the cache,
-    then SIGKILL it; the batches read."""
-    batches = []
-    for _ in range(loader.batches_per_epoch - 8):
-        batches.append(next(stream))
-        for _ in range(100):
-            os.kill(pid, signal.SIGSTOP)
-            if holders_of(loader, pid):
-                os.kill(pid, signal.SIGKILL)
-                return batches
-            os.kill(pid, signal.SIGCONT)
-    raise AssertionError(f"reader process {pid} never seen holding a pin")
+def kill_mid_epoch(loader: DALILoader, stream, pid: int) -> list:
+    """Read a third of the epoch, then SIGKILL reader process ``pid`` (holding its batch's shards or waiting for
+    them: tests/test_stream_board.py kills one while it holds); the batches read."""
+    batches = [next(stream) for _ in range(loader.batches_per_epoch // 3)]
+    os.kill(pid, signal.SIGKILL)
+    return batches
 
 
 @pytest.mark.slow
@@ -151,24 +144,31 @@ def test_a_reader_process_killed_mid_epoch_is_reported_and_a_new_loader_resumes_
     loader = stream_loader(url, data, run)
     pid = loader.worker_pids[1]
     stream = iter(loader)
-    first = kill_while_it_pins(loader, stream, pid)  # it dies holding pins
+    first = kill_mid_epoch(loader, stream, pid)
     state = loader.state_dict()
     wait_until_dead(pid)
+    # What it held is let go once the loader's process finds it dead: no shard stays pinned for it.
+    board, shard_of = loader.store.board, loader.store.streamer._shard_of
+    dead = next(p for p in board.posted() if p.pid == pid)
+    others = {k for p in board.posted() if p.holding and p.pid != pid for k in shard_of(p.indices).tolist()}
+    assert board.release(sorted(set(shard_of(dead.indices).tolist())), shard_of) <= others
+    assert not holds_its_batch(loader, pid)
     started = time.monotonic()
     with pytest.raises(WorkerDiedError, match=rf"worker process {pid} .*was killed by SIGKILL"):
         for _ in stream:
             pass
     assert time.monotonic() - started < 60  # noticed, not hung
     # A new loader made before the failed one is closed: it joins the live holders of the cache (not a fresh
-    # start, which would drop every pin), so the dead process's pins go only if they are reaped. It reads in its
-    # own process: the failed loader still holds its half of the room, and reader processes may pin past a
-    # loader's half (test_a_batch_with_no_room_fails_its_reader_processes_instead_of_hanging).
+    # start, which would drop every pin). It reads in its own process: the failed loader still holds its half of
+    # the room.
     with stream_loader(url, data, run_options(0)) as resumed:
         resumed.load_state_dict(state)
         rest = real_indices(resumed)
         assert resumed.cache.peak_bytes <= LIMIT
-        assert not holders_of(resumed, pid)  # the dead process's pins were reaped
+        assert not [h for h in cache_pins(resumed) if h.startswith(f"{pid}-")]  # reader processes never pin
         loader.close()
+        mine = resumed.store.streamer.cache._state.holder
+        assert set(cache_pins(resumed)) <= {mine}  # the failed loader's pins went with its close
     assert real_indices(first) + rest == in_process_gets[1][0]  # exactly the rest of the epoch
 
 

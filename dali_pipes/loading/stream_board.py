@@ -9,39 +9,51 @@ downloaded by the loader's process (:mod:`dali_pipes.loading.streaming`). A :cla
   *before* it unpins the shard, so a reader that pinned the shard itself and then finds 1 knows it was present
   when its pin took hold (:meth:`ReadBoard.ready`).
 - **slots** (one a reader process, claimed with an ``flock`` held for the process's life): the batch the process
-  reads now (its epoch, samples and padding flags), under a sequence number bumped at each post.
-  The loader's process watches them to know which windows to pin (:class:`~dali_pipes.loading.stream_readers.
-  ReaderWatch`): the readers run ahead of the training loop by DALI's prefetch depth.
+  reads now (its epoch, samples and padding flags), under a sequence number bumped at each post, and where it is
+  with it: waiting for its shards, reading them (*holding*), or done. The loader's process watches them to know
+  which windows to pin (:class:`~dali_pipes.loading.stream_readers.ReaderWatch`): the readers run ahead of the
+  training loop by DALI's prefetch depth.
+
+A reader's shards stay pinned while it reads them, by the loader's process, with no pin of the reader's own in the
+cache's state (two file-locked updates of it a batch cost more than the read): under the board's lock
+(:meth:`ReadBoard.locked`, an ``flock``) a reader takes its batch as *holding* only if each of its shards' bytes is
+1, and the loader's process clears a shard's byte before it unpins it, then looks for readers holding it
+(:meth:`ReadBoard.release`): those shards stay pinned until the readers are done with them. So a shard a reader
+holds is pinned, and a reader process that dies holds nothing (its slot's ``flock`` ended with it).
 
 Nothing here is pickled data read from a shard: the board holds integers only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
 import shutil
 import struct
 import tempfile
+import threading
 import weakref
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import numpy as np
 
 from dali_pipes.staging.tmpfs import OwnedFolder, writable_tmpfs
 
-__all__ = ["BOARD_PREFIX", "FAILED", "NOT_READY", "READY", "Posted", "ReadBoard"]
+__all__ = ["BOARD_PREFIX", "DONE", "FAILED", "HOLDING", "NOT_READY", "READY", "WAITING", "Posted", "ReadBoard"]
 
 #: The prefix of a board's folder (in ``/dev/shm`` where there is one).
 BOARD_PREFIX = "dali-pipes-board-"
 
 _HEADER = struct.Struct("<4q")  # shards, slots, capacity (samples a slot), error length
 _ERROR_BYTES = 2048
-_SLOT_HEAD = 4  # int64s before a slot's samples: sequence, epoch, samples, waiting (1 until its shards are pinned)
+_SLOT_HEAD = 5  # int64s before a slot's samples: sequence, epoch, samples, its step (below), its process id
 #: A shard's byte in ``ready``.
 NOT_READY, READY, FAILED = 0, 1, 2
+#: A slot's step with its batch: read, waiting for its shards, reading them (holding them: they stay pinned).
+DONE, WAITING, HOLDING = 0, 1, 2
 
 
 class Posted(NamedTuple):
@@ -52,6 +64,9 @@ class Posted(NamedTuple):
     indices: np.ndarray
     is_pad: np.ndarray
     waiting: bool
+    slot: int
+    holding: bool
+    pid: int
 
 
 class ReadBoard:
@@ -88,6 +103,9 @@ class ReadBoard:
         width = _SLOT_HEAD + 2 * self.capacity
         self._slots = np.frombuffer(self._map, dtype=np.int64, count=self.slots * width, offset=at)
         self._slots = self._slots.reshape(self.slots, width)
+        self._lock_pid: int | None = None
+        self._lock_fd = -1
+        self._lock_mutex = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "owner_pid": self.owner_pid}
@@ -116,12 +134,68 @@ class ReadBoard:
         out = []
         for slot in np.flatnonzero(self._slots[:, 0] > 0):
             row = np.array(self._slots[slot])  # a copy: a post may land meanwhile, seen at the next look
-            seq, epoch, count, waiting = (int(v) for v in row[:_SLOT_HEAD])
+            seq, epoch, count, step, pid = (int(v) for v in row[:_SLOT_HEAD])
             if 0 <= count <= self.capacity:
                 samples = row[_SLOT_HEAD : _SLOT_HEAD + count]
                 pads = row[_SLOT_HEAD + self.capacity : _SLOT_HEAD + self.capacity + count].astype(bool)
-                out.append(Posted(seq, epoch, samples, pads, bool(waiting)))
+                out.append(Posted(seq, epoch, samples, pads, step == WAITING, int(slot), step == HOLDING, pid))
         return out
+
+    def release(self, shards: list[int], shard_of: Callable[[np.ndarray], np.ndarray]) -> set[int]:
+        """The loader's process lets go of ``shards``: their bytes cleared, under the board's lock; those a live reader
+        process holds now, which must stay pinned until it is done (``shard_of`` maps its samples to shards)."""
+        with self.locked():
+            self._ready[shards] = NOT_READY
+            held = self._held(shard_of).intersection(shards)
+        if held and self._reap():  # a reader process that died holding its batch holds nothing
+            with self.locked():
+                held = self._held(shard_of).intersection(shards)
+        return held
+
+    def _held(self, shard_of: Callable[[np.ndarray], np.ndarray]) -> set[int]:
+        """The shards of the batches reader processes hold now."""
+        rows = np.flatnonzero(self._slots[:, 3] == HOLDING).tolist()
+        return {k for slot in rows for k in shard_of(self._samples(slot)).tolist()}
+
+    def _samples(self, slot: int) -> np.ndarray:
+        count = min(max(int(self._slots[slot, 2]), 0), self.capacity)
+        return np.array(self._slots[slot, _SLOT_HEAD : _SLOT_HEAD + count])
+
+    def _reap(self) -> bool:
+        """Mark done the batches held by reader processes that ended (a slot's ``flock`` ends with its process);
+        whether there was one. The mark is written while this process holds the slot's lock: a new process cannot
+        claim the slot meanwhile."""
+        reaped = False
+        for slot in np.flatnonzero(self._slots[:, 3] == HOLDING).tolist():
+            try:
+                fd = os.open(f"{self.path}.slot{slot}", os.O_RDWR | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._slots[slot, 3] = DONE
+                reaped = True
+            except OSError:
+                pass  # alive
+            finally:
+                os.close(fd)  # the lock, if taken, ends here
+        return reaped
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """The board's lock (an ``flock``, one descriptor a process): a reader taking its shards as held and the
+        loader's process clearing a shard's byte never interleave."""
+        if self._lock_pid != os.getpid():  # a forked child shares its parent's open file (and so its flock) and
+            # the parent's mutex as it was at the fork (taken, if another thread held the lock then)
+            self._lock_fd = os.open(f"{self.path}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            self._lock_mutex = threading.Lock()
+            self._lock_pid = os.getpid()
+        with self._lock_mutex:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
     def seen(self) -> tuple[int, ...]:
         """Each slot's sequence and waiting flag, a cheap look for a change."""
@@ -142,12 +216,21 @@ class ReadBoard:
         row = self._slots[slot]
         row[_SLOT_HEAD : _SLOT_HEAD + count] = indices[:count]
         row[_SLOT_HEAD + self.capacity : _SLOT_HEAD + self.capacity + count] = np.asarray(is_pad[:count], dtype=bool)
-        row[1:_SLOT_HEAD] = (epoch, count, 1)
+        row[1:4] = (epoch, count, WAITING)
         row[0] += 1  # last: the loader's process reads the sequence to see a new post
 
-    def holding(self) -> None:
-        """This process pinned its batch's shards itself: the loader's process need not hold them for it."""
-        self._slots[self._slot(), 3] = 0
+    def hold(self, shards: list[int]) -> bool:
+        """Take this process's posted batch as held, if each of its ``shards`` is ready (under the board's lock: see
+        the module docstring); ``False`` when one is not (it waits for it again)."""
+        with self.locked():
+            if not all(self._ready[k] == READY for k in shards):
+                return False
+            self._slots[self._slot(), 3] = HOLDING
+            return True
+
+    def done(self) -> None:
+        """This process read its batch: the loader's process may let go of its shards."""
+        self._slots[self._slot(), 3] = DONE
 
     def ready(self, shard: int) -> int:
         """``shard``'s byte: :data:`READY`, :data:`FAILED` or :data:`NOT_READY`."""
@@ -170,6 +253,7 @@ class ReadBoard:
                     continue
                 self._claimed = slot  # the descriptor stays open: the lock ends with the process
                 self._slots[slot, 0] = 0
+                self._slots[slot, 4] = os.getpid()
                 break
             else:
                 raise RuntimeError(f"{self.path}: more reader processes than the {self.slots} slots of the board")

@@ -5,19 +5,22 @@ the pins and the downloads (:mod:`dali_pipes.loading.streaming`), so a node stil
 its cache stays within its limit; the two sides meet on a :class:`~dali_pipes.loading.stream_board.ReadBoard`:
 
 - A reader process, before a batch (:func:`reader_before_read`): posts the batch to its slot, waits until each
-  of its shards is ready, pins them itself (its pins end with it, however it ends: the cache reaps a dead
-  holder's) and closes the readers of shards it no longer holds; after the batch (:func:`reader_after_read`:
-  its records are copied out) it unpins them, so its pins hold room only while it reads. Its own pin comes first and the loader's process clears a shard's byte before it unpins: so a
-  shard found ready was present when the pin took hold, and stays (:mod:`~dali_pipes.loading.stream_board`).
+  of its shards is ready, takes them as held (:meth:`ReadBoard.hold <dali_pipes.loading.stream_board.ReadBoard.hold>`:
+  only if each is still ready, under the board's lock) and closes the readers of shards it no longer needs; after
+  the batch (:func:`reader_after_read`: its records are copied out) it says it is done. The loader's process lets
+  go of a shard only after clearing its byte and finding no reader holding it (:meth:`ReadBoard.release
+  <dali_pipes.loading.stream_board.ReadBoard.release>`), so a shard held is pinned, by the loader's process.
 - The loader's process (:class:`ReaderWatch`, a thread): looks at the slots every few milliseconds; for the
   furthest batch posted, it moves the windows' pins as a read in its own process would
   (:meth:`Streamer.before_read <dali_pipes.loading.streaming.Streamer.before_read>`); the shards of any posted
   batch outside them (a batch behind the furthest, the padding) it pins too, and has the engine download all
   of them first. Their bytes go to 1 when downloaded, 2 when the download failed (the reader raises its error).
+  Shards still held when their windows move on stay pinned until their readers are done (the next look).
 
 So exactly once and resume are the plan's, as without reader processes; a reader never reads a shard the cache
-may evict; a reader process that dies leaves no pin. The price: each batch pins and unpins in the cache's state
-(two short file-locked updates a batch), and the windows follow the readers a few milliseconds late.
+may evict; a reader process that dies leaves no pin (it never pins in the cache: what it held is let go once its
+slot's lock is found free). The price: two short ``flock`` calls a batch, and the windows follow the readers a few
+milliseconds late.
 """
 
 from __future__ import annotations
@@ -130,32 +133,30 @@ def _watch_loop(streamer_ref: "weakref.ref[Streamer]", watch: ReaderWatch) -> No
 
 
 def reader_before_read(store: "StreamStore", epoch: int, indices: np.ndarray, is_pad: np.ndarray) -> None:
-    """A reader process's side before a batch (see the module docstring): posted, pinned, waited for."""
-    board, cache = store.board, store.pins  # set by StreamStore.serve_readers in the loader's process
+    """A reader process's side before a batch (see the module docstring): posted, waited for, held."""
+    board = store.board  # set by StreamStore.serve_readers in the loader's process
+    reader_after_read(store)  # a batch whose read failed: done with it now
     indices = np.asarray(indices, dtype=np.int64)
-    is_pad = np.asarray(is_pad, dtype=bool)
-    board.post(epoch, indices, is_pad)
+    board.post(epoch, indices, np.asarray(is_pad, dtype=bool))
     shards = [int(k) for k in dict.fromkeys(shard_of(indices, store.sample_counts).tolist())]
-    reader_after_read(store)  # a batch whose read failed: its pins go now
-    while True:  # pinned once ready: held by the loader's process already, so the pin takes no room of its own
+    while True:
         for k in shards:
             _wait_ready(board, k, store)
-        cache.pin(shards)
-        if all(board.ready(k) == READY for k in shards):
-            break
-        cache.unpin(shards)  # one was let go meanwhile (a look at the board behind this post): wait for it again
-    store.held = shards
-    board.holding()
-    for k, reader in enumerate(store.shard_readers):
-        if reader._pid is not None and k not in shards and board.ready(k) != READY:
-            reader.close()  # the cache may evict it: an open map would keep its bytes on the disk
+        if board.hold(shards):
+            break  # else one was let go meanwhile (a look at the board behind this post): wait for it again
+    store.held = True
+    for k in list(store.open_shards):
+        if k not in shards and board.ready(k) != READY:
+            store.close_shard(k)  # the cache may evict it: an open map would keep its bytes on the disk
+            store.open_shards.discard(k)
+    store.open_shards.update(shards)
 
 
 def reader_after_read(store: "StreamStore") -> None:
-    """A reader process read its batch (its records copied out): its pins go, so that they hold room only then."""
+    """A reader process read its batch (its records copied out): its shards may go, so they hold room only then."""
     if store.held:
-        store.pins.unpin(store.held)
-        store.held = []
+        store.board.done()
+        store.held = False
 
 
 def _wait_ready(board: ReadBoard, shard: int, store: "StreamStore") -> None:

@@ -82,10 +82,11 @@ from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import numpy as np
 
-from dali_pipes.loading.stream_board import NOT_READY, READY, ReadBoard
+from dali_pipes.loading.stream_board import READY, ReadBoard
 from dali_pipes.loading.stream_engine import DownloadEngine
 from dali_pipes.loading.stream_plan import WindowPlan
 from dali_pipes.loading.stream_readers import READER_SLOTS, ReaderWatch, reader_after_read, reader_before_read
+from dali_pipes.sampling.windowed import shard_of
 from dali_pipes.staging.cache_folder import CacheError
 from dali_pipes.stores import Store
 
@@ -121,6 +122,8 @@ class Streamer:
         self._ready: set[int] = set()  # pinned to be read and downloaded: read without a lock
         self._extra: set[int] = set()  # pinned for reader processes' batches outside the windows
         self._fetched_ahead: set[int] = set()  # downloaded while pinned ahead (the pin perhaps given up since)
+        self._draining: set[int] = set()  # let go of, still pinned: a reader process reads them (ReadBoard.release)
+        self._sizes = np.array([shard.num_samples for shard in cache.manifest.shards], dtype=np.int64)
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         self.board: ReadBoard | None = None  # with reader processes (serve_readers)
         self._watch: ReaderWatch | None = None
@@ -161,15 +164,11 @@ class Streamer:
         ones fails, what is left pinned is recorded as such, so no read takes an unpinned shard as ready.
         """
         drop = self._pinned - set(current)
-        for k in drop:
-            self.close_reader(k)
-            self._mark_gone(k)
-        if drop:
-            self.cache.unpin(sorted(drop))
-            self._pinned -= drop
-            self._ready -= drop
+        self._pinned -= drop
+        self._ready -= drop
+        self._let_go(drop - self._extra)
         self.cache.set_ahead([k for k in ahead if k in self._ahead])  # its stale ones go before anyone's
-        add = [k for k in current if k not in self._pinned]
+        add = self._revive([k for k in current if k not in self._pinned and k not in self._extra])
         if add:
             self.cache.pin(add)
             # Downloaded while pinned ahead and still there: ready now, without a turn of the engine.
@@ -210,10 +209,32 @@ class Streamer:
         if self.board is not None and (shard in self._pinned or shard in self._extra):
             self.board.fail(shard, str(error))
 
-    def _mark_gone(self, shard: int) -> None:
-        """``shard`` is about to be unpinned: no longer ready for reader processes (said before the unpin)."""
-        if self.board is not None and shard not in self._extra:
-            self.board.mark(shard, NOT_READY)
+    def _let_go(self, shards: Iterable[int]) -> None:
+        """Unpin ``shards`` (and close their readers), none of them wanted now; with reader processes, those a reader
+        still reads stay pinned (:meth:`ReadBoard.release <dali_pipes.loading.stream_board.ReadBoard.release>`: their
+        bytes cleared first) until a later look finds it done. Called with the lock held."""
+        shards = sorted(shards)
+        if not shards:
+            return
+        for k in shards:
+            self.close_reader(k)
+        held = self.board.release(shards, self._shard_of) if self.board is not None else set()
+        self._draining.difference_update(shards)
+        self._draining.update(held)
+        gone = [k for k in shards if k not in held]
+        if gone:
+            self.cache.unpin(gone)
+
+    def _revive(self, shards: list[int]) -> list[int]:
+        """Of ``shards`` wanted again, those still pinned while a reader process read them are pinned as they are
+        (ready again if they were); the others, to pin. Called with the lock held."""
+        back = [k for k in shards if k in self._draining]
+        self._draining.difference_update(back)
+        self._ready.update(k for k in back if self.cache.present(k))
+        return [k for k in shards if k not in back]
+
+    def _shard_of(self, samples: np.ndarray) -> np.ndarray:
+        return shard_of(samples, self._sizes)
 
     # --- reader processes -------------------------------------------------------------------
 
@@ -229,18 +250,18 @@ class Streamer:
         """Keep the shards of the reader processes' posted batches pinned (those outside the windows with pins of
         their own) and have the engine download the ones not ready first; let go of those no batch needs now."""
         with self._lock:
-            new = [k for k in shards if k not in self._pinned and k not in self._extra]
+            new = self._revive([k for k in shards if k not in self._pinned and k not in self._extra])
             if new:
                 self.cache.pin(new)
-                self._extra.update(new)
+            self._extra.update(k for k in shards if k not in self._pinned)
             gone = self._extra - set(shards)
-            for k in gone:
-                self._extra.discard(k)
-                if k not in self._pinned:
-                    self._mark_gone(k)
-                    self._ready.discard(k)
-            if gone:
-                self.cache.unpin(sorted(gone))
+            self._extra -= gone
+            self._ready -= gone - self._pinned
+            self._let_go(gone - self._pinned)
+            self._let_go(self._draining - self._pinned - self._extra)  # those the readers were done with
+            if self.board is not None:
+                for k in self._ready & (self._pinned | self._extra):
+                    self.board.mark(k, READY)
             waiting = [k for k in shards if k not in self._ready]
         if waiting:
             self.engine.ask(waiting)
@@ -330,13 +351,17 @@ class StreamStore(Store):
         self.streamer: Streamer | None = streamer
         self.sampling = streamer.sampling
         self.board: ReadBoard | None = None  # reader processes' side: set by serve_readers
-        self.pins: Any = None  # the cache as a reader process pins in it
-        self.held: list[int] = []  # the shards a reader process pinned for its batch
+        self.held = False  # a reader process holds its batch's shards (ReadBoard.hold)
+        self.open_shards: set[int] = set()  # the shards a reader process may have open
         self.sample_counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
         self._owner_pid = os.getpid()
         # Held weakly: no reference cycle, so that a dropped loader's streamer is freed at once (its pins with it).
         store = weakref.ref(self)
-        streamer.close_reader = lambda shard: store() is not None and store()._shards[shard].close()
+        streamer.close_reader = lambda shard: store() is not None and store().close_shard(shard)
+
+    def close_shard(self, shard: int) -> None:
+        """Close ``shard``'s reader (the cache may evict it: an open map would keep its bytes on the disk)."""
+        self._shards[shard].close()
 
     def readers_refusal(self, depth: int) -> str | None:
         """Why reader processes reading ``depth`` batches at once cannot read this stream, or ``None``.
@@ -366,7 +391,6 @@ class StreamStore(Store):
         if refusal is not None:
             raise CacheError(refusal)
         self.board = self.streamer.serve_readers(batch_size or self.sampling.place.layout.batch_size)
-        self.pins = self.streamer.cache.reader_handle()
 
     @property
     def in_reader(self) -> bool:
@@ -404,7 +428,7 @@ class StreamStore(Store):
         return self.streamer.reading(shard_no)
 
     def __getstate__(self) -> dict[str, Any]:
-        """For a reader process started afresh: the board and the cache's pinning handle, no streamer."""
+        """For a reader process started afresh: the board, no streamer and no cache (it reads by the board)."""
         if self.board is None:
             raise TypeError("StreamStore: serve_readers() before the store goes to reader processes")
         return {k: v for k, v in self.__dict__.items() if k not in ("streamer", "sampling")} | {"streamer": None}

@@ -6,9 +6,7 @@ processes using it (same limit, same manifest).
 from __future__ import annotations
 
 import logging
-import threading
-import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from dali_pipes.dataset.fileio import atomic_write_bytes
 from dali_pipes.dataset.manifest import human_bytes
@@ -22,28 +20,9 @@ log = logging.getLogger("dali_pipes.staging.stream_cache")
 
 
 class FolderOpening:
-    """The opening of a cache folder, as a part of :class:`~dali_pipes.staging.stream_cache.ShardCache`; and the
-    cache as a reader process gets it (:meth:`reader_handle`)."""
+    """The opening of a cache folder, as a part of :class:`~dali_pipes.staging.stream_cache.ShardCache`."""
 
     _state: "CacheFolder"
-
-    def reader_handle(self) -> "FolderOpening":
-        """This cache for a reader process (pickled to it): it pins and unpins, as a holder of its own whose pins
-        end with its process, and never downloads (the process that opened the cache does)."""
-        return self
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = {k: v for k, v in self.__dict__.items() if k not in ("_state", "_cancel", "_finalizer", "_copy")}
-        return {**state, "_failed": {}}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        from dali_pipes.staging.cache_folder import CacheFolder
-
-        self.__dict__.update(state)
-        self._state = CacheFolder(self.folder)
-        self._cancel = threading.Event()
-        self._copy = None  # a reader process's handle never downloads
-        self._finalizer = weakref.finalize(self, self._state.close_descriptors)
 
     def _open(self, manifest_bytes: bytes) -> None:
         """Claim the folder and join the node's processes using it (the first of a run checks what it holds)."""

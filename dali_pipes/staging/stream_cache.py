@@ -66,6 +66,8 @@ log = logging.getLogger(__name__)
 MISMATCH_ATTEMPTS = 2
 #: Seconds after a shard's download failed (its tries spent) during which :meth:`ShardCache.recent_failure` gives it.
 FAILED_PAUSE_S = 60.0
+#: Seconds a download to be read now waits for room held by downloads under way and by batches being read.
+ROOM_WAIT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -359,7 +361,18 @@ class ShardCache(FolderOpening):
 
     def _reserve(self, entry: CacheEntry, ahead: bool = False) -> bool:
         """Make room for ``entry`` (evicting the unpinned shards read furthest ahead first) and reserve its bytes;
-        with ``ahead``, False (nothing reserved) when its pin was given up meanwhile."""
+        with ``ahead``, False (nothing reserved) when its pin was given up meanwhile. With no room, the download of
+        a shard pinned to be read waits up to :data:`ROOM_WAIT_S` (one fetched ahead fails at once): the downloads
+        under way end, the shards a reader process reads are let go once it is done."""
+        deadline = time.monotonic() + ROOM_WAIT_S
+        while True:
+            reserved = self._try_reserve(entry, ahead, wait=time.monotonic() < deadline)
+            if reserved is not None:
+                return reserved
+            time.sleep(0.01)
+
+    def _try_reserve(self, entry: CacheEntry, ahead: bool, wait: bool) -> bool | None:
+        """:meth:`_reserve` once: ``None`` when there is no room yet and ``wait``."""
         with self._state.locked():
             state = self._load()
             self._state.reap(state, self._files_of)
@@ -369,6 +382,8 @@ class ShardCache(FolderOpening):
             short = self._make_room(state, entry)
             if short > 0 or _free(self.folder) < entry.bytes:
                 self._save(state)  # what was evicted is gone
+                if short > 0 and wait and entry.key in state.needed():
+                    return None
                 raise CacheError(
                     no_room(self.folder, self.limit_bytes, state.held, entry.key, entry.bytes)
                     if short > 0
