@@ -7,7 +7,8 @@ Reads its settings as JSON from stdin (so that the credentials are in no command
 ``state`` (a ``state_dict()`` to resume from). Streams one epoch, printing ``batch N`` after each
 batch and writing ``out`` (JSON, replaced whole after each batch): the batches (indices, is_pad) and
 the loader's state after the last of them; on an error, ``error`` and ``type`` too, and exits 1.
-A ``KeyboardInterrupt`` is left to end the process as Python ends it.
+A ``KeyboardInterrupt`` is left to end the process as Python ends it, once the loader is closed: the time
+(``time.time()``) the close ended is then in ``out`` + ``.closed``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -69,6 +71,10 @@ def main() -> int:
                 report["state"] = loader.state_dict()
                 _write(settings["out"], report)
                 print(f"batch {len(report['batches'])}", flush=True)
+    except KeyboardInterrupt:
+        with open(f"{settings['out']}.closed", "w") as f:
+            f.write(repr(time.time()))
+        raise
     except Exception as exc:  # noqa: BLE001 - reported to the test, which checks the message
         _write(settings["out"], {**report, "error": str(exc), "type": type(exc).__name__})
         return 1

@@ -364,7 +364,7 @@ def test_ctrl_c_while_a_download_hangs_exits_at_once_and_the_next_run_reuses_the
         while not any(name(k) in path for _, path in s3.proxy.requests for k in late):  # a download held there
             assert time.monotonic() < deadline
             time.sleep(0.05)
-        start = time.monotonic()
+        start, sent = time.monotonic(), time.time()
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
         took = time.monotonic() - start
@@ -372,7 +372,10 @@ def test_ctrl_c_while_a_download_hangs_exits_at_once_and_the_next_run_reuses_the
         proc.kill()
         proc.stdout.close()
     stderr = (tmp_path / "first.json.err").read_text()
-    assert "KeyboardInterrupt" in stderr and took < 5, (took, stderr)
+    closed = float((tmp_path / "first.json.closed").read_text()) - sent
+    # The loader is closed within 2 s of the Ctrl-C (0.1 s here); the interpreter's exit adds its own (1.2 s in all
+    # here; 0.6 s for a process that imported torch and DALI and did nothing, on these 2 cores).
+    assert "KeyboardInterrupt" in stderr and closed < 2 and took < 5, (closed, took, stderr)
     first = json.loads((tmp_path / "first.json").read_text())
     s3.proxy.clear()  # the held requests end
     rest, _ = resume(s3, url, data, first["state"])

@@ -98,7 +98,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["CLOSE_WAIT_S", "StreamStore", "Streamer"]
 
 #: Seconds :meth:`Streamer.close` waits for the downloads under way before leaving them to end in the background.
-CLOSE_WAIT_S = 0.5
+CLOSE_WAIT_S = 0.1
 
 
 class Streamer:
