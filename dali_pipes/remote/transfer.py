@@ -1,8 +1,8 @@
 """Whole objects moved between object storage and local files, checked, and retried with backoff.
 
-A read goes by byte ranges of :data:`CHUNK`; a connection dropped or timed out mid-object is
-retried after a pause that doubles each time (with jitter), from the byte reached, so that a
-flaky link costs a chunk rather than the object. Errors that retrying cannot mend (no such
+A read goes by byte ranges of :data:`CHUNK`, a few at once for a large object (:mod:`dali_pipes.remote.parts`);
+a connection dropped or timed out mid-object is retried after a pause that doubles each time (with jitter), from
+the byte reached, so that a flaky link costs a chunk rather than the object. Errors that retrying cannot mend (no such
 object, access denied, no credentials) are raised at once, and so is the last error after
 :data:`ATTEMPTS` tries, as a :class:`~dali_pipes.remote.fs.RemoteError` naming the URL.
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Callable, Iterator, Mapping, TypeVar
 
 from dali_pipes.remote.fs import JOB, Patience, RemoteError, describe, unreachable
+from dali_pipes.remote.parts import PARTS, in_order
 from dali_pipes.remote.urls import redact
 
 log = logging.getLogger(__name__)
@@ -138,18 +139,26 @@ def read_ranges(
     size: int,
     sink: Callable[[bytes], None],
     storage_options: Mapping[str, Any] | None = None,
+    parts: int = 1,
 ) -> int:
-    """Read bytes ``0 .. size`` of ``path`` by ranges into ``sink``; return the count read (``size`` unless the
-    object is shorter, which the caller checks). Each range is retried on its own."""
+    """Read bytes ``0 .. size`` of ``path`` by ranges into ``sink``, in order; return the count read (``size`` unless
+    the object is shorter, which the caller checks). Each range is retried on its own; ``parts`` of them are read
+    at once (:func:`~dali_pipes.remote.parts.in_order`)."""
+    ranges = [(lo, min(lo + CHUNK, size)) for lo in range(0, size, CHUNK)]
+    reads = [
+        lambda lo=lo, hi=hi: retrying(
+            lambda: _range(fs, path, lo, hi), url, f"reading bytes {lo}-{hi}", storage_options
+        )
+        for lo, hi in ranges
+    ]
     offset = 0
-    while offset < size:
-        end = min(offset + CHUNK, size)
-        data = retrying(lambda: _range(fs, path, offset, end), url, f"reading bytes {offset}-{end}", storage_options)
-        if data:
-            sink(data)
-            offset += len(data)
-        if offset < end:  # a ranged read returns what there is: the object ends here
-            break
+    with in_order(reads, parts) as results:
+        for (_, end), data in zip(ranges, results):
+            if data:
+                sink(data)
+                offset += len(data)
+            if offset < end:  # a ranged read returns what there is: the object ends here
+                break
     return offset
 
 
@@ -187,7 +196,8 @@ def download_to(
     advance: Callable[[int], None] = lambda n: None,
     storage_options: Mapping[str, Any] | None = None,
 ) -> tuple[int, str]:
-    """Write the object into ``out`` by ranged reads; return ``(bytes read, hex SHA-256)``, hashed as read.
+    """Write the object into ``out`` by ranged reads (:data:`~dali_pipes.remote.parts.PARTS` at once: a large shard
+    in parallel parts); return ``(bytes read, hex SHA-256)``, hashed as read.
 
     No request asks for the size first: the reads stop short where the object is shorter than
     ``expected_bytes``, and one byte more is asked for at the end, so that a longer object shows
@@ -205,7 +215,7 @@ def download_to(
         out.write(data)
         advance(len(data))
 
-    return read_ranges(fs, path, url, expected_bytes + 1, sink, storage_options), digest.hexdigest()
+    return read_ranges(fs, path, url, expected_bytes + 1, sink, storage_options, PARTS), digest.hexdigest()
 
 
 def hash_remote(
@@ -223,7 +233,7 @@ def hash_remote(
         advance(len(data))
 
     size = remote_size(fs, path, url, storage_options)
-    read = read_ranges(fs, path, url, size, sink, storage_options)
+    read = read_ranges(fs, path, url, size, sink, storage_options, PARTS)
     return read, digest.hexdigest()
 
 
