@@ -28,7 +28,7 @@ def fetch_in_process(url, folder, limit, options, shards, out, start=None, pin=F
     logger.addHandler(seen)
     logger.setLevel(logging.INFO)
     result = {"error": None}
-    cache = ShardCache(url, folder, limit, storage_options=options, tuning=CacheTuning(workers=workers))
+    cache = ShardCache(url, folder, limit, storage_options=options, tuning=CacheTuning(downloads=workers))
     if start is not None:
         start.wait(60)
     if fsize is not None:

@@ -127,7 +127,7 @@ def test_the_folder_never_holds_more_than_the_limit(tmp_path, s3):
     probe = ShardCache(url, folder, 10**6, storage_options=s3.options)
     limit = 4 * max(probe.shard_bytes)
     probe.close()
-    cache = ShardCache(url, folder, limit, storage_options=s3.options, tuning=CacheTuning(workers=4))
+    cache = ShardCache(url, folder, limit, storage_options=s3.options, tuning=CacheTuning(downloads=4))
     seen, done = [], threading.Event()
 
     def sample() -> None:
@@ -515,3 +515,12 @@ def test_every_limit_a_stream_takes_fetches_the_next_shards_ahead(tmp_path, s3, 
         if limit >= least_cache_limit(sizes, loaders):
             plan = node_window(limit, sizes, loaders)
             assert plan.ahead >= 1 or plan.window == len(sizes), (sizes.tolist(), limit, loaders, plan)
+
+
+def test_the_old_name_workers_still_sets_the_downloads_with_a_warning_and_a_bad_count_is_refused():
+    with pytest.warns(DeprecationWarning, match=r"CacheTuning\(downloads=\.\.\.\)"):
+        assert CacheTuning(workers=3).downloads == 3
+    assert CacheTuning(downloads=6).downloads == 6
+    for bad in (0, -1, True, 2.5):
+        with pytest.raises(ValueError, match=r"CacheTuning\(downloads=\.\.\.\) must be a whole number >= 1"):
+            CacheTuning(downloads=bad)

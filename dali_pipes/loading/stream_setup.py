@@ -147,7 +147,7 @@ def open_streaming(path: str | os.PathLike, data: "DataOptions", rules: "EpochRu
     try:
         folder = cache_folder(path, stream)
         place = rank_place(stream, rules)
-        tuning = CacheTuning(workers=stream.downloads or MIN_DOWNLOADS)
+        tuning = CacheTuning(downloads=stream.downloads or MIN_DOWNLOADS)
         cache = ShardCache(path, folder, stream.cache_limit, storage_options=data.storage_options, tuning=tuning)
         plan = _node_window(cache, stream, _apart(place.layout.ranks))
         samples = [shard.num_samples for shard in cache.manifest.shards]

@@ -32,7 +32,6 @@ import shutil
 import threading
 import time
 import weakref
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -55,6 +54,7 @@ from dali_pipes.staging.cache_plan import (
     plan_entries,
     refuse_oversized,
 )
+from dali_pipes.staging.cache_tuning import CacheTuning
 from dali_pipes.staging.checked import MismatchError
 from dali_pipes.staging.stage import SOURCE_RECORD
 from dali_pipes.staging.threads import Cancelled, run_all
@@ -68,22 +68,6 @@ MISMATCH_ATTEMPTS = 2
 FAILED_PAUSE_S = 60.0
 #: Seconds a download to be read now waits for room held by downloads under way and by batches being read.
 ROOM_WAIT_S = 5.0
-
-
-@dataclass(frozen=True)
-class CacheTuning:
-    """How a :class:`ShardCache` checks, downloads and waits; the defaults suit training."""
-
-    #: Re-hash the complete shards found when the folder is opened (once per run of the node), not only size them.
-    verify: bool = False
-    #: Shards one :meth:`ShardCache.fetch` downloads at once.
-    workers: int = 4
-    #: Seconds to wait for a shard another process downloads before giving up, counted from its last progress.
-    wait_s: float = 600.0
-    #: A progress bar in bytes while a fetch downloads (shown on a terminal only).
-    progress: bool = False
-    #: Seconds a pin that finds no room waits for other processes' windows to move on before it is refused.
-    pin_wait_s: float = 60.0
 
 
 class ShardCache(FolderOpening):
@@ -105,8 +89,6 @@ class ShardCache(FolderOpening):
     ) -> None:
         if isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1:
             raise ValueError(f"limit_bytes must be a positive number of bytes, got {limit_bytes!r}")
-        if tuning.workers < 1:
-            raise ValueError(f"workers must be >= 1, got {tuning.workers}")
         self.folder = Path(folder)
         self.limit_bytes = limit_bytes
         self.tuning = tuning
@@ -302,7 +284,7 @@ class ShardCache(FolderOpening):
                     bar.update(count)
 
             calls = [lambda entry=entry: self._obtain(entry, advance, ahead) for entry in missing]
-            run_all(calls, self.tuning.workers, stop)
+            run_all(calls, self.tuning.downloads, stop)
 
     def recent_failure(self, shard: int | str) -> Exception | None:
         """The error of ``shard``'s last download by this cache when it failed within :data:`FAILED_PAUSE_S` (and
