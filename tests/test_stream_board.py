@@ -95,3 +95,27 @@ def test_the_lock_excludes_a_forked_child_from_its_parent(board):
     assert held.wait(30)
     finish.set()
     process.join(30)
+
+
+def wait_for_shard(board: ReadBoard, shard: int, errors) -> None:
+    """A reader process waiting for ``shard`` as reader_before_read does; what it raised, into ``errors``."""
+    from types import SimpleNamespace
+
+    from dali_pipes.loading.stream_readers import _wait_ready
+
+    try:
+        _wait_ready(board, shard, SimpleNamespace(root="ds"))  # the store only names itself in the error
+    except Exception as exc:  # noqa: BLE001 - handed to the test
+        errors.put(f"{type(exc).__name__}: {exc}")
+
+
+def test_a_board_stopped_by_the_loaders_process_ends_the_readers_waits_with_its_message(board):
+    ctx = mp.get_context("fork")
+    errors = ctx.Queue()
+    process = ctx.Process(target=wait_for_shard, args=(board, 2, errors), daemon=True)
+    process.start()
+    board.stop("the loader's process stopped serving its reader processes: the board is unreadable")
+    assert errors.get(timeout=30) == (
+        "StoreError: ds: the loader's process stopped serving its reader processes: the board is unreadable"
+    )
+    process.join(30)

@@ -123,6 +123,20 @@ def test_two_reader_processes_read_every_sample_once_within_the_limit_and_resume
     assert real_indices(first) + rest == epochs[0]  # the rest of the epoch, sample for sample
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_the_reader_processes_waits_for_a_slow_shard_are_counted(s3, streamed, in_process_gets):
+    # A shard half-way through epoch 0 answered 2 s late: the reader processes wait for it, and the loader says so
+    # (loader.cache.blocked_s sums their waits, as the storage bench's blocked_share reads it).
+    url, data = streamed
+    slow = in_process_gets[1][0][N // 2] // 4  # 4 samples a shard
+    s3.proxy.stall = 2.0
+    s3.proxy.add("stall", path=rf"/shard-{slow:05d}\.lmdb$", times=1)
+    with stream_loader(url, data, run_options(2)) as loader:
+        assert sorted(real_indices(loader)) == list(range(N))
+        assert loader.cache.blocked_s >= 1.0 and loader.cache.blocked_reads >= 1, loader.cache.blocked_s
+
+
 def holds_its_batch(loader: DALILoader, pid: int) -> bool:
     """Whether reader process ``pid`` holds its batch's shards now (reads them: the loader keeps them pinned)."""
     return any(p.pid == pid and p.holding for p in loader.store.board.posted())

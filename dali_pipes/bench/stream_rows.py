@@ -17,7 +17,8 @@ images/s, the steady rate: the staged row's over the epochs after the first, the
 the rest of epoch 1 and the later epochs (downloads run during all of them: the cache holds a tenth).
 The streamed row adds ``ratio`` (its steady rate over the staged row's), the cache's ``peak_MB``,
 ``limit_MB``, ``shard_MB`` (the largest shard), ``peak_ok`` (peak <= limit + one shard) and ``blocked_share``
-(the share of its steady seconds the reading thread waited for downloads: ``Streamer.blocked_s``).
+(the share of its steady seconds reading waited for downloads: ``Streamer.blocked_s``, the reader processes' waits
+over their seconds together).
 
 The streamed row is the node's one loader of the dataset (``StreamOptions(loaders=1)``: the rows run one after
 the other), so its windows take the whole cache. A dataset whose shards are too large for a tenth of it
@@ -182,7 +183,15 @@ def _run(
             blocked = loader.cache.blocked_s - blocked_at_first if stream_limit else None
     # Staged: the epochs after the first (epoch 1 starts right after the copy); streamed: all but the first batch.
     steady = windows if stream_limit else windows[1:]
-    return {"first_s": first_s, "at_first": at_first, "steady": steady, "peak": peak, "blocked": blocked}
+    readers = max(1, settings.get("py_num_workers") or 0)  # the processes whose waits blocked_s sums
+    return {
+        "first_s": first_s,
+        "at_first": at_first,
+        "steady": steady,
+        "peak": peak,
+        "blocked": blocked,
+        "readers": readers,
+    }
 
 
 def _data(tmp: str, options: dict[str, Any], stream_limit: int | None) -> Any:
@@ -228,9 +237,10 @@ def _fill(rows: list[Row], runs: dict[str, list[dict[str, Any]]], limit: int, sh
     streamed = runs[stream.name]
     peak = max(run["peak"] for run in streamed)
     stream.extra.update(peak_MB=round(peak / 1e6, 2), peak_bytes=peak, limit_bytes=limit, shard_bytes=largest)
-    # The share of the steady seconds the reading thread waited for downloads (Streamer.blocked_s; reader
-    # processes wait in their own processes, not counted there).
-    blocked, seconds = sum(run["blocked"] for run in streamed), sum(s for run in streamed for _, s in run["steady"])
+    # The share of the steady seconds reading waited for downloads (Streamer.blocked_s: the reader processes' waits
+    # summed, so over the seconds of each of them).
+    blocked = sum(run["blocked"] for run in streamed)
+    seconds = sum(s * run["readers"] for run in streamed for _, s in run["steady"])
     stream.extra["blocked_share"] = round(blocked / max(seconds, 1e-9), 3)
     stream.extra["peak_ok"] = peak <= limit + largest
     if staged.timing is not None:

@@ -12,7 +12,8 @@ downloaded by the loader's process (:mod:`dali_pipes.loading.streaming`). A :cla
   reads now (its epoch, samples and padding flags), under a sequence number bumped at each post, and where it is
   with it: waiting for its shards, reading them (*holding*), or done. The loader's process watches them to know
   which windows to pin (:class:`~dali_pipes.loading.stream_readers.ReaderWatch`): the readers run ahead of the
-  training loop by DALI's prefetch depth.
+  training loop by DALI's prefetch depth. Each slot also counts the seconds and batches its process waited for its
+  shards (:meth:`ReadBoard.waits`, summed into the loader's ``cache.blocked_s``).
 
 A reader's shards stay pinned while it reads them, by the loader's process, with no pin of the reader's own in the
 cache's state (two file-locked updates of it a batch cost more than the read): under the board's lock
@@ -47,9 +48,10 @@ __all__ = ["BOARD_PREFIX", "DONE", "FAILED", "HOLDING", "NOT_READY", "READY", "W
 #: The prefix of a board's folder (in ``/dev/shm`` where there is one).
 BOARD_PREFIX = "dali-pipes-board-"
 
-_HEADER = struct.Struct("<4q")  # shards, slots, capacity (samples a slot), error length
+_HEADER = struct.Struct("<5q")  # shards, slots, capacity (samples a slot), error length, broken (1: see stop())
 _ERROR_BYTES = 2048
-_SLOT_HEAD = 5  # int64s before a slot's samples: sequence, epoch, samples, its step (below), its process id
+_SLOT_HEAD = 7  # int64s before a slot's samples: sequence, epoch, samples, its step (below), its process id, and
+# the nanoseconds and batches it waited for its shards
 #: A shard's byte in ``ready``.
 NOT_READY, READY, FAILED = 0, 1, 2
 #: A slot's step with its batch: read, waiting for its shards, reading them (holding them: they stay pinned).
@@ -85,7 +87,7 @@ class ReadBoard:
         size = _size(shards, slots, capacity)
         with open(self.path, "wb") as f:
             f.truncate(size)
-            f.write(_HEADER.pack(shards, slots, capacity, 0))
+            f.write(_HEADER.pack(shards, slots, capacity, 0, 0))
         self._attach()
         self.owner_pid = os.getpid()
         self._claimed: int | None = None
@@ -96,7 +98,7 @@ class ReadBoard:
             self._map = mmap.mmap(fd, 0)
         finally:
             os.close(fd)
-        self.shards, self.slots, self.capacity, _ = _HEADER.unpack_from(self._map, 0)
+        self.shards, self.slots, self.capacity, _, _ = _HEADER.unpack_from(self._map, 0)
         at = _HEADER.size + _ERROR_BYTES
         self._ready = np.frombuffer(self._map, dtype=np.uint8, count=self.shards, offset=at)
         at += -(-self.shards // 8) * 8
@@ -124,17 +126,29 @@ class ReadBoard:
 
     def fail(self, shard: int, message: str) -> None:
         """``shard``'s download failed with ``message``: the reader processes waiting for it raise it."""
+        self._say(message)
+        self._ready[shard] = FAILED
+
+    def stop(self, message: str) -> None:
+        """The loader's process can no longer serve its reader processes: each raises ``message`` at its next look."""
+        self._say(message)
+        struct.pack_into("<q", self._map, 32, 1)
+
+    def stopped(self) -> bool:
+        """Whether :meth:`stop` was called."""
+        return struct.unpack_from("<q", self._map, 32)[0] == 1
+
+    def _say(self, message: str) -> None:
         data = message.encode("utf-8", "replace")[:_ERROR_BYTES]
         self._map[_HEADER.size : _HEADER.size + len(data)] = data
         struct.pack_into("<q", self._map, 24, len(data))
-        self._ready[shard] = FAILED
 
     def posted(self) -> list[Posted]:
         """Every slot's batch now (slots never posted to left out)."""
         out = []
         for slot in np.flatnonzero(self._slots[:, 0] > 0):
             row = np.array(self._slots[slot])  # a copy: a post may land meanwhile, seen at the next look
-            seq, epoch, count, step, pid = (int(v) for v in row[:_SLOT_HEAD])
+            seq, epoch, count, step, pid = (int(v) for v in row[:5])
             if 0 <= count <= self.capacity:
                 samples = row[_SLOT_HEAD : _SLOT_HEAD + count]
                 pads = row[_SLOT_HEAD + self.capacity : _SLOT_HEAD + self.capacity + count].astype(bool)
@@ -232,6 +246,16 @@ class ReadBoard:
         """This process read its batch: the loader's process may let go of its shards."""
         self._slots[self._slot(), 3] = DONE
 
+    def waited(self, seconds: float) -> None:
+        """This process waited ``seconds`` for its batch's shards (counted in :meth:`waits`)."""
+        row = self._slots[self._slot()]
+        row[5] += int(seconds * 1e9)
+        row[6] += 1
+
+    def waits(self) -> tuple[float, int]:
+        """``(seconds, batches)`` the reader processes waited for their shards, all together."""
+        return float(self._slots[:, 5].sum()) / 1e9, int(self._slots[:, 6].sum())
+
     def ready(self, shard: int) -> int:
         """``shard``'s byte: :data:`READY`, :data:`FAILED` or :data:`NOT_READY`."""
         return int(self._ready[shard])
@@ -252,7 +276,7 @@ class ReadBoard:
                     os.close(fd)
                     continue
                 self._claimed = slot  # the descriptor stays open: the lock ends with the process
-                self._slots[slot, 0] = 0
+                self._slots[slot, [0, 5, 6]] = 0
                 self._slots[slot, 4] = os.getpid()
                 break
             else:

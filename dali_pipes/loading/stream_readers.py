@@ -126,7 +126,12 @@ def _watch_loop(streamer_ref: "weakref.ref[Streamer]", watch: ReaderWatch) -> No
             seen = watch.look(streamer, seen, again)
         except Exception as exc:  # noqa: BLE001 - told to the readers waiting: they raise it, none waits for ever
             logger.exception("stream %s: moving the pins after the reader processes failed", streamer.cache.folder)
-            watch.fail_waiting(exc)
+            try:
+                watch.fail_waiting(exc)
+            except Exception:  # noqa: BLE001 - the board itself unreadable: every reader stops, none hangs
+                logger.exception("stream %s: the reader processes' board failed", streamer.cache.folder)
+                watch.board.stop(f"the loader's process stopped serving its reader processes: {exc}")
+                return
             seen = ()
             time.sleep(0.1)
         del streamer
@@ -139,11 +144,12 @@ def reader_before_read(store: "StreamStore", epoch: int, indices: np.ndarray, is
     indices = np.asarray(indices, dtype=np.int64)
     board.post(epoch, indices, np.asarray(is_pad, dtype=bool))
     shards = [int(k) for k in dict.fromkeys(shard_of(indices, store.sample_counts).tolist())]
-    while True:
+    began = time.monotonic()
+    while not board.hold(shards):  # one not ready, or let go meanwhile (a look at the board behind this post)
         for k in shards:
             _wait_ready(board, k, store)
-        if board.hold(shards):
-            break  # else one was let go meanwhile (a look at the board behind this post): wait for it again
+    if time.monotonic() - began > _POLL_S:  # waited: counted where the loader's process reads it
+        board.waited(time.monotonic() - began)
     store.held = True
     for k in list(store.open_shards):
         if k not in shards and board.ready(k) != READY:
@@ -168,6 +174,8 @@ def _wait_ready(board: ReadBoard, shard: int, store: "StreamStore") -> None:
             return
         if state == FAILED:
             raise StoreError(f"{store.root}: shard {shard}: {board.error()}")
+        if board.stopped():
+            raise StoreError(f"{store.root}: {board.error()}")
         time.sleep(pause)
         pause = min(2 * pause, 4 * _POLL_S)
         if time.monotonic() - checked > 1.0:

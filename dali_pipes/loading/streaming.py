@@ -42,7 +42,8 @@ How the pieces meet, one job each:
 - :class:`~dali_pipes.loading.stream_engine.DownloadEngine` downloads what the streamer wants, in reading order,
   ``downloads`` shards at once across windows, in background threads: reading never downloads. A read of a shard
   not there yet (a miss, the padding of the last batch, a window the engine has not reached) asks the engine for
-  it first and waits for it; the time the reading thread waits so is :attr:`Streamer.blocked_s`.
+  it first and waits for it; the time the reading thread waits so is :attr:`Streamer.blocked_s` (with reader
+  processes, their waits for their shards, summed).
 - :class:`~dali_pipes.staging.stream_cache.ShardCache` keeps the folder within its limit, shared by the node's
   processes.
 
@@ -113,9 +114,8 @@ class Streamer:
         self.plan = plan
         self.sampling = plan.order
         self.ahead = plan.ahead
-        #: Seconds the reading thread waited for downloads, and the reads that waited.
-        self.blocked_s = 0.0
-        self.blocked_reads = 0
+        self._blocked_s = 0.0  # the reading thread's waits for downloads (blocked_s)
+        self._blocked_reads = 0
         self._lock = threading.Lock()
         self._pinned: set[int] = set()  # the windows being read, pinned to be read
         self._ahead: set[int] = set()  # pinned as fetched ahead (possibly given up since)
@@ -284,8 +284,8 @@ class Streamer:
         try:
             began = time.monotonic()
             self.engine.fetch_now(shard)
-            self.blocked_s += time.monotonic() - began
-            self.blocked_reads += 1
+            self._blocked_s += time.monotonic() - began
+            self._blocked_reads += 1
             yield
         finally:
             if own:
@@ -295,6 +295,17 @@ class Streamer:
                     self.cache.unpin([shard])
 
     # --- the cache's numbers and the end ----------------------------------------------------
+
+    @property
+    def blocked_s(self) -> float:
+        """Seconds reading waited for downloads: the loader's reading thread's, plus every reader process's (their
+        sum: with N processes, up to N times the seconds of the run)."""
+        return self._blocked_s + (self.board.waits()[0] if self.board is not None else 0.0)
+
+    @property
+    def blocked_reads(self) -> int:
+        """The reads (in the loader's thread) and batches (in reader processes) that waited for a download."""
+        return self._blocked_reads + (self.board.waits()[1] if self.board is not None else 0)
 
     @property
     def limit_bytes(self) -> int:
