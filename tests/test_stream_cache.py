@@ -187,7 +187,7 @@ def test_throttling_and_dropped_connections_are_retried(tmp_path, s3, dataset, m
 
 def test_a_corrupted_or_truncated_object_is_named_and_nothing_of_it_is_kept(tmp_path, s3, dataset, caplog):
     source, url = dataset
-    bad, short = shard_name("lmdb", 1), shard_name("lmdb", 2)
+    bad, short = shard_name("lmdb", 1), shard_name('lmdb', 2)
     whole = (source / bad).read_bytes()
     s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{bad}", whole[:100] + bytes([whole[100] ^ 1]) + whole[101:])
     s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{short}", (source / short).read_bytes()[: SHARD // 2])
@@ -524,3 +524,30 @@ def test_the_old_name_workers_still_sets_the_downloads_with_a_warning_and_a_bad_
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match=r"CacheTuning\(downloads=\.\.\.\) must be a whole number >= 1"):
             CacheTuning(downloads=bad)
+
+
+def test_a_shard_to_read_waits_for_room_a_download_under_way_holds_instead_of_failing(tmp_path, s3, dataset):
+    # Room held by the reservation of a download under way (a shard fetched ahead, no longer wanted ahead when the
+    # windows moved): the shard to be read now waits for it to end, then evicts it (issue 56: reader processes'
+    # batches failed with "no room" under load).
+    _, url = dataset
+    with ShardCache(url, tmp_path / "cache", 3 * SHARD, storage_options=s3.options) as cache:
+        cache.pin([0, 1])
+        cache.fetch([0, 1])
+        cache.set_ahead([2])
+        s3.proxy.stall = 1.5
+        s3.proxy.add("stall", path=rf"/{shard_name('lmdb', 2)}$", times=1)
+        ahead = threading.Thread(target=cache.fetch, args=([2],), kwargs={"ahead": True}, daemon=True)
+        ahead.start()
+        deadline = time.monotonic() + 20
+        while not any(shard_name('lmdb', 2) in path for _, path in s3.proxy.requests):  # reserved, held by the server
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        cache.set_ahead([])  # shard 2 no longer wanted ahead: its download goes on, its bytes reserved
+        cache.pin([3])
+        started = time.monotonic()
+        cache.fetch([3], ahead=True)  # pinned to read: waits for the room, then evicts shard 2
+        assert time.monotonic() - started > 0.5
+        assert cache.present(3) and not cache.present(2)
+        assert cache.peak_bytes <= 3 * SHARD
+        ahead.join(10)

@@ -351,6 +351,8 @@ class ShardCache(FolderOpening):
             reserved = self._try_reserve(entry, ahead, wait=time.monotonic() < deadline)
             if reserved is not None:
                 return reserved
+            if self._cancel.is_set():  # closed, or a Ctrl-C: no waiting for room then
+                raise Cancelled(f"{self.folder}: download stopped")
             time.sleep(0.01)
 
     def _try_reserve(self, entry: CacheEntry, ahead: bool, wait: bool) -> bool | None:
