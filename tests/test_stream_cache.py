@@ -187,7 +187,7 @@ def test_throttling_and_dropped_connections_are_retried(tmp_path, s3, dataset, m
 
 def test_a_corrupted_or_truncated_object_is_named_and_nothing_of_it_is_kept(tmp_path, s3, dataset, caplog):
     source, url = dataset
-    bad, short = shard_name("lmdb", 1), shard_name('lmdb', 2)
+    bad, short = shard_name("lmdb", 1), shard_name("lmdb", 2)
     whole = (source / bad).read_bytes()
     s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{bad}", whole[:100] + bytes([whole[100] ^ 1]) + whole[101:])
     s3.fs().pipe_file(f"{url.removeprefix('s3://')}/{short}", (source / short).read_bytes()[: SHARD // 2])
@@ -540,7 +540,7 @@ def test_a_shard_to_read_waits_for_room_a_download_under_way_holds_instead_of_fa
         ahead = threading.Thread(target=cache.fetch, args=([2],), kwargs={"ahead": True}, daemon=True)
         ahead.start()
         deadline = time.monotonic() + 20
-        while not any(shard_name('lmdb', 2) in path for _, path in s3.proxy.requests):  # reserved, held by the server
+        while not any(shard_name("lmdb", 2) in path for _, path in s3.proxy.requests):  # reserved, held by the server
             assert time.monotonic() < deadline
             time.sleep(0.01)
         cache.set_ahead([])  # shard 2 no longer wanted ahead: its download goes on, its bytes reserved
