@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from s3_helpers import options
 
 from dali_pipes.remote import transfer
 from dali_pipes.remote.parts import PARTS, in_order
@@ -40,7 +41,9 @@ def test_the_parts_after_a_held_one_are_read_meanwhile_and_the_object_arrives_wh
     path, data = blob
     s3.proxy.stall = 30.0
     s3.proxy.add("stall", path=rf"/{path}$", times=1)  # the first part is held by the server
-    fs = s3fs.S3FileSystem(**s3.options)
+    # A read timeout past the hold: on a loaded machine the 5 s of the tests' options ran out (the held part asked again)
+    config = {"connect_timeout": 3, "read_timeout": 60, "retries": {"max_attempts": 1, "mode": "standard"}}
+    fs = s3fs.S3FileSystem(**options(s3.proxy.url, config_kwargs=config))
     out, done = io.BytesIO(), {}
     reader = threading.Thread(
         target=lambda: done.update(result=transfer.download_to(fs, path, f"s3://{path}", out, len(data))), daemon=True

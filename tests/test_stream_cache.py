@@ -520,6 +520,10 @@ def test_every_limit_a_stream_takes_fetches_the_next_shards_ahead(tmp_path, s3, 
 def test_the_old_name_workers_still_sets_the_downloads_with_a_warning_and_a_bad_count_is_refused():
     with pytest.warns(DeprecationWarning, match=r"CacheTuning\(downloads=\.\.\.\)"):
         assert CacheTuning(workers=3).downloads == 3
+    with pytest.warns(DeprecationWarning, match=r"CacheTuning.workers is now CacheTuning.downloads"):
+        assert CacheTuning(downloads=6).workers == 6  # read by its old name too
+    with pytest.raises(ValueError, match=r"downloads=2 and workers=3, its old name: give one"):
+        CacheTuning(downloads=2, workers=3)
     assert CacheTuning(downloads=6).downloads == 6
     for bad in (0, -1, True, 2.5):
         with pytest.raises(ValueError, match=r"CacheTuning\(downloads=\.\.\.\) must be a whole number >= 1"):

@@ -51,7 +51,7 @@ class BatchStoreSource(StoreSource):
         try:
             batch = self._read(indices)
         finally:
-            if hasattr(self.store, "after_read"):  # a streamed store in a reader process lets its pins go
+            if hasattr(self.store, "after_read"):  # a streamed store in a reader process is done with its shards
                 self.store.after_read()
         out: list[Any] = []
         in_process = os.getpid() == self._owner_pid

@@ -87,7 +87,7 @@ class StreamedMixtureStore(MixtureStore):
             if not mine.any():
                 continue
             first = int(told[mine].min())
-            if store.in_reader:  # a reader process pins every shard it reads; the windows follow ``first``'s samples
+            if store.in_reader:  # a reader process holds every shard it reads; the windows follow ``first``'s samples
                 every = owner == k
                 local = indices[: len(told)][every] - self.offsets[k]
                 store.before_read(first, local, ~(mine & (told == first))[every])

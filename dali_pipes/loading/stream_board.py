@@ -6,8 +6,8 @@ downloaded by the loader's process (:mod:`dali_pipes.loading.streaming`). A :cla
 
 - **ready** (a byte a shard): 1 while the loader's process holds the shard pinned to read and downloaded, 2 when
   its download failed (the error's text in the board), 0 otherwise. The loader's process clears a shard's byte
-  *before* it unpins the shard, so a reader that pinned the shard itself and then finds 1 knows it was present
-  when its pin took hold (:meth:`ReadBoard.ready`).
+  *before* it unpins the shard, under the board's lock (below), so a reader that takes its shards as held while
+  they read 1 holds shards that are present and stay so (:meth:`ReadBoard.hold`).
 - **slots** (one a reader process, claimed with an ``flock`` held for the process's life): the batch the process
   reads now (its epoch, samples and padding flags), under a sequence number bumped at each post, and where it is
   with it: waiting for its shards, reading them (*holding*), or done. The loader's process watches them to know
@@ -276,7 +276,7 @@ class ReadBoard:
                     os.close(fd)
                     continue
                 self._claimed = slot  # the descriptor stays open: the lock ends with the process
-                self._slots[slot, [0, 5, 6]] = 0
+                self._slots[slot, 0] = 0  # its waits stay: a process that takes a dead one's slot adds to them
                 self._slots[slot, 4] = os.getpid()
                 break
             else:

@@ -116,7 +116,8 @@ def _watch_loop(streamer_ref: "weakref.ref[Streamer]", watch: ReaderWatch) -> No
     last = time.monotonic()
     while not watch._stop.wait(WATCH_INTERVAL_S):
         streamer = streamer_ref()
-        if streamer is None:
+        if streamer is None:  # the loader was dropped: a reader still waiting raises rather than waits for ever
+            watch.board.stop("the streamed loader was dropped while its reader processes read")
             return
         try:
             # Every REASK_S while a reader waits, its shards are asked for again though nothing was posted: a

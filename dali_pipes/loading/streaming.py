@@ -168,12 +168,13 @@ class Streamer:
         self._ready -= drop
         self._let_go(drop - self._extra)
         self.cache.set_ahead([k for k in ahead if k in self._ahead])  # its stale ones go before anyone's
-        add = self._revive([k for k in current if k not in self._pinned and k not in self._extra])
+        add = self._to_pin([k for k in current if k not in self._pinned and k not in self._extra])
         if add:
             self.cache.pin(add)
             # Downloaded while pinned ahead and still there: ready now, without a turn of the engine.
             self._ready.update(k for k in add if k in self._fetched_ahead and self.cache.present(k))
         self._fetched_ahead.difference_update(add)
+        self._take_back(current)
         self._pinned = set(current)
         self._ahead = set(self.cache.set_ahead(ahead))
         self._fetched_ahead &= self._ahead
@@ -225,13 +226,17 @@ class Streamer:
         if gone:
             self.cache.unpin(gone)
 
-    def _revive(self, shards: list[int]) -> list[int]:
-        """Of ``shards`` wanted again, those still pinned while a reader process read them are pinned as they are
-        (ready again if they were); the others, to pin. Called with the lock held."""
-        back = [k for k in shards if k in self._draining]
-        self._draining.difference_update(back)
+    def _to_pin(self, shards: list[int]) -> list[int]:
+        """Of ``shards`` wanted again, those to pin: not those still pinned while a reader process reads them."""
+        return [k for k in shards if k not in self._draining]
+
+    def _take_back(self, shards: Iterable[int]) -> None:
+        """``shards`` are wanted again, pinned now (:meth:`_to_pin`): those still pinned while a reader process read
+        them keep that pin (ready again if present). Called with the lock held, after the pin succeeded: a pin that
+        fails leaves them draining, so no pin is lost."""
+        back = self._draining.intersection(shards)
+        self._draining -= back
         self._ready.update(k for k in back if self.cache.present(k))
-        return [k for k in shards if k not in back]
 
     def _shard_of(self, samples: np.ndarray) -> np.ndarray:
         return shard_of(samples, self._sizes)
@@ -250,9 +255,10 @@ class Streamer:
         """Keep the shards of the reader processes' posted batches pinned (those outside the windows with pins of
         their own) and have the engine download the ones not ready first; let go of those no batch needs now."""
         with self._lock:
-            new = self._revive([k for k in shards if k not in self._pinned and k not in self._extra])
+            new = self._to_pin([k for k in shards if k not in self._pinned and k not in self._extra])
             if new:
                 self.cache.pin(new)
+            self._take_back(shards)
             self._extra.update(k for k in shards if k not in self._pinned)
             gone = self._extra - set(shards)
             self._extra -= gone
@@ -328,6 +334,7 @@ class Streamer:
             self._watch.close(CLOSE_WAIT_S)
         self.cache.drop_pins()  # their room goes to the node's other loaders now (one re-made at once, too)
         if self.board is not None:
+            self.board.stop(f"stream {self.cache.folder}: the loader was closed")  # a reader still waiting raises
             self.board.close()
         if self.engine.close(CLOSE_WAIT_S, released=self._finalizer):
             self._finalizer()
@@ -353,7 +360,7 @@ class StreamStore(Store):
     :class:`Streamer` (present and pinned while read; its reader closed once the shard may be evicted).
 
     In a reader process (forked, or pickled to it) it reads by the pins of the loader's process: before each batch
-    it posts the batch, pins its shards itself and waits until they are ready
+    it posts the batch, waits until its shards are ready and holds them on the board
     (:mod:`dali_pipes.loading.stream_readers`; :meth:`serve_readers` first, before the processes start).
     """
 
@@ -416,8 +423,8 @@ class StreamStore(Store):
             self.streamer.before_read(epoch, indices, is_pad)
 
     def after_read(self) -> None:
-        """Called by the external source after each batch: a reader process's pins of it go (the batch's records
-        were copied out of its shards), so they hold room only while a batch is read."""
+        """Called by the external source after each batch: a reader process is done with its shards (the batch's
+        records were copied out of them), so they hold room only while a batch is read."""
         if self.in_reader:
             reader_after_read(self)
 
@@ -433,7 +440,7 @@ class StreamStore(Store):
             return super()._read_shard_batch(shard_no, local, names, arrays)
 
     def _guard(self, shard_no: int | None) -> Any:
-        """The loader's process: :meth:`Streamer.reading`; a reader process pinned the batch's shards before it."""
+        """The loader's process: :meth:`Streamer.reading`; a reader process holds the batch's shards before it."""
         if shard_no is None or self.in_reader:
             return contextlib.nullcontext()
         return self.streamer.reading(shard_no)

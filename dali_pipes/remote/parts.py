@@ -30,8 +30,9 @@ def in_order(reads: list[Callable[[], _T]], workers: int) -> Iterator[Iterator[_
     if workers <= 1 or len(reads) <= 1:
         yield (read() for read in reads)
         return
-    parts = _Parts(reads, workers)
+    parts = _Parts(reads)
     try:
+        parts.start(workers)
         yield parts.results()
     finally:
         parts.stop()
@@ -40,15 +41,20 @@ def in_order(reads: list[Callable[[], _T]], workers: int) -> Iterator[Iterator[_
 class _Parts:
     """The threads and results of one :func:`in_order` block."""
 
-    def __init__(self, reads: list[Callable[[], _T]], workers: int) -> None:
+    def __init__(self, reads: list[Callable[[], _T]]) -> None:
         self._reads = reads
-        self._ahead = 2 * workers
+        self._ahead = 0
         self._results: dict[int, tuple[bool, object]] = {}
         self._cv = threading.Condition()
         self._next = 0  # the next read to start
         self._taken = 0  # the reads whose results the caller took
         self._stopped = False
-        for _ in range(min(workers, len(reads))):
+
+    def start(self, workers: int) -> None:
+        """``workers`` threads, at most ``2 * workers`` reads ahead of the caller (stopped by :meth:`stop` even when
+        starting one failed)."""
+        self._ahead = 2 * workers
+        for _ in range(min(workers, len(self._reads))):
             # Each thread runs in a copy of the caller's context: a budget of tries (transfer.object_tries) is shared.
             context = contextvars.copy_context()
             threading.Thread(target=context.run, args=(self._work,), name="dali-pipes-part", daemon=True).start()

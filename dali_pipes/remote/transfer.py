@@ -19,8 +19,9 @@ import contextvars
 import hashlib
 import logging
 import random
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import IO, Any, Callable, Iterator, Mapping, TypeVar
 
 from dali_pipes.remote.fs import JOB, Patience, RemoteError, describe, unreachable
@@ -52,15 +53,23 @@ _TRANSIENT_NAMES = (
 
 @dataclass
 class Tries:
-    """The failed tries left to one object (:func:`object_tries`), and the requests made for it."""
+    """The failed tries left to one object (:func:`object_tries`), and the requests made for it (counted under a
+    lock: the parts of a large object are read in threads of their own)."""
 
     left: int
     made: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def request(self) -> None:
+        """Count a request."""
+        with self._lock:
+            self.made += 1
 
     def failed(self) -> bool:
         """Count a failed try; True when it was the last one allowed."""
-        self.left -= 1
-        return self.left <= 0
+        with self._lock:
+            self.left -= 1
+            return self.left <= 0
 
 
 _TRIES: contextvars.ContextVar[Tries | None] = contextvars.ContextVar("dali_pipes_tries", default=None)
@@ -68,9 +77,12 @@ _TRIES: contextvars.ContextVar[Tries | None] = contextvars.ContextVar("dali_pipe
 
 @contextlib.contextmanager
 def object_tries(size: int) -> Iterator[Tries]:
-    """Within the block (in this thread), :func:`retrying`'s failed tries share one budget: :data:`ATTEMPTS` for an
-    object of one :data:`CHUNK`, one more for each further chunk (a flaky link may cost a chunk now and then)."""
-    tries = Tries(ATTEMPTS + max(0, -(-size // CHUNK) - 1))
+    """Within the block (in this thread, and the threads reading its parts), :func:`retrying`'s failed tries share
+    one budget: :data:`ATTEMPTS` for each chunk read at once (an outage fails them together), one more for each
+    further chunk (a flaky link may cost a chunk now and then)."""
+    chunks = max(1, -(-size // CHUNK))
+    together = min(chunks, PARTS)
+    tries = Tries(ATTEMPTS * together + chunks - together)
     token = _TRIES.set(tries)
     try:
         yield tries
@@ -103,7 +115,7 @@ def retrying(
     for attempt in range(1, attempts + 1):
         try:
             if shared is not None:
-                shared.made += 1
+                shared.request()
             return call()
         except RemoteError:
             raise

@@ -27,6 +27,10 @@ class CacheTuning:
 
     def __post_init__(self, workers: int | None) -> None:
         if workers is not None:
+            if workers != self.downloads and self.downloads != 4:
+                raise ValueError(
+                    f"CacheTuning: downloads={self.downloads} and workers={workers}, its old name: give one"
+                )
             warnings.warn(
                 "CacheTuning(workers=...) is now CacheTuning(downloads=...), the name StreamOptions uses",
                 DeprecationWarning,
@@ -36,5 +40,14 @@ class CacheTuning:
         if isinstance(self.downloads, bool) or not isinstance(self.downloads, int) or self.downloads < 1:
             raise ValueError(f"CacheTuning(downloads=...) must be a whole number >= 1, got {self.downloads!r}")
 
+
+def _workers(tuning: CacheTuning) -> int:
+    warnings.warn("CacheTuning.workers is now CacheTuning.downloads", DeprecationWarning, stacklevel=2)
+    return tuning.downloads
+
+
+# The old name read as an attribute too (the InitVar's default, None, would answer otherwise); __init__'s default for
+# it was fixed when the class was made.
+CacheTuning.workers = property(_workers)  # type: ignore[assignment,method-assign]
 
 __all__ = ["CacheTuning"]

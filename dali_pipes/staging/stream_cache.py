@@ -363,11 +363,14 @@ class ShardCache(FolderOpening):
             if ahead and entry.key not in state.pinned():
                 return False
             remove_leftovers(self._files(entry), keep_final=False)  # this process holds its lock: all of it is stale
+            present = len(state.present)
             short = self._make_room(state, entry)
             if short > 0 or _free(self.folder) < entry.bytes:
-                self._save(state)  # what was evicted is gone
                 if short > 0 and wait and entry.key in state.needed():
+                    if len(state.present) < present:
+                        self._save(state)  # what was evicted is gone
                     return None
+                self._save(state)
                 raise CacheError(
                     no_room(self.folder, self.limit_bytes, state.held, entry.key, entry.bytes)
                     if short > 0
