@@ -347,13 +347,11 @@ class ShardCache(FolderOpening):
         a shard pinned to be read waits up to :data:`ROOM_WAIT_S` (one fetched ahead fails at once): the downloads
         under way end, the shards a reader process reads are let go once it is done."""
         deadline = time.monotonic() + ROOM_WAIT_S
-        while True:
-            reserved = self._try_reserve(entry, ahead, wait=time.monotonic() < deadline)
-            if reserved is not None:
-                return reserved
+        while (reserved := self._try_reserve(entry, ahead, wait=time.monotonic() < deadline)) is None:
             if self._cancel.is_set():  # closed, or a Ctrl-C: no waiting for room then
                 raise Cancelled(f"{self.folder}: download stopped")
             time.sleep(0.01)
+        return reserved
 
     def _try_reserve(self, entry: CacheEntry, ahead: bool, wait: bool) -> bool | None:
         """:meth:`_reserve` once: ``None`` when there is no room yet and ``wait``."""
@@ -366,11 +364,11 @@ class ShardCache(FolderOpening):
             present = len(state.present)
             short = self._make_room(state, entry)
             if short > 0 or _free(self.folder) < entry.bytes:
-                if short > 0 and wait and entry.key in state.needed():
-                    if len(state.present) < present:
-                        self._save(state)  # what was evicted is gone
+                waits = short > 0 and wait and entry.key in state.needed()
+                if len(state.present) < present or not waits:
+                    self._save(state)  # what was evicted is gone (saved only then while it waits for room)
+                if waits:
                     return None
-                self._save(state)
                 raise CacheError(
                     no_room(self.folder, self.limit_bytes, state.held, entry.key, entry.bytes)
                     if short > 0
