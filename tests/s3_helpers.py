@@ -48,6 +48,7 @@ class FaultProxy:
         self.rules: list[Fault] = []
         self.lock = threading.Lock()
         self.requests: list[tuple[str, str]] = []
+        self.ranges: list[tuple[str, str]] = []  # (path, Range header) of each ranged GET
         self.stall = 1.0
         # Set by clear(): a request stalled by a rule just cleared goes on at once, instead of waking up to
         # 60 s later inside another test (whose tracemalloc, seeing every thread, once counted its 1.5 MB).
@@ -73,6 +74,7 @@ class FaultProxy:
         with self.lock:
             self.rules.clear()
             self.requests.clear()
+            self.ranges.clear()
             self._released.set()
             self._released = threading.Event()
 
@@ -122,6 +124,9 @@ def _handler(proxy: FaultProxy):
 
         def _any(self) -> None:
             body = self._body()
+            if self.command == "GET" and self.headers.get("Range"):
+                with proxy.lock:
+                    proxy.ranges.append((self.path, self.headers["Range"]))
             action = proxy.match(self.command, self.path)
             if action == "slowdown":
                 return self._error(503, "SlowDown", "Please reduce your request rate.")
