@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,7 +41,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser = build_parser()  # imports most of the package: a Ctrl-C often lands here
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
-        return _interrupted()
+        code = _interrupted()
+        if argv is None:  # the command itself, interrupted while importing: nothing ran, nothing to clean up
+            # Exit now: the interpreter's teardown met a library imported part-way (h5py printed a traceback from
+            # its objects' dealloc once, in CI).
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(levelname)s %(name)s: %(message)s" if args.verbose else "%(message)s",
