@@ -62,7 +62,7 @@ class ReaderWatch:
 
     def __init__(self, streamer: "Streamer", board: ReadBoard) -> None:
         self.board = board
-        self._sizes = np.array([shard.num_samples for shard in streamer.cache.manifest.shards])
+        self._sizes = streamer.sample_counts  # samples a shard (the streamer's array, not a copy)
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=_watch_loop, args=(weakref.ref(streamer), self), name="dali-pipes-stream-watch", daemon=True

@@ -123,7 +123,9 @@ class Streamer:
         self._extra: set[int] = set()  # pinned for reader processes' batches outside the windows
         self._fetched_ahead: set[int] = set()  # downloaded while pinned ahead (the pin perhaps given up since)
         self._draining: set[int] = set()  # let go of, still pinned: a reader process reads them (ReadBoard.release)
-        self._sizes = np.array([shard.num_samples for shard in cache.manifest.shards], dtype=np.int64)
+        self.sample_counts = np.array(
+            [shard.num_samples for shard in cache.manifest.shards], dtype=np.int64
+        )  # samples a shard
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         self.board: ReadBoard | None = None  # with reader processes (serve_readers)
         self._watch: ReaderWatch | None = None
@@ -239,7 +241,7 @@ class Streamer:
         self._ready.update(k for k in back if self.cache.present(k))
 
     def _shard_of(self, samples: np.ndarray) -> np.ndarray:
-        return shard_of(samples, self._sizes)
+        return shard_of(samples, self.sample_counts)
 
     # --- reader processes -------------------------------------------------------------------
 
@@ -371,7 +373,7 @@ class StreamStore(Store):
         self.board: ReadBoard | None = None  # reader processes' side: set by serve_readers
         self.held = False  # a reader process holds its batch's shards (ReadBoard.hold)
         self.open_shards: set[int] = set()  # the shards a reader process may have open
-        self.sample_counts = np.array([shard.num_samples for shard in self.manifest.shards], dtype=np.int64)
+        self.sample_counts = streamer.sample_counts  # samples a shard (the streamer's array)
         self._owner_pid = os.getpid()
         # Held weakly: no reference cycle, so that a dropped loader's streamer is freed at once (its pins with it).
         store = weakref.ref(self)
