@@ -384,6 +384,27 @@ def test_a_local_dataset_on_a_slow_filesystem_is_cached_alike(tmp_path):
         ShardCache(source, source, limit)
 
 
+def test_a_look_that_changes_nothing_does_not_rewrite_the_state_and_another_caches_change_is_kept(tmp_path):
+    # Every transaction used to write the state whole (a file made and renamed: on some filesystems more CPU than
+    # the rest of a small shard's download); one that changes nothing writes nothing now.
+    source = write_dataset(tmp_path / "nfs" / "train", 16, fmt="tfrecord", samples_per_shard=4)
+    state = tmp_path / "cache" / META / "state.json"
+    with ShardCache(source, tmp_path / "cache", 10**6) as cache, ShardCache(source, tmp_path / "cache", 10**6) as other:
+        cache.fetch([0])
+        cache.set_ahead([1])
+        written = state.stat().st_ino  # each write renames a new file over the old one
+        cache.set_ahead([1])
+        assert state.stat().st_ino == written
+        cache.fetch([1], ahead=True)  # missing and pinned ahead: reserved, downloaded, committed
+        assert state.stat().st_ino != written and cache.bytes_held == sum(cache.shard_bytes[:2])
+        other.pin([1])  # another process's write between two looks of this one's
+        written = state.stat().st_ino
+        cache.set_ahead([1])  # changes nothing: the other's pin stays in the file
+        assert state.stat().st_ino == written
+        assert json.loads(state.read_text())["pins"] == {other._state.holder: {shard_name("tfrecord", 1): 1}}
+        other.unpin([1])
+
+
 @pytest.mark.slow  # a process of its own or a second loader: the slow stage (the default suite stays within its time)
 def test_a_run_with_a_smaller_limit_keeps_the_most_recently_used_shards(tmp_path, s3, dataset):
     _, url = dataset

@@ -109,6 +109,7 @@ class CacheFolder:
         self._lock_fd: int | None = None
         self._holder: str | None = None
         self._holder_fd: int | None = None
+        self._as_read: bytes | None = None  # the state's bytes as this lock's holder read or wrote them
         _FOLDERS.add(self)
 
     def _this_process(self) -> None:
@@ -130,7 +131,7 @@ class CacheFolder:
                     os.close(fd)
         self._pid = os.getpid()
         self._mutex = threading.Lock()
-        self._lock_fd = self._holder = self._holder_fd = None
+        self._lock_fd = self._holder = self._holder_fd = self._as_read = None
 
     @property
     def holder(self) -> str | None:
@@ -146,6 +147,7 @@ class CacheFolder:
             if self._lock_fd is None:
                 self._lock_fd = os.open(self.meta / _LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+            self._as_read = None  # another process may have written it since this one last held the lock
             try:
                 yield
             finally:
@@ -154,19 +156,26 @@ class CacheFolder:
     def load(self) -> CacheState | None:
         """The state (under :meth:`locked`), or ``None`` when there is none or it is unreadable."""
         try:
-            data = json.loads((self.meta / _STATE).read_bytes())
-            return CacheState(**data)
+            raw = (self.meta / _STATE).read_bytes()
+            state = CacheState(**json.loads(raw))
+            self._as_read = raw
+            return state
         except (OSError, ValueError, TypeError):
             return None
 
     def save(self, state: CacheState, limit: int) -> None:
-        """Write the state whole (under :meth:`locked`): to a temporary name, then renamed over the old one."""
+        """Write the state whole (under :meth:`locked`): to a temporary name, then renamed over the old one; not at
+        all when it is what :meth:`load` read under the same lock (a file made and renamed costs more than the rest of
+        most transactions: a look that changed nothing, a shard found missing)."""
+        # Its fields as they are (plain dicts and lists): asdict's deep copy cost more than the rest of a download.
+        raw = json.dumps({f.name: getattr(state, f.name) for f in fields(state)}, separators=(",", ":")).encode()
+        if raw == self._as_read:
+            return
         tmp = self.meta / f".{_STATE}.{os.getpid()}-{threading.get_ident()}"
         try:
-            # Its fields as they are (plain dicts and lists): asdict's deep copy cost more than the rest of a download.
-            data = {f.name: getattr(state, f.name) for f in fields(state)}
-            tmp.write_text(json.dumps(data, separators=(",", ":")), encoding="utf-8")
+            tmp.write_bytes(raw)
             os.replace(tmp, self.meta / _STATE)
+            self._as_read = raw
         except OSError as exc:
             tmp.unlink(missing_ok=True)
             if exc.errno in FULL_ERRNOS:
