@@ -95,3 +95,13 @@ def test_a_cache_too_small_for_three_shards_skips_the_streamed_row_saying_how_to
     assert staged.error is None and staged.timing is not None  # the staged row still runs
     assert stream.timing is None and stream.error is None
     assert "--samples-per-shard" in stream.skipped and "fewer than three of its largest shard" in stream.skipped
+
+
+@pytest.mark.gpu  # .ci/gpu-run's storage step measures these rows at the GPU's rate; this checks they run there
+def test_the_training_graph_streams_decoded_on_the_gpu_with_the_same_figures(tmp_path):
+    from dali_pipes.bench.stream_rows import s3_stream_rows
+
+    dataset = _shards(tmp_path, per_shard=1)
+    inputs = _inputs(dataset)
+    staged, stream = s3_stream_rows(inputs, inputs.spec, 1, 2, (0,), device="gpu")
+    _check_pair(dataset, staged, stream, workers=0)

@@ -72,9 +72,10 @@ def s3_stream_rows(
     repeats: int = 1,
     later_epochs: int = LATER_EPOCHS,
     readers: tuple[int, ...] = READERS,
+    device: str = "cpu",
 ) -> list[Row]:
     """The staged and the streamed row for each count of ``readers`` (see the module docstring), each run
-    ``repeats`` times from start."""
+    ``repeats`` times from start; ``device="gpu"`` decodes there (the training graph at the GPU's rate)."""
     dataset = Path(inputs.dataset)
     rows = [Row(row_name(kind, w), _text(kind, w)) for w in readers for kind in (STAGED, STREAM)]
     why = missing(dataset)
@@ -92,10 +93,9 @@ def s3_stream_rows(
             for _ in range(repeats):  # the rows alternate: a busier moment of the machine falls on all of them
                 for i, row in enumerate(rows):
                     if row.skipped is None and row.error is None:
-                        settings = {**inputs.loader_settings, "py_num_workers": readers[i // 2]}
-                        _run_row(
-                            row, runs, url, options, inputs, spec, settings, limit if i % 2 else None, later_epochs
-                        )
+                        settings = {**inputs.settings_for(device), "py_num_workers": readers[i // 2]}
+                        stream_limit = limit if i % 2 else None
+                        _run_row(row, runs, url, options, inputs, spec, settings, stream_limit, later_epochs, device)
     except Exception as exc:  # noqa: BLE001 - a failing row is shown, the suite's other rows still run
         log.warning("bench storage: the streaming rows failed", exc_info=True)
         for row in rows:
@@ -165,12 +165,13 @@ def _run(
     settings: dict[str, int],
     stream_limit: int | None,
     later_epochs: int,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """One loader from start over ``url``: staged (``stream_limit=None``) or streamed; its seconds and bytes."""
     with tempfile.TemporaryDirectory(prefix="dali-pipes-bench-s3-") as tmp:
         data = _data(tmp, options, stream_limit)
         start = time.perf_counter()
-        with open_loader(url, spec, batch_size=inputs.batch_size, device="cpu", settings=settings, data=data) as loader:
+        with open_loader(url, spec, batch_size=inputs.batch_size, device=device, settings=settings, data=data) as loader:
             batches = iter(loader)
             next(batches)
             first_s = time.perf_counter() - start
