@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator
 
 from dali_pipes.bench.object_storage import LATENCY_MS, local_s3, missing
-from dali_pipes.bench.runner import Row, Timing
+from dali_pipes.bench.runner import Row, Skipped, Timing
 from dali_pipes.bench.streams import open_loader
 
 if TYPE_CHECKING:
@@ -152,6 +152,8 @@ def _run_row(row: Row, runs: dict[str, list[dict[str, Any]]], *args: Any) -> Non
     (a cache too small for its reader processes' batches, say) and the other rows still run."""
     try:
         runs[row.name].append(_run(*args))
+    except Skipped as exc:  # the row cannot run here (device="gpu" without one): said in the row, no traceback
+        row.skipped = str(exc)
     except Exception as exc:  # noqa: BLE001 - shown in the row
         log.warning("bench storage: %s failed", row.name, exc_info=True)
         row.error = f"{type(exc).__name__}: {exc}"
