@@ -599,6 +599,34 @@ def _read_all(fd: int) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
+@pytest.mark.slow  # a search of trials that each train a model: the slow stage
+def test_tune_with_a_model_searches_the_training_rate_and_says_the_models_own(dataset, tmp_path):
+    # Issue 57: a small model shares the GPU with the decoding, so its loader settings are chosen by the rate of
+    # training it; on the CPU the tiny model stands in (the search, the file and the figures are the same).
+    proc = subprocess.run(
+        [*CLI, "tune", str(dataset), "--quick", "--device", "cpu", "--batch-size", str(BATCH), "--model", "tiny"]
+        + ["--size", "32", "--no-progress", "--out", str(tmp_path / "s.json")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr
+    saved = json.loads((tmp_path / "s.json").read_text())
+    context = saved["context"]
+    assert (context["model"], context["size"]) == ("tiny", 32) and context["model_alone_images_per_s"] > 0
+    assert saved["measured"]["images_per_s"] > 0 and set(saved["loader"]) == {
+        "num_threads",
+        "py_num_workers",
+        "prefetch",
+    }
+    assert "training tiny at 32 px" in proc.stdout and "tiny alone (one batch on the device):" in proc.stdout
+    fed = float(re.search(r"fed: ([0-9.]+)x", proc.stdout).group(1))
+    assert fed == pytest.approx(saved["measured"]["images_per_s"] / context["model_alone_images_per_s"], abs=0.006)
+    # A model the benches do not know is refused by name before anything runs.
+    bad = subprocess.run([*CLI, "tune", str(dataset), "--model", "vgg"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "vgg" in bad.stderr and "resnet18" in bad.stderr
+
+
 def test_tune_takes_a_setting_only_when_it_beats_the_incumbent_measured_beside_it():
     from dali_pipes.bench.tune import MARGIN, Trial, choose
 

@@ -173,7 +173,9 @@ def _run(
     with tempfile.TemporaryDirectory(prefix="dali-pipes-bench-s3-") as tmp:
         data = _data(tmp, options, stream_limit)
         start = time.perf_counter()
-        with open_loader(url, spec, batch_size=inputs.batch_size, device=device, settings=settings, data=data) as loader:
+        with open_loader(
+            url, spec, batch_size=inputs.batch_size, device=device, settings=settings, data=data
+        ) as loader:
             batches = iter(loader)
             next(batches)
             first_s = time.perf_counter() - start

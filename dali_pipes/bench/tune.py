@@ -9,6 +9,12 @@ among them, so a change of the machine's load during the search does not pick
 the winner. A change is taken only when it is faster by more than
 :data:`MARGIN`, so noise does not buy threads.
 
+With a model (``dali-pipes tune DATA --model resnet18 --size 160``) each trial trains that model on the
+loader's batches (the train suite's step: :func:`~dali_pipes.bench.suites.train.training_stream`) and the
+search keeps the settings with the highest *training* rate: a small model on a GPU shares the GPU with
+the loader's decoding, and the loader's fastest settings alone need not be the fastest to train with.
+The model's own rate (one batch already on the device) is measured once, beside the default settings.
+
 This module only searches and writes the file (JSON, ``kind: dali-pipes-settings``);
 reading it (:func:`~dali_pipes.settings.load_settings`,
 :func:`~dali_pipes.settings.apply_settings`) lives in :mod:`dali_pipes.settings`,
@@ -116,11 +122,13 @@ def tune(
     dtype: str = "float32",
     progress: bool = True,
     decoder_only: bool = False,
+    model: TrainedModel | None = None,
 ) -> TuneResult:
     """Search the loader settings for the highest images/s on this machine (see the module docstring).
 
     ``decoder_only`` keeps the loader settings as they are and searches only the GPU
-    decoder's hints: a few minutes less where the settings are known.
+    decoder's hints: a few minutes less where the settings are known. ``model``: the images/s of training
+    it at its size on the loader's batches, not of the loader alone.
     """
     from dali_pipes.bench.inputs import bench_inputs
     from dali_pipes.bench.report import machine_description
@@ -131,15 +139,17 @@ def tune(
     if decoder_only and device != "gpu":
         raise ValueError(f"tune --decoder-only searches the GPU decoder's hints; the device here is {device!r}")
     inputs = bench_inputs(dataset, batch_size=batch_size, dtype=dtype)
+    if model is not None:
+        inputs = dataclasses.replace(inputs, spec=dataclasses.replace(inputs.spec, size=model.size))
     plan = TimingPlan.quick() if quick else TimingPlan(warmup_batches=3, repeats=3, min_batches=5, min_seconds=1.0)
     space = {} if decoder_only else candidates(inputs.cores, quick)
     loads, notes = _decoder_loads(device, quick)
-    search = _Search(inputs, device, plan, Target(), progress)
+    search = _Search(inputs, device, plan, Target(), progress, model)
     start = {k: inputs.settings_for(device)[k] for k in LOADER_KEYS}
     # The load the spec would choose for the starting threads, pinned: left to choose per trial, it would change
     # with num_threads during the search and be credited to the thread count.
     start_load = inputs.spec.decoder.chosen_load(threads=start["num_threads"], hw_decoder=True)[0] if loads else None
-    default = search.best_of([Trial(start, start_load)])
+    default = search.best_of([Trial(start, start_load)], alone=model is not None)
     if default.images_per_s is None:
         raise ValueError(f"{dataset}: the loader failed with its default settings: {default.error}")
     best = default
@@ -160,22 +170,37 @@ def tune(
         "decoder_only": decoder_only,
         "search": space,
         "hw_decoder_loads": loads,
+        **(search.model_context() if model is not None else {}),
     }
     return TuneResult(best, default, search.trials, context, machine_description(), notes)
+
+
+@dataclass(frozen=True)
+class TrainedModel:
+    """What ``tune --model NAME --size PX`` trains on each trial's batches: a model of
+    :data:`~dali_pipes.bench.model_names.MODELS` at ``size`` pixels."""
+
+    name: str
+    size: int
 
 
 class _Search:
     """Measures groups of trials side by side (each group in one run, so their figures compare)."""
 
-    def __init__(self, inputs: Any, device: str, plan: Any, target: Any, progress: bool) -> None:
+    def __init__(
+        self, inputs: Any, device: str, plan: Any, target: Any, progress: bool, model: TrainedModel | None = None
+    ) -> None:
         self.inputs, self.device, self.plan, self.target, self.progress = inputs, device, plan, target, progress
+        self.model = model
         self.trials: list[Trial] = []
+        self.model_alone: float | None = None  # the model's own images/s (measured beside the default settings)
 
-    def best_of(self, group: list[Trial], incumbent: Trial | None = None) -> Trial:
+    def best_of(self, group: list[Trial], incumbent: Trial | None = None, alone: bool = False) -> Trial:
         """Measure ``group`` side by side; the fastest, or ``incumbent``'s setting unless beaten by :data:`MARGIN`.
 
         The incumbent's own setting is measured again in the group (added when missing), so the
         comparison is between figures of one run, not against a figure from an earlier, other load.
+        ``alone``: the model trained on one batch already on the device is measured beside them too.
         """
         from dali_pipes.bench.interleave import run_jobs
 
@@ -183,7 +208,10 @@ class _Search:
         if incumbent is not None:
             unique.setdefault(incumbent.key(), Trial(dict(incumbent.settings), *incumbent.key()[1:]))
         group = list(unique.values())
-        rows = run_jobs([self._job(t) for t in group], self.plan, self.target, progress=self.progress, title="tune")
+        jobs = [self._job(t) for t in group] + ([self._job(None)] if alone else [])
+        rows = run_jobs(jobs, self.plan, self.target, progress=self.progress, title="tune")
+        if alone:
+            self.model_alone = rows.pop().images_per_s
         for trial, row in zip(group, rows):
             trial.images_per_s = row.images_per_s
             trial.spread = row.timing.spread if row.timing else None
@@ -192,23 +220,32 @@ class _Search:
         self.trials.extend(group)
         return choose(group, unique[incumbent.key()] if incumbent is not None else group[0])
 
-    def _job(self, trial: Trial) -> Any:
-        from dali_pipes.bench.runner import Job
-        from dali_pipes.bench.streams import dali_loader_stream
+    def model_context(self) -> dict[str, Any]:
+        """What the JSON's context says of the model trained: its name, size and own rate."""
+        assert self.model is not None
+        return {"model": self.model.name, "size": self.model.size, "model_alone_images_per_s": self.model_alone}
 
-        spec = self.inputs.spec
-        if trial.decoder():
+    def _job(self, trial: Trial | None) -> Any:
+        """The job of ``trial``: its loader's batches, trained on when a model is searched for (``None``: the
+        model alone, on one batch already on the device)."""
+        from dali_pipes.bench.runner import Job
+        from dali_pipes.bench.streams import dali_batches, dali_loader_stream
+
+        spec, settings = self.inputs.spec, dict(trial.settings) if trial is not None else {}
+        if trial is not None and trial.decoder():
             spec = dataclasses.replace(spec, decoder=dataclasses.replace(spec.decoder, **trial.decoder()))
-        factory = functools.partial(
-            dali_loader_stream,
-            self.inputs.dataset,
-            spec,
-            batch_size=self.inputs.batch_size,
-            device=self.device,
-            target=self.target,
-            settings=dict(trial.settings),
-        )
-        return Job("tune", factory, in_flight=dali_in_flight(trial.settings), runs_dali=True)
+        options = dict(batch_size=self.inputs.batch_size, device=self.device, settings=settings)
+        if self.model is None:
+            factory = functools.partial(dali_loader_stream, self.inputs.dataset, spec, target=self.target, **options)
+            return Job("tune", factory, in_flight=dali_in_flight(settings), runs_dali=True)
+        from dali_pipes.bench.suites.train import training_stream
+
+        batches = None if trial is None else functools.partial(dali_batches, self.inputs.dataset, spec, **options)
+        num_classes = len(self.inputs.manifest.classes or ()) or 1000
+        name = self.model.name
+        factory = functools.partial(training_stream, batches, name, num_classes, self.inputs, self.target)
+        in_flight = dali_in_flight(settings) if trial is not None else 0
+        return Job("tune", factory, in_flight=in_flight, runs_dali=trial is not None)
 
 
 def _decoder_loads(device: str, quick: bool) -> tuple[list[float], list[str]]:
@@ -239,9 +276,11 @@ def save_settings(result: TuneResult, path: str | os.PathLike) -> Path:
 
 def format_tune(result: TuneResult, saved: Path | None = None) -> str:
     """What ``dali-pipes tune`` prints: every trial, then the best and how much it gains."""
+    context = result.context
+    trained = f", training {context['model']} at {context['size']} px" if "model" in context else ""
     lines = [
-        f"tuning {result.context['dataset']} on {result.context['device']}, batch {result.context['batch_size']}, "
-        f"{result.context['cores']} cores"
+        f"tuning {context['dataset']} on {context['device']}, batch {context['batch_size']}, {context['cores']} "
+        f"cores{trained}"
     ]
     for trial in result.trials:
         setting = " ".join(f"{k}={v}" for k, v in {**trial.settings, **trial.decoder()}.items())
@@ -256,6 +295,10 @@ def format_tune(result: TuneResult, saved: Path | None = None) -> str:
     best = " ".join(f"{k}={v}" for k, v in {**result.best.settings, **result.best.decoder()}.items())
     gain = f" ({result.speedup:.2f}x the default)" if result.speedup else ""
     lines.append(f"fastest: {best}: {result.best.images_per_s:.1f} images/s{gain}")
+    alone = context.get("model_alone_images_per_s")
+    if alone:
+        share = result.best.images_per_s / alone if result.best.images_per_s else 0.0
+        lines.append(f"{context['model']} alone (one batch on the device): {alone:.1f} images/s; fed: {share:.2f}x")
     lines.extend(result.notes)
     if saved is not None:
         lines.append(

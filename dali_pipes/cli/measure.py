@@ -209,6 +209,8 @@ def _bench(args) -> int:
 
 
 def add_tune(commands) -> None:
+    from dali_pipes.bench.model_names import MODELS
+
     p = commands.add_parser(
         "tune", help="search num_threads, py_num_workers, prefetch (and hw_decoder_load) for the fastest loader"
     )
@@ -231,14 +233,26 @@ def add_tune(commands) -> None:
         action="store_true",
         help="GPU only: keep the loader settings, search only hw_decoder_load and jpeg_fancy_upsampling",
     )
+    p.add_argument(
+        "--model",
+        dest="train_model",
+        choices=MODELS,
+        metavar="NAME",
+        help=f"search for the fastest training of this model ({', '.join(MODELS)}) on the loader's batches, not the "
+        "loader's own rate: a small model shares the GPU with the decoding",
+    )
+    p.add_argument(
+        "--size", type=int, default=224, metavar="PX", help="with --model: the training images' size (default: 224)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(handler=_tune)
 
 
 def _tune(args) -> int:
-    from dali_pipes.bench.tune import format_tune, save_settings, tune
+    from dali_pipes.bench.tune import TrainedModel, format_tune, save_settings, tune
 
-    result = _measure(tune, args, "batch_size", "quick", "device", "dtype", "decoder_only")
+    args.model = TrainedModel(args.train_model, args.size) if args.train_model else None
+    result = _measure(tune, args, "batch_size", "quick", "device", "dtype", "decoder_only", "model")
     print(format_tune(result, save_settings(result, args.out)))
     return 0
 
