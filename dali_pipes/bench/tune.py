@@ -13,7 +13,9 @@ With a model (``dali-pipes tune DATA --model resnet18 --size 160``) each trial t
 loader's batches (the train suite's step: :func:`~dali_pipes.bench.suites.train.training_stream`) and the
 search keeps the settings with the highest *training* rate: a small model on a GPU shares the GPU with
 the loader's decoding, and the loader's fastest settings alone need not be the fastest to train with.
-The model's own rate (one batch already on the device) is measured once, beside the default settings.
+The model's own rate (one batch already on the device) is measured at the end, beside the best and the
+default settings, which are measured again there: the gain over the default and the share of the model's rate
+the loader feeds are then ratios of one run, not of groups measured minutes apart.
 
 This module only searches and writes the file (JSON, ``kind: dali-pipes-settings``);
 reading it (:func:`~dali_pipes.settings.load_settings`,
@@ -149,7 +151,7 @@ def tune(
     # The load the spec would choose for the starting threads, pinned: left to choose per trial, it would change
     # with num_threads during the search and be credited to the thread count.
     start_load = inputs.spec.decoder.chosen_load(threads=start["num_threads"], hw_decoder=True)[0] if loads else None
-    default = search.best_of([Trial(start, start_load)], alone=model is not None)
+    default = search.best_of([Trial(start, start_load)])
     if default.images_per_s is None:
         raise ValueError(f"{dataset}: the loader failed with its default settings: {default.error}")
     best = default
@@ -163,6 +165,7 @@ def tune(
         # (None) has it on for whole-image decodes only, so the other way to try is on everywhere.
         fancy = inputs.spec.decoder.jpeg_fancy_upsampling
         best = search.best_of([Trial(best.settings, best.hw_decoder_load, True if fancy is None else not fancy)], best)
+    default, best = search.against_default(default, best, alone=model is not None)
     context = {
         **inputs.describe(),
         "device": device,
@@ -193,21 +196,37 @@ class _Search:
         self.inputs, self.device, self.plan, self.target, self.progress = inputs, device, plan, target, progress
         self.model = model
         self.trials: list[Trial] = []
-        self.model_alone: float | None = None  # the model's own images/s (measured beside the default settings)
+        self.model_alone: float | None = None  # the model's own images/s (measured beside the best and the default)
 
-    def best_of(self, group: list[Trial], incumbent: Trial | None = None, alone: bool = False) -> Trial:
+    def best_of(self, group: list[Trial], incumbent: Trial | None = None) -> Trial:
         """Measure ``group`` side by side; the fastest, or ``incumbent``'s setting unless beaten by :data:`MARGIN`.
 
         The incumbent's own setting is measured again in the group (added when missing), so the
         comparison is between figures of one run, not against a figure from an earlier, other load.
-        ``alone``: the model trained on one batch already on the device is measured beside them too.
         """
-        from dali_pipes.bench.interleave import run_jobs
-
         unique = {trial.key(): trial for trial in group}
         if incumbent is not None:
-            unique.setdefault(incumbent.key(), Trial(dict(incumbent.settings), *incumbent.key()[1:]))
+            unique.setdefault(incumbent.key(), _again(incumbent))
         group = list(unique.values())
+        self._measure(group)
+        return choose(group, unique[incumbent.key()] if incumbent is not None else group[0])
+
+    def against_default(self, default: Trial, best: Trial, alone: bool = False) -> tuple[Trial, Trial]:
+        """``default`` and ``best`` measured again side by side (``alone``: the model on one batch already on the
+        device beside them), so the gain over the default and the share of the model's rate fed are ratios of one
+        run; as they were when the best is the default (and no model), or when a figure fails this time."""
+        if best.key() == default.key() and not alone:
+            return default, best
+        pair = [_again(default)] + ([_again(best)] if best.key() != default.key() else [])
+        self._measure(pair, alone)
+        if any(trial.images_per_s is None for trial in pair):
+            return default, best
+        return pair[0], pair[-1]
+
+    def _measure(self, group: list[Trial], alone: bool = False) -> None:
+        """Fill in the figures of ``group``'s trials, measured side by side (with the model alone: ``alone``)."""
+        from dali_pipes.bench.interleave import run_jobs
+
         jobs = [self._job(t) for t in group] + ([self._job(None)] if alone else [])
         rows = run_jobs(jobs, self.plan, self.target, progress=self.progress, title="tune")
         if alone:
@@ -218,7 +237,6 @@ class _Search:
             trial.cpu_seconds_per_1k = row.timing.cpu_seconds_per_1k if row.timing else None
             trial.error = row.error or row.skipped
         self.trials.extend(group)
-        return choose(group, unique[incumbent.key()] if incumbent is not None else group[0])
 
     def model_context(self) -> dict[str, Any]:
         """What the JSON's context says of the model trained: its name, size and own rate."""
@@ -246,6 +264,11 @@ class _Search:
         factory = functools.partial(training_stream, batches, name, num_classes, self.inputs, self.target)
         in_flight = dali_in_flight(settings) if trial is not None else 0
         return Job("tune", factory, in_flight=in_flight, runs_dali=trial is not None)
+
+
+def _again(trial: Trial) -> Trial:
+    """A new, unmeasured trial of ``trial``'s setting (to measure it again beside others)."""
+    return Trial(dict(trial.settings), *trial.key()[1:])
 
 
 def _decoder_loads(device: str, quick: bool) -> tuple[list[float], list[str]]:

@@ -171,15 +171,18 @@ def named(args: argparse.Namespace, *names: str) -> dict[str, Any]:
 
 @contextlib.contextmanager
 def _quiet_loaders(args) -> Iterator[None]:
-    # The benchmarks build dozens of loaders; one log line each would bury the table.
-    logger = logging.getLogger("dali_pipes.loading.loader")
-    level = logger.level
+    # The benchmarks build dozens of loaders; their lines each (the loader's, and the thread and reader counts it
+    # chose, logged where they are chosen) would bury the table.
+    loggers = [logging.getLogger(f"dali_pipes.loading.{name}") for name in ("loader", "options")]
+    levels = [logger.level for logger in loggers]
     if not args.verbose:
-        logger.setLevel(logging.WARNING)
+        for logger in loggers:
+            logger.setLevel(logging.WARNING)
     try:
         yield
     finally:
-        logger.setLevel(level)  # main() may run in-process (tests, notebooks): leave logging as found
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)  # main() may run in-process (tests, notebooks): leave logging as found
 
 
 def _bench(args) -> int:
