@@ -134,3 +134,19 @@ def test_convert_to_stage_from_and_verify_a_dataset_in_the_memory_filesystem(tmp
     report = stage_dataset(url, tmp_path / "staged", workers=4, progress=False)
     assert len(report.copied) == 2 * len(local.manifest.shards) + 1  # shards, their indexes, errors.jsonl
     assert shard_digests(tmp_path / "staged") == shard_digests(tmp_path / "local")
+
+
+def test_a_connection_lost_mid_body_is_retried_and_a_refusal_is_not():
+    # aiobotocore wraps a connection lost while a body is read in botocore's ResponseStreamingError, whose name says
+    # nothing of a connection: it was taken for a lasting error and the download failed at once. Classified by the
+    # classes an error derives from (botocore's HTTPClientError), with the real libraries' errors.
+    aiohttp = pytest.importorskip("aiohttp")
+    from botocore.exceptions import ClientError, ConnectionClosedError, ResponseStreamingError
+
+    from dali_pipes.remote.transfer import transient
+
+    lost = ResponseStreamingError(error=aiohttp.ServerDisconnectedError())
+    assert transient(lost) and transient(ConnectionClosedError(endpoint_url="http://127.0.0.1:1"))
+    assert transient(aiohttp.ClientPayloadError("Response payload is not completed"))
+    denied = ClientError({"Error": {"Code": "AccessDenied", "Message": "Access Denied"}}, "GetObject")
+    assert not transient(denied) and not transient(PermissionError("denied")) and not transient(ValueError("bad"))

@@ -37,8 +37,11 @@ CHUNK = 8 << 20
 ATTEMPTS = 5
 BACKOFF = 0.2
 BACKOFF_MAX = 8.0
-#: Words in the names of errors worth retrying; "checksum": botocore's check of a response against the checksum the
-#: object was stored with (FlexibleChecksumError), so the bytes were damaged on the way, not at rest.
+#: Words in the names of errors worth retrying (the error's class or a class it derives from); "checksum":
+#: botocore's check of a response against the checksum the object was stored with (FlexibleChecksumError), so the
+#: bytes were damaged on the way, not at rest; "httpclienterror": botocore's base of the errors of a connection
+#: that failed mid-request (ConnectionClosedError, ReadTimeoutError, ResponseStreamingError: aiobotocore's wrapper of
+#: a connection lost while the body is read).
 _TRANSIENT_NAMES = (
     "timeout",
     "connection",
@@ -48,6 +51,7 @@ _TRANSIENT_NAMES = (
     "disconnected",
     "ebusy",
     "checksum",
+    "httpclienterror",
 )
 
 
@@ -97,8 +101,8 @@ def transient(exc: BaseException) -> bool:
         return False
     if isinstance(exc, (OSError, TimeoutError)):
         return True
-    name = type(exc).__name__.lower()
-    return any(word in name for word in _TRANSIENT_NAMES)
+    names = [cls.__name__.lower() for cls in type(exc).__mro__]
+    return any(word in name for name in names for word in _TRANSIENT_NAMES)
 
 
 def retrying(
