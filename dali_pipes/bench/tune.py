@@ -141,8 +141,7 @@ def tune(
     if decoder_only and device != "gpu":
         raise ValueError(f"tune --decoder-only searches the GPU decoder's hints; the device here is {device!r}")
     inputs = bench_inputs(dataset, batch_size=batch_size, dtype=dtype)
-    if model is not None:
-        inputs = dataclasses.replace(inputs, spec=dataclasses.replace(inputs.spec, size=model.size))
+    inputs = inputs if model is None else dataclasses.replace(inputs, spec=model.resized(inputs.spec))
     plan = TimingPlan.quick() if quick else TimingPlan(warmup_batches=3, repeats=3, min_batches=5, min_seconds=1.0)
     space = {} if decoder_only else candidates(inputs.cores, quick)
     loads, notes = _decoder_loads(device, quick)
@@ -185,6 +184,10 @@ class TrainedModel:
 
     name: str
     size: int
+
+    def resized(self, spec: Any) -> Any:
+        """``spec`` at this model's training size."""
+        return dataclasses.replace(spec, size=self.size)
 
 
 class _Search:
