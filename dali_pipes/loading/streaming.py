@@ -123,9 +123,8 @@ class Streamer:
         self._extra: set[int] = set()  # pinned for reader processes' batches outside the windows
         self._fetched_ahead: set[int] = set()  # downloaded while pinned ahead (the pin perhaps given up since)
         self._draining: set[int] = set()  # let go of, still pinned: a reader process reads them (ReadBoard.release)
-        self.sample_counts = np.array(
-            [shard.num_samples for shard in cache.manifest.shards], dtype=np.int64
-        )  # samples a shard
+        # Samples a shard: the one array of them, shared by the store and the board's watch.
+        self.sample_counts = np.array([shard.num_samples for shard in cache.manifest.shards], dtype=np.int64)
         self.close_reader = lambda shard: None  # set by the store: close the reader of an unpinned shard
         self.board: ReadBoard | None = None  # with reader processes (serve_readers)
         self._watch: ReaderWatch | None = None

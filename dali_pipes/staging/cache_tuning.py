@@ -5,6 +5,9 @@ from __future__ import annotations
 import warnings
 from dataclasses import InitVar, dataclass
 
+#: Shards a fetch downloads at once by default.
+DEFAULT_DOWNLOADS = 4
+
 
 @dataclass(frozen=True)
 class CacheTuning:
@@ -15,7 +18,7 @@ class CacheTuning:
     verify: bool = False
     #: Shards one :meth:`~dali_pipes.staging.stream_cache.ShardCache.fetch` downloads at once (the name of
     #: :class:`~dali_pipes.StreamOptions`' count of downloads too).
-    downloads: int = 4
+    downloads: int = DEFAULT_DOWNLOADS
     #: Seconds to wait for a shard another process downloads before giving up, counted from its last progress.
     wait_s: float = 600.0
     #: A progress bar in bytes while a fetch downloads (shown on a terminal only).
@@ -27,7 +30,7 @@ class CacheTuning:
 
     def __post_init__(self, workers: int | None) -> None:
         if workers is not None:
-            if workers != self.downloads and self.downloads != 4:
+            if workers != self.downloads and self.downloads != DEFAULT_DOWNLOADS:  # both given
                 raise ValueError(
                     f"CacheTuning: downloads={self.downloads} and workers={workers}, its old name: give one"
                 )
